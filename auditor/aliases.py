@@ -1,0 +1,137 @@
+"""The one alias table for metric and label names, and the one place that normalises units.
+
+Every telemetry reader (scrape files, long CSV, Prometheus) maps what it sees through here, so a renamed
+DCGM field or label is fixed in one line. Stored units: ratios 0-1, memory MiB, power W, bytes/s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Unit = Literal["ratio", "percent", "mib", "bytes", "watts", "bytes_per_s", "mb_per_s"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """How one exported metric name maps onto a bucket field, and in what unit the exporter sends it."""
+
+    field: str
+    unit: Unit
+
+
+def _specs(field: str, unit: Unit, *names: str) -> dict[str, MetricSpec]:
+    return {name: MetricSpec(field, unit) for name in names}
+
+
+#: Exported metric name -> bucket field and source unit. DCGM profiling fields (DCGM_FI_PROF_*) are
+#: 0-1 ratios even where help text says "%"; GPU_UTIL is 0-100 even in DCGM 4.6's *_RATIO rename.
+METRIC_ALIASES: dict[str, MetricSpec] = {
+    **_specs("gpu_util", "percent", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO",
+             "dcgm_gpu_utilization", "nvidia_gpu_utilization", "gpu_util"),
+    **_specs("gpu_util", "ratio", "nvidia_smi_utilization_gpu_ratio"),
+    **_specs("gr_engine", "ratio", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE_RATIO",
+             "gr_engine"),
+    **_specs("sm_active", "ratio", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO",
+             "DCGM_FI_PROF_SM_ACTIVE_RATIO", "sm_active"),
+    **_specs("sm_active", "percent", "gpm_sm_util", "nvidia_gpm_sm_utilization"),
+    **_specs("sm_occupancy", "ratio", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO",
+             "sm_occupancy"),
+    **_specs("sm_occupancy", "percent", "gpm_sm_occupancy", "nvidia_gpm_sm_occupancy"),
+    **_specs("tensor_active", "ratio", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+             "DCGM_FI_PROF_PIPE_TENSOR_UTIL_RATIO", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE_RATIO", "tensor_active"),
+    **_specs("tensor_active", "percent", "gpm_any_tensor_util", "nvidia_gpm_any_tensor_utilization"),
+    **_specs("dram_active", "ratio", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO",
+             "DCGM_FI_PROF_DRAM_ACTIVE_RATIO", "dram_active"),
+    **_specs("dram_active", "percent", "gpm_dram_bw_util", "nvidia_gpm_dram_bandwidth_utilization"),
+    **_specs("fp64_active", "ratio", "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_PIPE_FP64_UTIL_RATIO",
+             "fp64_active"),
+    **_specs("fp32_active", "ratio", "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "DCGM_FI_PROF_PIPE_FP32_UTIL_RATIO",
+             "fp32_active"),
+    **_specs("fp16_active", "ratio", "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_PIPE_FP16_UTIL_RATIO",
+             "fp16_active"),
+    **_specs("fb_used_mib", "mib", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_USED_MIB", "dcgm_fb_used",
+             "fb_used_mib"),
+    **_specs("fb_used_mib", "bytes", "nvidia_smi_memory_used_bytes"),
+    **_specs("power_w", "watts", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS",
+             "DCGM_FI_DEV_POWER_USAGE_WATTS", "dcgm_power_usage", "nvidia_smi_power_draw_watts", "power_w"),
+    **_specs("pcie_tx_bps", "bytes_per_s", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES_RATE",
+             "pcie_tx_bps"),
+    **_specs("pcie_rx_bps", "bytes_per_s", "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES_RATE",
+             "pcie_rx_bps"),
+    **_specs("nvlink_tx_bps", "bytes_per_s", "DCGM_FI_PROF_NVLINK_TX_BYTES",
+             "DCGM_FI_PROF_NVLINK_TX_BYTES_RATE", "nvlink_tx_bps"),
+    **_specs("nvlink_rx_bps", "bytes_per_s", "DCGM_FI_PROF_NVLINK_RX_BYTES",
+             "DCGM_FI_PROF_NVLINK_RX_BYTES_RATE", "nvlink_rx_bps"),
+}
+
+#: Field -> the metric names a Prometheus query should ask for (canonical first).
+def names_for(field: str) -> list[str]:
+    return [name for name, spec in METRIC_ALIASES.items() if spec.field == field]
+
+
+#: Canonical label -> the names exporters have used for it, in order of preference.
+LABEL_ALIASES: dict[str, tuple[str, ...]] = {
+    "host": ("Hostname", "hostname", "node", "kubernetes_node", "instance"),
+    "gpu": ("gpu", "GPU", "minor_number", "index"),
+    "uuid": ("UUID", "uuid"),
+    "model": ("modelName", "model_name", "name"),
+    "gpu_instance": ("GPU_I_ID", "gpu_instance_id"),
+    "gpu_profile": ("GPU_I_PROFILE", "gpu_instance_profile"),
+    "pod": ("pod", "exported_pod", "pod_name"),
+    "namespace": ("namespace", "exported_namespace", "pod_namespace"),
+    "container": ("container", "exported_container", "container_name"),
+    "hpc_job": ("hpc_job",),
+}
+
+
+def pick_label(labels: dict[str, str], canonical: str) -> str | None:
+    """First non-empty value among the aliases of ``canonical`` (empty strings mean "not set")."""
+    for name in LABEL_ALIASES[canonical]:
+        value = labels.get(name)
+        if value:
+            return value
+    return None
+
+
+def host_from_instance(instance: str) -> str:
+    """``instance`` is host:port; the node key is the host part."""
+    if instance.startswith("["):
+        return instance[1:].split("]", 1)[0]
+    return instance.rsplit(":", 1)[0] if instance.count(":") == 1 else instance
+
+
+RATIO_FIELDS = frozenset({"gpu_util", "gr_engine", "sm_active", "sm_occupancy", "tensor_active",
+                          "dram_active", "fp64_active", "fp32_active", "fp16_active"})
+
+
+class BadValue(ValueError):
+    """A metric value that cannot be stored (NaN, infinite, negative, absurd)."""
+
+
+def normalise(field: str, unit: Unit, value: float) -> tuple[float, bool]:
+    """Convert ``value`` from ``unit`` to the stored unit of ``field``.
+
+    Returns (value, clamped). Ratios above 1 (MIG SM_ACTIVE is seen at 1.0x) are clamped to 1 and reported
+    as clamped; NaN, infinities and negative values raise :class:`BadValue` so the caller can quarantine.
+    """
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadValue(f"{field}: not a number: {value!r}")
+    v = float(value)
+    if math.isnan(v) or math.isinf(v):
+        raise BadValue(f"{field}: {v} is not a finite number")
+    if v < 0:
+        raise BadValue(f"{field}: negative value {v}")
+    if unit == "percent":
+        v /= 100.0
+    elif unit == "bytes":
+        v /= 1024.0 * 1024.0
+    elif unit == "mb_per_s":
+        v *= 1_000_000.0
+    if field in RATIO_FIELDS:
+        if v > 2.0:
+            raise BadValue(f"{field}: {value} is out of range for a {unit} value")
+        if v > 1.0:
+            return 1.0, True
+    return v, False

@@ -1,0 +1,194 @@
+"""The ``gpu-audit`` command: a thin layer over the library API (sqlite-utils style).
+
+Named errors become one line on stderr and a non-zero exit; ``--debug`` shows the traceback. Feature areas
+add their commands from their own modules (``COMMAND_MODULES``), each exposing ``register(group)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import click
+
+from auditor import config as config_mod
+from auditor.errors import GpuAuditError
+from auditor.timeutil import parse_time, utcnow
+
+COMMAND_MODULES: list[str] = []
+
+EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 3
+
+
+@dataclass
+class App:
+    """What every command gets: config, the store (opened on first use), output mode."""
+
+    config_path: str | None
+    as_json: bool = False
+    debug: bool = False
+    _cfg: config_mod.Config | None = None
+    _store: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cfg(self) -> config_mod.Config:
+        if self._cfg is None:
+            self._cfg = config_mod.load(self.config_path)
+        return self._cfg
+
+    @property
+    def base_dir(self) -> Path:
+        import os
+
+        path = self.config_path or os.environ.get(config_mod.ENV_VAR)
+        return Path(path).resolve().parent if path else Path.cwd()
+
+    def store(self, *, migrate_check: bool = True) -> Any:
+        if self._store is None:
+            from auditor.store import Store
+
+            self._store = Store.open(self.cfg.store.resolved_url(), self.cfg.store.batch_rows)
+            if migrate_check:
+                self._store.require_current()
+        return self._store
+
+    def emit(self, data: Any, human: str | Callable[[], str]) -> None:
+        """Print ``data`` as JSON with --json, else the human-readable text."""
+        if self.as_json:
+            click.echo(json.dumps(data, indent=2, default=str, sort_keys=False))
+        else:
+            click.echo(human() if callable(human) else human)
+
+
+pass_app = click.make_pass_decorator(App)
+
+
+def time_option(name: str, help_text: str) -> Callable:
+    return click.option(name, help=help_text + " sacct-style: 2026-11-22, 2026-11-22T08:00, now-7days.")
+
+
+def window(app: App, since: str | None, until: str | None) -> tuple[datetime, datetime]:
+    """--since/--until, defaulting to the last `report.days` days."""
+    try:
+        end = parse_time(until) if until else utcnow()
+        start = parse_time(since, now=end) if since else end - timedelta(days=app.cfg.report.days)
+    except ValueError as exc:
+        raise GpuAuditError(str(exc)) from None
+    if end <= start:
+        raise GpuAuditError(f"--until {end.isoformat()} is not after --since {start.isoformat()}")
+    return start, end
+
+
+class Cli(click.Group):
+    """Turns GpuAuditError into one line and exit 1; everything else keeps its traceback under --debug."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except GpuAuditError as exc:
+            if _debug(ctx):
+                raise
+            click.echo(f"gpu-audit: error: {exc}", err=True)
+            ctx.exit(EXIT_ERROR)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:
+            if _debug(ctx):
+                raise
+            click.echo(f"gpu-audit: unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                       " (run with --debug for the traceback)", err=True)
+            ctx.exit(EXIT_ERROR)
+
+
+def _debug(ctx: click.Context) -> bool:
+    app = ctx.find_object(App)
+    return bool(app and app.debug) or "--debug" in sys.argv
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "-c", "config_path", envvar=config_mod.ENV_VAR, type=click.Path(dir_okay=False),
+              help="TOML config file (default: $GPU_AUDIT_CONFIG, else built-in defaults).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors in the log.")
+@click.version_option(package_name="gpu-audit")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, as_json: bool, debug: bool, quiet: bool) -> None:
+    """gpu-audit: find reserved GPUs that did no work, prove it with SM activity, and price it."""
+    from auditor.logs import setup_logging
+
+    setup_logging(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
+    ctx.obj = App(config_path, as_json=as_json, debug=debug)
+
+
+@main.group()
+def db() -> None:
+    """The SQL store: migrations and schema."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target Alembic revision.")
+@pass_app
+def db_upgrade(app: App, revision: str) -> None:
+    """Create or migrate the store's tables."""
+    store = app.store(migrate_check=False)
+    store.upgrade(revision)
+    app.emit({"store": store.redacted_url(), "revision": store.current()},
+             f"store {store.redacted_url()} at revision {store.current()}")
+
+
+@db.command("current")
+@pass_app
+def db_current(app: App) -> None:
+    """Show the store's migration revision and the newest one this version knows."""
+    store = app.store(migrate_check=False)
+    cur, head = store.current(), store.head()
+    app.emit({"store": store.redacted_url(), "current": cur, "head": head},
+             f"{store.redacted_url()}: revision {cur or 'none'} (head {head})"
+             + ("" if cur == head else " - run `gpu-audit db upgrade`"))
+
+
+@db.command("schema")
+@pass_app
+def db_schema(app: App) -> None:
+    """Print the documented schema (Markdown) of every table and column."""
+    from auditor.schemadoc import schema_markdown
+
+    click.echo(schema_markdown())
+
+
+@main.group("config")
+def config_group() -> None:
+    """Configuration."""
+
+
+@config_group.command("check")
+@pass_app
+def config_check(app: App) -> None:
+    """Validate the config file (every connector's options included); print a summary."""
+    cfg = app.cfg
+    data = {"clusters": [{"name": c.name, "allocations": [s.kind for s in c.allocations],
+                          "telemetry": [s.kind for s in c.telemetry]} for c in cfg.clusters],
+            "store": config_mod.StoreConfig.model_validate(cfg.store.model_dump()).url if not cfg.store.url_env
+            else f"${cfg.store.url_env}", "teams": [t.name for t in cfg.teams]}
+    app.emit({"ok": True, **data}, lambda: "config ok: " + ", ".join(
+        f"{c['name']} (allocations: {', '.join(c['allocations']) or '-'}; telemetry: "
+        f"{', '.join(c['telemetry']) or '-'})" for c in data["clusters"]) if data["clusters"]
+        else "config ok (no clusters configured)")
+
+
+def _load_command_modules() -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(main)
+
+
+importlib.import_module("auditor.cli_core").register(main)
+_load_command_modules()

@@ -1,0 +1,253 @@
+"""`gpu-audit demo`: a realistic week of a small mixed fleet, written as files and read back through the
+same file connectors a site would use, then audited and reported.
+
+Fleet: Slurm cluster "hpc" (gpu-node-01/02, 8 x H100 each) and Kubernetes cluster "k8s" (gpu-node-a/b, 8 x
+A100 each). Planted problems (and nothing else): job 1002 spins a kernel (GPU-Util ~99 %, SM activity ~0.03);
+job 1003 holds 4 GPUs and uses one; the notebook pod holds a GPU idle for days with memory allocated. Job 1001
+trains on a whole node through a 6-hour telemetry gap, which must show as unknown, never idle.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from auditor.timeutil import floor_to, utcnow
+
+DAY = 86400
+BUCKET = 300
+#: Field -> the dcgm-exporter metric name the demo writes it under (GPU-Util 0-100, profiling fields 0-1).
+TELEMETRY_FIELDS = {"gpu_util": "DCGM_FI_DEV_GPU_UTIL", "sm_active": "DCGM_FI_PROF_SM_ACTIVE",
+                    "tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+                    "fb_used_mib": "DCGM_FI_DEV_FB_USED", "power_w": "DCGM_FI_DEV_POWER_USAGE"}
+
+
+@dataclass
+class Profile:
+    """How a GPU behaves while a workload runs on it (values before noise)."""
+
+    sm: float
+    util: float
+    tensor: float = 0.0
+    dram: float = 0.0
+    fb: float = 0.0
+    power: float = 70.0
+    daily: bool = False  # inference: busier by day
+
+    def at(self, ts: int, rng: random.Random) -> dict[str, float]:
+        k = 1.0
+        if self.daily:
+            hour = (ts % DAY) / 3600
+            k = 0.45 + 0.55 * max(0.0, math.sin(math.pi * (hour - 6) / 14)) if 6 <= hour <= 20 else 0.45
+        def noisy(v: float, hi: float = 1.0) -> float:
+            return min(hi, max(0.0, v * k * (1 + rng.uniform(-0.05, 0.05))))
+        return {"gpu_util": min(100.0, noisy(self.util, 1.0) * 100), "sm_active": noisy(self.sm),
+                "tensor_active": noisy(self.tensor), "dram_active": noisy(self.dram),
+                "fb_used_mib": self.fb, "power_w": 60 + (self.power - 60) * k}
+
+
+WORKING = Profile(sm=0.78, util=1.0, tensor=0.55, dram=0.45, fb=61000, power=520)
+SPIN = Profile(sm=0.03, util=0.99, tensor=0.0, dram=0.01, fb=3000, power=110)
+HELD_IDLE = Profile(sm=0.0, util=0.0, tensor=0.0, dram=0.0, fb=20480, power=62)
+INFERENCE = Profile(sm=0.7, util=0.95, tensor=0.35, dram=0.3, fb=30000, power=300, daily=True)
+FREE = Profile(sm=0.0, util=0.0, fb=0, power=55)
+
+
+@dataclass
+class Workload:
+    cluster: str
+    id: str
+    name: str
+    user: str
+    account: str
+    node: str
+    gpus: list[int]
+    start_h: float
+    hours: float
+    profile: Profile
+    per_gpu: dict[int, Profile] = field(default_factory=dict)
+    source: str = "slurm"
+    indices_known: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+    owner: str = ""
+
+
+def fleet() -> list[Workload]:
+    """The planted week (hours from the start of the week)."""
+    w = [
+        Workload("hpc", "1001", "llama-pretrain", "alice", "team-a", "gpu-node-01", list(range(8)), 2, 140,
+                 WORKING),
+        Workload("hpc", "1002", "spin-wait", "bob", "team-b", "gpu-node-02", [0, 1], 10, 48, SPIN),
+        Workload("hpc", "1003", "ddp-debug", "carol", "team-a", "gpu-node-02", [2, 3, 4, 5], 30, 36, HELD_IDLE,
+                 per_gpu={2: WORKING}),
+        Workload("k8s", "5b0c-notebook", "notebook-alice-6d5f8b7c9-tx2lq", "alice", "research", "gpu-node-a",
+                 [0], 24, 120, HELD_IDLE, source="kubernetes", indices_known=False,
+                 labels={"app": "notebook", "team": "research"}, owner="Deployment/notebook-alice"),
+        Workload("k8s", "7e1f-triton", "triton-0", "", "inference", "gpu-node-b", [0, 1], 0, 168, INFERENCE,
+                 source="kubernetes", indices_known=False, labels={"app": "triton"}, owner="StatefulSet/triton"),
+        Workload("k8s", "9a2d-resnet", "resnet-train-q9d4m", "", "ml-train", "gpu-node-a", [1, 2, 3, 4], 50, 30,
+                 WORKING, source="kubernetes", indices_known=False, labels={"app": "resnet"},
+                 owner="Job/resnet-train"),
+    ]
+    for i in range(6):  # back-to-back evaluation array tasks on node-02 GPUs 6-7
+        w.append(Workload("hpc", f"1010_{i}", "eval-sweep", "carol", "team-b", "gpu-node-02", [6, 7],
+                          12 + i * 20, 16, WORKING))
+    return w
+
+
+GAP = ("hpc", "gpu-node-01", 60.0, 66.0)  # telemetry gap: cluster, node, from hour, to hour
+NODES = {"hpc": ["gpu-node-01", "gpu-node-02"], "k8s": ["gpu-node-a", "gpu-node-b"]}
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_allocations(out: Path, t0: int) -> list[Path]:
+    """Slurm jobs as CSV, Kubernetes pods as JSON (both documented file formats)."""
+    paths = []
+    slurm = out / "hpc-allocations.csv"
+    with slurm.open("w", newline="", encoding="utf-8") as f:
+        wr = csv.writer(f)
+        wr.writerow(["id", "name", "user", "account", "partition", "state", "start", "end", "gpus", "model",
+                     "source"])
+        for w in fleet():
+            if w.cluster != "hpc":
+                continue
+            end = t0 + (w.start_h + w.hours) * 3600
+            idx = ",".join(map(str, w.gpus)) if w.indices_known else None
+            gpus = f"{w.node}:{idx}" if idx else f"{w.node}:*{len(w.gpus)}"
+            wr.writerow([w.id, w.name, w.user, w.account, "gpu", "COMPLETED", _iso(t0 + w.start_h * 3600),
+                         _iso(end), gpus, "h100", "slurm"])
+    paths.append(slurm)
+    pods = out / "k8s-allocations.json"
+    items = []
+    for w in fleet():
+        if w.cluster != "k8s":
+            continue
+        items.append({"id": w.id, "name": w.name, "user": w.user, "account": w.account, "state": "Succeeded",
+                      "source": "kubernetes", "start": _iso(t0 + w.start_h * 3600),
+                      "end": _iso(t0 + (w.start_h + w.hours) * 3600), "owner": w.owner, "labels": w.labels,
+                      "gpus": [{"node": w.node, "model": "NVIDIA-A100-SXM4-80GB"} for _ in w.gpus]})
+    pods.write_text(json.dumps(items, indent=1), encoding="utf-8")
+    paths.append(pods)
+    return paths
+
+
+def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random) -> Iterator[list[str]]:
+    placed: dict[tuple[str, int], list[Workload]] = {}
+    for w in fleet():
+        if w.cluster == cluster:
+            for g in w.gpus:
+                placed.setdefault((w.node, g), []).append(w)
+    model = "NVIDIA H100 80GB HBM3" if cluster == "hpc" else "NVIDIA A100-SXM4-80GB"
+    for b in range(days * DAY // BUCKET):
+        ts = t0 + b * BUCKET
+        hour = b * BUCKET / 3600
+        for node in NODES[cluster]:
+            if (cluster, node) == GAP[:2] and GAP[2] <= hour < GAP[3]:
+                continue
+            for g in range(8):
+                running = [w for w in placed.get((node, g), [])
+                           if w.start_h <= hour < w.start_h + w.hours]
+                w = running[0] if running else None
+                prof = (w.per_gpu.get(g, w.profile) if w else FREE)
+                values = prof.at(ts, rng)
+                uuid = f"GPU-{cluster}-{node}-{g}"
+                pod = ns = ""
+                if w and w.source == "kubernetes":
+                    pod, ns = w.name, w.account
+                sample_ts = _iso(ts + 150)
+                for fld, metric in TELEMETRY_FIELDS.items():
+                    yield [sample_ts, node, str(g), uuid, metric, f"{values[fld]:.4f}", model, pod, ns]
+
+
+def write_telemetry(out: Path, t0: int, days: int, seed: int) -> list[Path]:
+    rng = random.Random(seed)
+    paths = []
+    for cluster in NODES:
+        p = out / f"{cluster}-telemetry.csv"
+        with p.open("w", newline="", encoding="utf-8") as f:
+            wr = csv.writer(f)
+            wr.writerow(["timestamp", "host", "gpu", "uuid", "metric", "value", "model", "pod", "namespace"])
+            wr.writerows(_telemetry_rows(cluster, t0, days, rng))
+        paths.append(p)
+    return paths
+
+
+def write_config(out: Path, store_url: str) -> Path:
+    cfg = f'''# gpu-audit demo configuration (written by `gpu-audit demo`)
+[store]
+url = "{store_url}"
+
+[[clusters]]
+name = "hpc"
+initial_days = 8
+[[clusters.allocations]]
+kind = "file"
+paths = ["hpc-allocations.csv"]
+[[clusters.telemetry]]
+kind = "file"
+paths = ["hpc-telemetry.csv"]
+
+[[clusters]]
+name = "k8s"
+initial_days = 8
+[[clusters.allocations]]
+kind = "file"
+paths = ["k8s-allocations.json"]
+[[clusters.telemetry]]
+kind = "file"
+paths = ["k8s-telemetry.csv"]
+
+[prices]
+currency = "USD"
+default = 2.0
+models = {{ h100 = 4.0, a100 = 2.5 }}
+
+[[teams]]
+name = "llm"
+accounts = ["team-a"]
+emails = ["llm-leads@example.com"]
+
+[[teams]]
+name = "platform"
+accounts = ["team-b"]
+namespaces = ["inference"]
+emails = ["platform@example.com"]
+
+[[teams]]
+name = "research"
+namespaces = ["research", "ml-train"]
+emails = ["research-leads@example.com"]
+
+[email]
+sender = "gpu-audit@example.com"
+admin_to = ["gpu-platform@example.com"]
+user_domain = "example.com"
+
+[report]
+out_dir = "reports"
+'''
+    p = out / "demo.toml"
+    p.write_text(cfg, encoding="utf-8")
+    return p
+
+
+def generate(out: Path, *, now: datetime | None = None, days: int = 7, seed: int = 7,
+             store_url: str | None = None) -> tuple[Path, datetime, datetime]:
+    """Write the demo files and config into ``out``; returns (config path, week start, week end)."""
+    out.mkdir(parents=True, exist_ok=True)
+    end = floor_to(now or utcnow(), 3600)
+    start = end - timedelta(days=days)
+    t0 = int(start.timestamp())
+    write_allocations(out, t0)
+    write_telemetry(out, t0, days, seed)
+    url = store_url or f"sqlite:///{(out / 'gpu-audit-demo.db').resolve()}"
+    return write_config(out, url), start, end

@@ -1,0 +1,281 @@
+"""Batched, idempotent upserts of records on their natural keys.
+
+The same input twice, overlapping windows, or windows out of order leave identical tables: merges keep the
+more specific value (a GPU index recorded while a job ran beats a later count-only sacct row; a bucket with
+more samples beats a partial one; an end time once known stays).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Table, delete, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from auditor import schema
+from auditor.records import (
+    LABEL_FIELDS,
+    METRIC_FIELDS,
+    Allocation,
+    GpuBucket,
+    GpuInventory,
+    Record,
+    Reservation,
+)
+from auditor.sqlfuncs import greatest, least
+from auditor.timeutil import to_epoch
+
+if TYPE_CHECKING:
+    from auditor.store import IngestStats, Store
+
+Merge = Callable[[Table, Any], Any]
+ALLOC_BATCH = 2000
+
+
+def upsert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], keys: Sequence[str],
+           merge: dict[str, Merge | None] | None = None) -> None:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE; ``merge`` overrides the default "new value wins" per column
+    (None = keep the stored value)."""
+    if not rows:
+        return
+    ins = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(table)
+    merge = merge or {}
+    sets: dict[str, Any] = {}
+    for col in rows[0]:
+        if col in keys or col == "id":
+            continue
+        if col in merge:
+            if merge[col] is not None:
+                sets[col] = merge[col](table, ins.excluded)  # type: ignore[misc]
+        else:
+            sets[col] = getattr(ins.excluded, col)
+    stmt = ins.on_conflict_do_update(index_elements=list(keys), set_=sets) if sets \
+        else ins.on_conflict_do_nothing(index_elements=list(keys))
+    conn.execute(stmt, list(rows))
+
+
+def _keep_text(col: str) -> Merge:
+    from sqlalchemy import func
+
+    return lambda t, ex: func.coalesce(func.nullif(getattr(ex, col), ""), getattr(t.c, col))
+
+
+def _coalesce(col: str) -> Merge:
+    from sqlalchemy import func
+
+    return lambda t, ex: func.coalesce(getattr(ex, col), getattr(t.c, col))
+
+
+def _state(t: Table, ex: Any) -> Any:
+    from sqlalchemy import case
+
+    # a stale "running" sighting never overwrites the state of an allocation known to have ended
+    return case((ex.end_ts.is_(None) & t.c.end_ts.isnot(None), t.c.state), else_=ex.state)
+
+
+ALLOC_MERGE: dict[str, Merge | None] = {
+    **{c: _keep_text(c) for c in ("name", "user_name", "account", "partition", "qos", "reservation",
+                                  "owner_workload", "state")},
+    "state": _state,
+    **{c: _coalesce(c) for c in ("submit_ts", "start_ts", "end_ts", "time_limit_s", "labels")},
+    "first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
+    "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts),
+    "gpu_count": None,
+}
+
+
+def _alloc_row(a: Allocation, seen: int) -> dict[str, Any]:
+    return {"cluster": a.cluster, "source": a.source, "external_id": a.external_id, "name": a.name,
+            "user_name": a.user, "account": a.account, "partition": a.partition, "qos": a.qos,
+            "state": a.state, "submit_ts": to_epoch(a.submit), "start_ts": to_epoch(a.start),
+            "end_ts": to_epoch(a.end), "reservation": a.reservation, "owner_workload": a.owner_workload,
+            "time_limit_s": a.time_limit_s, "labels": dict(a.labels) or None, "gpu_count": a.gpu_count,
+            "first_seen_ts": seen, "last_seen_ts": seen}
+
+
+def _gpu_rows(a: Allocation) -> list[dict[str, Any]]:
+    by_node: dict[str, list[Any]] = defaultdict(list)
+    for g in a.gpus:
+        by_node[g.node].append(g)
+    rows = []
+    for node in sorted(by_node):
+        gs = sorted(by_node[node], key=lambda g: (g.index is None, g.index if g.index is not None else 0))
+        for slot, g in enumerate(gs):
+            rows.append({"node": node, "slot": slot, "gpu_index": g.index, "uuid": g.uuid,
+                         "model": g.model, "share": g.share, "mig_profile": g.mig_profile})
+    return rows
+
+
+def ingest_allocations(conn: Connection, allocs: list[Allocation], seen: int) -> tuple[int, int]:
+    """Upsert allocations, then their GPUs: indices never get downgraded to "unknown"."""
+    t, g = schema.allocations, schema.allocated_gpus
+    latest: dict[tuple[str, str, str], Allocation] = {}
+    for a in allocs:  # the last sighting in a batch wins, like a later batch would
+        latest[(a.cluster, a.source, a.external_id)] = a
+    upsert(conn, t, [_alloc_row(a, seen) for a in latest.values()], ("cluster", "source", "external_id"),
+           ALLOC_MERGE)
+    keys = list(latest)
+    ids = dict(((r.cluster, r.source, r.external_id), r.id) for r in conn.execute(
+        select(t.c.id, t.c.cluster, t.c.source, t.c.external_id)
+        .where(tuple_(t.c.cluster, t.c.source, t.c.external_id).in_(keys))))
+    existing: dict[int, list[Any]] = defaultdict(list)
+    for r in conn.execute(select(g.c.id, g.c.allocation_id, g.c.node, g.c.slot, g.c.gpu_index)
+                          .where(g.c.allocation_id.in_(list(ids.values())))):
+        existing[r.allocation_id].append(r)
+    new_rows: list[dict[str, Any]] = []
+    stale: list[int] = []
+    for key, a in latest.items():
+        aid = ids[key]
+        rows = _gpu_rows(a)
+        old = existing.get(aid, [])
+        if old and any(r.gpu_index is not None for r in old) and all(r["gpu_index"] is None for r in rows):
+            continue  # keep the indices recorded while it ran
+        wanted = {(r["node"], r["slot"]) for r in rows}
+        stale += [r.id for r in old if (r.node, r.slot) not in wanted]
+        new_rows += [{"allocation_id": aid, **r} for r in rows]
+    if stale:
+        conn.execute(delete(g).where(g.c.id.in_(stale)))
+    upsert(conn, g, new_rows, ("allocation_id", "node", "slot"))
+    if ids:
+        from sqlalchemy import func
+
+        total = (select(func.coalesce(func.sum(g.c.share), 0.0)).where(g.c.allocation_id == t.c.id)
+                 .scalar_subquery())
+        conn.execute(update(t).where(t.c.id.in_(list(ids.values()))).values(gpu_count=total))
+    return len(latest), len(new_rows)
+
+
+def ingest_reservations(conn: Connection, items: list[Reservation], seen: int) -> int:
+    rows = [{"cluster": r.cluster, "name": r.name, "start_ts": to_epoch(r.start), "end_ts": to_epoch(r.end),
+             "nodes": sorted(r.nodes), "gpu_count": r.gpu_count, "users": sorted(r.users),
+             "accounts": sorted(r.accounts), "flags": sorted(r.flags), "last_seen_ts": seen} for r in items]
+    upsert(conn, schema.reservations, rows, ("cluster", "name", "start_ts"),
+           {"last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts)})
+    return len(rows)
+
+
+def ingest_inventory(conn: Connection, items: list[GpuInventory], seen: int) -> int:
+    rows = {}
+    for i in items:
+        ts = to_epoch(i.seen_at) or seen
+        rows[(i.cluster, i.host, i.gpu)] = {"cluster": i.cluster, "host": i.host, "gpu_index": i.gpu,
+                                            "model": i.model, "uuid": i.uuid, "mig_layout": i.mig_layout,
+                                            "first_seen_ts": ts, "last_seen_ts": ts}
+    upsert(conn, schema.gpu_inventory, list(rows.values()), ("cluster", "host", "gpu_index"),
+           {"model": _coalesce("model"), "uuid": _coalesce("uuid"),
+            "first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
+            "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts)})
+    return len(rows)
+
+
+BUCKET_COLS = ("gpu_id", "bucket_ts", "bucket_s", "samples", *METRIC_FIELDS, *LABEL_FIELDS)
+
+
+def _bucket_sql(dialect: str) -> str:
+    ph = "%s" if dialect == "postgresql" else "?"
+    cols = ", ".join(BUCKET_COLS)
+    sets = ", ".join(f"{c} = excluded.{c}" for c in BUCKET_COLS[2:])
+    return (f"INSERT INTO gpu_buckets ({cols}) VALUES ({', '.join([ph] * len(BUCKET_COLS))}) "
+            f"ON CONFLICT (gpu_id, bucket_ts) DO UPDATE SET {sets} "
+            f"WHERE excluded.samples >= gpu_buckets.samples")
+
+
+def telemetry_gpu_ids(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int]) -> None:
+    """Resolve (cluster, host, gpu, instance) to telemetry_gpus.id, creating rows for new GPUs."""
+    t = schema.telemetry_gpus
+    missing = {(b.cluster, b.host, b.gpu, b.gpu_instance): (b.uuid, b.model) for b in buckets
+               if (b.cluster, b.host, b.gpu, b.gpu_instance) not in cache}
+    if not missing:
+        return
+    upsert(conn, t, [{"cluster": k[0], "host": k[1], "gpu_index": k[2], "gpu_instance": k[3], "uuid": u,
+                      "model": m} for k, (u, m) in missing.items()],
+           ("cluster", "host", "gpu_index", "gpu_instance"),
+           {"uuid": _coalesce("uuid"), "model": _coalesce("model")})
+    for cluster in {k[0] for k in missing}:
+        for r in conn.execute(select(t.c.id, t.c.host, t.c.gpu_index, t.c.gpu_instance)
+                              .where(t.c.cluster == cluster)):
+            cache[(cluster, r.host, r.gpu_index, r.gpu_instance)] = r.id
+
+
+def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int]) -> int:
+    """The hot path: plain DBAPI executemany of one prepared upsert (no ORM objects per row)."""
+    telemetry_gpu_ids(conn, buckets, cache)
+    rows = [(cache[(b.cluster, b.host, b.gpu, b.gpu_instance)], int(b.start.timestamp()), b.seconds,
+             b.samples, *[getattr(b, f) for f in METRIC_FIELDS], *[getattr(b, f) for f in LABEL_FIELDS])
+            for b in buckets]
+    conn.exec_driver_sql(_bucket_sql(conn.dialect.name), rows)
+    return len(rows)
+
+
+def close_unseen(conn: Connection, cluster: str, source: str, seen: int) -> int:
+    """After a complete listing at ``seen``: open allocations not in it ended at their last sighting."""
+    t = schema.allocations
+    res = conn.execute(update(t).where(t.c.cluster == cluster, t.c.source == source, t.c.end_ts.is_(None),
+                                       t.c.start_ts.isnot(None), t.c.last_seen_ts < seen)
+                       .values(end_ts=t.c.last_seen_ts, state="GONE"))
+    return res.rowcount or 0
+
+
+def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> IngestStats:
+    from auditor.store import IngestStats
+    from connectors.base import RunningSnapshot
+
+    stats = IngestStats()
+    allocs: list[Allocation] = []
+    resv: list[Reservation] = []
+    inv: list[GpuInventory] = []
+    buckets: list[GpuBucket] = []
+    snapshots: list[RunningSnapshot] = []
+    cache: dict[tuple, int] = {}
+    clusters: set[str] = set()
+
+    def flush(final: bool = False) -> None:
+        with store.begin() as conn:
+            if allocs:
+                n, ng = ingest_allocations(conn, allocs, seen_at_ts)
+                stats.allocations += n
+                stats.allocated_gpus += ng
+            if resv:
+                stats.reservations += ingest_reservations(conn, resv, seen_at_ts)
+            if inv:
+                stats.inventory += ingest_inventory(conn, inv, seen_at_ts)
+            if buckets:
+                stats.buckets += ingest_buckets(conn, buckets, cache)
+            if final:
+                for s in snapshots:
+                    stats.closed += close_unseen(conn, s.cluster, s.source, seen_at_ts)
+                upsert(conn, schema.clusters, [{"name": c, "first_seen_ts": seen_at_ts,
+                                                "last_seen_ts": seen_at_ts} for c in sorted(clusters)],
+                       ("name",), {"first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
+                                   "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts,
+                                                                          ex.last_seen_ts)})
+        for buf in (allocs, resv, inv, buckets):
+            buf.clear()
+
+    for rec in records:
+        if isinstance(rec, GpuBucket):
+            buckets.append(rec)
+            clusters.add(rec.cluster)
+            if len(buckets) >= store.batch_rows:
+                flush()
+        elif isinstance(rec, Allocation):
+            allocs.append(rec)
+            clusters.add(rec.cluster)
+            if len(allocs) >= ALLOC_BATCH:
+                flush()
+        elif isinstance(rec, Reservation):
+            resv.append(rec)
+        elif isinstance(rec, GpuInventory):
+            inv.append(rec)
+            clusters.add(rec.cluster)
+        elif isinstance(rec, RunningSnapshot):
+            snapshots.append(rec)
+        else:
+            raise TypeError(f"not a record: {type(rec).__name__}")
+    flush(final=True)
+    return stats
+
+
+

@@ -1,0 +1,50 @@
+"""Teams and prices: who an allocation belongs to, and what its GPU-hours cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from auditor.config import Config
+
+UNMAPPED = "(unmapped)"
+
+
+class Pricing:
+    """Team mapping and price card, precomputed once per audit (lookups per allocation, not per bucket)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.by_account = {a: t.name for t in cfg.teams for a in t.accounts}
+        self.by_namespace = {n: t.name for t in cfg.teams for n in t.namespaces}
+        self.by_user = {u: t.name for t in cfg.teams for u in t.users}
+        self.models = sorted(((k.lower(), v) for k, v in cfg.prices.models.items()),
+                             key=lambda kv: -len(kv[0]))
+        self.mig = {k.lower(): v for k, v in cfg.prices.mig.items()}
+        self.team_label = cfg.team_label
+
+    def team_of(self, row: dict[str, Any]) -> str:
+        labels = row.get("labels") or {}
+        if isinstance(labels, dict) and labels.get(self.team_label):
+            return str(labels[self.team_label])
+        account = row.get("account") or ""
+        if row.get("source") == "kubernetes":
+            team = self.by_namespace.get(account) or self.by_account.get(account)
+        else:
+            team = self.by_account.get(account) or self.by_namespace.get(account)
+        return team or self.by_user.get(row.get("user_name") or "") or UNMAPPED
+
+    def model_price(self, model: str | None) -> float:
+        m = (model or "").lower()
+        for key, price in self.models:
+            if key and key in m:
+                return price
+        return self.cfg.prices.default
+
+    def price(self, model: str | None, mig_profile: str | None, gpu_count: float, gpus: int) -> float:
+        """Price per full-GPU-hour equivalent. Usage seconds are already share-weighted, so a MIG slice
+        priced per slice-hour converts to slice price / share."""
+        if mig_profile and mig_profile.lower() in self.mig and gpus:
+            share = (gpu_count or 0) / gpus
+            if share > 0:
+                return self.mig[mig_profile.lower()] / share
+        return self.model_price(model)

@@ -1,0 +1,129 @@
+"""The records connectors return (DESIGN.md "Records"): plain data, no database, no I/O.
+
+All times are timezone-aware UTC datetimes. Ratios are 0-1, memory MiB, power W, bandwidth bytes/s:
+connectors normalise through :mod:`auditor.aliases` before building a :class:`GpuBucket`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+Source = Literal["slurm", "kubernetes", "file"]
+
+#: Normalised metric fields of a bucket, in storage order. Every one may be None (not measured).
+METRIC_FIELDS: tuple[str, ...] = (
+    "gpu_util", "gr_engine", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+    "fp64_active", "fp32_active", "fp16_active", "fb_used_mib", "power_w",
+    "pcie_tx_bps", "pcie_rx_bps", "nvlink_tx_bps", "nvlink_rx_bps",
+)
+
+#: Attribution labels telemetry may carry (cross-checks, not truth).
+LABEL_FIELDS: tuple[str, ...] = ("hpc_job", "pod", "namespace", "container")
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedGpu:
+    """One GPU (or a fraction of one) held by an allocation on one node."""
+
+    node: str
+    index: int | None = None  # None once the scheduler forgot it (sacct keeps counts only)
+    uuid: str | None = None
+    model: str | None = None
+    share: float = 1.0  # below 1 for a MIG slice or a time-sliced replica
+    mig_profile: str | None = None
+
+
+@dataclass(slots=True)
+class Allocation:
+    """A job or pod that held GPUs. ``external_id`` is the scheduler's id (Slurm job id incl. array/het
+    part, Kubernetes pod UID); ``account`` is the Slurm account or Kubernetes namespace."""
+
+    cluster: str
+    source: Source
+    external_id: str
+    name: str = ""
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    qos: str = ""
+    state: str = ""
+    submit: datetime | None = None
+    start: datetime | None = None
+    end: datetime | None = None  # None while running
+    reservation: str = ""
+    owner_workload: str = ""  # Kubernetes owner chain top, e.g. "Job/llama-ft"
+    time_limit_s: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    gpus: list[AllocatedGpu] = field(default_factory=list)
+
+    @property
+    def gpu_count(self) -> float:
+        return sum(g.share for g in self.gpus)
+
+
+@dataclass(slots=True)
+class Reservation:
+    """A Slurm advance reservation: GPUs set aside for some users whether or not jobs use them."""
+
+    cluster: str
+    name: str
+    start: datetime
+    end: datetime
+    nodes: list[str] = field(default_factory=list)
+    gpu_count: float = 0.0
+    users: list[str] = field(default_factory=list)
+    accounts: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GpuBucket:
+    """Normalised telemetry of one GPU over one time bucket (default 5 min). ``samples`` is how many raw
+    samples fed it: 0 means "not observed", which the audit judges unknown, never idle."""
+
+    cluster: str
+    host: str
+    gpu: int
+    start: datetime
+    seconds: int
+    samples: int
+    uuid: str | None = None
+    model: str | None = None
+    gpu_instance: str = ""  # MIG GPU instance id, "" for the whole GPU
+    gpu_util: float | None = None
+    gr_engine: float | None = None
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    fp64_active: float | None = None
+    fp32_active: float | None = None
+    fp16_active: float | None = None
+    fb_used_mib: float | None = None
+    power_w: float | None = None
+    pcie_tx_bps: float | None = None
+    pcie_rx_bps: float | None = None
+    nvlink_tx_bps: float | None = None
+    nvlink_rx_bps: float | None = None
+    hpc_job: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    container: str | None = None
+
+
+@dataclass(slots=True)
+class GpuInventory:
+    """A GPU that exists, allocated or not, so unallocated capacity is visible."""
+
+    cluster: str
+    host: str
+    gpu: int
+    model: str | None = None
+    uuid: str | None = None
+    mig_layout: str = ""  # e.g. "1g.10gb:7" or "all-disabled"
+    seen_at: datetime | None = None
+
+
+Record = Allocation | Reservation | GpuBucket | GpuInventory

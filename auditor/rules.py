@@ -1,0 +1,182 @@
+"""Findings: judged seconds per allocation (from :mod:`auditor.audit`) -> flagged problems with evidence.
+
+Each rule reads the per-allocation totals the SQL produced; only the sparkline and per-GPU checks go back
+to the store, in set-based queries over the flagged allocations.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import Connection, insert, text
+
+from auditor import schema
+from auditor.config import Config, Thresholds
+
+SPARK_BINS = 48
+H = 3600.0
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def judged(r: dict[str, Any]) -> float:
+    return r["idle_s"] + r["mirage_s"] + r["low_s"] + r["working_s"]
+
+
+def metrics(r: dict[str, Any]) -> dict[str, Any]:
+    """The numbers every finding shows: what the dashboard said next to what SM activity says."""
+    return {"reserved_gpu_hours": r["reserved_s"] / H, "observed_gpu_hours": r["observed_s"] / H,
+            "coverage": _ratio(r["observed_s"], r["reserved_s"]),
+            "idle_gpu_hours": r["idle_s"] / H, "idle_by_util_gpu_hours": r["idle_by_util_s"] / H,
+            "mirage_gpu_hours": r["mirage_s"] / H, "low_gpu_hours": r["low_s"] / H,
+            "working_gpu_hours": r["working_s"] / H, "unknown_gpu_hours": r["unknown_s"] / H,
+            "effective_gpu_hours": r["effective_s"] / H,
+            "mean_gpu_util": _ratio(r["gpu_util_s"], r["util_observed_s"]),
+            "mean_sm_active": _ratio(r["sm_s"], r["sm_observed_s"]),
+            "mean_tensor_active": _ratio(r["tensor_s"], r["sm_observed_s"]),
+            "mean_dram_active": _ratio(r["dram_s"], r["sm_observed_s"]),
+            "peak_fb_mib": r["peak_fb_mib"], "gpus": r["gpus"], "gpu_count": r["gpu_count"],
+            "low_confidence": r["idle_by_util_s"] > 0 and r["sm_observed_s"] == 0}
+
+
+def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -> list[tuple[str, dict]]:
+    """The allocation-level findings of one allocation, most specific first."""
+    out: list[tuple[str, dict]] = []
+    coverage = _ratio(r["observed_s"], r["reserved_s"]) or 0.0
+    if r["reserved_s"] <= 0:
+        return out
+    if coverage < th.unmonitored_coverage:
+        return [("unmonitored", {"rule": f"coverage {coverage:.0%} < {th.unmonitored_coverage:.0%}"})]
+    j = judged(r)
+    idle_frac = _ratio(r["idle_s"] + r["mirage_s"], j) or 0.0
+    mirage_long = r["max_gpu_mirage_s_max"] >= th.mirage_min_minutes * 60
+    if idle_frac >= th.idle_allocation_fraction and r["reserved_s"] / H >= th.idle_allocation_min_gpu_hours:
+        if mirage_long and r["mirage_s"] > r["idle_s"]:
+            out.append(("util_mirage", {"rule": f"idle by SM activity {idle_frac:.0%} of observed time, "
+                                        "mostly while GPU-Util read busy"}))
+        else:
+            out.append(("idle_allocation", {"rule": f"idle {idle_frac:.0%} of observed time >= "
+                                            f"{th.idle_allocation_fraction:.0%}"}))
+        return out
+    if mirage_long:
+        out.append(("util_mirage", {"rule": f"a GPU read busy while idle for "
+                                    f"{r['max_gpu_mirage_s_max'] / 60:.0f} min"}))
+    if len(per_gpu) >= 2:
+        idle, busy = [], []
+        for g in per_gpu:
+            gj = judged(g)
+            if gj <= 0 or (_ratio(g["observed_s"], g["reserved_s"]) or 0) < th.unmonitored_coverage:
+                continue
+            if (g["idle_s"] + g["mirage_s"]) / gj >= th.idle_gpus_fraction:
+                idle.append(g)
+            elif (g["low_s"] + g["working_s"]) / gj >= 0.5:
+                busy.append(g)
+        if idle and busy:
+            out.append(("idle_gpus", {
+                "rule": f"{len(idle)} of {len(per_gpu)} GPUs idle >= {th.idle_gpus_fraction:.0%} while "
+                        f"{len(busy)} worked",
+                "idle_gpus": len(idle), "total_gpus": len(per_gpu),
+                "idle_gpu_indices": [g["gpu_index"] for g in idle],
+                "partial_idle_gpu_hours": sum(g["idle_s"] + g["mirage_s"] for g in idle) / H}))
+    return out
+
+
+def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int) -> dict[int, dict]:
+    """Per allocation: mean SM activity and GPU-Util in up to 48 time bins (None = no data there)."""
+    out: dict[int, dict] = {}
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        marks = ", ".join(str(int(x)) for x in chunk)
+        pg = conn.dialect.name == "postgresql"
+        g, le = ("GREATEST", "LEAST") if pg else ("max", "min")
+        sql = f"""SELECT u.allocation_id AS aid,
+          CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER) AS bin,
+          AVG(b.sm_active) AS sm, AVG(b.gpu_util) AS util
+        FROM usage_gpu u JOIN (SELECT id, {g}(start_ts, :since) AS s0,
+                {le}(COALESCE(end_ts, :horizon), :horizon) AS e0 FROM allocations WHERE id IN ({marks})) w
+          ON w.id = u.allocation_id
+        JOIN gpu_buckets b ON b.gpu_id = u.gpu_id AND b.bucket_ts >= w.s0 AND b.bucket_ts < w.e0
+        WHERE u.run_id = :run AND u.allocation_id IN ({marks}) AND b.samples > 0 AND w.e0 > w.s0
+        GROUP BY u.allocation_id, CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER)"""
+        for r in conn.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}):
+            s = out.setdefault(r.aid, {"sm": [None] * SPARK_BINS, "util": [None] * SPARK_BINS})
+            if 0 <= r.bin < SPARK_BINS:
+                s["sm"][r.bin] = None if r.sm is None else round(r.sm, 3)
+                s["util"][r.bin] = None if r.util is None else round(r.util, 3)
+    return out
+
+
+def per_gpu_rows(conn: Connection, run_id: int) -> dict[int, list[dict[str, Any]]]:
+    sql = ("SELECT u.* FROM usage_gpu u JOIN (SELECT allocation_id FROM usage_gpu WHERE run_id = :run "
+           "GROUP BY allocation_id HAVING COUNT(*) >= 2) m ON m.allocation_id = u.allocation_id "
+           "WHERE u.run_id = :run")
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in conn.execute(text(sql), {"run": run_id}):
+        out[r.allocation_id].append(dict(r._mapping))
+    return out
+
+
+def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config,
+             *, since: int, until: int, horizon: int) -> dict[str, Any]:
+    """Store the findings of one run; return the run's headline summary."""
+    from auditor.findings_extra import extra_findings
+
+    gpus = per_gpu_rows(conn, run_id)
+    rows: list[dict[str, Any]] = []
+    for r in per_alloc:
+        for kind, ev in classify(r, th, gpus.get(r["allocation_id"], [])):
+            idle_h = (ev.pop("partial_idle_gpu_hours", None) if kind == "idle_gpus"
+                      else (r["idle_s"] + r["mirage_s"]) / H)
+            if kind == "unmonitored":
+                idle_h = 0.0  # never counted or billed as idle
+            rows.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
+    rows += extra_findings(conn, run_id, per_alloc, gpus, th, cfg, since=since, until=until, horizon=horizon)
+    spark_ids = sorted({f["allocation_id"] for f in rows if f["allocation_id"] is not None})
+    spark = sparklines(conn, run_id, spark_ids, since, horizon)
+    for f in rows:
+        if f["allocation_id"] in spark:
+            f["evidence"]["sparkline"] = spark[f["allocation_id"]]
+        f["evidence"]["thresholds"] = th.model_dump()
+    for i in range(0, len(rows), 5000):
+        conn.execute(insert(schema.findings), rows[i:i + 5000])
+    return summarise(per_alloc, rows, cfg)
+
+
+def _finding(run_id: int, kind: str, r: dict[str, Any], ev: dict[str, Any], idle_h: float, since: int,
+             horizon: int) -> dict[str, Any]:
+    start = max(r["start_ts"], since)
+    end = min(r["end_ts"] if r["end_ts"] is not None else horizon, horizon)
+    return {"run_id": run_id, "kind": kind, "cluster": r["cluster"], "allocation_id": r["allocation_id"],
+            "reservation_id": None, "account": r["account"], "user_name": r["user_name"], "team": r["team"],
+            "start_ts": start, "end_ts": end, "gpu_hours": r["reserved_s"] / H, "idle_gpu_hours": idle_h,
+            "cost": idle_h * r["price"],
+            "evidence": {**ev, **metrics(r), "job": {"id": r["external_id"], "name": r["name"],
+                                                     "source": r["source"]}}}
+
+
+def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
+    tot: dict[str, float] = defaultdict(float)
+    for r in per_alloc:
+        for c in ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
+                  "unknown_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s", "sm_observed_s"):
+            tot[c] += r[c]
+        tot["reserved_cost"] += r["reserved_s"] / H * r["price"]
+        tot["idle_cost"] += (r["idle_s"] + r["mirage_s"]) / H * r["price"]
+    kinds: dict[str, int] = defaultdict(int)
+    for f in findings:
+        kinds[f["kind"]] += 1
+    eff_h = tot["effective_s"] / H
+    return {"allocations": len(per_alloc), "currency": cfg.prices.currency,
+            "reserved_gpu_hours": tot["reserved_s"] / H, "observed_gpu_hours": tot["observed_s"] / H,
+            "effective_gpu_hours": eff_h, "idle_gpu_hours": (tot["idle_s"] + tot["mirage_s"]) / H,
+            "idle_only_gpu_hours": tot["idle_s"] / H, "idle_by_util_gpu_hours": tot["idle_by_util_s"] / H,
+            "mirage_gpu_hours": tot["mirage_s"] / H, "low_gpu_hours": tot["low_s"] / H,
+            "working_gpu_hours": tot["working_s"] / H, "unknown_gpu_hours": tot["unknown_s"] / H,
+            "mean_gpu_util": _ratio(tot["gpu_util_s"], tot["util_observed_s"]),
+            "mean_sm_active": _ratio(tot["sm_s"], tot["sm_observed_s"]),
+            "reserved_cost": tot["reserved_cost"], "idle_cost": tot["idle_cost"],
+            "cost_per_effective_gpu_hour": tot["reserved_cost"] / eff_h if eff_h > 0 else None,
+            "findings": dict(sorted(kinds.items()))}

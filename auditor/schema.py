@@ -1,0 +1,309 @@
+"""The store's tables. Every table and column carries a comment: docs/schema.md is generated from them
+(``gpu-audit db schema``) and a test fails when one is missing. Times are UTC epoch seconds (integers)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData(naming_convention={
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+})
+
+METRIC_COMMENTS = {
+    "gpu_util": "NVML GPU-Util as a 0-1 ratio: share of time any kernel ran (the misleading one).",
+    "gr_engine": "DCGM GR engine activity, 0-1 (time-based like GPU-Util).",
+    "sm_active": "DCGM SM activity, 0-1: share of cycles with a warp resident, averaged over all SMs.",
+    "sm_occupancy": "DCGM SM occupancy, 0-1.",
+    "tensor_active": "DCGM Tensor pipe activity, 0-1.",
+    "dram_active": "DCGM DRAM activity (memory bandwidth busy), 0-1.",
+    "fp64_active": "DCGM FP64 pipe activity, 0-1.",
+    "fp32_active": "DCGM FP32 pipe activity, 0-1.",
+    "fp16_active": "DCGM FP16 pipe activity, 0-1.",
+    "fb_used_mib": "Frame buffer memory used, MiB (bucket maximum).",
+    "power_w": "Board power draw, W.",
+    "pcie_tx_bps": "PCIe transmit, bytes/s.",
+    "pcie_rx_bps": "PCIe receive, bytes/s.",
+    "nvlink_tx_bps": "NVLink transmit, bytes/s.",
+    "nvlink_rx_bps": "NVLink receive, bytes/s.",
+}
+
+
+def _ts(name: str, comment: str, nullable: bool = True) -> Column:
+    return Column(name, Integer, nullable=nullable, comment=comment + " (UTC epoch seconds)")
+
+
+clusters = Table(
+    "clusters", metadata,
+    Column("name", String(128), primary_key=True, comment="Cluster name from the config."),
+    _ts("first_seen_ts", "First collection that mentioned the cluster"),
+    _ts("last_seen_ts", "Latest collection that mentioned the cluster"),
+    comment="Every cluster the store has data for.",
+)
+
+allocations = Table(
+    "allocations", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Surrogate key."),
+    Column("cluster", String(128), nullable=False, comment="Cluster name."),
+    Column("source", String(16), nullable=False, comment="slurm, kubernetes or file."),
+    Column("external_id", String(255), nullable=False,
+           comment="Scheduler id: Slurm job id (array/het part included) or Kubernetes pod UID."),
+    Column("name", Text, nullable=False, default="", comment="Job or pod name (user-controlled text)."),
+    Column("user_name", String(255), nullable=False, default="", comment="Owner user."),
+    Column("account", String(255), nullable=False, default="",
+           comment="Slurm account or Kubernetes namespace."),
+    Column("partition", String(255), nullable=False, default="", comment="Slurm partition or queue."),
+    Column("qos", String(255), nullable=False, default="", comment="Slurm QOS or priority class."),
+    Column("state", String(64), nullable=False, default="", comment="Scheduler state, e.g. RUNNING."),
+    _ts("submit_ts", "Submission time"),
+    _ts("start_ts", "When the GPUs were first held; NULL if never started"),
+    _ts("end_ts", "When the GPUs were released; NULL while running"),
+    Column("reservation", String(255), nullable=False, default="", comment="Advance reservation name."),
+    Column("owner_workload", String(512), nullable=False, default="",
+           comment="Kubernetes owner chain top, e.g. Job/llama-ft."),
+    Column("time_limit_s", Integer, comment="Requested time limit in seconds."),
+    Column("labels", JSON, comment="Scheduler labels (pod labels), a JSON object."),
+    Column("gpu_count", Float, nullable=False, default=0.0,
+           comment="GPUs held: sum of shares of allocated_gpus."),
+    _ts("first_seen_ts", "First time a collector saw the allocation"),
+    _ts("last_seen_ts", "Latest time a collector saw the allocation"),
+    UniqueConstraint("cluster", "source", "external_id"),
+    Index(None, "cluster", "start_ts", "end_ts"),
+    comment="Jobs and pods that held GPUs (the ledger: kept after the scheduler forgets them).",
+)
+
+allocated_gpus = Table(
+    "allocated_gpus", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Surrogate key."),
+    Column("allocation_id", Integer, ForeignKey("allocations.id", ondelete="CASCADE"), nullable=False,
+           comment="The allocation."),
+    Column("node", String(255), nullable=False, comment="Node (host) name."),
+    Column("slot", Integer, nullable=False, comment="Ordinal of this GPU among the allocation's GPUs on "
+           "the node (stable key when the index is unknown)."),
+    Column("gpu_index", Integer, comment="GPU index on the node; NULL when the scheduler no longer says."),
+    Column("uuid", String(128), comment="GPU UUID when known."),
+    Column("model", String(128), comment="GPU model, e.g. h100 or NVIDIA-H100-80GB-HBM3."),
+    Column("share", Float, nullable=False, default=1.0,
+           comment="Fraction of the GPU held: 1, a MIG slice (1g of 7 = 1/7) or a time-sliced replica."),
+    Column("mig_profile", String(64), comment="MIG profile, e.g. 1g.10gb."),
+    UniqueConstraint("allocation_id", "node", "slot"),
+    Index(None, "node", "gpu_index"),
+    comment="One row per GPU (or GPU fraction) an allocation held, per node.",
+)
+
+reservations = Table(
+    "reservations", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Surrogate key."),
+    Column("cluster", String(128), nullable=False, comment="Cluster name."),
+    Column("name", String(255), nullable=False, comment="Reservation name."),
+    _ts("start_ts", "Reservation start", nullable=False),
+    _ts("end_ts", "Reservation end", nullable=False),
+    Column("nodes", JSON, comment="Reserved nodes, a JSON list."),
+    Column("gpu_count", Float, nullable=False, default=0.0, comment="GPUs reserved."),
+    Column("users", JSON, comment="Users allowed, a JSON list."),
+    Column("accounts", JSON, comment="Accounts allowed, a JSON list."),
+    Column("flags", JSON, comment="Reservation flags, a JSON list."),
+    _ts("last_seen_ts", "Latest time a collector saw it"),
+    UniqueConstraint("cluster", "name", "start_ts"),
+    comment="Slurm advance reservations.",
+)
+
+gpu_inventory = Table(
+    "gpu_inventory", metadata,
+    Column("cluster", String(128), primary_key=True, comment="Cluster name."),
+    Column("host", String(255), primary_key=True, comment="Node name."),
+    Column("gpu_index", Integer, primary_key=True, comment="GPU index on the node."),
+    Column("model", String(128), comment="GPU model."),
+    Column("uuid", String(128), comment="GPU UUID when known."),
+    Column("mig_layout", String(255), nullable=False, default="", comment="MIG layout, e.g. 1g.10gb:7."),
+    _ts("first_seen_ts", "First sighting"),
+    _ts("last_seen_ts", "Latest sighting"),
+    comment="GPUs that exist according to the schedulers, allocated or not.",
+)
+
+telemetry_gpus = Table(
+    "telemetry_gpus", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Surrogate key used by buckets."),
+    Column("cluster", String(128), nullable=False, comment="Cluster name."),
+    Column("host", String(255), nullable=False, comment="Node name as telemetry reports it."),
+    Column("gpu_index", Integer, nullable=False, comment="GPU index on the node."),
+    Column("gpu_instance", String(32), nullable=False, default="", comment="MIG GPU instance id, '' for "
+           "the whole GPU."),
+    Column("uuid", String(128), comment="Latest UUID seen."),
+    Column("model", String(128), comment="Latest model seen."),
+    UniqueConstraint("cluster", "host", "gpu_index", "gpu_instance"),
+    comment="Each GPU (or MIG instance) telemetry has reported; gpu_buckets refer to it.",
+)
+
+gpu_buckets = Table(
+    "gpu_buckets", metadata,
+    Column("gpu_id", Integer, ForeignKey("telemetry_gpus.id"), primary_key=True,
+           comment="telemetry_gpus.id."),
+    Column("bucket_ts", Integer, primary_key=True, autoincrement=False,
+           comment="Bucket start (UTC epoch seconds), aligned to bucket_s."),
+    Column("bucket_s", Integer, nullable=False, comment="Bucket length in seconds."),
+    Column("samples", Integer, nullable=False, comment="Raw samples behind the bucket; 0 = not observed."),
+    *[Column(name, Float, comment=text) for name, text in METRIC_COMMENTS.items()],
+    Column("hpc_job", String(255), comment="dcgm-exporter hpc_job label(s), comma-joined."),
+    Column("pod", String(255), comment="Pod label from telemetry."),
+    Column("namespace", String(255), comment="Namespace label from telemetry."),
+    Column("container", String(255), comment="Container label from telemetry."),
+    sqlite_with_rowid=False,
+    comment="Normalised per-GPU telemetry buckets (never raw samples).",
+)
+
+watermarks = Table(
+    "watermarks", metadata,
+    Column("cluster", String(128), primary_key=True, comment="Cluster name."),
+    Column("source", String(255), primary_key=True, comment="Source key, e.g. telemetry[0]:prometheus."),
+    _ts("watermark_ts", "Collected completely up to here", nullable=False),
+    _ts("updated_ts", "When the watermark last moved"),
+    comment="Incremental collection progress per cluster and source.",
+)
+
+quarantined_records = Table(
+    "quarantined_records", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Surrogate key."),
+    _ts("collected_ts", "When the record was rejected", nullable=False),
+    Column("cluster", String(128), nullable=False, comment="Cluster name."),
+    Column("source", String(255), nullable=False, comment="File, command or URL the record came from."),
+    Column("location", String(255), nullable=False, comment="Line, item or series within the source."),
+    Column("reason", Text, nullable=False, comment="What was wrong."),
+    Column("excerpt", Text, comment="Start of the bad record (at most 200 characters)."),
+    comment="Input records skipped as malformed, kept so someone can fix the exporter or scheduler.",
+)
+
+audit_runs = Table(
+    "audit_runs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Run id."),
+    _ts("started_ts", "Run start", nullable=False),
+    _ts("finished_ts", "Run end; NULL while running or if it died"),
+    _ts("since_ts", "Audit window start", nullable=False),
+    _ts("until_ts", "Audit window end (exclusive)", nullable=False),
+    Column("status", String(16), nullable=False, comment="running, ok or failed."),
+    Column("what_if", Boolean, nullable=False, default=False, comment="A what-if re-judgement, not the "
+           "official audit."),
+    Column("thresholds", JSON, comment="Thresholds used, a JSON object."),
+    Column("summary", JSON, comment="Headline numbers, a JSON object."),
+    comment="Each audit over a window.",
+)
+
+_HOURS = {
+    "reserved_s": "Reserved GPU-seconds in the window (times share).",
+    "observed_s": "Reserved GPU-seconds covered by telemetry samples.",
+    "idle_s": "GPU-seconds judged idle (idle-by-util included).",
+    "idle_by_util_s": "Of idle_s, judged by the low-confidence GPU-Util fallback.",
+    "mirage_s": "GPU-seconds judged mirage: GPU-Util busy, SM activity idle.",
+    "low_s": "GPU-seconds judged low (idle_sm <= SM activity < working_sm).",
+    "working_s": "GPU-seconds judged working.",
+    "unknown_s": "GPU-seconds not judged: no samples, unattributed, or no usable signal.",
+    "effective_s": "Sum of overlap x SM activity x share: GPU-seconds of real work.",
+    "gpu_util_s": "Sum of overlap x GPU-Util (for the mean the dashboard shows).",
+    "util_observed_s": "Overlap seconds of buckets that had GPU-Util.",
+    "sm_s": "Sum of overlap x SM activity over buckets that had it.",
+    "sm_observed_s": "Overlap seconds of buckets that had SM activity.",
+    "tensor_s": "Sum of overlap x Tensor activity.",
+    "dram_s": "Sum of overlap x DRAM activity.",
+    "io_bps_s": "Sum of overlap x (PCIe + NVLink bytes/s), for the input/communication-wait hint.",
+    "max_gpu_mirage_s": "Longest mirage time of any single GPU (seconds, not share-weighted).",
+}
+
+usage_gpu = Table(
+    "usage_gpu", metadata,
+    Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), primary_key=True,
+           comment="audit_runs.id."),
+    Column("allocated_gpu_id", Integer, ForeignKey("allocated_gpus.id", ondelete="CASCADE"),
+           primary_key=True, comment="allocated_gpus.id."),
+    Column("allocation_id", Integer, nullable=False, comment="allocations.id."),
+    Column("attribution", String(16), nullable=False,
+           comment="index (node+GPU from the scheduler), label (telemetry labels), node (whole node) or "
+           "unattributed."),
+    Column("gpu_index", Integer, comment="GPU index used for the join (attributed)."),
+    Column("gpu_id", Integer, comment="telemetry_gpus.id the GPU was attributed to; NULL if unattributed."),
+    Column("signal", String(16), comment="What judged it: sm_active, gpu_util (low confidence) or none."),
+    *[Column(name, Float, nullable=False, default=0.0, comment=text) for name, text in _HOURS.items()],
+    Column("peak_fb_mib", Float, comment="Peak frame buffer used, MiB."),
+    comment="Per allocated GPU and audit run: how its reserved time was judged.",
+)
+
+usage_allocation = Table(
+    "usage_allocation", metadata,
+    Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), primary_key=True,
+           comment="audit_runs.id."),
+    Column("allocation_id", Integer, ForeignKey("allocations.id", ondelete="CASCADE"), primary_key=True,
+           comment="allocations.id."),
+    Column("team", String(255), nullable=False, default="", comment="Team from the mapping."),
+    Column("gpu_model", String(128), comment="GPU model (first GPU)."),
+    Column("price_per_gpu_hour", Float, nullable=False, default=0.0, comment="Price card rate applied."),
+    *[Column(name, Float, nullable=False, default=0.0, comment=text) for name, text in _HOURS.items()],
+    Column("peak_fb_mib", Float, comment="Peak frame buffer used on any of its GPUs, MiB."),
+    Column("gpus", Integer, nullable=False, default=0, comment="Allocated GPU rows."),
+    Column("reserved_cost", Float, nullable=False, default=0.0, comment="Reserved GPU-hours x price."),
+    Column("idle_cost", Float, nullable=False, default=0.0, comment="(idle + mirage) GPU-hours x price."),
+    comment="Per allocation and audit run: totals over its GPUs, and what they cost.",
+)
+
+findings = Table(
+    "findings", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Finding id."),
+    Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False,
+           comment="audit_runs.id."),
+    Column("kind", String(32), nullable=False, comment="idle_allocation, idle_gpus, util_mirage, "
+           "idle_episode, low_efficiency, idle_reservation or unmonitored."),
+    Column("cluster", String(128), nullable=False, comment="Cluster name."),
+    Column("allocation_id", Integer, ForeignKey("allocations.id", ondelete="CASCADE"),
+           comment="allocations.id, when about an allocation."),
+    Column("reservation_id", Integer, ForeignKey("reservations.id", ondelete="CASCADE"),
+           comment="reservations.id, when about a reservation."),
+    Column("account", String(255), nullable=False, default="", comment="Account or namespace."),
+    Column("user_name", String(255), nullable=False, default="", comment="User."),
+    Column("team", String(255), nullable=False, default="", comment="Team."),
+    _ts("start_ts", "Evidence window start"),
+    _ts("end_ts", "Evidence window end"),
+    Column("gpu_hours", Float, nullable=False, default=0.0, comment="GPU-hours the finding is about."),
+    Column("idle_gpu_hours", Float, nullable=False, default=0.0, comment="Idle (+mirage) GPU-hours."),
+    Column("cost", Float, nullable=False, default=0.0, comment="Cost of the idle GPU-hours."),
+    Column("evidence", JSON, comment="Metrics, window, thresholds, coverage and a sparkline."),
+    Index(None, "run_id", "kind"),
+    comment="What the audit flagged, each with its evidence.",
+)
+
+notifications = Table(
+    "notifications", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Surrogate key."),
+    Column("recipient", String(320), nullable=False, comment="Email address."),
+    Column("kind", String(32), nullable=False, comment="admin_report, team_nudge or user_nudge."),
+    Column("allocation_id", Integer, comment="allocations.id the nudge was about, if any."),
+    _ts("sent_ts", "When sent (or written as .eml in dry-run)", nullable=False),
+    Column("dry_run", Boolean, nullable=False, default=False, comment="Written to a file, not sent."),
+    Column("message_id", String(255), comment="Message-ID header."),
+    Column("period_key", String(64), comment="Report period the message belongs to (e.g. 2026-W48), so a "
+           "restarted daemon does not send the same weekly report twice."),
+    Index(None, "recipient", "sent_ts"),
+    comment="Emails sent, for throttling nudges.",
+)
+
+locks = Table(
+    "locks", metadata,
+    Column("name", String(128), primary_key=True, comment="Lock name, e.g. weekly-report."),
+    Column("holder", String(255), nullable=False, comment="host:pid of the holder."),
+    _ts("acquired_ts", "When taken", nullable=False),
+    _ts("expires_ts", "When it lapses if the holder dies", nullable=False),
+    comment="Leases that keep two daemons on one store from running the same job (e.g. sending the "
+            "weekly email twice).",
+)

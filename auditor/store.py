@@ -1,0 +1,190 @@
+"""The SQL store: engine setup, migrations, watermarks. Ingest lives in :mod:`auditor.ingest`.
+
+SQLite (WAL, foreign keys, busy timeout) is the embedded default; PostgreSQL is the production store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+
+from auditor import schema
+from auditor.errors import StoreError
+from auditor.records import Record
+from auditor.sqlfuncs import greatest
+from auditor.timeutil import utcnow
+
+log = logging.getLogger("gpu_audit.store")
+
+
+def resource_dir(name: str) -> Path:
+    """Directory of a shipped resource (templates, migrations, deploy): the wheel puts them under
+    ``auditor/<name>``; a source checkout has them at the top level."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / name, here.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise StoreError(f"resource directory {name!r} not found next to {here}")
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def make_engine(url: str) -> Engine:
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        raise StoreError("store.url is not a valid SQLAlchemy URL") from None
+    if u.get_backend_name() == "sqlite":
+        if u.database and u.database != ":memory:":
+            Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(u, connect_args={"timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(u, pool_pre_ping=True)
+
+
+@dataclass
+class IngestStats:
+    allocations: int = 0
+    allocated_gpus: int = 0
+    reservations: int = 0
+    inventory: int = 0
+    buckets: int = 0
+    closed: int = 0
+
+    def add(self, other: IngestStats) -> None:
+        for k in vars(self):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+class Store:
+    """A handle on the SQL store. Every write is a bounded transaction; reads are plain SQL."""
+
+    def __init__(self, engine: Engine, batch_rows: int = 50_000) -> None:
+        self.engine = engine
+        self.batch_rows = batch_rows
+
+    @classmethod
+    def open(cls, url: str, batch_rows: int = 50_000) -> Store:
+        return cls(make_engine(url), batch_rows)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def redacted_url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except OperationalError as exc:
+            raise StoreError(f"store {self.redacted_url()}: {_first_line(exc)}") from None
+
+    # -- migrations ---------------------------------------------------------------------------------
+    def alembic_config(self) -> Any:
+        from alembic.config import Config as AlembicConfig
+
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(resource_dir("migrations")))
+        cfg.attributes["engine"] = self.engine
+        return cfg
+
+    def upgrade(self, revision: str = "head") -> None:
+        from alembic import command
+
+        try:
+            command.upgrade(self.alembic_config(), revision)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"store {self.redacted_url()}: migration failed: {_first_line(exc)}") from None
+
+    def current(self) -> str | None:
+        from alembic.runtime.migration import MigrationContext
+
+        try:
+            with self.engine.connect() as conn:
+                return MigrationContext.configure(conn).get_current_revision()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"store {self.redacted_url()}: {_first_line(exc)}") from None
+
+    def head(self) -> str | None:
+        from alembic.script import ScriptDirectory
+
+        return ScriptDirectory.from_config(self.alembic_config()).get_current_head()
+
+    def require_current(self) -> None:
+        cur = self.current()
+        if cur != self.head():
+            raise StoreError(f"store {self.redacted_url()} is at revision {cur or 'none'}, "
+                             f"not {self.head()}: run `gpu-audit db upgrade`")
+
+    # -- ingest -------------------------------------------------------------------------------------
+    def ingest(self, records: Iterable[Record], *, seen_at_ts: int | None = None) -> IngestStats:
+        """Idempotent upsert of any mix of records, in transactions of at most ``batch_rows`` rows."""
+        from auditor.ingest import ingest
+
+        return ingest(self, records, seen_at_ts=seen_at_ts or int(utcnow().timestamp()))
+
+    # -- watermarks ---------------------------------------------------------------------------------
+    def watermark(self, cluster: str, source: str) -> int | None:
+        t = schema.watermarks
+        with self.engine.connect() as conn:
+            return conn.execute(select(t.c.watermark_ts).where(t.c.cluster == cluster,
+                                                               t.c.source == source)).scalar()
+
+    def set_watermark(self, conn: Connection, cluster: str, source: str, ts: int) -> None:
+        """Move a watermark forward only (an older window collected later never moves it back)."""
+        from auditor.ingest import upsert
+
+        now = int(utcnow().timestamp())
+        upsert(conn, schema.watermarks, [{"cluster": cluster, "source": source, "watermark_ts": ts,
+                                          "updated_ts": now}], ("cluster", "source"),
+               {"watermark_ts": lambda t, ex: greatest(t.c.watermark_ts, ex.watermark_ts),
+                "updated_ts": lambda t, ex: ex.updated_ts})
+
+    def checksum(self) -> dict[str, str]:
+        """Per-table digest of every row (order-independent), for idempotency and crash tests."""
+        import hashlib
+
+        out: dict[str, str] = {}
+        with self.engine.connect() as conn:
+            for table in schema.metadata.sorted_tables:
+                h = hashlib.sha256()
+                rows = sorted(repr(tuple(_norm(v) for v in r)) for r in conn.execute(select(table)))
+                for r in rows:
+                    h.update(r.encode())
+                out[table.name] = f"{len(rows)}:{h.hexdigest()[:16]}"
+        return out
+
+    def count(self, table: str) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(text(f"SELECT count(*) FROM {schema.metadata.tables[table].name}"))
+                       .scalar() or 0)
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 9)
+    return v
+
+
+def _first_line(exc: BaseException) -> str:
+    msg = str(getattr(exc, "orig", None) or exc)
+    return msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__

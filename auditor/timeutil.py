@@ -1,0 +1,62 @@
+"""Time parsing and conversion in one place: everything stored is UTC epoch seconds."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, date, datetime, timedelta
+
+_REL = re.compile(r"^now(?:-(\d+(?:\.\d+)?)\s*(days?|d|hours?|h|minutes?|min|m|weeks?|w))?$")
+_UNITS = {"d": 86400, "day": 86400, "days": 86400, "h": 3600, "hour": 3600, "hours": 3600,
+          "m": 60, "min": 60, "minute": 60, "minutes": 60, "w": 604800, "week": 604800, "weeks": 604800}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def to_epoch(dt: datetime | None) -> int | None:
+    if dt is None:
+        return None
+    if dt.tzinfo is None:
+        raise ValueError(f"naive datetime {dt.isoformat()} (times must carry a timezone)")
+    return int(dt.timestamp())
+
+
+def from_epoch(ts: int | float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+
+
+def parse_time(text: str, *, now: datetime | None = None, assume_tz: object = UTC) -> datetime:
+    """Parse sacct-style and ISO times: ``2026-11-22``, ``2026-11-22T08:00[:00]``, ``now``, ``now-7days``,
+    ISO with ``Z``/offset, or epoch seconds. Naive times are taken in ``assume_tz`` (UTC by default)."""
+    s = text.strip()
+    now = now or utcnow()
+    m = _REL.match(s.lower())
+    if m:
+        if not m.group(1):
+            return now
+        return now - timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+    if re.fullmatch(r"\d{9,11}(\.\d+)?", s):
+        return datetime.fromtimestamp(float(s), UTC)
+    try:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", s):
+            d = date.fromisoformat(s)
+            dt = datetime(d.year, d.month, d.day)
+        else:
+            dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"cannot parse time {text!r} (use YYYY-MM-DD[THH:MM[:SS]], now-7days or epoch)")\
+            from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=assume_tz)  # type: ignore[arg-type]
+    return dt.astimezone(UTC)
+
+
+def floor_to(dt: datetime, seconds: int) -> datetime:
+    ts = int(dt.timestamp())
+    return datetime.fromtimestamp(ts - ts % seconds, UTC)
+
+
+def ceil_to(dt: datetime, seconds: int) -> datetime:
+    ts = int(dt.timestamp())
+    return datetime.fromtimestamp(ts + (-ts) % seconds, UTC)

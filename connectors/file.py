@@ -1,0 +1,309 @@
+"""File connectors (kind "file"): allocations from CSV/JSON, telemetry from a long CSV.
+
+For sites with custom exporters and for backfill. The formats are documented in docs/file-formats.md.
+Scrape files (Prometheus text / OpenMetrics) are the "scrape" kind; saved ``sacct -P`` output is read by
+the Slurm parsers (format "sacct").
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import re
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from auditor.aliases import METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
+from auditor.errors import SourceError
+from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket
+from auditor.timeutil import parse_time
+from connectors.base import Context, Options, Problems, Window
+
+_GPU_PART = re.compile(r"^\s*(?P<node>[^:;\s]+)\s*:\s*(?:\*(?P<count>\d+)|(?P<idx>[\d,\-\s]+))\s*$")
+
+
+def expand_indices(text: str) -> list[int]:
+    """``0-2,5`` -> [0, 1, 2, 5]."""
+    out: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if b < a or b - a > 4096:
+            raise ValueError(f"bad index range {part!r}")
+        out.extend(range(a, b + 1))
+    return out
+
+
+def parse_gpus(text: str, model: str | None, share: float, mig: str | None) -> list[AllocatedGpu]:
+    """``node-a:0-3;node-b:*2`` -> one AllocatedGpu per GPU (``*N`` = N GPUs, indices unknown)."""
+    gpus: list[AllocatedGpu] = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        m = _GPU_PART.match(part)
+        if not m:
+            raise ValueError(f"bad gpus entry {part!r} (want node:0-3 or node:*N)")
+        if m.group("count"):
+            gpus += [AllocatedGpu(m["node"], None, None, model, share, mig) for _ in range(int(m["count"]))]
+        else:
+            gpus += [AllocatedGpu(m["node"], i, None, model, share, mig) for i in expand_indices(m["idx"])]
+    return gpus
+
+
+def _time(value: Any, what: str) -> datetime | None:
+    if value in (None, "", "None", "Unknown"):
+        return None
+    try:
+        return parse_time(str(value))
+    except ValueError:
+        raise ValueError(f"{what}: cannot parse time {str(value)[:40]!r}") from None
+
+
+def _labels(value: Any) -> dict[str, str]:
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    if not value:
+        return {}
+    text = str(value).strip()
+    if text.startswith("{"):
+        return {str(k): str(v) for k, v in json.loads(text).items()}
+    return dict(kv.split("=", 1) for kv in text.split(";") if "=" in kv)
+
+
+def allocation_from_row(cluster: str, row: dict[str, Any]) -> Allocation:
+    """Build an Allocation from one CSV row or JSON object; raises ValueError naming the field."""
+    ext = str(row.get("id") or "").strip()
+    if not ext:
+        raise ValueError("id: missing")
+    model = row.get("model") or None
+    share = float(row.get("share") or 1.0)
+    if not 0 < share <= 1:
+        raise ValueError(f"share: {share} not in (0, 1]")
+    gpus_field = row.get("gpus")
+    if isinstance(gpus_field, list):
+        gpus = [AllocatedGpu(str(g["node"]), g.get("index"), g.get("uuid"), g.get("model", model),
+                             float(g.get("share", share)), g.get("mig_profile")) for g in gpus_field]
+    else:
+        gpus = parse_gpus(str(gpus_field or ""), model, share, row.get("mig_profile") or None)
+    if not gpus:
+        raise ValueError("gpus: no GPUs")
+    start, end = _time(row.get("start"), "start"), _time(row.get("end"), "end")
+    if start and end and end < start:
+        raise ValueError(f"end {end.isoformat()} is before start {start.isoformat()}")
+    source = row.get("source") or "file"
+    if source not in ("slurm", "kubernetes", "file"):
+        raise ValueError(f"source: {source!r} is not slurm, kubernetes or file")
+    limit = row.get("time_limit_s")
+    return Allocation(cluster=cluster, source=source, external_id=ext, name=str(row.get("name") or ""),
+                      user=str(row.get("user") or ""), account=str(row.get("account") or ""),
+                      partition=str(row.get("partition") or ""), qos=str(row.get("qos") or ""),
+                      state=str(row.get("state") or ""), submit=_time(row.get("submit"), "submit"),
+                      start=start, end=end, reservation=str(row.get("reservation") or ""),
+                      owner_workload=str(row.get("owner") or ""),
+                      time_limit_s=int(limit) if limit not in (None, "") else None,
+                      labels=_labels(row.get("labels")), gpus=gpus)
+
+
+def _files(ctx: Context, patterns: list[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in patterns:
+        full = ctx.path(p)
+        matches = sorted(Path(x) for x in glob.glob(str(full))) if any(c in p for c in "*?[") else [full]
+        for m in matches:
+            if not m.is_file():
+                raise SourceError(str(m), "no such file")
+            out.append(m)
+    return out
+
+
+class FileAllocations:
+    """Allocations from CSV, JSON (a list or JSON Lines) or saved ``sacct -P`` output."""
+
+    class Options(Options):
+        paths: list[str] = Field(description="Files or glob patterns, relative to the config file.")
+        format: Literal["auto", "csv", "json", "sacct"] = Field(
+            "auto", description="auto picks by extension: .csv, .json/.jsonl, .sacct/.txt (sacct -P).")
+
+    def __init__(self, context: Context, options: FileAllocations.Options) -> None:
+        self.ctx, self.options, self.name = context, options, "file"
+
+    def collect(self, window: Window, problems: Problems) -> Iterator[Allocation]:
+        for path in _files(self.ctx, self.options.paths):
+            fmt = self.options.format
+            if fmt == "auto":
+                fmt = {".csv": "csv", ".json": "json", ".jsonl": "json"}.get(path.suffix.lower(), "sacct")
+            rows = self._rows(path, fmt, problems)
+            for _loc, alloc in rows:
+                if alloc.start is None or alloc.start >= window.until:
+                    continue
+                if alloc.end is not None and alloc.end <= window.since:
+                    continue
+                yield alloc
+
+    def _rows(self, path: Path, fmt: str, problems: Problems) -> Iterable[tuple[str, Allocation]]:
+        if fmt == "sacct":
+            from connectors.slurm import parse_sacct_file
+
+            yield from parse_sacct_file(path, self.ctx.cluster, problems)
+            return
+        for loc, row in _read_rows(path, fmt):
+            if isinstance(row, str):
+                problems.skip(str(path), loc, row)
+                continue
+            try:
+                yield loc, allocation_from_row(self.ctx.cluster, row)
+            except (ValueError, KeyError, TypeError) as exc:
+                problems.skip(str(path), loc, str(exc), json.dumps(row, default=str))
+
+
+def _read_rows(path: Path, fmt: str) -> Iterator[tuple[str, dict[str, Any] | str]]:
+    """Rows with their location ("line 12" / "item 3"); a string instead of a row is a parse error."""
+    try:
+        handle = path.open(encoding="utf-8", newline="")
+    except OSError as exc:
+        raise SourceError(str(path), f"cannot read: {exc.strerror}") from None
+    with handle:
+        if fmt == "csv":
+            reader = csv.DictReader(handle)
+            try:
+                for row in reader:
+                    if None in row:
+                        yield f"line {reader.line_num}", "more fields than the header"
+                        continue
+                    yield f"line {reader.line_num}", row
+            except (csv.Error, UnicodeDecodeError) as exc:
+                yield f"line {reader.line_num}", f"unreadable CSV: {exc}"
+            return
+        try:
+            text = handle.read()
+        except UnicodeDecodeError as exc:
+            raise SourceError(str(path), f"not UTF-8: {exc.reason}") from None
+        stripped = text.lstrip()
+        if stripped.startswith("["):
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SourceError(str(path), f"invalid JSON at line {exc.lineno}: {exc.msg}") from None
+            for i, item in enumerate(items):
+                yield f"item {i}", item if isinstance(item, dict) else "not a JSON object"
+            return
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield f"line {n}", f"invalid JSON: {exc.msg}"
+                continue
+            yield f"line {n}", item if isinstance(item, dict) else "not a JSON object"
+
+
+class _Acc:
+    """Running sums of one GPU bucket."""
+
+    __slots__ = ("sums", "counts", "instants", "labels", "uuid", "model")
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.instants: set[int] = set()
+        self.labels: dict[str, str] = {}
+        self.uuid: str | None = None
+        self.model: str | None = None
+
+    def add(self, field: str, value: float, ts: int) -> None:
+        if field == "fb_used_mib":
+            self.sums[field] = max(self.sums.get(field, 0.0), value)
+            self.counts[field] = 1
+        else:
+            self.sums[field] = self.sums.get(field, 0.0) + value
+            self.counts[field] = self.counts.get(field, 0) + 1
+        self.instants.add(ts)
+
+
+def stored_unit(field: str) -> Unit:
+    """The unit a canonical field name is stored in (long CSVs may use canonical names directly)."""
+    if field in RATIO_FIELDS:
+        return "ratio"
+    return {"fb_used_mib": "mib", "power_w": "watts"}.get(field, "bytes_per_s")  # type: ignore[return-value]
+
+
+LABEL_COLUMNS = ("pod", "namespace", "container", "hpc_job")
+
+
+class FileTelemetry:
+    """Telemetry from a long CSV: timestamp, host, gpu, uuid, metric, value[, model, gpu_instance, pod,
+    namespace, container, hpc_job]. Metric names are canonical fields (stored units) or any alias."""
+
+    class Options(Options):
+        paths: list[str] = Field(description="Long-CSV files or glob patterns, relative to the config file.")
+
+    def __init__(self, context: Context, options: FileTelemetry.Options) -> None:
+        self.ctx, self.options, self.name = context, options, "file"
+
+    def collect(self, window: Window, problems: Problems) -> Iterator[GpuBucket]:
+        for path in _files(self.ctx, self.options.paths):
+            yield from self._read(path, window, problems)
+
+    def _read(self, path: Path, window: Window, problems: Problems) -> Iterator[GpuBucket]:
+        size = window.bucket_seconds
+        lo, hi = int(window.since.timestamp()), int(window.until.timestamp())
+        accs: dict[tuple[str, int, str, int], _Acc] = {}
+        unknown: set[str] = set()
+        for loc, row in _read_rows(path, "csv"):
+            if isinstance(row, str):
+                problems.skip(str(path), loc, row)
+                continue
+            try:
+                ts = int(parse_time(row["timestamp"]).timestamp())
+                host = (row.get("host") or "").strip()
+                gpu = int(row["gpu"])
+                metric = (row.get("metric") or "").strip()
+                if not host:
+                    raise ValueError("host: missing")
+                if gpu < 0:
+                    raise ValueError(f"gpu: negative index {gpu}")
+                if metric in METRIC_FIELDS:
+                    field, unit = metric, stored_unit(metric)
+                elif metric in METRIC_ALIASES:
+                    field, unit = METRIC_ALIASES[metric].field, METRIC_ALIASES[metric].unit
+                else:
+                    if metric not in unknown:
+                        unknown.add(metric)
+                        problems.skip(str(path), loc, f"unknown metric {metric[:60]!r} (further lines of "
+                                      "it skipped silently)")
+                    continue
+                raw = float(row["value"])
+                value, clamped = normalise(field, unit, raw)
+            except (ValueError, KeyError, TypeError, BadValue) as exc:
+                problems.skip(str(path), loc, str(exc).strip("'"), ",".join(str(v) for v in row.values()))
+                continue
+            if clamped:
+                problems.clamp(str(path), field)
+            if not lo <= ts < hi:
+                continue
+            key = (host, gpu, (row.get("gpu_instance") or "").strip(), ts - ts % size)
+            acc = accs.get(key)
+            if acc is None:
+                acc = accs[key] = _Acc()
+            acc.add(field, value, ts)
+            acc.uuid = acc.uuid or (row.get("uuid") or None)
+            acc.model = acc.model or (row.get("model") or None)
+            for lab in LABEL_COLUMNS:
+                if row.get(lab):
+                    acc.labels[lab] = row[lab]
+        for (host, gpu, inst, start), acc in sorted(accs.items()):
+            values = {f: acc.sums[f] / acc.counts[f] for f in acc.sums}
+            yield GpuBucket(cluster=self.ctx.cluster, host=host, gpu=gpu, gpu_instance=inst,
+                            start=datetime.fromtimestamp(start, window.since.tzinfo), seconds=size,
+                            samples=len(acc.instants), uuid=acc.uuid, model=acc.model, **values,
+                            **{k: acc.labels.get(k) for k in LABEL_COLUMNS})
+
+
+ALLOCATIONS = FileAllocations
+TELEMETRY = FileTelemetry

@@ -1,0 +1,298 @@
+"""Pure conversion of Kubernetes API objects (raw JSON dicts) into gpu-audit records.
+
+Kept apart from the HTTP side so it can be tested and benchmarked on plain dicts: the connector reads
+raw JSON (``_preload_content=False``) because building client models costs ~2.4x the time (README of the
+recorded fixtures) and much more memory on large clusters.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from auditor.records import AllocatedGpu, Allocation, GpuInventory
+
+GPU_PRODUCT = "nvidia.com/gpu.product"
+GPU_COUNT = "nvidia.com/gpu.count"
+GPU_REPLICAS = "nvidia.com/gpu.replicas"
+SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"
+MIG_CONFIG = "nvidia.com/mig.config"
+TERMINAL = ("Succeeded", "Failed")
+
+_MIG_RES = re.compile(r"^nvidia\.com/mig-(\d+)g\.([0-9a-z.+]+)$")
+_MIG_PRODUCT = re.compile(r"-MIG-(\d+g\.[0-9a-z.+]+)$", re.IGNORECASE)
+_INT = re.compile(r"^\d+$")
+MAX_GPUS_PER_CONTAINER = 1024
+
+
+class BadObject(ValueError):
+    """An API object this module cannot read; the caller quarantines it via ``problems.skip``."""
+
+
+def parse_time(value: Any) -> datetime | None:
+    """RFC 3339 timestamps as the API writes them ("2026-11-29T12:31:58Z") into aware UTC datetimes."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError as exc:
+        raise BadObject(f"bad timestamp {value!r}") from exc
+
+
+def gpu_units(value: Any, resource: str) -> int:
+    """A GPU quantity must be a plain whole number: the API server rejects fractions for extended
+    resources, so "500m", "1k" or "0.5" mean a hand-edited or foreign object we must not guess at."""
+    text = str(value).strip()
+    if not _INT.match(text) or int(text) > MAX_GPUS_PER_CONTAINER:
+        raise BadObject(f"odd quantity {text!r} for {resource}")
+    return int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What a pod's GPUs inherit from their node: model and time-slicing replicas."""
+
+    name: str
+    model: str | None
+    replicas: int
+    mig_single_profile: str | None
+    mig_slices: int
+
+
+def mig_slices_for(product: str | None) -> int:
+    """Compute slices of a full GPU: 7 on A100/H100/H200/B200, 4 on A30."""
+    return 4 if product and re.search(r"\bA30\b", product.replace("-", " ")) else 7
+
+
+def node_info(node: Mapping[str, Any]) -> NodeInfo:
+    """Read GPU feature discovery labels; ``-SHARED`` (renamed time-sliced product) is stripped from
+    the model so the price card matches the physical GPU."""
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    product = labels.get(GPU_PRODUCT) or None
+    shared = bool(product and product.upper().endswith("-SHARED"))
+    model = product[: -len("-SHARED")] if product and shared else product
+    single = _MIG_PRODUCT.search(model or "")
+    if single and model:
+        model = model[: single.start()]
+    replicas = 1
+    raw = str(labels.get(GPU_REPLICAS, "1"))
+    if _INT.match(raw) and int(raw) > 1:
+        replicas = int(raw)
+    elif shared or labels.get(SHARING_STRATEGY) == "time-slicing":
+        replicas = _replicas_from_capacity(node, labels)
+    return NodeInfo(meta.get("name", ""), model, replicas,
+                    single.group(1).lower() if single else None, mig_slices_for(model))
+
+
+def _replicas_from_capacity(node: Mapping[str, Any], labels: Mapping[str, str]) -> int:
+    """Time-sliced without a replicas label: advertised units / physical GPUs."""
+    cap = (node.get("status") or {}).get("capacity") or {}
+    units = sum(int(v) for k, v in cap.items() if k.startswith("nvidia.com/gpu") and _INT.match(str(v)))
+    count = str(labels.get(GPU_COUNT, ""))
+    return max(1, units // int(count)) if _INT.match(count) and int(count) > 0 else 1
+
+
+class GpuMatcher:
+    """Which resource names are GPUs (config globs such as ``nvidia.com/mig-*``)."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        self.patterns = patterns
+        self._cache: dict[str, bool] = {}
+
+    def __call__(self, resource: str) -> bool:
+        hit = self._cache.get(resource)
+        if hit is None:
+            hit = self._cache[resource] = any(fnmatch.fnmatchcase(resource, p) for p in self.patterns)
+        return hit
+
+
+def pod_gpu_units(pod: Mapping[str, Any], is_gpu: GpuMatcher,
+                  unknown: Callable[[str], None]) -> dict[str, int]:
+    """Per GPU resource, what the pod holds: max(sum over app containers, largest init container).
+
+    Kubernetes requires requests == limits for extended resources and copies limits into requests, so
+    limits are read first. ``unknown`` is told of ``nvidia.com/*`` names that are not configured GPUs.
+    """
+    spec = pod.get("spec") or {}
+    app: dict[str, int] = {}
+    init: dict[str, int] = {}
+    for key, acc, add in (("containers", app, True), ("initContainers", init, False)):
+        for container in spec.get(key) or ():
+            res = container.get("resources") or {}
+            amounts = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+            for name, value in amounts.items():
+                if not is_gpu(name):
+                    if name.startswith("nvidia.com/"):
+                        unknown(name)
+                    continue
+                n = gpu_units(value, name)
+                acc[name] = acc.get(name, 0) + n if add else max(acc.get(name, 0), n)
+    return {k: max(app.get(k, 0), init.get(k, 0)) for k in app.keys() | init.keys()
+            if max(app.get(k, 0), init.get(k, 0)) > 0}
+
+
+def gpu_share(resource: str, node: NodeInfo | None) -> tuple[float, str | None]:
+    """Share of one physical GPU that one unit of ``resource`` is, and its MIG profile if any."""
+    replicas = node.replicas if node else 1
+    slices = node.mig_slices if node else 7
+    mig = _MIG_RES.match(resource)
+    if mig:
+        g = int(mig.group(1))
+        return min(1.0, g / slices) / replicas, f"{g}g.{mig.group(2)}"
+    if node and node.mig_single_profile:
+        g = int(node.mig_single_profile.split("g.", 1)[0])
+        return min(1.0, g / slices) / replicas, node.mig_single_profile
+    return 1.0 / replicas, None
+
+
+def pod_times(pod: Mapping[str, Any]) -> tuple[datetime | None, datetime | None, str]:
+    """(start, end, state): held from startTime (else the PodScheduled transition) until the latest
+    container finishedAt once the pod is terminal, or its deletionTimestamp; end None while running.
+    creationTimestamp is never used (it can postdate startTime)."""
+    status = pod.get("status")
+    if not isinstance(status, Mapping) or not status:
+        raise BadObject("missing status")
+    phase = status.get("phase") or "Unknown"
+    start = parse_time(status.get("startTime"))
+    conditions = status.get("conditions") or ()
+    if start is None:
+        for cond in conditions:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
+                start = parse_time(cond.get("lastTransitionTime"))
+    finished = [parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+                for key in ("containerStatuses", "initContainerStatuses")
+                for cs in status.get(key) or ()]
+    deleted = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    end: datetime | None = None
+    if phase in TERMINAL:
+        times = [t for t in finished if t is not None]
+        transitions = [parse_time(c.get("lastTransitionTime")) for c in conditions]
+        end = (max(times) if times else deleted
+               or max((t for t in transitions if t is not None), default=start))
+    elif deleted is not None:
+        end, phase = deleted, "Terminating"
+    if start is not None and end is not None and end < start:
+        end = start
+    return start, end, phase
+
+
+class OwnerResolver:
+    """Walks ownerReferences to the top workload: ReplicaSet -> Deployment, Job -> CronJob. Listings of
+    intermediate kinds are fetched lazily once per collection through ``fetch(kind)``."""
+
+    WALKED = ("ReplicaSet", "Job")
+
+    def __init__(self, fetch: Callable[[str], list[Mapping[str, Any]] | None]) -> None:
+        self._fetch = fetch
+        self._index: dict[str, dict[tuple[str, str], Mapping[str, Any]] | None] = {}
+
+    def _lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        if kind not in self._index:
+            items = self._fetch(kind)
+            self._index[kind] = None if items is None else {
+                ((i.get("metadata") or {}).get("namespace", ""), (i.get("metadata") or {}).get("name", "")): i
+                for i in items}
+        index = self._index[kind]
+        return index.get((namespace, name)) if index is not None else None
+
+    def top(self, obj: Mapping[str, Any]) -> str:
+        """``Kind/name`` of the top controller, or "" for a bare pod."""
+        meta = obj.get("metadata") or {}
+        namespace = meta.get("namespace", "")
+        found = ""
+        for _ in range(8):  # owner chains are short; a loop guards against cycles
+            ref = _controller_ref(meta)
+            if ref is None:
+                return found
+            found = f"{ref.get('kind', '')}/{ref.get('name', '')}"
+            if ref.get("kind") not in self.WALKED:
+                return found
+            parent = self._lookup(ref["kind"], namespace, ref.get("name", ""))
+            if parent is None:
+                return found
+            meta = parent.get("metadata") or {}
+        return found
+
+
+def _controller_ref(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    refs = meta.get("ownerReferences") or []
+    for ref in refs:
+        if ref.get("controller"):
+            return ref
+    return refs[0] if refs else None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRules:
+    """Per-connector settings the conversion needs."""
+
+    cluster: str
+    is_gpu: GpuMatcher
+    team_label: str
+    user_keys: tuple[str, ...]
+
+
+def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, NodeInfo],
+                   owners: OwnerResolver, unknown: Callable[[str], None]) -> Allocation | None:
+    """The Allocation of a scheduled GPU pod; None for pods that hold no GPU (CPU-only, unscheduled).
+    Raises :class:`BadObject` for objects that cannot be read."""
+    units = pod_gpu_units(pod, rules.is_gpu, unknown)
+    node_name = (pod.get("spec") or {}).get("nodeName") or ""
+    if not units or not node_name:
+        return None
+    meta = pod.get("metadata") or {}
+    uid = meta.get("uid")
+    if not uid:
+        raise BadObject("missing metadata.uid")
+    start, end, state = pod_times(pod)
+    if start is None:
+        return None  # bound but not yet acknowledged: seen again on the next poll
+    node = nodes.get(node_name)
+    gpus: list[AllocatedGpu] = []
+    for resource in sorted(units):
+        share, profile = gpu_share(resource, node)
+        gpus.extend(AllocatedGpu(node=node_name, index=None, model=node.model if node else None,
+                                 share=share, mig_profile=profile) for _ in range(units[resource]))
+    labels = dict(meta.get("labels") or {})
+    if rules.team_label != "team" and rules.team_label in labels:
+        labels["team"] = labels[rules.team_label]
+    annotations = meta.get("annotations") or {}
+    user = next((src[k] for k in rules.user_keys for src in (labels, annotations) if src.get(k)), "")
+    return Allocation(
+        cluster=rules.cluster, source="kubernetes", external_id=uid, name=meta.get("name", ""),
+        user=str(user), account=meta.get("namespace", ""), state=state, start=start, end=end,
+        submit=None, owner_workload=owners.top(pod), labels=labels, gpus=gpus)
+
+
+def node_inventory(node: Mapping[str, Any], cluster: str, is_gpu: GpuMatcher,
+                   at: datetime) -> list[GpuInventory]:
+    """One GpuInventory per physical GPU of a GPU node (GFD ``gpu.count``, else capacity)."""
+    info = node_info(node)
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    status = node.get("status") or {}
+    cap = {**(status.get("allocatable") or {}), **(status.get("capacity") or {})}
+    gpu_cap = {k: int(v) for k, v in cap.items() if is_gpu(k) and _INT.match(str(v))}
+    mig = {m.group(1) + "g." + m.group(2): n for k, n in gpu_cap.items() if n and (m := _MIG_RES.match(k))}
+    count_label = str(labels.get(GPU_COUNT, ""))
+    if _INT.match(count_label):
+        count = int(count_label)
+        if info.mig_single_profile:  # single strategy: gpu.count counts MIG devices
+            g = int(info.mig_single_profile.split("g.", 1)[0])
+            count = math.ceil(count * g / info.mig_slices)
+    elif mig:
+        count = math.ceil(sum(int(p.split("g.", 1)[0]) * n for p, n in mig.items()) / info.mig_slices)
+    else:
+        count = sum(n for k, n in gpu_cap.items() if not _MIG_RES.match(k)) // info.replicas
+    if count <= 0:
+        return []
+    layout = labels.get(MIG_CONFIG) or ",".join(f"{p}:{n}" for p, n in sorted(mig.items()))
+    if not layout and info.mig_single_profile:
+        layout = f"all-{info.mig_single_profile}"
+    return [GpuInventory(cluster=cluster, host=info.name, gpu=i, model=info.model, mig_layout=layout,
+                         seen_at=at) for i in range(count)]

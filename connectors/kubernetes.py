@@ -1,0 +1,338 @@
+"""Kubernetes allocation source: GPU pods, GPU nodes and owner workloads through the official client.
+
+Pods vanish after they end, so the collector polls: each collection lists every scheduled pod (paged with
+limit/continue, ``spec.nodeName!=`` server-side, GPU filtering client-side because the API cannot filter
+on resources), buffers the whole listing, then yields inventory, allocations and a RunningSnapshot so
+pods that disappeared are closed. In ``watch`` mode later collections read only the changes since the
+last resourceVersion and relist when the server answers 410 Gone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from pydantic import Field, model_validator
+
+from auditor.config import SecretRef
+from auditor.errors import ConfigError, SourceError
+from auditor.records import Allocation, GpuInventory
+from connectors.base import AllocationRecord, Context, Options, Problems, RunningSnapshot, Window
+from connectors.k8s_resources import (
+    BadObject,
+    GpuMatcher,
+    NodeInfo,
+    OwnerResolver,
+    PodRules,
+    node_info,
+    node_inventory,
+    pod_allocation,
+)
+
+log = logging.getLogger("gpu_audit.kubernetes")
+SOURCE = "kubernetes"
+MAX_RELISTS = 3
+#: resource -> (API group, list across namespaces, list in one namespace) method names
+LISTS: dict[str, tuple[str, str, str | None]] = {
+    "pods": ("", "CoreV1Api.list_pod_for_all_namespaces", "CoreV1Api.list_namespaced_pod"),
+    "nodes": ("", "CoreV1Api.list_node", None),
+    "jobs": ("batch", "BatchV1Api.list_job_for_all_namespaces", "BatchV1Api.list_namespaced_job"),
+    "replicasets": ("apps", "AppsV1Api.list_replica_set_for_all_namespaces",
+                    "AppsV1Api.list_namespaced_replica_set"),
+}
+OWNER_LISTS = {"ReplicaSet": "replicasets", "Job": "jobs"}
+
+
+class KubernetesOptions(Options):
+    kubeconfig: str | None = Field(None, description="Kubeconfig file (relative to the config file); "
+                                   "unset = $KUBECONFIG or ~/.kube/config.")
+    context: str | None = Field(None, description="Kubeconfig context; unset = the current context.")
+    in_cluster: bool = Field(False, description="Use the pod's service account (deploy/kubernetes/rbac.yaml)"
+                             " instead of a kubeconfig.")
+    host: str | None = Field(None, description="API server URL, e.g. https://10.0.0.1:6443; with `token` "
+                             "it replaces kubeconfig/in-cluster settings.")
+    token: SecretRef | None = Field(None, description="Bearer token for `host`: `{env = \"VAR\"}` or "
+                                    "`{file = \"/path\"}`.")
+    ca_file: str | None = Field(None, description="CA bundle to verify the API server with `host`.")
+    verify_tls: bool = Field(True, description="Verify the API server certificate; turning it off is "
+                             "logged as a warning.")
+    page_size: int = Field(500, ge=1, le=10_000, description="Objects per list page (`limit`).")
+    timeout_s: float = Field(30, gt=0, description="Timeout of each API request in seconds.")
+    team_label: str = Field("team", description="Pod label naming the team; its value is also stored "
+                            "under the `team` label of the allocation.")
+    user_keys: list[str] = Field(["user", "owner", "hub.jupyter.org/username"], description="Pod labels, "
+                                 "then annotations, whose first present value is the allocation's user.")
+    gpu_resources: list[str] = Field(["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"],
+                                     description="Extended resources counted as GPUs (shell globs).")
+    namespaces: list[str] = Field([], description="Only these namespaces; empty = all. With a filter no "
+                                  "RunningSnapshot is yielded, so vanished pods close only when seen ended.")
+    mode: Literal["list", "watch"] = Field("list", description="`list`: a full paged listing every "
+                                           "collection; `watch`: list once, then read changes from the "
+                                           "last resourceVersion, relisting on 410 Gone.")
+    watch_s: int = Field(5, ge=1, le=300, description="Watch mode: how long one collection waits for "
+                         "changes.")
+
+    @model_validator(mode="after")
+    def _watch_all(self) -> KubernetesOptions:
+        if self.mode == "watch" and self.namespaces:
+            raise ValueError("mode = \"watch\" watches all namespaces; remove `namespaces` or use \"list\"")
+        if self.token is not None and not self.host:
+            raise ValueError("`token` needs `host`")
+        return self
+
+
+class KubernetesAllocations:
+    """Allocation source for one Kubernetes cluster (kind ``kubernetes``)."""
+
+    Options = KubernetesOptions
+    name = "kubernetes"
+
+    def __init__(self, context: Context, options: KubernetesOptions) -> None:
+        self.context = context
+        self.options = options
+        self.rules = PodRules(context.cluster, GpuMatcher(list(options.gpu_resources)),
+                              options.team_label, tuple(options.user_keys))
+        self._api: client.ApiClient | None = None
+        self._resource_version: str | None = None
+        self._nodes: dict[str, NodeInfo] = {}
+
+    # -- client -----------------------------------------------------------------------------------
+    def _client(self) -> client.ApiClient:
+        if self._api is not None:
+            return self._api
+        o = self.options
+        cfg = client.Configuration()
+        try:
+            if o.host:
+                cfg.host = o.host.rstrip("/")
+                token = o.token.resolve(f"kubernetes[{self.context.cluster}].token") if o.token else None
+                if token:
+                    cfg.api_key = {"authorization": token}
+                    cfg.api_key_prefix = {"authorization": "Bearer"}
+                if o.ca_file:
+                    cfg.ssl_ca_cert = str(self.context.path(o.ca_file))
+            elif o.in_cluster:
+                config.load_incluster_config(client_configuration=cfg)
+            else:
+                path = str(self.context.path(o.kubeconfig)) if o.kubeconfig else None
+                config.load_kube_config(config_file=path, context=o.context, client_configuration=cfg)
+        except (ConfigException, OSError, ConfigError) as exc:
+            raise SourceError(SOURCE, f"cluster {self.context.cluster}: cannot load client configuration: "
+                              f"{_one_line(str(exc))}") from None
+        if not o.verify_tls:
+            log.warning("kubernetes[%s]: TLS verification of %s is OFF (verify_tls = false)",
+                        self.context.cluster, cfg.host)
+            cfg.verify_ssl = False
+        cfg.retries = 0  # the collector polls again; a retry would only multiply the timeout
+        self._api = client.ApiClient(cfg)
+        return self._api
+
+    def _method(self, dotted: str) -> Callable[..., Any]:
+        cls_name, meth = dotted.split(".")
+        return getattr(getattr(client, cls_name)(self._client()), meth)
+
+    def _call(self, resource: str, namespace: str | None, **kw: Any) -> Any:
+        """One raw request (JSON not decoded into models: ~2.4x faster, far less memory)."""
+        group, all_ns, one_ns = LISTS[resource]
+        try:
+            if namespace and one_ns:
+                return self._method(one_ns)(namespace, _preload_content=False, **kw)
+            return self._method(all_ns)(_preload_content=False, **kw)
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _Gone from None
+            raise self._api_error(exc, "watch" if kw.get("watch") else "list", resource, group,
+                                  namespace) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise SourceError(SOURCE, f"cluster {self.context.cluster}: list {resource} failed: "
+                              f"{_transport(exc)} (timeout_s={self.options.timeout_s:g})",
+                              transient=True) from None
+
+    def _api_error(self, exc: ApiException, verb: str, resource: str, group: str,
+                   namespace: str | None) -> SourceError:
+        where = f"in namespace {namespace}" if namespace else "at cluster scope"
+        api_group = f"API group \"{group}\"" if group else "core API group"
+        detail = _status_message(exc)
+        prefix = f"cluster {self.context.cluster}:"
+        if exc.status == 401:
+            return SourceError(SOURCE, f"{prefix} 401 Unauthorized on {verb} {resource}: the credentials "
+                               f"(token, client certificate) were rejected or are missing")
+        if exc.status == 403:
+            return SourceError(SOURCE, f"{prefix} 403 Forbidden: missing permission '{verb}' on "
+                               f"'{resource}' ({api_group}) {where}; apply deploy/kubernetes/rbac.yaml "
+                               f"(server said: {detail})")
+        return SourceError(SOURCE, f"{prefix} HTTP {exc.status} on {verb} {resource}: {detail}",
+                           transient=exc.status in (429, 500, 502, 503, 504))
+
+    def _list(self, resource: str, namespace: str | None = None, **kw: Any) -> Iterator[dict[str, Any]]:
+        """Pages of one listing (limit/continue); raises _Gone when a continue token expired."""
+        token: str | None = None
+        while True:
+            resp = self._call(resource, namespace, limit=self.options.page_size, _continue=token,
+                              _request_timeout=self.options.timeout_s, **kw)
+            try:
+                body = json.loads(resp.data)
+            except ValueError:
+                raise SourceError(SOURCE, f"cluster {self.context.cluster}: list {resource}: answer is "
+                                  "not JSON", transient=True) from None
+            yield body
+            token = (body.get("metadata") or {}).get("continue") or None
+            if not token:
+                return
+
+    def _list_all(self, resource: str) -> list[dict[str, Any]]:
+        namespaces: list[str | None] = list(self.options.namespaces) or [None]
+        if LISTS[resource][2] is None:
+            namespaces = [None]
+        return [item for ns in namespaces for page in self._list(resource, ns)
+                for item in page.get("items") or ()]
+
+    def _owner_items(self, kind: str) -> list[Mapping[str, Any]] | None:
+        """Owner lookups degrade (owner stays e.g. ReplicaSet/x) rather than fail the collection."""
+        try:
+            return list(self._list_all(OWNER_LISTS[kind]))
+        except SourceError as exc:
+            log.warning("%s; owner chains stop at %s", exc, kind)
+            return None
+        except _Gone:
+            return None
+
+    # -- collection -------------------------------------------------------------------------------
+    def collect(self, window: Window, problems: Problems) -> Iterable[AllocationRecord]:
+        """Buffer a complete reading, then yield it: a failure mid-way yields nothing (no double count)."""
+        records = self._collect(problems)
+        yield from records
+
+    def _collect(self, problems: Problems) -> list[AllocationRecord]:
+        if self.options.mode == "watch" and self._resource_version is not None:
+            try:
+                return self._watch(problems)
+            except _Gone:
+                log.info("kubernetes[%s]: watch resourceVersion expired (410); relisting",
+                         self.context.cluster)
+                self._resource_version = None
+        for _ in range(MAX_RELISTS):
+            try:
+                return self._full_listing(problems)
+            except _Gone:
+                log.info("kubernetes[%s]: list continue token expired (410); relisting",
+                         self.context.cluster)
+        raise SourceError(SOURCE, f"cluster {self.context.cluster}: listing expired (410 Gone) "
+                          f"{MAX_RELISTS} times in a row; lower page_size or raise timeout_s", transient=True)
+
+    def _full_listing(self, problems: Problems) -> list[AllocationRecord]:
+        at = datetime.now(UTC)
+        inventory: list[GpuInventory] = []
+        nodes: dict[str, NodeInfo] = {}
+        for node in self._list_all("nodes"):
+            name = (node.get("metadata") or {}).get("name", "?")
+            try:
+                nodes[name] = node_info(node)
+                inventory.extend(node_inventory(node, self.context.cluster, self.rules.is_gpu, at))
+            except (BadObject, ValueError, TypeError, AttributeError) as exc:
+                problems.skip(SOURCE, f"node {name}", f"unreadable node: {exc}")
+        self._nodes = nodes
+        owners = OwnerResolver(self._owner_items)
+        pods: dict[str, Allocation] = {}
+        rv = None
+        namespaces: list[str | None] = list(self.options.namespaces) or [None]
+        for ns in namespaces:
+            for page in self._list("pods", ns, field_selector="spec.nodeName!="):
+                rv = (page.get("metadata") or {}).get("resourceVersion") or rv
+                for pod in page.get("items") or ():
+                    alloc = self._convert(pod, owners, problems)
+                    if alloc is not None:
+                        pods[alloc.external_id] = alloc
+        self._resource_version = rv
+        out: list[AllocationRecord] = [*inventory, *pods.values()]
+        if not self.options.namespaces:
+            out.append(RunningSnapshot(self.context.cluster, SOURCE, at=at))
+        return out
+
+    def _convert(self, pod: Mapping[str, Any], owners: OwnerResolver, problems: Problems
+                 ) -> Allocation | None:
+        meta = pod.get("metadata") or {}
+        where = f"pod {meta.get('namespace', '?')}/{meta.get('name', '?')}"
+
+        def unknown(resource: str) -> None:
+            problems.skip(SOURCE, where, f"resource {resource} is not in gpu_resources; not counted")
+
+        try:
+            return pod_allocation(pod, self.rules, self._nodes, owners, unknown)
+        except BadObject as exc:
+            problems.skip(SOURCE, where, str(exc))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            problems.skip(SOURCE, where, f"malformed pod object: {type(exc).__name__}: {exc}")
+        return None
+
+    def _watch(self, problems: Problems) -> list[AllocationRecord]:
+        """Changes since the last resourceVersion; DELETED pods are closed at deletion (or now)."""
+        owners = OwnerResolver(self._owner_items)
+        changed: dict[str, Allocation] = {}
+        o = self.options
+        resp = self._call("pods", None, watch=True, resource_version=self._resource_version,
+                          timeout_seconds=o.watch_s, allow_watch_bookmarks=True,
+                          _request_timeout=(o.timeout_s, o.watch_s + o.timeout_s))
+        try:
+            for line in resp:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                kind = event.get("type")
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone
+                    raise SourceError(SOURCE, f"cluster {self.context.cluster}: watch pods: "
+                                      f"{_one_line(str(obj.get('message', obj)))}", transient=True)
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    self._resource_version = rv
+                if kind not in ("ADDED", "MODIFIED", "DELETED"):
+                    continue
+                alloc = self._convert(obj, owners, problems)
+                if alloc is not None:
+                    if kind == "DELETED" and alloc.end is None:
+                        alloc.end = datetime.now(UTC)
+                    changed[alloc.external_id] = alloc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise SourceError(SOURCE, f"cluster {self.context.cluster}: watch pods failed: "
+                              f"{_transport(exc)}", transient=True) from None
+        finally:
+            resp.release_conn()
+        return list(changed.values())
+
+
+class _Gone(Exception):
+    """410: a continue token or resourceVersion the server no longer has; the cure is a relist."""
+
+
+def _status_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "")
+        return _one_line(str(body.get("message") or exc.reason))
+    except (ValueError, AttributeError):
+        return _one_line(str(exc.reason))
+
+
+def _transport(exc: Exception) -> str:
+    reason = getattr(exc, "reason", None) or exc
+    text = _one_line(str(reason))
+    return f"{type(reason).__name__}: {text}" if text else type(reason).__name__
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+ALLOCATIONS = KubernetesAllocations
+
+__all__ = ["ALLOCATIONS", "KubernetesAllocations", "KubernetesOptions"]

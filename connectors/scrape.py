@@ -1,0 +1,290 @@
+"""Telemetry from saved exporter scrapes (Prometheus text format or OpenMetrics files).
+
+Sites without a Prometheus, and tests, can point gpu-audit at files written by ``curl exporter:9400/metrics``
+(dcgm-exporter, nvidia_gpu_exporter, ...). Every metric in :data:`auditor.aliases.METRIC_ALIASES` is
+normalised and folded into per-GPU buckets aligned to ``window.bucket_seconds``.
+
+One value per GPU per instant: dcgm-exporter repeats a GPU's series once per ``hpc_job`` and once per
+time-sliced pod; those copies are device-wide values, so they are collapsed with ``max`` (never summed)
+before the bucket mean is taken.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from auditor.aliases import METRIC_ALIASES, BadValue, host_from_instance, normalise, pick_label
+from auditor.errors import SourceError
+from auditor.records import LABEL_FIELDS, GpuBucket
+from connectors.base import Context, Options, Problems, Window
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One parsed exposition line: name, labels, value and (if the line had one) a UTC epoch time."""
+
+    line: int
+    name: str
+    labels: dict[str, str]
+    value: float
+    ts: float | None
+
+
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def _parse_labels(s: str, i: int) -> tuple[dict[str, str], int]:
+    """Parse ``{a="b",...}`` starting at ``s[i] == "{"``; returns labels and the index after ``}``."""
+    labels: dict[str, str] = {}
+    i += 1
+    n = len(s)
+    while True:
+        while i < n and s[i] in " ,":
+            i += 1
+        if i >= n:
+            raise ValueError("unterminated label set")
+        if s[i] == "}":
+            return labels, i + 1
+        eq = s.find("=", i)
+        if eq < 0:
+            raise ValueError("label without '='")
+        key = s[i:eq].strip()
+        i = eq + 1
+        while i < n and s[i] == " ":
+            i += 1
+        if i >= n or s[i] != '"':
+            raise ValueError(f"label {key!r}: value is not quoted")
+        i += 1
+        out: list[str] = []
+        while True:
+            if i >= n:
+                raise ValueError(f"label {key!r}: unterminated value")
+            c = s[i]
+            if c == "\\" and i + 1 < n:
+                out.append(_ESCAPES.get(s[i + 1], "\\" + s[i + 1]))
+                i += 2
+            elif c == '"':
+                i += 1
+                break
+            else:
+                out.append(c)
+                i += 1
+        if not key.replace("_", "a").isalnum():
+            raise ValueError(f"bad label name {key!r}")
+        labels[key] = "".join(out)
+
+
+def parse_line(raw: str, openmetrics: bool) -> tuple[str, dict[str, str], float, float | None] | None:
+    """One sample line -> (name, labels, value, epoch seconds or None); None for comments and blanks.
+
+    Prometheus text timestamps are integer milliseconds, OpenMetrics ones are (float) seconds; an
+    OpenMetrics exemplar (`` # {...} v``) is ignored. Raises ValueError on a malformed line.
+    """
+    s = raw.strip()
+    if not s or s.startswith("#"):
+        return None
+    brace = s.find("{")
+    space = s.find(" ")
+    if brace >= 0 and (space < 0 or brace < space):
+        name = s[:brace]
+        labels, end = _parse_labels(s, brace)
+        rest = s[end:]
+    else:
+        if space < 0:
+            raise ValueError("no value")
+        name, labels, rest = s[:space], {}, s[space:]
+    if not name or not name.replace("_", "a").replace(":", "a").isalnum() or name[0].isdigit():
+        raise ValueError(f"bad metric name {name[:40]!r}")
+    if " # " in rest:
+        rest = rest.split(" # ", 1)[0]
+    parts = rest.split()
+    if not parts or len(parts) > 2:
+        raise ValueError("expected 'value [timestamp]' after the labels")
+    value = float(parts[0])
+    ts: float | None = None
+    if len(parts) == 2:
+        ts = float(parts[1]) if openmetrics else int(parts[1]) / 1000.0
+    return name, labels, value, ts
+
+
+def parse_text(text: str, source: str, problems: Problems,
+               fmt: Literal["auto", "prometheus", "openmetrics"] = "auto") -> Iterator[Sample]:
+    """Every sample of one exposition text; malformed lines are quarantined as ``source:line N``."""
+    openmetrics = fmt == "openmetrics" or (fmt == "auto" and any(
+        ln.strip() == "# EOF" for ln in text[-200:].splitlines()))
+    for n, raw in enumerate(text.splitlines(), 1):
+        if raw.strip() == "# EOF":
+            break
+        try:
+            parsed = parse_line(raw, openmetrics)
+        except ValueError as exc:
+            problems.skip(source, f"line {n}", f"not an exposition line: {exc}", raw)
+            continue
+        if parsed is not None:
+            yield Sample(n, *parsed)
+
+
+@dataclass(slots=True)
+class _Acc:
+    """Running state of one GPU (or MIG instance) in one bucket."""
+
+    uuid: str | None = None
+    model: str | None = None
+    instants: set[float] = field(default_factory=set)
+    values: dict[str, dict[float, float]] = field(default_factory=dict)
+    labels: dict[str, set[str]] = field(default_factory=dict)
+
+
+class BucketBuilder:
+    """Folds normalised samples into per-GPU buckets (mean per bucket; fb_used: max; copies: max)."""
+
+    def __init__(self, cluster: str, bucket_seconds: int, problems: Problems) -> None:
+        self.cluster, self.bucket_s, self.problems = cluster, bucket_seconds, problems
+        self._accs: dict[tuple[str, int, str, int], _Acc] = {}
+
+    def add(self, host: str, gpu: int, instance: str, metric: str, value: float, ts: float,
+            where: tuple[str, str], *, uuid: str | None = None, model: str | None = None,
+            labels: dict[str, str] | None = None) -> None:
+        spec = METRIC_ALIASES[metric]
+        try:
+            v, clamped = normalise(spec.field, spec.unit, value)
+        except BadValue as exc:
+            self.problems.skip(where[0], where[1], str(exc), f"{metric} {value}")
+            return
+        if clamped:
+            self.problems.clamp(where[0], f"{metric}>1")
+        start = int(ts // self.bucket_s) * self.bucket_s
+        acc = self._accs.get((host, gpu, instance, start))
+        if acc is None:
+            acc = self._accs[(host, gpu, instance, start)] = _Acc()
+        acc.uuid = uuid or acc.uuid
+        acc.model = model or acc.model
+        acc.instants.add(ts)
+        per_ts = acc.values.setdefault(spec.field, {})
+        old = per_ts.get(ts)
+        per_ts[ts] = v if old is None else max(old, v)
+        for k, lv in (labels or {}).items():
+            if lv:
+                acc.labels.setdefault(k, set()).add(lv)
+
+    def buckets(self) -> Iterator[GpuBucket]:
+        for (host, gpu, instance, start), acc in sorted(self._accs.items()):
+            b = GpuBucket(cluster=self.cluster, host=host, gpu=gpu, gpu_instance=instance,
+                          start=datetime.fromtimestamp(start, UTC), seconds=self.bucket_s,
+                          samples=len(acc.instants), uuid=acc.uuid, model=acc.model)
+            for fname, per_ts in acc.values.items():
+                vals = list(per_ts.values())
+                setattr(b, fname, max(vals) if fname == "fb_used_mib" else math.fsum(vals) / len(vals))
+            for k, vs in acc.labels.items():
+                setattr(b, k, ",".join(sorted(vs)))
+            yield b
+
+
+class ScrapeFiles:
+    """Reads saved scrapes (``curl .../metrics > file``) and returns normalised per-GPU buckets."""
+
+    class Options(Options):
+        paths: list[str] = Field(description="Scrape files or glob patterns (relative to the config file).")
+        format: Literal["auto", "prometheus", "openmetrics"] = Field(
+            "auto", description="Exposition format; auto = OpenMetrics when the file ends with `# EOF` "
+            "(timestamps in seconds), else Prometheus text (timestamps in milliseconds).")
+        at: datetime | None = Field(None, description="Time of samples without a timestamp; unset = the "
+                                    "file's modification time.")
+        host: str | None = Field(None, description="Node name for every sample, overriding the labels "
+                                 "(for exporters that carry no host label, or carry a pod name).")
+        host_label: str | None = Field(None, description="Take the node name from this label only (e.g. "
+                                       "`instance`); unset = Hostname, hostname, node, then instance.")
+
+    name = "scrape"
+
+    def __init__(self, context: Context, options: ScrapeFiles.Options) -> None:
+        self.context, self.options = context, options
+
+    def files(self) -> list[Path]:
+        out: list[Path] = []
+        for pattern in self.options.paths:
+            p = self.context.path(pattern)
+            matches = sorted(Path(m) for m in glob.glob(str(p))) if glob.has_magic(str(p)) else [p]
+            if not matches:
+                raise SourceError(self.name, f"no file matches {pattern}")
+            out.extend(matches)
+        return out
+
+    def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket]:
+        lo, hi = window.since.timestamp(), window.until.timestamp()
+        builder = BucketBuilder(self.context.cluster, window.bucket_seconds, problems)
+        for path in self.files():
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")
+                mtime = path.stat().st_mtime
+            except OSError as exc:
+                raise SourceError(self.name, f"cannot read {path}: {exc.strerror}") from None
+            default_ts = self.options.at.timestamp() if self.options.at else mtime
+            self._fold(str(path), text, default_ts, lo, hi, builder, problems)
+        return list(builder.buckets())
+
+    def _host(self, labels: dict[str, str]) -> str | None:
+        if self.options.host:
+            return self.options.host
+        if self.options.host_label:
+            value = labels.get(self.options.host_label)
+            return host_from_instance(value) if value and self.options.host_label == "instance" else value
+        host = pick_label(labels, "host")
+        if host and host == labels.get("instance") and not any(
+                labels.get(k) for k in ("Hostname", "hostname", "node", "kubernetes_node")):
+            return host_from_instance(host)
+        return host
+
+    def _fold(self, source: str, text: str, default_ts: float, lo: float, hi: float,
+              builder: BucketBuilder, problems: Problems) -> None:
+        samples = list(parse_text(text, source, problems, self.options.format))
+        # nvidia_gpu_exporter labels its series with uuid only: the index comes from nvidia_smi_index
+        # or nvidia_smi_gpu_info, the model from nvidia_smi_gpu_info's name label.
+        index_of: dict[str, int] = {}
+        model_of: dict[str, str] = {}
+        for s in samples:
+            uuid = s.labels.get("uuid")
+            if not uuid:
+                continue
+            if s.name == "nvidia_smi_index" and math.isfinite(s.value):
+                index_of[uuid] = int(s.value)
+            elif s.name == "nvidia_smi_gpu_info":
+                if s.labels.get("index", "").isdigit():
+                    index_of.setdefault(uuid, int(s.labels["index"]))
+                if s.labels.get("name"):
+                    model_of[uuid] = s.labels["name"]
+        for s in samples:
+            if s.name not in METRIC_ALIASES:
+                continue
+            where = f"line {s.line}"
+            ts = s.ts if s.ts is not None else default_ts
+            if not lo <= ts < hi:
+                continue
+            host = self._host(s.labels)
+            uuid = pick_label(s.labels, "uuid")
+            gpu_text = pick_label(s.labels, "gpu")
+            gpu = int(gpu_text) if gpu_text and gpu_text.isdigit() else index_of.get(uuid or "")
+            if not host or gpu is None:
+                what = "host (set scrape.host)" if not host else \
+                     "GPU index (no gpu label or nvidia_smi_index)"
+                problems.skip(source, where, f"{s.name}: no {what}", f"{s.name} {s.labels}")
+                continue
+            instance = pick_label(s.labels, "gpu_instance") or ""
+            model = pick_label(s.labels, "model") or model_of.get(uuid or "")
+            profile = pick_label(s.labels, "gpu_profile")
+            if profile:
+                model = f"{model} MIG {profile}" if model else f"MIG {profile}"
+            labels = {k: pick_label(s.labels, k) or "" for k in LABEL_FIELDS}
+            builder.add(host, gpu, instance, s.name, s.value, ts, (source, where),
+                        uuid=uuid, model=model, labels=labels)
+
+
+TELEMETRY = ScrapeFiles

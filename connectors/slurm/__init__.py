@@ -1,0 +1,104 @@
+"""Slurm allocation source (kind ``slurm``): jobs with their GPUs (indices while they run), advance
+reservations and GPU inventory, through the CLI, slurmrestd or pyslurm. See docs/slurm.md.
+
+Every collect call reads the running jobs (the only moment Slurm shows GPU indices) and the accounting
+history of the window, merges them per job, and yields a :class:`RunningSnapshot` only when the running
+listing was read whole. Everything is read before the first record is yielded, so a failing command
+raises before anything of this cluster is half-written."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from auditor.config import SecretRef
+from auditor.records import Allocation
+from connectors.base import AllocationRecord, Context, Options, Problems, RunningSnapshot, Window
+from connectors.slurm import jobs
+from connectors.slurm.reading import Reading
+
+
+class SlurmOptions(Options):
+    backend: Literal["cli", "rest", "pyslurm"] = Field(
+        "cli", description="How to read Slurm: `cli` (sacct/scontrol/sacctmgr), `rest` (slurmrestd with "
+        "a JWT) or `pyslurm` (the Python bindings, when importable).")
+    cluster_name: str | None = Field(
+        None, description="Slurm cluster name passed as `-M` to the commands (multi-cluster setups); "
+        "unset = the local cluster.")
+    sacct: str = Field("sacct", description="Path or name of the sacct binary.")
+    squeue: str = Field("squeue", description="Path or name of the squeue binary (reserved for sites "
+                        "without scontrol access; the cli backend reads running jobs with scontrol).")
+    scontrol: str = Field("scontrol", description="Path or name of the scontrol binary.")
+    sacctmgr: str = Field("sacctmgr", description="Path or name of the sacctmgr binary (reservation "
+                          "history and id-to-name mapping).")
+    timeout_s: float = Field(60, gt=0, description="Timeout in seconds for each command or HTTP request.")
+    history_format: Literal["auto", "json", "text"] = Field(
+        "auto", description="cli backend: `json` = `sacct --json`, `text` = `sacct -P`, `auto` = JSON and "
+        "fall back to text when the JSON is unusable.")
+    rest_url: str | None = Field(None, description="slurmrestd base URL, e.g. `http://slurm:6820` "
+                                 "(rest backend).")
+    rest_user: str = Field("root", description="User name sent as `X-SLURM-USER-NAME` (rest backend).")
+    rest_token: SecretRef = Field(default_factory=SecretRef, description="JWT for slurmrestd: "
+                                  "`{env = \"SLURM_JWT\"}` or `{file = \"/path\"}`; never the token itself.")
+    rest_version: str | None = Field(None, description="OpenAPI version, e.g. `v0.0.42`; unset = the "
+                                     "highest known version the server answers.")
+    verify_tls: bool = Field(True, description="Verify slurmrestd's TLS certificate.")
+    ca_file: Path | None = Field(None, description="CA bundle for slurmrestd's certificate.")
+
+
+class SlurmAllocations:
+    """Allocation source for one Slurm cluster. Read-only: it never cancels, updates or submits."""
+
+    Options = SlurmOptions
+
+    def __init__(self, context: Context, options: SlurmOptions) -> None:
+        self.context = context
+        self.options = options
+        self.name = f"slurm:{options.backend}"
+        if options.backend == "cli":
+            from connectors.slurm.cli import CliBackend
+
+            self.backend = CliBackend(self)
+        elif options.backend == "rest":
+            from connectors.slurm.rest import RestBackend
+
+            self.backend = RestBackend(self)
+        else:
+            from connectors.slurm.pyslurm_backend import PyslurmBackend
+
+            self.backend = PyslurmBackend(self)
+
+    def collect(self, window: Window, problems: Problems) -> Iterator[AllocationRecord]:
+        reading = self.backend.read(window, problems)
+        yield from assemble(reading, window, self.context.cluster)
+
+
+def assemble(reading: Reading, window: Window, cluster: str,
+             now: datetime | None = None) -> Iterator[AllocationRecord]:
+    """Merge running and history views per job, keep jobs that held GPUs in the window, then reservations,
+    inventory and, when the running listing was whole, the snapshot that lets the store close the rest."""
+    running = {a.external_id: a for a in reading.running}
+    merged: dict[str, Allocation] = {}
+    for h in reading.history:
+        merged[h.external_id] = jobs.merge(h, running.pop(h.external_id)) if h.external_id in running else h
+    merged.update(running)
+    for a in merged.values():
+        if not a.gpus or a.start is None or a.start >= window.until:
+            continue
+        if a.end is not None and a.end < window.since:
+            continue
+        yield a
+    yield from reading.reservations
+    yield from reading.inventory
+    if reading.running_complete:
+        at = reading.running_at or now or datetime.now(UTC)
+        yield RunningSnapshot(cluster=cluster, source="slurm", at=at)
+
+
+ALLOCATIONS = SlurmAllocations
+
+__all__ = ["ALLOCATIONS", "SlurmAllocations", "SlurmOptions", "assemble"]

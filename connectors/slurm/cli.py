@@ -1,0 +1,186 @@
+"""The ``cli`` backend: Slurm's own commands, run as argument lists with a timeout, under ``TZ=UTC`` so every
+time they print is UTC. Running jobs (with GPU indices) come from ``scontrol -d -o show job``, history from
+``sacct --json`` or ``sacct -P``, nodes and reservations from ``scontrol -o show`` and ``sacctmgr``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from auditor.errors import SourceError
+from connectors.base import Problems, Window
+from connectors.slurm import inventory as inv
+from connectors.slurm import jobs
+from connectors.slurm.parse import scontrol_records
+from connectors.slurm.reading import Reading
+
+if TYPE_CHECKING:
+    from connectors.slurm import SlurmAllocations
+
+log = logging.getLogger("gpu_audit.slurm")
+
+SACCTMGR_FIELDS = ("Name", "ID", "TRES", "TimeStart", "TimeEnd", "NodeNames", "Flags")
+
+
+def _ts(dt: datetime) -> str:
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+class CliBackend:
+    """Reads one cluster through sacct/scontrol/sacctmgr. Never changes Slurm."""
+
+    def __init__(self, owner: SlurmAllocations) -> None:
+        self.o = owner.options
+        self.cluster = owner.context.cluster
+        self.name = owner.name
+
+    # --- running commands -------------------------------------------------------------------------------
+    def run(self, binary: str, *args: str) -> str:
+        """Run one command; any failure is a one-line SourceError naming the command, never a traceback."""
+        argv = [binary, *args]
+        shown = " ".join([os.path.basename(binary), *args[:3]]) + (" …" if len(args) > 3 else "")
+        env = {**os.environ, "TZ": "UTC", "SLURM_TIME_FORMAT": "standard"}
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.o.timeout_s,  # noqa: S603
+                                  env=env, check=False)
+        except FileNotFoundError:
+            raise SourceError(self.name, f"{binary}: command not found", transient=False) from None
+        except PermissionError:
+            raise SourceError(self.name, f"{binary}: permission denied", transient=False) from None
+        except subprocess.TimeoutExpired:
+            raise SourceError(self.name, f"`{shown}` timed out after {self.o.timeout_s:g}s",
+                              transient=True) from None
+        if proc.returncode != 0:
+            first = next((ln.strip() for ln in proc.stderr.splitlines() if ln.strip()), "no message")
+            raise SourceError(self.name, f"`{shown}` exited {proc.returncode}: {first[:200]}", transient=True)
+        return proc.stdout
+
+    def _m(self) -> list[str]:
+        return ["-M", self.o.cluster_name] if self.o.cluster_name else []
+
+    # --- reading ----------------------------------------------------------------------------------------
+    def read(self, window: Window, problems: Problems) -> Reading:
+        now = datetime.now(UTC)
+        reading = Reading()
+        src = f"{self.name}:scontrol show node"
+        text = self.run(self.o.scontrol, *self._m(), "-o", "show", "node")
+        for i, rec in enumerate(scontrol_records(text), 1):
+            if rec.startswith("No nodes"):
+                continue
+            try:
+                reading.inventory.extend(inv.from_scontrol_node(rec, self.cluster, now))
+            except (ValueError, KeyError) as exc:
+                problems.skip(src, f"record {i}", str(exc), rec)
+        reading.running_at = datetime.now(UTC)
+        reading.running, reading.running_complete = self._running(problems)
+        resv_names = self._reservations(window, reading, problems)
+        reading.history = self._history(window, problems, resv_names)
+        return reading
+
+    def _running(self, problems: Problems) -> tuple[list, bool]:
+        """Jobs holding GPUs now; ``complete`` stays False when any record could not be read."""
+        src = f"{self.name}:scontrol show job"
+        text = self.run(self.o.scontrol, *self._m(), "-d", "-o", "show", "job")
+        out, ok = [], True
+        for i, rec in enumerate(scontrol_records(text), 1):
+            if rec.startswith("No jobs"):
+                continue
+            try:
+                a = jobs.from_scontrol_job(rec, self.cluster)
+            except (ValueError, KeyError) as exc:
+                ok = False
+                problems.skip(src, f"record {i}", str(exc), rec)
+                continue
+            if a.state in jobs.HOLDING and a.gpus:
+                out.append(a)
+        return out, ok
+
+    def _reservations(self, window: Window, reading: Reading, problems: Problems) -> dict[str, str]:
+        """Current reservations from slurmctld (users/accounts), past ones from sacctmgr; returns the
+        reservation id -> name map that sacct's ReservationId needs (22.05 leaves the name empty)."""
+        per_node = inv.gpus_per_node(reading.inventory)
+        src = f"{self.name}:scontrol show reservation"
+        seen: dict[str, object] = {}
+        text = self.run(self.o.scontrol, *self._m(), "-o", "show", "reservation")
+        for i, rec in enumerate(scontrol_records(text), 1):
+            if rec.startswith("No reservations"):
+                continue
+            try:
+                r = inv.from_scontrol_reservation(rec, self.cluster, per_node)
+            except (ValueError, KeyError) as exc:
+                problems.skip(src, f"record {i}", str(exc), rec)
+                continue
+            seen[r.name] = r
+        names: dict[str, str] = {}
+        src = f"{self.name}:sacctmgr show reservation"
+        args = ["-n", "-P", "show", "reservation", f"start={_ts(window.since - timedelta(days=1))}",
+                f"end={_ts(window.until)}", f"format={','.join(SACCTMGR_FIELDS)}"]
+        if self.o.cluster_name:
+            args.insert(4, f"cluster={self.o.cluster_name}")
+        try:
+            text = self.run(self.o.sacctmgr, *args)
+        except SourceError as exc:  # accounting copy is a bonus; slurmctld's view above still counts
+            log.warning("%s (past reservations and ids skipped)", exc)
+            text = ""
+        for lineno, row in jobs.sacct_rows(text, SACCTMGR_FIELDS):
+            if isinstance(row, str):
+                problems.skip(src, f"line {lineno}", "wrong number of columns", row)
+                continue
+            names[row["ID"]] = row["Name"]
+            if row["Name"] in seen:
+                continue
+            try:
+                seen[row["Name"]] = inv.from_sacctmgr_row({**row, "NodeName": row["NodeNames"]},
+                                                          self.cluster, per_node)
+            except (ValueError, KeyError) as exc:
+                problems.skip(src, f"line {lineno}", str(exc), "|".join(row.values()))
+        reading.reservations = [r for r in seen.values()  # type: ignore[misc]
+                                if r.start < window.until and r.end > window.since]  # type: ignore[attr-defined]
+        return names
+
+    def _history(self, window: Window, problems: Problems, resv_names: dict[str, str]) -> list:
+        since, until = _ts(window.since), _ts(window.until)
+        fmt = self.o.history_format
+        if fmt in ("auto", "json"):
+            try:
+                text = self.run(self.o.sacct, *self._m(), "-a", "-X", "--json", "-S", since, "-E", until)
+                data = json.loads(text)
+                return self._history_json(data, problems, resv_names)
+            except (SourceError, json.JSONDecodeError) as exc:
+                if fmt == "json":
+                    if isinstance(exc, SourceError):
+                        raise
+                    raise SourceError(self.name, f"sacct --json: invalid JSON ({exc.msg})",
+                                      transient=True) from None
+                log.info("%s: sacct --json unusable (%s); using sacct -P", self.name, exc)
+        text = self.run(self.o.sacct, *self._m(), "-a", "-X", "-P", "-n", "--noconvert", "-S", since,
+                        "-E", until, "-o", ",".join(jobs.SACCT_FIELDS))
+        return list(self.history_text(text, problems, resv_names, jobs.SACCT_FIELDS))
+
+    def history_text(self, text: str, problems: Problems, resv_names: dict[str, str],
+                     fields: tuple[str, ...] | None):
+        src = f"{self.name}:sacct"
+        for lineno, row in jobs.sacct_rows(text, fields):
+            if isinstance(row, str):
+                problems.skip(src, f"line {lineno}", "wrong number of columns", row)
+                continue
+            try:
+                yield jobs.from_sacct_row(row, self.cluster, resv_names)
+            except (ValueError, KeyError) as exc:
+                problems.skip(src, f"line {lineno}", f"bad value: {exc}", "|".join(row.values()))
+
+    def _history_json(self, data: dict, problems: Problems, resv_names: dict[str, str]) -> list:
+        src = f"{self.name}:sacct --json"
+        if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
+            raise SourceError(self.name, "sacct --json: no jobs list in output", transient=True)
+        out = []
+        for i, job in enumerate(data["jobs"]):
+            try:
+                out.append(jobs.from_json_db_job(job, self.cluster, resv_names))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                problems.skip(src, f"jobs[{i}]", f"bad job object: {exc}", json.dumps(job)[:200])
+        return out

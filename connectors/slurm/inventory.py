@@ -1,0 +1,98 @@
+"""Nodes -> :class:`GpuInventory` and advance reservations -> :class:`Reservation`, from ``scontrol -o show
+node|reservation`` text, REST/``--json`` objects and ``sacctmgr -P show reservation`` rows.
+
+A reservation's GPU count is the ``gres/gpu`` in its TRES when Slurm put one there (24.x accepts GPU TRES
+with ``Nodes=``), else every GPU of its nodes (22.05 rejects GPU TRES: reserving a node reserves its GPUs).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from auditor.records import GpuInventory, Reservation
+from connectors.slurm.parse import (
+    expand_hostlist,
+    gpu_items,
+    is_null,
+    kv_pairs,
+    parse_time,
+    parse_tres,
+    split_list,
+    tres_gpus,
+)
+
+
+def _inventory(cluster: str, host: str, gres: str | None, seen_at: datetime | None) -> list[GpuInventory]:
+    """GPU indices follow gres.conf order: each typed group continues where the previous one ended."""
+    out: list[GpuInventory] = []
+    i = 0
+    for g in gpu_items(gres):
+        for _ in range(g.count):
+            out.append(GpuInventory(cluster=cluster, host=host, gpu=i, model=g.type, seen_at=seen_at))
+            i += 1
+    return out
+
+
+def from_scontrol_node(record: str, cluster: str, seen_at: datetime | None) -> list[GpuInventory]:
+    d: dict[str, str] = {}
+    for k, v in kv_pairs(record):
+        d.setdefault(k, v)
+    if "NodeName" not in d:
+        raise ValueError("no NodeName")
+    return _inventory(cluster, d["NodeName"], d.get("Gres"), seen_at)
+
+
+def from_json_node(node: dict[str, Any], cluster: str, seen_at: datetime | None) -> list[GpuInventory]:
+    return _inventory(cluster, node["name"], node.get("gres"), seen_at)
+
+
+def gpus_per_node(inventory: list[GpuInventory]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for g in inventory:
+        counts[g.host] = counts.get(g.host, 0) + 1
+    return counts
+
+
+def _gpu_count(tres_text: str | None, nodes: list[str], per_node: dict[str, int]) -> float:
+    count, _ = tres_gpus(parse_tres(tres_text))
+    return float(count) if count else float(sum(per_node.get(n, 0) for n in nodes))
+
+
+def from_scontrol_reservation(record: str, cluster: str, per_node: dict[str, int]) -> Reservation:
+    d: dict[str, str] = {}
+    for k, v in kv_pairs(record):
+        d.setdefault(k, v)
+    if "ReservationName" not in d:
+        raise ValueError("no ReservationName")
+    start, end = parse_time(d.get("StartTime")), parse_time(d.get("EndTime"))
+    if start is None or end is None:
+        raise ValueError("reservation without start/end time")
+    nodes = expand_hostlist(d.get("Nodes"))
+    return Reservation(cluster=cluster, name=d["ReservationName"], start=start, end=end, nodes=nodes,
+                       gpu_count=_gpu_count(d.get("TRES"), nodes, per_node),
+                       users=split_list(d.get("Users")), accounts=split_list(d.get("Accounts")),
+                       flags=split_list(d.get("Flags")))
+
+
+def from_json_reservation(r: dict[str, Any], cluster: str, per_node: dict[str, int]) -> Reservation:
+    start, end = parse_time(r.get("start_time")), parse_time(r.get("end_time"))
+    if start is None or end is None:
+        raise ValueError("reservation without start/end time")
+    nodes = expand_hostlist(r.get("node_list"))
+    return Reservation(cluster=cluster, name=r["name"], start=start, end=end, nodes=nodes,
+                       gpu_count=_gpu_count(r.get("tres"), nodes, per_node),
+                       users=split_list(r.get("users")), accounts=split_list(r.get("accounts")),
+                       flags=split_list(r.get("flags")))
+
+
+def from_sacctmgr_row(row: dict[str, str], cluster: str, per_node: dict[str, int]) -> Reservation:
+    """``sacctmgr -P show reservation format=Name,ID,TRES,TimeStart,TimeEnd,NodeNames,Flags``: the
+    accounting copy, which also remembers reservations that ended (users/accounts are not in it)."""
+    start, end = parse_time(row.get("TimeStart")), parse_time(row.get("TimeEnd"))
+    if start is None or end is None or is_null(row.get("Name")):
+        raise ValueError("reservation row without name/start/end")
+    nodes = expand_hostlist(row.get("NodeName") or row.get("NodeNames"))
+    return Reservation(cluster=cluster, name=row["Name"], start=start, end=end, nodes=nodes,
+                       gpu_count=_gpu_count(row.get("TRES"), nodes, per_node),
+                       flags=split_list(row.get("Flags")))

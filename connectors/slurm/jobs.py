@@ -1,0 +1,273 @@
+"""Jobs -> :class:`Allocation`, from every shape Slurm gives them: ``sacct -P`` rows, ``scontrol -d -o show
+job`` records, ``squeue --json`` / REST ``/slurm/vX/jobs`` objects and ``sacct --json`` / REST
+``/slurmdb/vX/jobs`` objects (22.05 ints and strings, 24.x+ ``{set, number}`` and lists).
+
+GPU placement, best first: per-node ``IDX`` (running jobs only) -> per-node counts -> a single node holds
+all -> an even split across nodes when the total divides (labelled, since Slurm did not say) -> node "".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from auditor.records import AllocatedGpu, Allocation
+from connectors.slurm.parse import (
+    Gres,
+    expand_hostlist,
+    gpu_items,
+    is_null,
+    kv_pairs,
+    number,
+    parse_duration,
+    parse_state,
+    parse_time,
+    parse_tres,
+    tres_gpus,
+    user_name,
+)
+
+SOURCE = "slurm"
+#: States in which a job holds its allocation (a complete listing of these closes the others).
+HOLDING = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "STOPPED", "SIGNALING", "CONFIGURING",
+                     "RESIZING", "STAGE_OUT"})
+
+#: sacct columns the CLI asks for (``-o``); JobName last so a ``|`` inside a name cannot shift columns.
+SACCT_FIELDS = ("JobID", "JobIDRaw", "User", "Account", "Partition", "QOS", "State", "Submit", "Start",
+                "End", "ElapsedRaw", "TimelimitRaw", "NodeList", "AllocTRES", "ReservationId",
+                "Reservation", "JobName")
+
+
+def external_id(job_id: Any, array_job: Any = None, array_task: Any = None, het_job: Any = None,
+                het_offset: Any = None) -> str:
+    """Slurm's display id: ``12_3`` for an array task, ``20+1`` for a heterogeneous part, else ``12``."""
+    aj, at, hj, ho = (number(v) for v in (array_job, array_task, het_job, het_offset))
+    if aj and at is not None:
+        return f"{aj}_{at}"
+    if hj and ho is not None:
+        return f"{hj}+{ho}"
+    return str(number(job_id) if not isinstance(job_id, str) else job_id)
+
+
+def place_gpus(nodes: list[str], per_node: list[tuple[str, list[Gres]]] | None, total: int,
+               model: str | None) -> tuple[list[AllocatedGpu], str]:
+    """One AllocatedGpu per GPU, with the node and index when Slurm said; see the module docstring."""
+    if per_node and any(items for _, items in per_node):
+        gpus: list[AllocatedGpu] = []
+        with_idx = True
+        for node, items in per_node:
+            for g in items:
+                if g.indices is not None and len(g.indices) == g.count:
+                    gpus.extend(AllocatedGpu(node=node, index=i, model=g.type or model) for i in g.indices)
+                else:
+                    with_idx = False
+                    gpus.extend(AllocatedGpu(node=node, model=g.type or model) for _ in range(g.count))
+        if gpus:
+            return gpus, "idx" if with_idx else "per-node"
+    if total <= 0:
+        return [], "none"
+    if len(nodes) == 1:
+        return [AllocatedGpu(node=nodes[0], model=model) for _ in range(total)], "node"
+    if nodes and total % len(nodes) == 0:
+        each = total // len(nodes)
+        return [AllocatedGpu(node=n, model=model) for n in nodes for _ in range(each)], "even-split"
+    return [AllocatedGpu(node="", model=model) for _ in range(total)], "unknown-node"
+
+
+def _labels(nodes_text: str, placement: str, **more: Any) -> dict[str, str]:
+    labels = {"nodes": nodes_text or "", "gpu_placement": placement}
+    labels.update({k: str(v) for k, v in more.items() if v not in (None, "", 0)})
+    return labels
+
+
+# --- sacct -P --------------------------------------------------------------------------------------------
+
+def sacct_rows(text: str,
+               fields: tuple[str, ...] | None = None) -> Iterator[tuple[int, dict[str, str] | str]]:
+    """(line number, row dict) per data line of ``sacct -P`` output; with ``fields`` None the first line is
+    the header. A line with too few columns yields its raw text instead of a dict (caller quarantines)."""
+    header = list(fields) if fields else None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("$ ") or line.strip().startswith("[rc="):
+            continue
+        parts = line.split("|")
+        if header is None:
+            header = parts
+            continue
+        if len(parts) > len(header) and "JobName" in header:  # a '|' inside the job name
+            i, extra = header.index("JobName"), len(parts) - len(header)
+            parts[i:i + extra + 1] = ["|".join(parts[i:i + extra + 1])]
+        if len(parts) != len(header):
+            yield lineno, line
+            continue
+        yield lineno, dict(zip(header, parts, strict=True))
+
+
+def from_sacct_row(row: dict[str, str], cluster: str, resv_names: dict[str, str] | None = None) -> Allocation:
+    """A ``sacct -P -X`` row (any column order; missing columns stay empty). Raises ValueError/KeyError
+    on malformed values."""
+    job_id = row.get("JobID") or row["JobIDRaw"]
+    nodes_text = "" if is_null(row.get("NodeList")) else row.get("NodeList", "")
+    nodes = expand_hostlist(nodes_text)
+    total, model = tres_gpus(parse_tres(row.get("AllocTRES")))
+    gpus, placement = place_gpus(nodes, None, total, model)
+    resv = row.get("Reservation", "")
+    resv_id = row.get("ReservationId", "")
+    if is_null(resv) and not is_null(resv_id) and resv_id != "0":
+        resv = (resv_names or {}).get(resv_id, "")
+    limit = row.get("TimelimitRaw")
+    state = parse_state(row.get("State"))
+    return Allocation(
+        cluster=cluster, source=SOURCE, external_id=job_id, name=row.get("JobName", ""),
+        user=row.get("User", ""), account=row.get("Account", ""), partition=row.get("Partition", ""),
+        qos=row.get("QOS", ""), state=state, submit=parse_time(row.get("Submit")),
+        start=parse_time(row.get("Start")),
+        end=None if state in HOLDING else parse_time(row.get("End")),
+        reservation="" if is_null(resv) else resv,
+        time_limit_s=parse_duration(limit) if limit else parse_duration(row.get("Timelimit")),
+        labels=_labels(nodes_text, placement, job_id_raw=row.get("JobIDRaw"),
+                       reservation_id=None if resv_id in ("", "0") else resv_id),
+        gpus=gpus,
+    )
+
+
+# --- scontrol -d -o show job ------------------------------------------------------------------------------
+
+def from_scontrol_job(record: str, cluster: str) -> Allocation:
+    """One ``scontrol -d [-o] show job`` record. ``Nodes=… GRES=…(IDX:…)`` segments give per-node indices
+    while the job runs (a collapsed ``Nodes=gpu-node-[01-02]`` segment applies to each node)."""
+    pairs = kv_pairs(record)
+    d: dict[str, str] = {}
+    per_node: list[tuple[str, list[Gres]]] = []
+    pending_nodes: str | None = None
+    for k, v in pairs:
+        if k == "Nodes":
+            pending_nodes = v
+        elif k == "GRES" and pending_nodes is not None:
+            items = gpu_items(v)
+            per_node.extend((n, items) for n in expand_hostlist(pending_nodes))
+            pending_nodes = None
+        else:
+            d.setdefault(k, v)
+    if "JobId" not in d:
+        raise ValueError("no JobId")
+    nodes_text = "" if is_null(d.get("NodeList")) else d.get("NodeList", "")
+    nodes = expand_hostlist(nodes_text)
+    total, model = tres_gpus(parse_tres(d.get("AllocTRES") or d.get("TRES")))
+    if total == 0:
+        total, model = _tres_per(d.get("TresPerJob"), d.get("TresPerNode"), None, len(nodes), 0, model)
+    if model is None:
+        typed = {g.type for _, items in per_node for g in items if g.type} | {
+            g.type for g in gpu_items(d.get("JOB_GRES")) if g.type}
+        model = typed.pop() if len(typed) == 1 else None
+    state = parse_state(d.get("JobState"))
+    gpus, placement = place_gpus(nodes, per_node if state in HOLDING else None, total, model)
+    return Allocation(
+        cluster=cluster, source=SOURCE,
+        external_id=external_id(int(d["JobId"]), d.get("ArrayJobId"), d.get("ArrayTaskId"),
+                                d.get("HetJobId"), d.get("HetJobOffset")),
+        name=d.get("JobName", ""), user=user_name(d.get("UserId", "")), account=d.get("Account", ""),
+        partition=d.get("Partition", ""), qos=d.get("QOS", ""), state=state,
+        submit=parse_time(d.get("SubmitTime")), start=parse_time(d.get("StartTime")),
+        end=None if state in HOLDING else parse_time(d.get("EndTime")),
+        reservation="" if is_null(d.get("Reservation")) else d.get("Reservation", ""),
+        time_limit_s=parse_duration(d.get("TimeLimit")),
+        labels=_labels(nodes_text, placement, job_id_raw=d["JobId"]),
+        gpus=gpus,
+    )
+
+
+def _tres_per(per_job: Any, per_node: Any, per_task: Any, n_nodes: int, n_tasks: int,
+              model: str | None) -> tuple[int, str | None]:
+    """GPU count from the request strings when AllocTRES has none (site not accounting gres/gpu)."""
+    for text, mult in ((per_job, 1), (per_node, max(n_nodes, 1)), (per_task, max(n_tasks, 1))):
+        items = gpu_items(text) if isinstance(text, str) else []
+        if items:
+            types = {g.type for g in items if g.type}
+            return sum(g.count for g in items) * mult, model or (types.pop() if len(types) == 1 else None)
+    return 0, model
+
+
+# --- JSON: squeue --json, REST /slurm/vX/jobs, scontrol show job --json -----------------------------------
+
+def from_json_job(job: dict[str, Any], cluster: str) -> Allocation:
+    """A slurmctld job object (v0.0.38 … v0.0.44)."""
+    nodes_text = job.get("nodes") or ""
+    nodes = expand_hostlist(nodes_text)
+    state = parse_state(job.get("job_state"))
+    detail = job.get("gres_detail") or []
+    per_node = [(nodes[i], gpu_items(s)) for i, s in enumerate(detail) if i < len(nodes)]
+    total, model = tres_gpus(parse_tres(job.get("tres_alloc_str")))
+    if per_node and state in HOLDING:
+        total = max(total, sum(g.count for _, items in per_node for g in items))
+    if total == 0:
+        total, model = _tres_per(job.get("tres_per_job"), job.get("tres_per_node"), job.get("tres_per_task"),
+                                 len(nodes) or int(number(job.get("node_count")) or 0),
+                                 int(number(job.get("tasks")) or 0), model)
+    gpus, placement = place_gpus(nodes, per_node if state in HOLDING else None, total, model)
+    return Allocation(
+        cluster=cluster, source=SOURCE,
+        external_id=external_id(job["job_id"], job.get("array_job_id"), job.get("array_task_id"),
+                                job.get("het_job_id"), job.get("het_job_offset")),
+        name=job.get("name") or "", user=job.get("user_name") or "", account=job.get("account") or "",
+        partition=job.get("partition") or "", qos=job.get("qos") or "", state=state,
+        submit=parse_time(job.get("submit_time")), start=parse_time(job.get("start_time")),
+        end=None if state in HOLDING else parse_time(job.get("end_time")),
+        reservation=job.get("resv_name") or "",
+        time_limit_s=parse_duration(job.get("time_limit")),
+        labels=_labels(nodes_text, placement, job_id_raw=number(job.get("job_id"))),
+        gpus=gpus,
+    )
+
+
+# --- JSON: sacct --json, REST /slurmdb/vX/jobs ------------------------------------------------------------
+
+def from_json_db_job(job: dict[str, Any], cluster: str,
+                     resv_names: dict[str, str] | None = None) -> Allocation:
+    """A slurmdbd job object. 22.05's ``reservation.name`` is garbage (an int), so the id is resolved
+    through ``resv_names`` (from sacctmgr) when the name is not a string."""
+    nodes_text = "" if is_null(job.get("nodes")) else job.get("nodes") or ""
+    nodes = expand_hostlist(nodes_text)
+    tres = {}
+    for t in (job.get("tres") or {}).get("allocated") or []:
+        if t.get("type") == "gres" and t.get("count") is not None:
+            tres[f"gres/{t.get('name')}"] = str(t["count"])
+    total, model = tres_gpus(tres)
+    gpus, placement = place_gpus(nodes, None, total, model)
+    t = job.get("time") or {}
+    state = parse_state(job.get("state"))
+    resv = job.get("reservation") or {}
+    rid = number(resv.get("id"))
+    rname = resv.get("name") if isinstance(resv.get("name"), str) else ""
+    if not rname and rid:
+        rname = (resv_names or {}).get(str(rid), "")
+    array, het = job.get("array") or {}, job.get("het") or {}
+    return Allocation(
+        cluster=cluster, source=SOURCE,
+        external_id=external_id(job["job_id"], array.get("job_id"), array.get("task_id"),
+                                het.get("job_id"), het.get("job_offset")),
+        name=job.get("name") or "", user=job.get("user") or "", account=job.get("account") or "",
+        partition=job.get("partition") or "", qos=job.get("qos") or "", state=state,
+        submit=parse_time(t.get("submission")), start=parse_time(t.get("start")),
+        end=None if state in HOLDING else parse_time(t.get("end")),
+        reservation=rname, time_limit_s=parse_duration(t.get("limit")),
+        labels=_labels(nodes_text, placement, job_id_raw=number(job.get("job_id")), reservation_id=rid),
+        gpus=gpus,
+    )
+
+
+def merge(history: Allocation, running: Allocation) -> Allocation:
+    """The running view carries GPU indices; the accounting view carries QOS, limits and names Slurm may
+    print differently. Keep the running GPUs and fill blanks from history."""
+    for attr in ("name", "user", "account", "partition", "qos", "reservation"):
+        if not getattr(running, attr):
+            setattr(running, attr, getattr(history, attr))
+    running.submit = running.submit or history.submit
+    running.start = running.start or history.start
+    running.time_limit_s = running.time_limit_s or history.time_limit_s
+    if not running.gpus or running.labels.get("gpu_placement") not in ("idx", "per-node"):
+        running.gpus = history.gpus or running.gpus
+        running.labels["gpu_placement"] = history.labels.get("gpu_placement", "")
+    for k, v in history.labels.items():
+        running.labels.setdefault(k, v)
+    return running

@@ -1,0 +1,21 @@
+"""What one backend read from one cluster, before the connector merges, filters and yields it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from auditor.records import Allocation, GpuInventory, Reservation
+
+
+@dataclass
+class Reading:
+    """``running``: jobs holding GPUs now (indices when Slurm showed them); ``running_complete``: the listing
+    was read whole, so jobs missing from it have ended; ``history``: accounting rows for the window."""
+
+    running: list[Allocation] = field(default_factory=list)
+    running_complete: bool = False
+    running_at: datetime | None = None  # when the running listing was taken
+    history: list[Allocation] = field(default_factory=list)
+    reservations: list[Reservation] = field(default_factory=list)
+    inventory: list[GpuInventory] = field(default_factory=list)

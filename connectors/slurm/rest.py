@@ -1,0 +1,140 @@
+"""The ``rest`` backend: slurmrestd with a JWT (``X-SLURM-USER-NAME`` / ``X-SLURM-USER-TOKEN``).
+
+Versions do not overlap across releases (22.05 serves v0.0.36-38, 24.11 v0.0.40-42, 25.11 v0.0.44), so
+unless ``rest_version`` is set the backend asks ``/slurm/vX/ping`` from the newest version it knows down
+and keeps the first that answers. Job objects are the same shapes as ``squeue --json`` / ``sacct --json``,
+parsed by :mod:`connectors.slurm.jobs`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from auditor.errors import ConfigError, SourceError
+from connectors.base import Problems, Window
+from connectors.slurm import inventory as inv
+from connectors.slurm import jobs
+from connectors.slurm.reading import Reading
+
+if TYPE_CHECKING:
+    from connectors.slurm import SlurmAllocations
+
+log = logging.getLogger("gpu_audit.slurm")
+
+KNOWN_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
+#: slurmrestd parses query times in the server's local zone; read this much wider, then filter in UTC.
+TZ_MARGIN = timedelta(hours=14)
+
+
+class RestBackend:
+    """Reads one cluster through slurmrestd. GET only."""
+
+    def __init__(self, owner: SlurmAllocations) -> None:
+        self.o = owner.options
+        self.cluster = owner.context.cluster
+        self.name = owner.name
+        if not self.o.rest_url:
+            raise ConfigError("slurm.rest_url: required for backend = \"rest\"")
+        self.version = self.o.rest_version
+
+    def _client(self) -> httpx.Client:
+        token = self.o.rest_token.resolve("slurm.rest_token")
+        headers = {"X-SLURM-USER-NAME": self.o.rest_user}
+        if token:
+            headers["X-SLURM-USER-TOKEN"] = token
+        verify: bool | str = self.o.verify_tls
+        if self.o.ca_file and self.o.verify_tls:
+            verify = str(self.o.ca_file)
+        return httpx.Client(base_url=self.o.rest_url.rstrip("/"), headers=headers, timeout=self.o.timeout_s,
+                            verify=verify)
+
+    def get(self, client: httpx.Client, path: str, params: dict[str, str] | None = None,
+            missing_ok: bool = False) -> dict[str, Any] | None:
+        """GET one endpoint; failures become one-line SourceErrors without the token or the body."""
+        try:
+            resp = client.get(path, params=params)
+        except httpx.TimeoutException:
+            raise SourceError(self.name, f"GET {path} timed out after {self.o.timeout_s:g}s",
+                              transient=True) from None
+        except httpx.HTTPError as exc:
+            raise SourceError(self.name, f"GET {path}: {type(exc).__name__}", transient=True) from None
+        if resp.status_code == 404 and missing_ok:
+            return None
+        if resp.status_code in (401, 403):
+            raise SourceError(self.name, f"GET {path}: HTTP {resp.status_code} (token rejected or expired)",
+                              transient=False)
+        try:
+            data = resp.json()
+        except (json.JSONDecodeError, ValueError):
+            raise SourceError(self.name, f"GET {path}: HTTP {resp.status_code}, not JSON",
+                              transient=True) from None
+        if resp.status_code >= 400:
+            errors = data.get("errors") if isinstance(data, dict) else None
+            text = json.dumps(errors)[:300] if errors else ""
+            if "Nothing found" in text:  # 22.05 slurmdb answers an empty query with an error
+                return {"jobs": []}
+            raise SourceError(self.name, f"GET {path}: HTTP {resp.status_code} {text}".strip(),
+                              transient=True)
+        if not isinstance(data, dict):
+            raise SourceError(self.name, f"GET {path}: unexpected JSON", transient=True)
+        return data
+
+    def _negotiate(self, client: httpx.Client) -> str:
+        if self.version:
+            return self.version
+        for v in KNOWN_VERSIONS:
+            if self.get(client, f"/slurm/{v}/ping", missing_ok=True) is not None:
+                self.version = v
+                return v
+        raise SourceError(self.name, f"slurmrestd answers none of {', '.join(KNOWN_VERSIONS)}",
+                          transient=False)
+
+    def read(self, window: Window, problems: Problems) -> Reading:
+        now = datetime.now(UTC)
+        reading = Reading()
+        with self._client() as client:
+            v = self._negotiate(client)
+            nodes = self.get(client, f"/slurm/{v}/nodes") or {}
+            for i, node in enumerate(nodes.get("nodes") or []):
+                try:
+                    reading.inventory.extend(inv.from_json_node(node, self.cluster, now))
+                except (ValueError, KeyError, TypeError) as exc:
+                    problems.skip(f"{self.name}:/slurm/{v}/nodes", f"nodes[{i}]", str(exc), str(node)[:200])
+            reading.running_at = datetime.now(UTC)
+            live = self.get(client, f"/slurm/{v}/jobs") or {}
+            ok = isinstance(live.get("jobs"), list)
+            for i, job in enumerate(live.get("jobs") or []):
+                try:
+                    a = jobs.from_json_job(job, self.cluster)
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    ok = False
+                    problems.skip(f"{self.name}:/slurm/{v}/jobs", f"jobs[{i}]", str(exc), str(job)[:200])
+                    continue
+                if a.state in jobs.HOLDING and a.gpus:
+                    reading.running.append(a)
+            reading.running_complete = ok
+            per_node = inv.gpus_per_node(reading.inventory)
+            resv = self.get(client, f"/slurm/{v}/reservations") or {}
+            for i, r in enumerate(resv.get("reservations") or []):
+                try:
+                    res = inv.from_json_reservation(r, self.cluster, per_node)
+                except (ValueError, KeyError, TypeError) as exc:
+                    problems.skip(f"{self.name}:/slurm/{v}/reservations", f"reservations[{i}]", str(exc),
+                                  str(r)[:200])
+                    continue
+                if res.start < window.until and res.end > window.since:
+                    reading.reservations.append(res)
+            fmt = "%Y-%m-%dT%H:%M:%S"
+            params = {"start_time": (window.since - TZ_MARGIN).strftime(fmt),
+                      "end_time": (window.until + TZ_MARGIN).strftime(fmt)}
+            hist = self.get(client, f"/slurmdb/{v}/jobs", params=params) or {}
+            for i, job in enumerate(hist.get("jobs") or []):
+                try:
+                    reading.history.append(jobs.from_json_db_job(job, self.cluster))
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    problems.skip(f"{self.name}:/slurmdb/{v}/jobs", f"jobs[{i}]", str(exc), str(job)[:200])
+        return reading

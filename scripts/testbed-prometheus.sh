@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# A real Prometheus for the tests: Debian's package, backfilled with generated DCGM-shaped OpenMetrics.
+#
+#   scripts/testbed-prometheus.sh up [test|bench]    install, generate, backfill, start, wait until ready
+#   scripts/testbed-prometheus.sh down [test|bench]  stop the instance this script started
+#
+# test  : 127.0.0.1:19090, 6 h of 30 s samples from 3 days ago (see scripts/gen_dcgm_openmetrics.py)
+# bench : 127.0.0.1:19091, BENCH_GPUS GPUs (default 1024) x 7 days x 8 metrics, one sample per
+#         BENCH_INTERVAL s (default 300: 1024 x 7 d of 30 s samples is 165 M samples, too much to backfill
+#         on a 2-core CI machine; the 5-min buckets the benchmark pulls are the same size either way).
+# The packaged prometheus service is not used (nothing here starts it); ours runs from its own data dir
+# under $TESTBED_ROOT (default /var/lib/gpu-audit-testbed) with 100 years of retention.
+set -euo pipefail
+
+cmd=${1:-up}
+profile=${2:-test}
+root=${TESTBED_ROOT:-/var/lib/gpu-audit-testbed}
+here=$(cd "$(dirname "$0")" && pwd)
+case $profile in
+  test) port=19090 ;;
+  bench) port=19091 ;;
+  *) echo "unknown profile $profile (test|bench)" >&2; exit 2 ;;
+esac
+dir=$root/$profile
+url=http://127.0.0.1:$port
+
+stop() {
+  if [[ -f $dir/prometheus.pid ]]; then
+    pid=$(cat "$dir/prometheus.pid")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid"
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    fi
+    rm -f "$dir/prometheus.pid"
+  fi
+}
+
+ready() { python3 - "$url" <<'EOF'
+import sys, urllib.request
+try:
+    sys.exit(0 if urllib.request.urlopen(sys.argv[1] + "/-/ready", timeout=2).status == 200 else 1)
+except Exception:
+    sys.exit(1)
+EOF
+}
+
+if [[ $cmd == down ]]; then stop; echo "prometheus ($profile) stopped"; exit 0; fi
+if [[ $cmd != up ]]; then echo "usage: $0 up|down [test|bench]" >&2; exit 2; fi
+
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends prometheus
+fi
+
+if [[ -f $dir/prometheus.pid ]] && kill -0 "$(cat "$dir/prometheus.pid")" 2>/dev/null && ready; then
+  echo "prometheus ($profile) already up at $url (data $dir)"; exit 0
+fi
+stop
+rm -rf "$dir"
+mkdir -p "$dir/tsdb"
+
+if [[ $profile == test ]]; then
+  python3 "$here/gen_dcgm_openmetrics.py" --out "$dir" --profile test --hours 6 --interval 30
+else
+  now=$(date +%s)
+  start=$(( (now - 8 * 86400) / 86400 * 86400 ))
+  python3 "$here/gen_dcgm_openmetrics.py" --out "$dir" --profile bench --start "$start" --hours 168 \
+    --interval "${BENCH_INTERVAL:-300}" --gpus "${BENCH_GPUS:-1024}"
+fi
+promtool tsdb create-blocks-from openmetrics --max-block-duration=24h "$dir/data.om" "$dir/tsdb" \
+  > "$dir/promtool.log" 2>&1 || { tail -20 "$dir/promtool.log" >&2; exit 1; }
+rm -f "$dir/data.om"
+
+cat > "$dir/prometheus.yml" <<EOF
+global:
+  scrape_interval: 1h
+scrape_configs: []
+EOF
+nohup prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/tsdb" \
+  --storage.tsdb.retention.time=100y --web.listen-address="127.0.0.1:$port" \
+  --query.max-samples=100000000 > "$dir/prometheus.log" 2>&1 &
+echo $! > "$dir/prometheus.pid"
+
+for _ in $(seq 120); do
+  if ready; then echo "prometheus ($profile) ready at $url (data $dir)"; exit 0; fi
+  kill -0 "$(cat "$dir/prometheus.pid")" 2>/dev/null || break
+  sleep 0.5
+done
+echo "prometheus ($profile) did not become ready; last log lines:" >&2
+tail -20 "$dir/prometheus.log" >&2
+stop
+exit 1

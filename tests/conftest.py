@@ -1,0 +1,49 @@
+"""Shared test helpers. Real-service tests call :func:`need` : it skips with a reason on a laptop without
+the service, and fails when CI is set, so CI can never silently skip them."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+IN_CI = bool(os.environ.get("CI"))
+
+
+def need(available: bool, reason: str) -> None:
+    """Skip (laptop) or fail (CI) when a real service a test needs is not there."""
+    if available:
+        return
+    if IN_CI:
+        pytest.fail(f"required service missing in CI: {reason}")
+    pytest.skip(reason)
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+PG_URL = os.environ.get("GPU_AUDIT_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    return FIXTURES
+
+
+@pytest.fixture
+def pg_url() -> str:
+    """A real PostgreSQL database (127.0.0.1:5432, db ``test``), emptied of gpu-audit tables."""
+    need(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432 is not running")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        need(False, "psycopg is not installed")
+    return PG_URL
