@@ -1,18 +1,324 @@
-"""Findings beyond the per-allocation totals (idle episodes, idle reservations, low efficiency).
+"""Findings beyond the per-allocation totals: idle episodes, idle advance reservations, low efficiency with
+a bottleneck hint, and the capacity context (GPUs neither allocated nor reserved).
 
-Kept apart from :mod:`auditor.rules` so they can grow without touching the core rules; this version
-returns none until they are implemented (issue 6)."""
+Kept apart from :mod:`auditor.rules` so they can grow without touching the core rules. The time-resolved
+ones (episodes, reservations) go back to ``gpu_buckets`` in set-based SQL, but only for the candidates the
+per-allocation totals already point at (e.g. allocated GPUs with at least an episode's worth of idle time).
+"""
 
 from __future__ import annotations
 
+import json
+from collections import Counter, defaultdict
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
 from auditor.config import Config, Thresholds
+from auditor.money import Pricing
+from auditor.timeutil import utcnow
+
+H = 3600.0
+CHUNK = 500
+
+# Bottleneck hint thresholds (means over the allocation's observed time). Documented in docs/chargeback.md.
+HINT_DRAM_HIGH = 0.4  # DRAM busy while SMs are not: memory-bound
+HINT_TENSOR_SHARE = 0.5  # Tensor activity at least half of SM activity: the little work done is tensor math
+HINT_IO_BPS = 1e9  # PCIe + NVLink >= 1 GB/s while SM and DRAM are low: input or communication wait
+HINT_DRAM_LOW = 0.1
+HINT_UTIL_PULSE = (0.1, 0.9)  # GPU-Util duty cycle neither off nor on: kernels in bursts, waiting between
+HINT_HELD_MIB = 1024.0  # memory held (>= 1 GiB) with GPU-Util near zero: memory held, no compute
+
+# The per-bucket idle verdict of auditor.audit.JUDGE (idle, idle-by-util or mirage: anything but work).
+IDLE_COND = """b.samples > 0 AND (
+ (b.sm_active IS NOT NULL AND b.sm_active < :idle_sm AND COALESCE(b.dram_active, 0) < :idle_dram
+  AND COALESCE(b.tensor_active, 0) < :idle_tensor)
+ OR (b.sm_active IS NULL AND :fallback = 1 AND b.gpu_util IS NOT NULL AND b.gpu_util < :idle_util
+  AND (:idle_power < 0 OR COALESCE(b.power_w, :idle_power + 1) < :idle_power)))"""
+MIRAGE = ("CASE WHEN b.sm_active IS NOT NULL AND (COALESCE(b.gpu_util, 0) >= :mirage_util "
+          "OR COALESCE(b.gr_engine, 0) >= :mirage_gr) THEN 1 ELSE 0 END")
+
+# Gaps and islands over the idle buckets of the candidate GPUs: a new island starts where the previous
+# idle bucket of the same GPU ended before this one began (a working bucket or a missing one in between).
+EPISODES = """WITH c AS (
+  SELECT u.allocated_gpu_id AS gid, u.allocation_id AS aid, u.gpu_id, u.gpu_index, ag.share,
+   {G}(a.start_ts, :since) AS a_s, {L}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e
+  FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id
+  JOIN allocations a ON a.id = u.allocation_id
+  WHERE u.run_id = :run AND u.gpu_id IS NOT NULL AND u.allocation_id IN ({ids})
+   AND u.idle_s + u.mirage_s >= ag.share * :episode_s),
+ i AS (
+  SELECT c.gid, c.aid, c.gpu_index, c.share, c.a_s, c.a_e, b.bucket_ts AS t0, b.bucket_ts + b.bucket_s AS t1,
+   {L}(b.bucket_ts + b.bucket_s, c.a_e) - {G}(b.bucket_ts, c.a_s) AS ov, """ + MIRAGE + """ AS m
+  FROM c JOIN gpu_buckets b ON b.gpu_id = c.gpu_id AND b.bucket_ts >= c.a_s - :bucket AND b.bucket_ts < c.a_e
+  WHERE {L}(b.bucket_ts + b.bucket_s, c.a_e) > {G}(b.bucket_ts, c.a_s) AND """ + IDLE_COND + """),
+ f AS (SELECT i.*, CASE WHEN LAG(i.t1) OVER (PARTITION BY i.gid ORDER BY i.t0) >= i.t0 THEN 0 ELSE 1 END
+        AS brk FROM i),
+ g AS (SELECT f.*, SUM(f.brk) OVER (PARTITION BY f.gid ORDER BY f.t0 ROWS UNBOUNDED PRECEDING) AS isl
+       FROM f)
+SELECT gid, aid, gpu_index, share, {G}(MIN(t0), MIN(a_s)) AS s, {L}(MAX(t1), MIN(a_e)) AS e,
+ SUM(ov) AS ov, SUM(m * ov) AS mirage_ov
+FROM g GROUP BY gid, aid, gpu_index, share, isl HAVING SUM(ov) >= :episode_s ORDER BY aid, s, gid"""
+
+RESERVATIONS = """SELECT r.id, r.cluster, r.name, r.gpu_count, r.nodes, r.users, r.accounts, r.flags,
+ r.start_ts, r.end_ts, {G}(r.start_ts, :since) AS r_s, {L}(r.end_ts, :horizon) AS r_e
+FROM reservations r WHERE r.start_ts < :horizon AND r.end_ts > :since ORDER BY r.id"""
+
+_RESV_JOBS = """FROM reservations r JOIN allocations a ON a.cluster = r.cluster AND a.reservation = r.name
+ AND a.start_ts IS NOT NULL AND a.start_ts < {L}(r.end_ts, :horizon)
+ AND COALESCE(a.end_ts, :horizon) > {G}(r.start_ts, :since)
+WHERE r.start_ts < :horizon AND r.end_ts > :since"""
+
+RESV_USED = """SELECT r.id AS rid, COUNT(*) AS jobs,
+ SUM(a.gpu_count * ({L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon)
+                    - {G}(a.start_ts, r.start_ts, :since))) AS used_s
+""" + _RESV_JOBS + " GROUP BY r.id"
+
+RESV_IDLE = """SELECT x.rid, SUM(x.share * ({L}(b.bucket_ts + b.bucket_s, x.w_e) - {G}(b.bucket_ts, x.w_s)))
+ AS idle_s
+FROM (SELECT r.id AS rid, u.gpu_id, ag.share, {G}(a.start_ts, r.start_ts, :since) AS w_s,
+       {L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon) AS w_e
+      """ + _RESV_JOBS.replace("WHERE", """JOIN usage_gpu u ON u.allocation_id = a.id AND u.run_id = :run
+       AND u.gpu_id IS NOT NULL JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id WHERE""") + """) x
+JOIN gpu_buckets b ON b.gpu_id = x.gpu_id AND b.bucket_ts >= x.w_s - :bucket AND b.bucket_ts < x.w_e
+WHERE {L}(b.bucket_ts + b.bucket_s, x.w_e) > {G}(b.bucket_ts, x.w_s) AND """ + IDLE_COND + """
+GROUP BY x.rid"""
+
+
+def _fn(conn: Connection) -> dict[str, str]:
+    pg = conn.dialect.name == "postgresql"
+    return {"G": "GREATEST" if pg else "max", "L": "LEAST" if pg else "min"}
+
+
+def _verdict_params(th: Thresholds) -> dict[str, Any]:
+    return {"idle_sm": th.idle_sm, "idle_dram": th.idle_dram, "idle_tensor": th.idle_tensor,
+            "mirage_util": th.mirage_gpu_util, "mirage_gr": th.mirage_gr_engine,
+            "fallback": 1 if th.util_fallback else 0, "idle_util": th.idle_util,
+            "idle_power": th.idle_power_w if th.idle_power_w is not None else -1.0}
+
+
+def whole_idle(r: dict[str, Any], th: Thresholds) -> bool:
+    """True when :func:`auditor.rules.classify` already reports the whole allocation (unmonitored, or
+    idle/mirage for most of its observed time): an episode or low efficiency would say it twice."""
+    if r["reserved_s"] <= 0:
+        return True
+    if r["observed_s"] / r["reserved_s"] < th.unmonitored_coverage:
+        return True
+    judged = r["idle_s"] + r["mirage_s"] + r["low_s"] + r["working_s"]
+    idle_frac = (r["idle_s"] + r["mirage_s"]) / judged if judged > 0 else 0.0
+    return idle_frac >= th.idle_allocation_fraction and r["reserved_s"] / H >= th.idle_allocation_min_gpu_hours
 
 
 def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]],
                    per_gpu: dict[int, list[dict[str, Any]]], th: Thresholds, cfg: Config, *,
                    since: int, until: int, horizon: int) -> list[dict[str, Any]]:
-    return []
+    """idle_episode, low_efficiency and idle_reservation findings of one run (finding-table rows)."""
+    bucket = cfg.store.bucket_seconds
+    p = {"since": since, "until": until, "horizon": horizon, "bucket": bucket, "run": run_id,
+         **_verdict_params(th)}
+    working = [r for r in per_alloc if not whole_idle(r, th)]
+    out = idle_episodes(conn, run_id, working, th, p)
+    out += low_efficiency(run_id, working, th, since, horizon)
+    out += idle_reservations(conn, run_id, cfg, p)
+    return out
+
+
+def idle_episodes(conn: Connection, run_id: int, working: list[dict[str, Any]], th: Thresholds,
+                  p: dict[str, Any]) -> list[dict[str, Any]]:
+    """Contiguous idle spans >= episode_hours on a GPU of an allocation that otherwise worked. Overlapping
+    spans on several GPUs of one allocation merge into one episode (GPU-hours summed)."""
+    from auditor.rules import _finding
+
+    ep_s = th.episode_hours * H
+    cands = {r["allocation_id"]: r for r in working
+             if r["low_s"] + r["working_s"] > 0 and r["idle_s"] + r["mirage_s"] > 0}
+    spans: dict[int, list[Any]] = defaultdict(list)
+    ids = sorted(cands)
+    for i in range(0, len(ids), CHUNK):
+        sql = EPISODES.format(**_fn(conn), ids=", ".join(str(int(x)) for x in ids[i:i + CHUNK]))
+        for s in conn.execute(text(sql), {**p, "episode_s": ep_s}):
+            spans[s.aid].append(s)
+    out = []
+    for aid, rows in spans.items():
+        r = cands[aid]
+        for group in _merge(sorted(rows, key=lambda s: (s.s, s.e))):
+            start, end = min(s.s for s in group), max(s.e for s in group)
+            idle_h = sum(s.share * s.ov for s in group) / H
+            mirage_h = sum(s.share * (s.mirage_ov or 0) for s in group) / H
+            gpus = sorted({s.gpu_index for s in group if s.gpu_index is not None})
+            ev = {"rule": f"idle for {(end - start) / H:.1f} h in a row >= {th.episode_hours:g} h "
+                          f"inside an allocation that otherwise worked",
+                  "episode_hours": (end - start) / H, "episode_gpu_hours": idle_h,
+                  "episode_mirage_gpu_hours": mirage_h, "episode_gpu_indices": gpus,
+                  "episode_gpus": len({s.gid for s in group}),
+                  "ongoing": r["end_ts"] is None and end >= p["horizon"]}
+            f = _finding(run_id, "idle_episode", r, ev, idle_h, p["since"], p["horizon"])
+            f.update(start_ts=int(start), end_ts=int(end), gpu_hours=idle_h)
+            out.append(f)
+    return out
+
+
+def _merge(rows: list[Any]) -> list[list[Any]]:
+    """Group time-sorted spans whose intervals overlap or touch."""
+    groups: list[list[Any]] = []
+    end = None
+    for s in rows:
+        if groups and end is not None and s.s <= end:
+            groups[-1].append(s)
+            end = max(end, s.e)
+        else:
+            groups.append([s])
+            end = s.e
+    return groups
+
+
+def bottleneck(r: dict[str, Any]) -> tuple[str, str]:
+    """(hint, why) for a low-efficiency allocation, from the means of the other signals."""
+    sm_obs = r["sm_observed_s"]
+    sm = r["sm_s"] / sm_obs if sm_obs > 0 else 0.0
+    dram = r["dram_s"] / sm_obs if sm_obs > 0 else 0.0
+    tensor = r["tensor_s"] / sm_obs if sm_obs > 0 else 0.0
+    io = r["io_bps_s"] / r["observed_s"] if r["observed_s"] > 0 else 0.0
+    util = r["gpu_util_s"] / r["util_observed_s"] if r["util_observed_s"] > 0 else None
+    fb = r.get("peak_fb_mib") or 0.0
+    if dram >= HINT_DRAM_HIGH:
+        return "memory-bound", f"DRAM activity {dram:.0%} while SM activity is {sm:.0%}"
+    if sm > 0 and tensor >= HINT_TENSOR_SHARE * sm and tensor > 0:
+        return "compute-bound (tensor)", (f"Tensor activity {tensor:.0%} is most of SM activity {sm:.0%}: "
+                                          "small kernels or batches on a big GPU")
+    if io >= HINT_IO_BPS and dram < HINT_DRAM_LOW:
+        return "input/communication wait", (f"PCIe/NVLink {io / 1e9:.1f} GB/s while SM {sm:.0%} and DRAM "
+                                            f"{dram:.0%} are low")
+    if util is not None and HINT_UTIL_PULSE[0] <= util < HINT_UTIL_PULSE[1] and dram < HINT_DRAM_LOW:
+        return "input wait", (f"all low, GPU-Util pulsing at {util:.0%} duty cycle: the GPU waits for "
+                              "input (data loader, host) between bursts")
+    if fb >= HINT_HELD_MIB and (util is None or util < HINT_UTIL_PULSE[0]):
+        return "memory held, no compute", f"{fb:.0f} MiB held with GPU-Util {util or 0:.0%}"
+    return "undetermined", f"SM {sm:.0%}, DRAM {dram:.0%}, Tensor {tensor:.0%}: no signal stands out"
+
+
+def low_efficiency(run_id: int, working: list[dict[str, Any]], th: Thresholds, since: int,
+                   horizon: int) -> list[dict[str, Any]]:
+    """Mean SM activity < low_efficiency_sm over >= low_efficiency_min_gpu_hours observed GPU-hours."""
+    from auditor.rules import _finding
+
+    out = []
+    for r in working:
+        obs_h = r["sm_observed_s"] / H
+        if obs_h <= 0 or obs_h < th.low_efficiency_min_gpu_hours:
+            continue
+        mean_sm = r["sm_s"] / r["sm_observed_s"]
+        if mean_sm >= th.low_efficiency_sm:
+            continue
+        hint, why = bottleneck(r)
+        ev = {"rule": f"mean SM activity {mean_sm:.0%} < {th.low_efficiency_sm:.0%} over {obs_h:.1f} "
+                      f"observed GPU-hours", "hint": hint, "hint_reason": why,
+              "unused_sm_gpu_hours": (r["sm_observed_s"] - r["sm_s"]) / H,
+              "mean_io_bytes_per_s": r["io_bps_s"] / r["observed_s"] if r["observed_s"] > 0 else None}
+        out.append(_finding(run_id, "low_efficiency", r, ev, (r["idle_s"] + r["mirage_s"]) / H, since,
+                            horizon))
+    return out
+
+
+def _json_list(v: Any) -> list[str]:
+    if isinstance(v, str):
+        v = json.loads(v)
+    return [str(x) for x in (v or [])]
+
+
+def idle_reservations(conn: Connection, run_id: int, cfg: Config, p: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per advance reservation overlapping the window: reserved GPU-hours no job used, plus the idle
+    GPU-hours of the jobs that ran inside it (sreport counts those as "allocated")."""
+    fn = _fn(conn)
+    resv = [dict(r._mapping) for r in conn.execute(text(RESERVATIONS.format(**fn)), p)]
+    if not resv:
+        return []
+    used = {r.rid: r for r in conn.execute(text(RESV_USED.format(**fn)), p)}
+    idle = {r.rid: r.idle_s or 0.0 for r in conn.execute(text(RESV_IDLE.format(**fn)), p)}
+    models = _host_models(conn)
+    pricing = Pricing(cfg)
+    out = []
+    for r in resv:
+        reserved_s = r["gpu_count"] * max(0, r["r_e"] - r["r_s"])
+        u = used.get(r["id"])
+        used_s = float(u.used_s or 0.0) if u else 0.0
+        unused_s = max(0.0, reserved_s - used_s)
+        jobs_idle_s = idle.get(r["id"], 0.0)
+        idle_h = (unused_s + jobs_idle_s) / H
+        if reserved_s <= 0 or idle_h <= 0:
+            continue
+        nodes, users, accounts = _json_list(r["nodes"]), _json_list(r["users"]), _json_list(r["accounts"])
+        model_counts = Counter(models.get((r["cluster"], n)) for n in nodes if models.get((r["cluster"], n)))
+        model = model_counts.most_common(1)[0][0] if model_counts else None
+        price = pricing.model_price(model)
+        team = pricing.team_of({"account": accounts[0] if accounts else "", "source": "slurm",
+                                "user_name": users[0] if users else "", "labels": None})
+        ev = {"rule": f"{unused_s / H:.1f} of {reserved_s / H:.1f} reserved GPU-hours used by no job, plus "
+                      f"{jobs_idle_s / H:.1f} idle GPU-hours of jobs inside it",
+              "reservation": r["name"], "reserved_gpu_hours": reserved_s / H, "used_gpu_hours": used_s / H,
+              "unused_gpu_hours": unused_s / H, "jobs_idle_gpu_hours": jobs_idle_s / H,
+              "jobs": int(u.jobs) if u else 0, "gpu_count": r["gpu_count"], "nodes": nodes, "users": users,
+              "accounts": accounts, "flags": _json_list(r["flags"]), "gpu_model": model,
+              "price_per_gpu_hour": price}
+        out.append({"run_id": run_id, "kind": "idle_reservation", "cluster": r["cluster"],
+                    "allocation_id": None, "reservation_id": r["id"], "account": ",".join(accounts)[:255],
+                    "user_name": ",".join(users)[:255], "team": team, "start_ts": int(r["r_s"]),
+                    "end_ts": int(r["r_e"]), "gpu_hours": reserved_s / H, "idle_gpu_hours": idle_h,
+                    "cost": idle_h * price, "evidence": ev})
+    return out
+
+
+def _host_models(conn: Connection) -> dict[tuple[str, str], str]:
+    rows = conn.execute(text("SELECT cluster, host, MIN(model) AS model FROM gpu_inventory "
+                             "WHERE model IS NOT NULL GROUP BY cluster, host"))
+    return {(r.cluster, r.host): r.model for r in rows}
+
+
+CAP_ALLOC = """SELECT a.cluster, ag.node AS host, SUM(ag.share * ({L}(COALESCE(a.end_ts, :horizon), :horizon)
+  - {G}(a.start_ts, :since))) AS alloc_s
+FROM allocations a JOIN allocated_gpus ag ON ag.allocation_id = a.id
+WHERE a.start_ts IS NOT NULL AND a.start_ts < :horizon AND COALESCE(a.end_ts, :horizon) > :since
+GROUP BY a.cluster, ag.node"""
+
+
+def capacity(conn: Connection, since: int, until: int) -> list[dict[str, Any]]:
+    """Per cluster and GPU model: inventory GPUs and GPU-hours in [since, min(until, now)), the share that
+    allocations held, the reserved GPU-hours no job used, and what is left: neither allocated nor reserved.
+    Inventory GPUs are taken to exist for the whole window; reservations spread evenly over their nodes."""
+    horizon = min(until, int(utcnow().timestamp()))
+    span = max(0, horizon - since)
+    p = {"since": since, "until": until, "horizon": horizon}
+    fn = _fn(conn)
+    inv: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    for r in conn.execute(text("SELECT cluster, host, COALESCE(model, '') AS model, COUNT(*) AS n "
+                               "FROM gpu_inventory GROUP BY cluster, host, COALESCE(model, '')")):
+        inv[(r.cluster, r.host)][r.model] += int(r.n)
+    per_host = {(r.cluster, r.host): float(r.alloc_s or 0) for r in conn.execute(text(CAP_ALLOC.format(**fn)), p)}
+    resv_host: dict[tuple[str, str], float] = defaultdict(float)
+    used = {r.rid: float(r.used_s or 0) for r in conn.execute(text(RESV_USED.format(**fn)), p)}
+    for r in conn.execute(text(RESERVATIONS.format(**fn)), p):
+        nodes = _json_list(r.nodes)
+        unused = max(0.0, r.gpu_count * max(0, r.r_e - r.r_s) - used.get(r.id, 0.0))
+        for n in nodes:
+            resv_host[(r.cluster, n)] += unused / len(nodes)
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for (cluster, host), models in inv.items():
+        n_host = sum(models.values())
+        total_s = n_host * span
+        held = min(total_s, per_host.get((cluster, host), 0.0))
+        resv = min(total_s - held, resv_host.get((cluster, host), 0.0))
+        for model, n in models.items():
+            k = out.setdefault((cluster, model), {"gpus": 0, "gpu_s": 0.0, "alloc_s": 0.0, "resv_s": 0.0})
+            frac = n / n_host
+            k["gpus"] += n
+            k["gpu_s"] += n * span
+            k["alloc_s"] += held * frac
+            k["resv_s"] += resv * frac
+    rows = []
+    for (cluster, model), k in sorted(out.items()):
+        free_s = max(0.0, k["gpu_s"] - k["alloc_s"] - k["resv_s"])
+        rows.append({"cluster": cluster, "model": model or None, "gpus": int(k["gpus"]),
+                     "gpu_hours": k["gpu_s"] / H, "allocated_gpu_hours": k["alloc_s"] / H,
+                     "reserved_unused_gpu_hours": k["resv_s"] / H, "free_gpu_hours": free_s / H,
+                     "mean_free_gpus": free_s / span if span else 0.0})
+    return rows

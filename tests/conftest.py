@@ -47,3 +47,40 @@ def pg_url() -> str:
     except ImportError:
         need(False, "psycopg is not installed")
     return PG_URL
+
+
+@pytest.fixture
+def pg_schema_url(pg_url: str):
+    """A URL whose search_path is a fresh, uniquely named schema, dropped afterwards (tests share db ``test``)."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{name}"'))
+    try:
+        yield f"{pg_url}?options=-csearch_path%3D{name}"
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{name}" CASCADE'))
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Both engines: an SQLite file, and a real PostgreSQL schema (service test)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("pg_schema_url")
+
+
+@pytest.fixture
+def store(store_url: str):
+    from auditor.store import Store
+
+    s = Store.open(store_url)
+    s.upgrade()
+    yield s
+    s.engine.dispose()

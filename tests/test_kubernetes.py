@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from k8s_server import FIXTURES, TOKEN, K8sReplay, K8sServer, load
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -22,7 +23,6 @@ from auditor.errors import SourceError
 from auditor.records import Allocation, GpuInventory
 from connectors import build, connector_class
 from connectors.base import Context, Problems, RunningSnapshot, Window
-from tests.k8s_server import FIXTURES, TOKEN, K8sReplay, K8sServer, load
 
 REAL_KUBECONFIG = os.environ.get("GPU_AUDIT_TEST_KUBECONFIG")
 WINDOW = Window(datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC))

@@ -1,0 +1,12 @@
+"""gpu-audit: find GPUs that were reserved but did no work, prove it with the metrics that measure work
+(DCGM SM, Tensor and DRAM activity), and put a price on it.
+
+Library API (the CLI is a thin layer over it)::
+
+    from auditor.config import load
+    from auditor.store import Store
+    from auditor.collect import collect
+    from auditor.audit import run_audit
+"""
+
+__version__ = "0.1.0"

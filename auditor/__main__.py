@@ -1,0 +1,5 @@
+"""``python -m auditor`` is ``gpu-audit``."""
+
+from auditor.cli import main
+
+main()

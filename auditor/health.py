@@ -1,0 +1,244 @@
+"""The daemon's own health and metrics: ``/healthz`` for liveness probes and alerts, ``/metrics`` for
+Prometheus (and Grafana graphs of the audit's findings).
+
+Store-backed series (last collect per source, lag, the latest audit's idle GPU-hours and cost per team) are
+read at scrape time from the store, so they survive restarts and are the same whichever daemon is asked.
+Counters of step runs, durations and failures are this process's own. Everything lives in a private
+``CollectorRegistry`` (no process/platform default collectors mixed in, and tests can build several).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sqlalchemy import func, select
+
+from auditor import schema
+from auditor.collect import source_key
+from auditor.config import Config
+from auditor.pipeline import RunSummary
+from auditor.store import Store
+from auditor.timeutil import utcnow
+
+log = logging.getLogger("gpu_audit.health")
+
+PREFIX = "gpu_audit"
+
+
+def expected_sources(cfg: Config) -> list[tuple[str, str]]:
+    """(cluster, source key) of every configured source: what /healthz expects to be fresh."""
+    return [(c.name, source_key(role, i, src)) for c in cfg.clusters
+            for role in ("allocations", "telemetry") for i, src in enumerate(getattr(c, role))]
+
+
+def watermarks(store: Store) -> dict[tuple[str, str], tuple[int, int | None]]:
+    """(cluster, source) -> (watermark_ts, updated_ts): updated_ts is the last successful collect."""
+    t = schema.watermarks
+    with store.engine.connect() as conn:
+        return {(r.cluster, r.source): (r.watermark_ts, r.updated_ts)
+                for r in conn.execute(select(t.c.cluster, t.c.source, t.c.watermark_ts, t.c.updated_ts))}
+
+
+def health(store: Store, cfg: Config, max_age_s: float, now: datetime | None = None,
+           scheduler_running: bool = True) -> tuple[bool, dict[str, Any]]:
+    """Healthy when the scheduler runs and every configured source collected within ``max_age_s``."""
+    now_ts = int((now or utcnow()).timestamp())
+    marks = watermarks(store)
+    stale: list[dict[str, Any]] = []
+    sources: list[dict[str, Any]] = []
+    for cluster, source in expected_sources(cfg):
+        _wm, updated = marks.get((cluster, source), (None, None))
+        age = None if updated is None else now_ts - updated
+        ok = age is not None and age <= max_age_s
+        item = {"cluster": cluster, "source": source, "last_success_ts": updated, "age_s": age, "ok": ok}
+        sources.append(item)
+        if not ok:
+            stale.append(item)
+    healthy = scheduler_running and not stale
+    return healthy, {"status": "ok" if healthy else "unhealthy", "scheduler_running": scheduler_running,
+                     "max_age_s": max_age_s, "stale": [f"{s['cluster']} {s['source']}" for s in stale],
+                     "sources": sources}
+
+
+class StoreCollector:
+    """Gauges read from the store at scrape time."""
+
+    def __init__(self, store: Store, cfg: Config, clock: Callable[[], datetime] = utcnow) -> None:
+        self.store, self.cfg, self.clock = store, cfg, clock
+
+    def describe(self) -> list[Any]:
+        return []  # values come from the store at scrape time; no registration-time query
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            yield from self._collect()
+        except Exception as exc:  # a store outage must not break the scrape of the process counters
+            log.warning("metrics: cannot read the store: %s", exc)
+            up = GaugeMetricFamily(f"{PREFIX}_store_up", "1 when the store could be read at scrape time.")
+            up.add_metric([], 0)
+            yield up
+
+    def _collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self.clock().timestamp()
+        marks = watermarks(self.store)
+        last = GaugeMetricFamily(f"{PREFIX}_last_collect_success_timestamp_seconds",
+                                 "When each cluster source last collected successfully (UTC epoch).",
+                                 labels=["cluster", "source"])
+        lag = GaugeMetricFamily(f"{PREFIX}_collect_lag_seconds",
+                                "Now minus the watermark: how far behind the collected data is.",
+                                labels=["cluster", "source"])
+        for (cluster, source), (wm, updated) in sorted(marks.items()):
+            if updated is not None:
+                last.add_metric([cluster, source], updated)
+            lag.add_metric([cluster, source], max(0.0, now - wm))
+        yield last
+        yield lag
+        yield from self._audit()
+        up = GaugeMetricFamily(f"{PREFIX}_store_up", "1 when the store could be read at scrape time.")
+        up.add_metric([], 1)
+        yield up
+
+    def _audit(self) -> Iterator[GaugeMetricFamily]:
+        runs, ua = schema.audit_runs, schema.usage_allocation
+        cur = self.cfg.prices.currency
+        with self.store.engine.connect() as conn:
+            run = conn.execute(select(runs.c.id, runs.c.finished_ts, runs.c.since_ts, runs.c.until_ts)
+                               .where(runs.c.status == "ok", runs.c.what_if.is_(False))
+                               .order_by(runs.c.id.desc()).limit(1)).first()
+            rows = [] if run is None else conn.execute(
+                select(ua.c.team, func.sum(ua.c.reserved_s), func.sum(ua.c.idle_s + ua.c.mirage_s),
+                       func.sum(ua.c.effective_s), func.sum(ua.c.reserved_cost), func.sum(ua.c.idle_cost))
+                .where(ua.c.run_id == run.id).group_by(ua.c.team).order_by(ua.c.team)).all()
+        info = GaugeMetricFamily(f"{PREFIX}_latest_audit_run_id", "Id of the latest successful audit run.")
+        finished = GaugeMetricFamily(f"{PREFIX}_latest_audit_timestamp_seconds",
+                                     "When the latest successful audit finished (UTC epoch).")
+        window = GaugeMetricFamily(f"{PREFIX}_latest_audit_window_seconds", "Length of its audit window.")
+        if run is not None:
+            info.add_metric([], run.id)
+            finished.add_metric([], run.finished_ts or 0)
+            window.add_metric([], run.until_ts - run.since_ts)
+        fams = {
+            "reserved": GaugeMetricFamily(f"{PREFIX}_team_reserved_gpu_hours",
+                                          "Reserved GPU-hours per team in the latest audit.", labels=["team"]),
+            "idle": GaugeMetricFamily(f"{PREFIX}_team_idle_gpu_hours",
+                                      "Idle (incl. mirage) GPU-hours per team in the latest audit.",
+                                      labels=["team"]),
+            "effective": GaugeMetricFamily(f"{PREFIX}_team_effective_gpu_hours",
+                                           "Effective GPU-hours (overlap x SM activity) per team.",
+                                           labels=["team"]),
+            "rcost": GaugeMetricFamily(f"{PREFIX}_team_reserved_cost", "Reserved cost per team.",
+                                       labels=["team", "currency"]),
+            "icost": GaugeMetricFamily(f"{PREFIX}_team_idle_cost", "Cost of idle GPU-hours per team.",
+                                       labels=["team", "currency"]),
+        }
+        for team, reserved, idle, eff, rcost, icost in rows:
+            name = team or "(none)"
+            fams["reserved"].add_metric([name], (reserved or 0) / 3600)
+            fams["idle"].add_metric([name], (idle or 0) / 3600)
+            fams["effective"].add_metric([name], (eff or 0) / 3600)
+            fams["rcost"].add_metric([name, cur], rcost or 0)
+            fams["icost"].add_metric([name, cur], icost or 0)
+        yield info
+        yield finished
+        yield window
+        yield from fams.values()
+
+
+class Metrics:
+    """This process's counters, plus the store-backed gauges, in one private registry."""
+
+    def __init__(self, store: Store, cfg: Config, clock: Callable[[], datetime] = utcnow) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(StoreCollector(store, cfg, clock))
+        r = self.registry
+        self.step_runs = Counter(f"{PREFIX}_step_runs", "Steps run by the daemon.", ["step"], registry=r)
+        self.step_failures = Counter(f"{PREFIX}_step_failures", "Steps that failed.", ["step"], registry=r)
+        self.step_seconds = Histogram(f"{PREFIX}_step_duration_seconds", "Step run time.", ["step"],
+                                      buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600), registry=r)
+        self.source_failures = Counter(f"{PREFIX}_collect_source_failures", "Collections of a source that "
+                                       "failed (after retries).", ["cluster", "source"], registry=r)
+        self.job_runs = Counter(f"{PREFIX}_job_runs", "Scheduled jobs started.", ["job"], registry=r)
+        self.job_skips = Counter(f"{PREFIX}_job_skips", "Scheduled jobs skipped: lease held elsewhere, "
+                                 "period already done, or shutting down.", ["job", "reason"], registry=r)
+        self.job_errors = Counter(f"{PREFIX}_job_errors", "Scheduled jobs that raised.", ["job"], registry=r)
+
+    def observe(self, summary: RunSummary) -> None:
+        for step in summary.steps:
+            self.step_runs.labels(step.name).inc()
+            self.step_seconds.labels(step.name).observe(step.seconds)
+            if not step.ok:
+                self.step_failures.labels(step.name).inc()
+            for src in step.detail.get("sources", []) if step.name == "collect" else []:
+                if not src.get("ok"):
+                    self.source_failures.labels(src["cluster"], src["source"]).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthServer:
+    """``/healthz`` and ``/metrics`` on a small threaded HTTP server in a daemon thread."""
+
+    def __init__(self, host: str, port: int, metrics: Metrics, check: Callable[[], tuple[bool, dict]]) -> None:
+        metrics_ref, check_ref = metrics, check
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, CONTENT_TYPE_LATEST, metrics_ref.render())
+                elif path in ("/healthz", "/health"):
+                    try:
+                        ok, detail = check_ref()
+                    except Exception as exc:
+                        ok, detail = False, {"status": "unhealthy", "error": str(exc).splitlines()[0][:300]}
+                    self._send(200 if ok else 503, "application/json", json.dumps(detail).encode())
+                else:
+                    self._send(404, "text/plain", b"not found: try /healthz or /metrics\n")
+
+            def _send(self, code: int, ctype: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server API)
+                log.debug("http: " + format, *args)
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="health-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def start(self) -> HealthServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+def parse_listen(text: str) -> tuple[str, int] | None:
+    """``127.0.0.1:9464`` / ``:9464`` / ``[::1]:9464``; ``off`` or empty disables the server."""
+    text = text.strip()
+    if text.lower() in ("", "off", "none"):
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {text!r}: want HOST:PORT, e.g. 127.0.0.1:9464, or 'off'")
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 (":9464" asks for all interfaces)

@@ -1,0 +1,96 @@
+"""File connectors: documented formats, one line per bad record, good records kept, units normalised."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from auditor.config import parse
+from connectors import build
+from connectors.base import Context, Problems, Window
+from connectors.file import expand_indices, parse_gpus
+
+FIX = Path(__file__).parent / "fixtures" / "files"
+WIN = Window(datetime(2026, 11, 19, tzinfo=UTC), datetime(2026, 11, 22, tzinfo=UTC), 300)
+
+
+def collect(role: str, options: dict, caplog: pytest.LogCaptureFixture | None = None):
+    problems = Problems()
+    src = build("file", role, options, Context("c", FIX))
+    return list(src.collect(WIN, problems)), problems
+
+
+def test_gpu_field_parsing() -> None:
+    assert expand_indices("0-2,5") == [0, 1, 2, 5]
+    gpus = parse_gpus("a:0-1;b:*2", "h100", 1.0, None)
+    assert [(g.node, g.index) for g in gpus] == [("a", 0), ("a", 1), ("b", None), ("b", None)]
+    with pytest.raises(ValueError):
+        parse_gpus("a:3-1", None, 1.0, None)
+
+
+def test_csv_allocations_skip_bad_rows_keep_good(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "gpu_audit")
+    recs, problems = collect("allocations", {"paths": ["allocations-bad.csv"]})
+    assert sorted(a.external_id for a in recs) == ["1", "7"]
+    assert problems.total == 5
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("allocations-bad.csv:line 3: start: cannot parse time" in m for m in lines)
+    assert any("line 4: end " in m and "is before start" in m for m in lines)
+    assert any("line 5: id: missing" in m for m in lines)
+    assert any("line 6: bad gpus entry" in m for m in lines)
+    assert any("line 7: more fields than the header" in m for m in lines)
+    assert all("\n" not in m for m in lines)
+    hostile = next(a for a in recs if a.external_id == "7")
+    assert hostile.name == "<script>alert(1)</script>; rm -rf /" and hostile.end is None
+    assert [g.index for g in hostile.gpus] == [None, None]
+
+
+def test_json_and_jsonl_allocations(tmp_path: Path) -> None:
+    items = [{"id": "u1", "account": "ns", "start": "2026-11-20T00:00:00Z", "source": "kubernetes",
+              "gpus": [{"node": "n", "share": 0.25}], "labels": {"team": "x"}}]
+    (tmp_path / "a.json").write_text(json.dumps(items))
+    (tmp_path / "b.jsonl").write_text(json.dumps(items[0] | {"id": "u2"}) + "\n{not json\n[1]\n")
+    problems = Problems()
+    src = build("file", "allocations", {"paths": ["*.json*"]}, Context("c", tmp_path))
+    recs = list(src.collect(WIN, problems))
+    assert sorted(a.external_id for a in recs) == ["u1", "u2"]
+    assert recs[0].gpus[0].share == 0.25 and recs[0].labels == {"team": "x"}
+    assert problems.total == 2
+
+
+def test_missing_file_is_a_source_error(tmp_path: Path) -> None:
+    from auditor.errors import SourceError
+
+    src = build("file", "allocations", {"paths": ["nope.csv"]}, Context("c", tmp_path))
+    with pytest.raises(SourceError, match="nope.csv: no such file"):
+        list(src.collect(WIN, Problems()))
+
+
+def test_long_csv_telemetry_normalises_and_quarantines(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "gpu_audit")
+    buckets, problems = collect("telemetry", {"paths": ["telemetry-bad.csv"]})
+    by = {(b.host, b.gpu, b.start.minute): b for b in buckets}
+    b0 = by[("n1", 0, 0)]
+    assert b0.sm_active == pytest.approx(0.6) and b0.gpu_util == pytest.approx(0.8) and b0.samples == 2
+    b1 = by[("n1", 1, 0)]
+    assert b1.sm_active == 1.0  # 1.04 clamped and counted
+    assert b1.fb_used_mib == 2048  # max over the bucket
+    assert (b1.pod, b1.namespace) == ("pod-x", "ns-y")
+    b2 = by[("n1", 1, 5)]
+    assert b2.fb_used_mib == pytest.approx(1024.0)  # bytes -> MiB
+    assert b2.gpu_util is None  # 250 % rejected
+    assert sum(problems.clamped.values()) == 1
+    # NaN, negative, inf, bad time, no host, bad gpu, unknown metric (once), 250 %
+    assert problems.total == 8
+    assert sum("unknown metric" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_file_options_are_validated() -> None:
+    from auditor.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"clusters\[0\]\.allocations\[0\]\.format: "):
+        parse({"clusters": [{"name": "c", "allocations": [{"kind": "file", "paths": ["x"], "format": "xls"}]}]})

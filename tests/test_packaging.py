@@ -1,0 +1,39 @@
+"""The wheel carries templates and migrations: build it, install it into a fresh virtualenv, run the demo."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_runs_the_demo(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist),
+                    str(ROOT)], check=True, capture_output=True, timeout=300)
+    wheel = next(dist.glob("gpu_audit-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "auditor/migrations/env.py" in names
+    assert any(n.startswith("auditor/migrations/versions/0001") for n in names)
+    assert any(n.startswith("auditor/templates/") for n in names) or not list((ROOT / "templates").iterdir())
+    venv = tmp_path / "venv"
+    # dependencies come from this interpreter's site-packages; the package itself only from the wheel
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--force-reinstall", "-q", str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    where = subprocess.run([str(py), "-c", "import auditor; print(auditor.__file__)"], cwd=work,
+                           capture_output=True, text=True, check=True)
+    assert str(venv) in where.stdout, f"imported from the source tree, not the wheel: {where.stdout}"
+    res = subprocess.run([str(venv / "bin" / "gpu-audit"), "demo", "--out", str(work / "demo"),
+                          "--now", "2026-11-29T00:00"], cwd=work, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Reserved GPU-hours" in res.stdout and "util_mirage 1" in res.stdout

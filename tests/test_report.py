@@ -1,0 +1,246 @@
+"""Reports from a real store: numbers match the usage tables, every format escapes user text, edge weeks
+(empty, unknown-only telemetry, 10,000 allocations) render, tables are cut with totals, the CLI works."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from auditor import charts, render, report
+from auditor.audit import run_audit
+from auditor.config import Config, EmailConfig, ReportConfig, Team
+from auditor.records import AllocatedGpu, Allocation, GpuBucket, GpuInventory
+from auditor.store import Store
+
+T0 = datetime(2026, 11, 16, tzinfo=UTC)
+WEEK = timedelta(days=7)
+EVIL_NAMES = ("<script>alert(1)</script>", "<img src=x onerror=alert(1)>")
+EVIL_USER = "evil\r\nBcc: x@y"
+
+
+def make_cfg(top_n: int = 25, **email: object) -> Config:
+    return Config(report=ReportConfig(top_n=top_n),
+                  teams=[Team(name="ml", accounts=["acct-ml"], emails=["ml-leads@example.org"]),
+                         Team(name="vision", accounts=["acct-vis"], emails=["vision@example.org"])],
+                  email=EmailConfig(**{"sender": "gpu-audit@example.org", "admin_to": ["ops@example.org"],
+                                       "user_domain": "example.org", **email}))
+
+
+def buckets(host: str, idx: int, start: datetime, hours: float, sm: float | None, util: float | None,
+            step: int = 300) -> list[GpuBucket]:
+    return [GpuBucket("c1", host, idx, start + timedelta(seconds=step * i), step, 10, sm_active=sm,
+                      gpu_util=util) for i in range(int(hours * 3600 / step))]
+
+
+def week_records(t0: datetime, *, idle_hours: float = 8.0) -> list:
+    """One week: an idle job (evil names), a mirage job, a working job, a half-idle 2-GPU job, no-telemetry job."""
+    recs: list = []
+    recs.append(Allocation("c1", "slurm", "101", name=EVIL_NAMES[0], user="alice", account="acct-ml",
+                           start=t0, end=t0 + timedelta(hours=idle_hours), gpus=[AllocatedGpu("n1", 0)]))
+    recs += buckets("n1", 0, t0, idle_hours, 0.01, 0.0)
+    recs.append(Allocation("c1", "slurm", "102", name=EVIL_NAMES[1], user=EVIL_USER, account="acct-ml",
+                           start=t0, end=t0 + timedelta(hours=6), gpus=[AllocatedGpu("n1", 1)]))
+    recs += buckets("n1", 1, t0, 6, 0.02, 0.97)
+    recs.append(Allocation("c1", "slurm", "103", name="train", user="bob", account="acct-vis",
+                           start=t0, end=t0 + timedelta(hours=10), gpus=[AllocatedGpu("n2", 0)]))
+    recs += buckets("n2", 0, t0, 10, 0.9, 1.0)
+    recs.append(Allocation("c1", "slurm", "104", name="half | *bold* _x_", user="bob", account="acct-vis",
+                           start=t0, end=t0 + timedelta(hours=5),
+                           gpus=[AllocatedGpu("n3", 0), AllocatedGpu("n3", 1)]))
+    recs += buckets("n3", 0, t0, 5, 0.8, 1.0) + buckets("n3", 1, t0, 5, 0.0, 0.0)
+    recs.append(Allocation("c1", "slurm", "105", name="dark", user="carol", account="acct-x",
+                           start=t0, end=t0 + timedelta(hours=4), gpus=[AllocatedGpu("n9", 0)]))
+    recs += [GpuInventory("c1", "n9", 0), GpuInventory("c1", "n1", 0)]
+    return recs
+
+
+def new_store(tmp_path: Path, name: str = "r.db") -> Store:
+    s = Store.open(f"sqlite:///{tmp_path / name}")
+    s.upgrade()
+    return s
+
+
+def audited(tmp_path: Path, cfg: Config, weeks: int = 2) -> tuple[Store, int]:
+    """A store with ``weeks`` weekly audits (older weeks less idle) and the id of the latest run."""
+    store = new_store(tmp_path)
+    run_id = 0
+    for k in range(weeks - 1, -1, -1):
+        start = T0 - k * WEEK
+        store.ingest(week_records(start + timedelta(hours=1), idle_hours=8.0 - 2 * k))
+        run_id = run_audit(store, cfg, start, start + WEEK).run_id
+    return store, run_id
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> tuple[Store, Config, int]:
+    cfg = make_cfg()
+    store, run_id = audited(tmp_path, cfg)
+    return store, cfg, run_id
+
+
+def sql_totals(store: Store, run_id: int) -> dict[str, float]:
+    with store.engine.connect() as c:
+        r = c.execute(text("SELECT SUM(reserved_s)/3600, SUM(idle_s+mirage_s)/3600, SUM(effective_s)/3600, "
+                           "SUM(idle_cost) FROM usage_allocation WHERE run_id = :r"), {"r": run_id}).one()
+    return {"reserved": r[0], "idle": r[1], "effective": r[2], "idle_cost": r[3]}
+
+
+def test_context_numbers_match_store(world: tuple[Store, Config, int]) -> None:
+    store, cfg, run_id = world
+    ctx = report.build_context(store, cfg, run_id)
+    tot = sql_totals(store, run_id)
+    h = ctx["headline"]
+    assert h["reserved_gpu_hours"] == pytest.approx(tot["reserved"])
+    assert h["idle_gpu_hours"] == pytest.approx(tot["idle"])
+    assert h["effective_gpu_hours"] == pytest.approx(tot["effective"])
+    assert ctx["teams"]["totals"]["idle_cost"] == pytest.approx(tot["idle_cost"])
+    assert sum(t["reserved_gpu_hours"] for t in ctx["teams"]["rows"]) == pytest.approx(tot["reserved"])
+    assert {t["team"] for t in ctx["teams"]["rows"]} >= {"ml", "vision"}
+    names = {f["job_name"] for f in ctx["top_idle"]["rows"]}
+    assert set(EVIL_NAMES) <= names
+    costs = [f["cost"] for f in ctx["top_idle"]["rows"]]
+    assert costs == sorted(costs, reverse=True)
+    assert any(f["sparkline"] for f in ctx["top_idle"]["rows"])
+    assert ctx["coverage"]["unmonitored_gpus"] >= 1 and ctx["coverage"]["silent"]["total"] == 1
+    assert ctx["unmonitored"]["total"] >= 1
+    # trend: the previous week's audit is found and was less idle
+    assert [p["current"] for p in ctx["trend"]] == [False, True]
+    assert ctx["trend"][1]["idle_change"] == pytest.approx(ctx["trend"][1]["idle_gpu_hours"]
+                                                           - ctx["trend"][0]["idle_gpu_hours"])
+    assert ctx["trend"][1]["idle_change"] > 0
+    json.dumps(ctx)
+
+
+def test_every_format_escapes_user_text(world: tuple[Store, Config, int], tmp_path: Path) -> None:
+    store, cfg, run_id = world
+    paths = render.write_reports(store, cfg, run_id, tmp_path / "out", render.FORMATS)
+    by_ext = {p.suffix: p.read_text(encoding="utf-8") for p in paths}
+    assert set(by_ext) == {".html", ".txt", ".md", ".json", ".csv"}
+    html = by_ext[".html"]
+    assert "<script>" not in html and "<img src=x" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "data:image/png;base64," in html and 'alt="Sparkline: ' in html
+    md = by_ext[".md"]
+    assert "\\<script\\>alert(1)\\</script\\>" in md
+    assert "half \\| \\*bold\\* \\_x\\_" in md
+    assert "evil Bcc: x@y" in md and "\r" not in md
+    txt = by_ext[".txt"]
+    assert "\r" not in txt and "evil Bcc: x@y" in txt
+    data = json.loads(by_ext[".json"])
+    assert data["schema"] == report.SCHEMA and data["full"] is True
+    assert EVIL_USER in {f["user"] for f in data["top_idle"]["rows"]}
+    assert by_ext[".csv"].splitlines()[0].startswith("id,kind,cluster")
+    h = data["headline"]
+    for body in (html, txt, md):
+        assert render.fmt_hours(h["reserved_gpu_hours"]) in body
+        assert render.fmt_money(h["idle_cost"], "USD") in body
+        assert render.fmt_pct(h["sm_active"]) in body and render.fmt_pct(h["dashboard_busy"]) in body
+
+
+def md_columns(line: str) -> int:
+    """Table columns of a Markdown row, not counting escaped pipes."""
+    return line.replace("\\|", "").count("|") - 1
+
+
+def test_markdown_tables_keep_their_columns(world: tuple[Store, Config, int]) -> None:
+    store, cfg, run_id = world
+    md = render.render_md(report.build_context(store, cfg, run_id))
+    blocks: list[list[str]] = [[]]
+    for ln in md.splitlines():
+        if ln.startswith("|"):
+            blocks[-1].append(ln)
+        elif blocks[-1]:
+            blocks.append([])
+    blocks = [b for b in blocks if b]
+    assert len(blocks) >= 4
+    for b in blocks:
+        assert {md_columns(ln) for ln in b} == {md_columns(b[0])}, b
+
+
+def test_cut_tables_show_totals_and_pointer(tmp_path: Path) -> None:
+    cfg = make_cfg(top_n=2)
+    store, run_id = audited(tmp_path, cfg, weeks=1)
+    ctx = report.build_context(store, cfg, run_id)
+    t = ctx["top_idle"]
+    assert t["shown"] == 2 and t["total"] > 2 and t["cut"]
+    full = report.build_context(store, cfg, run_id, full=True)
+    assert len(full["top_idle"]["rows"]) == t["total"]
+    assert t["totals"]["cost"] == pytest.approx(sum(f["cost"] for f in full["top_idle"]["rows"]))
+    for body in (render.render_text(ctx), render.render_md(ctx), render.render_html(ctx)[0]):
+        assert f"findings-{run_id}.csv" in body and f"of {t['total']}" in body
+
+
+def test_empty_week_renders(tmp_path: Path) -> None:
+    cfg = make_cfg()
+    store = new_store(tmp_path)
+    run_id = run_audit(store, cfg, T0, T0 + WEEK).run_id
+    ctx = report.build_context(store, cfg, run_id)
+    assert ctx["headline"]["reserved_gpu_hours"] == 0 and ctx["top_idle"]["total"] == 0
+    html = render.render_html(ctx)[0]
+    assert "No GPU was reserved in this window" in html
+    assert "No GPU was reserved in this window" in render.render_text(ctx)
+    assert "No GPU was reserved in this window" in render.render_md(ctx)
+    assert json.loads(render.render_json(ctx))["headline"]["idle_cost"] == 0
+
+
+def test_week_with_only_unknown_telemetry(tmp_path: Path) -> None:
+    cfg = make_cfg()
+    store = new_store(tmp_path)
+    recs: list = [Allocation("c1", "slurm", str(i), name=f"j{i}", user="u", account="acct-ml", start=T0,
+                             end=T0 + timedelta(hours=3), gpus=[AllocatedGpu(f"n{i}", 0)]) for i in range(3)]
+    recs += [b for i in range(3) for b in buckets(f"n{i}", 0, T0, 3, None, None)]
+    store.ingest(recs)
+    run_id = run_audit(store, cfg.model_copy(update={"thresholds": cfg.thresholds.model_copy(
+        update={"util_fallback": False})}), T0, T0 + WEEK).run_id
+    ctx = report.build_context(store, cfg, run_id)
+    h = ctx["headline"]
+    assert h["idle_gpu_hours"] == 0 and h["unknown_gpu_hours"] == pytest.approx(9.0)
+    assert h["sm_active"] is None and h["dashboard_busy"] is None
+    for body in (render.render_html(ctx)[0], render.render_text(ctx), render.render_md(ctx)):
+        assert "n/a" in body and "9.0" in body
+
+
+def test_ten_thousand_allocations_render_fast(tmp_path: Path) -> None:
+    cfg = make_cfg()
+    store = new_store(tmp_path)
+    recs: list = []
+    for i in range(10_000):
+        node, start = f"n{i % 500}", T0 + timedelta(hours=(i // 500) * 2)
+        recs.append(Allocation("c1", "slurm", str(i), name=f"job-{i}", user=f"u{i % 97}",
+                               account=f"acct-{i % 60}", start=start, end=start + timedelta(hours=1.5),
+                               gpus=[AllocatedGpu(node, 0)]))
+        recs += buckets(node, 0, start, 1.5, 0.01 if i % 3 else 0.7, 0.9, step=1800)
+    store.ingest(recs)
+    run_id = run_audit(store, cfg, T0, T0 + WEEK).run_id
+    t = time.perf_counter()
+    paths = render.write_reports(store, cfg, run_id, tmp_path / "big", render.FORMATS)
+    elapsed = time.perf_counter() - t
+    assert elapsed < 10, f"10k-allocation report took {elapsed:.1f}s"
+    ctx = report.build_context(store, cfg, run_id)
+    assert ctx["headline"]["allocations"] == 10_000
+    assert ctx["top_idle"]["total"] > 6000 and ctx["top_idle"]["shown"] == cfg.report.top_n
+    assert ctx["accounts"]["total"] == 60 and ctx["accounts"]["cut"]
+    html = next(p for p in paths if p.suffix == ".html").read_text()
+    assert len(html) < 2_000_000 and f"of {ctx['top_idle']['total']}" in html
+    csv_rows = next(p for p in paths if p.suffix == ".csv").read_text().count("\n")
+    assert csv_rows == ctx["top_idle"]["total"] + ctx["unmonitored"]["total"] + 1
+
+
+def test_png_writer_roundtrip() -> None:
+    png, w, h = charts.sparkline([0.1, None, 0.9], [1.0, None, 0.95])
+    assert charts.png_size(png) == (w, h) == (12, 28)
+    alt = charts.sparkline_alt([0.1, None, 0.9], [1.0, None, 0.95])
+    assert "SM activity mean 50%" in alt and "1 of 3 time bins without data" in alt
+    with pytest.raises(ValueError):
+        charts.png_bytes(2, 1, [[(0, 0, 0)]])
+
+
+def test_text_and_markdown_escapers() -> None:
+    assert render.plain("a\x1b[31mred\r\nb\u202e") == "a[31mred b"
+    assert render.md("<b>|*_`") == "\\<b\\>\\|\\*\\_\\`"
+    assert render.md("x\ny") == "x y"
