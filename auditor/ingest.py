@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Table, delete, select, tuple_, update
@@ -171,6 +172,8 @@ def ingest_inventory(conn: Connection, items: list[GpuInventory], seen: int) -> 
 
 
 BUCKET_COLS = ("gpu_id", "bucket_ts", "bucket_s", "samples", *METRIC_FIELDS, *LABEL_FIELDS)
+_BUCKET_KEY = attrgetter("cluster", "host", "gpu", "gpu_instance")  # C-level getters: the per-row cost
+_BUCKET_VALUES = attrgetter("seconds", "samples", *METRIC_FIELDS, *LABEL_FIELDS)
 
 
 def _bucket_sql(dialect: str) -> str:
@@ -185,8 +188,8 @@ def _bucket_sql(dialect: str) -> str:
 def telemetry_gpu_ids(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int]) -> None:
     """Resolve (cluster, host, gpu, instance) to telemetry_gpus.id, creating rows for new GPUs."""
     t = schema.telemetry_gpus
-    missing = {(b.cluster, b.host, b.gpu, b.gpu_instance): (b.uuid, b.model) for b in buckets
-               if (b.cluster, b.host, b.gpu, b.gpu_instance) not in cache}
+    key = _BUCKET_KEY
+    missing = {k: (b.uuid, b.model) for b in buckets if (k := key(b)) not in cache}
     if not missing:
         return
     upsert(conn, t, [{"cluster": k[0], "host": k[1], "gpu_index": k[2], "gpu_instance": k[3], "uuid": u,
@@ -202,19 +205,20 @@ def telemetry_gpu_ids(conn: Connection, buckets: list[GpuBucket], cache: dict[tu
 def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int]) -> int:
     """The hot path: plain DBAPI executemany of one prepared upsert (no ORM objects per row)."""
     telemetry_gpu_ids(conn, buckets, cache)
-    rows = [(cache[(b.cluster, b.host, b.gpu, b.gpu_instance)], int(b.start.timestamp()), b.seconds,
-             b.samples, *[getattr(b, f) for f in METRIC_FIELDS], *[getattr(b, f) for f in LABEL_FIELDS])
-            for b in buckets]
+    key, values = _BUCKET_KEY, _BUCKET_VALUES
+    rows = [(cache[key(b)], int(b.start.timestamp()), *values(b)) for b in buckets]
     conn.exec_driver_sql(_bucket_sql(conn.dialect.name), rows)
     return len(rows)
 
 
-def close_unseen(conn: Connection, cluster: str, source: str, seen: int) -> int:
+def close_unseen(conn: Connection, cluster: str, source: str, seen: int, accounts: tuple[str, ...] = ()) -> int:
     """After a complete listing at ``seen``: open allocations not in it ended at their last sighting."""
     t = schema.allocations
-    res = conn.execute(update(t).where(t.c.cluster == cluster, t.c.source == source, t.c.end_ts.is_(None),
-                                       t.c.start_ts.isnot(None), t.c.last_seen_ts < seen)
-                       .values(end_ts=t.c.last_seen_ts, state="GONE"))
+    cond = [t.c.cluster == cluster, t.c.source == source, t.c.end_ts.is_(None), t.c.start_ts.isnot(None),
+            t.c.last_seen_ts < seen]
+    if accounts:
+        cond.append(t.c.account.in_(accounts))
+    res = conn.execute(update(t).where(*cond).values(end_ts=t.c.last_seen_ts, state="GONE"))
     return res.rowcount or 0
 
 
@@ -245,7 +249,7 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> Inges
                 stats.buckets += ingest_buckets(conn, buckets, cache)
             if final:
                 for s in snapshots:
-                    stats.closed += close_unseen(conn, s.cluster, s.source, seen_at_ts)
+                    stats.closed += close_unseen(conn, s.cluster, s.source, seen_at_ts, s.accounts)
                 upsert(conn, schema.clusters, [{"name": c, "first_seen_ts": seen_at_ts,
                                                 "last_seen_ts": seen_at_ts} for c in sorted(clusters)],
                        ("name",), {"first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),

@@ -36,11 +36,12 @@ class Window:
 class RunningSnapshot:
     """Yielded after a *complete* listing of running work: open allocations of this cluster and source
     that the listing did not contain have ended (pods vanish, Slurm forgets), so the collector closes
-    them at their last sighting."""
+    them at their last sighting. A listing filtered to some accounts (namespaces) closes only those."""
 
     cluster: str
     source: str
     at: datetime
+    accounts: tuple[str, ...] = ()  # when the listing covered only these accounts/namespaces
 
 
 @dataclass

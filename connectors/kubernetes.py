@@ -71,8 +71,8 @@ class KubernetesOptions(Options):
                                  "then annotations, whose first present value is the allocation's user.")
     gpu_resources: list[str] = Field(["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"],
                                      description="Extended resources counted as GPUs (shell globs).")
-    namespaces: list[str] = Field([], description="Only these namespaces; empty = all. With a filter no "
-                                  "RunningSnapshot is yielded, so vanished pods close only when seen ended.")
+    namespaces: list[str] = Field([], description="Only these namespaces; empty = all. Pods of these "
+                                  "namespaces that vanish from the listing are closed at their last sighting.")
     mode: Literal["list", "watch"] = Field("list", description="`list`: a full paged listing every "
                                            "collection; `watch`: list once, then read changes from the "
                                            "last resourceVersion, relisting on 410 Gone.")
@@ -252,8 +252,7 @@ class KubernetesAllocations:
                         pods[alloc.external_id] = alloc
         self._resource_version = rv
         out: list[AllocationRecord] = [*inventory, *pods.values()]
-        if not self.options.namespaces:
-            out.append(RunningSnapshot(self.context.cluster, SOURCE, at=at))
+        out.append(RunningSnapshot(self.context.cluster, SOURCE, at=at, accounts=tuple(self.options.namespaces)))
         return out
 
     def _convert(self, pod: Mapping[str, Any], owners: OwnerResolver, problems: Problems

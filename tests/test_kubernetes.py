@@ -125,10 +125,11 @@ def test_snapshot_follows_a_complete_listing_and_paging_changes_nothing(server: 
     assert by_name(small) == by_name(big)
 
 
-def test_namespace_filter_lists_per_namespace_without_snapshot(server: K8sServer) -> None:
+def test_namespace_filter_lists_per_namespace_with_a_scoped_snapshot(server: K8sServer) -> None:
     records = collect(connector(server, namespaces=["research"]))
     assert sorted(by_name(records)) == ["notebook-alice-6d5f8b7c9-tx2lq", "prep-then-train"]
-    assert not any(isinstance(r, RunningSnapshot) for r in records)
+    snaps = [r for r in records if isinstance(r, RunningSnapshot)]
+    assert len(snaps) == 1 and snaps[0].accounts == ("research",)
     assert any(r.startswith("/api/v1/namespaces/research/pods") for r in server.replay.requests)
     assert by_name(records)["notebook-alice-6d5f8b7c9-tx2lq"].owner_workload == "Deployment/notebook-alice"
 
