@@ -20,7 +20,7 @@ from pydantic import Field
 
 from auditor.aliases import METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
 from auditor.errors import SourceError
-from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket
+from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory, Reservation
 from auditor.timeutil import parse_time
 from connectors.base import Context, Options, Problems, Window
 
@@ -109,6 +109,42 @@ def allocation_from_row(cluster: str, row: dict[str, Any]) -> Allocation:
                       labels=_labels(row.get("labels")), gpus=gpus)
 
 
+def _names(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [v.strip() for v in str(value or "").split(",") if v.strip()]
+
+
+def reservation_from_row(cluster: str, row: dict[str, Any]) -> Reservation:
+    """A Slurm-style advance reservation (``"type": "reservation"`` in JSON allocation files)."""
+    name = str(row.get("name") or "").strip()
+    if not name:
+        raise ValueError("name: missing")
+    start, end = _time(row.get("start"), "start"), _time(row.get("end"), "end")
+    if start is None or end is None:
+        raise ValueError("start and end are required for a reservation")
+    if end <= start:
+        raise ValueError(f"end {end.isoformat()} is not after start {start.isoformat()}")
+    gpus = float(row.get("gpu_count") or 0)
+    if gpus < 0:
+        raise ValueError(f"gpu_count: negative ({gpus})")
+    return Reservation(cluster, name, start, end, nodes=_names(row.get("nodes")), gpu_count=gpus,
+                       users=_names(row.get("users")), accounts=_names(row.get("accounts")),
+                       flags=_names(row.get("flags")))
+
+
+def inventory_from_row(cluster: str, row: dict[str, Any]) -> list[GpuInventory]:
+    """GPUs that exist on a node (``"type": "inventory"``: node, gpus (count), model, mig_layout)."""
+    node = str(row.get("node") or "").strip()
+    if not node:
+        raise ValueError("node: missing")
+    count = int(row.get("gpus") or 0)
+    if not 0 < count <= 64:
+        raise ValueError(f"gpus: {count} is not a GPU count")
+    return [GpuInventory(cluster, node, i, row.get("model") or None, None, str(row.get("mig_layout") or ""))
+            for i in range(count)]
+
+
 def _files(ctx: Context, patterns: list[str]) -> list[Path]:
     out: list[Path] = []
     for p in patterns:
@@ -132,20 +168,23 @@ class FileAllocations:
     def __init__(self, context: Context, options: FileAllocations.Options) -> None:
         self.ctx, self.options, self.name = context, options, "file"
 
-    def collect(self, window: Window, problems: Problems) -> Iterator[Allocation]:
+    def collect(self, window: Window, problems: Problems) -> Iterator[Allocation | Reservation | GpuInventory]:
         for path in _files(self.ctx, self.options.paths):
             fmt = self.options.format
             if fmt == "auto":
                 fmt = {".csv": "csv", ".json": "json", ".jsonl": "json"}.get(path.suffix.lower(), "sacct")
-            rows = self._rows(path, fmt, problems)
-            for _loc, alloc in rows:
-                if alloc.start is None or alloc.start >= window.until:
+            for _loc, rec in self._rows(path, fmt, problems):
+                if isinstance(rec, Allocation):
+                    if rec.start is None or rec.start >= window.until:
+                        continue
+                    if rec.end is not None and rec.end <= window.since:
+                        continue
+                elif isinstance(rec, Reservation) and (rec.start >= window.until or rec.end <= window.since):
                     continue
-                if alloc.end is not None and alloc.end <= window.since:
-                    continue
-                yield alloc
+                yield rec
 
-    def _rows(self, path: Path, fmt: str, problems: Problems) -> Iterable[tuple[str, Allocation]]:
+    def _rows(self, path: Path, fmt: str, problems: Problems
+              ) -> Iterable[tuple[str, Allocation | Reservation | GpuInventory]]:
         if fmt == "sacct":
             from connectors.slurm import parse_sacct_file
 
@@ -156,7 +195,16 @@ class FileAllocations:
                 problems.skip(str(path), loc, row)
                 continue
             try:
-                yield loc, allocation_from_row(self.ctx.cluster, row)
+                kind = row.get("type", "allocation")
+                if kind == "reservation":
+                    yield loc, reservation_from_row(self.ctx.cluster, row)
+                elif kind == "inventory":
+                    for inv in inventory_from_row(self.ctx.cluster, row):
+                        yield loc, inv
+                elif kind == "allocation":
+                    yield loc, allocation_from_row(self.ctx.cluster, row)
+                else:
+                    raise ValueError(f"type: {str(kind)[:40]!r} is not allocation, reservation or inventory")
             except (ValueError, KeyError, TypeError) as exc:
                 problems.skip(str(path), loc, str(exc), json.dumps(row, default=str))
 

@@ -94,3 +94,20 @@ def test_file_options_are_validated() -> None:
 
     with pytest.raises(ConfigError, match=r"clusters\[0\]\.allocations\[0\]\.format: "):
         parse({"clusters": [{"name": "c", "allocations": [{"kind": "file", "paths": ["x"], "format": "xls"}]}]})
+
+
+def test_reservations_and_inventory_in_json(tmp_path: Path) -> None:
+    from auditor.records import GpuInventory, Reservation
+
+    items = [{"type": "reservation", "name": "maint", "start": "2026-11-20", "end": "2026-11-21",
+              "nodes": "n1,n2", "gpu_count": 16, "users": ["alice"]},
+             {"type": "reservation", "name": "bad", "start": "2026-11-21", "end": "2026-11-20"},
+             {"type": "inventory", "node": "n1", "gpus": 8, "model": "h100"},
+             {"type": "bogus"}]
+    (tmp_path / "r.json").write_text(json.dumps(items))
+    problems = Problems()
+    recs = list(build("file", "allocations", {"paths": ["r.json"]}, Context("c", tmp_path)).collect(WIN, problems))
+    resv = [r for r in recs if isinstance(r, Reservation)]
+    assert [(r.name, r.nodes, r.gpu_count) for r in resv] == [("maint", ["n1", "n2"], 16.0)]
+    assert len([r for r in recs if isinstance(r, GpuInventory)]) == 8
+    assert problems.total == 2
