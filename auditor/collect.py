@@ -30,6 +30,21 @@ log = logging.getLogger("gpu_audit.collect")
 RETRIES = 3
 BACKOFF_S = 1.0
 
+#: Connector instances kept for the life of the process, so a daemon's connectors keep their state between
+#: collections (a Kubernetes watch's resourceVersion, caches). Keyed by cluster, source and options.
+_INSTANCES: dict[tuple[str, str, str, str], Any] = {}
+
+
+def connector_for(cluster: str, role: str, index: int, src: SourceConfig, base_dir: Path) -> Any:
+    import json
+
+    key = (cluster, source_key(role, index, src), json.dumps(src.options(), sort_keys=True, default=str),
+           str(base_dir))
+    inst = _INSTANCES.get(key)
+    if inst is None:
+        inst = _INSTANCES[key] = connectors.build(src.kind, role, src.options(), Context(cluster, base_dir))
+    return inst
+
 
 @dataclass
 class SourceResult:
@@ -96,7 +111,7 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
         res.attempts = attempt
         problems = Problems()
         try:
-            conn = connectors.build(src.kind, role, src.options(), Context(cluster.name, base_dir))
+            conn = connector_for(cluster.name, role, index, src, base_dir)
             seen = to_epoch(min(window.until, utcnow()))
             stats: IngestStats = store.ingest(conn.collect(window, problems), seen_at_ts=seen)
             with store.begin() as c:
