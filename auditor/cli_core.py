@@ -83,7 +83,8 @@ def register(main: click.Group) -> None:
         """Judge every reserved GPU-interval in the window and store usage and findings."""
         s, u = window(app, since, until)
         if what_if:
-            from auditor.whatif import format_diff, what_if as run_what_if
+            from auditor.whatif import format_diff
+            from auditor.whatif import what_if as run_what_if
 
             diff = run_what_if(app.store(), app.cfg, s, u, what_if)
             app.emit(diff, lambda: format_diff(diff))

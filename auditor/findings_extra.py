@@ -46,7 +46,8 @@ EPISODES = """WITH c AS (
   FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id
   JOIN allocations a ON a.id = u.allocation_id
   WHERE u.run_id = :run AND u.gpu_id IS NOT NULL AND u.allocation_id IN ({ids})
-   AND u.idle_s + u.mirage_s >= ag.share * :episode_s),
+   AND u.idle_s + u.mirage_s >= ag.share * :episode_s
+   AND u.idle_s + u.mirage_s < :gpu_frac * (u.idle_s + u.mirage_s + u.low_s + u.working_s)),
  i AS (
   SELECT c.gid, c.aid, c.gpu_index, c.share, c.a_s, c.a_e, b.bucket_ts AS t0, b.bucket_ts + b.bucket_s AS t1,
    {L}(b.bucket_ts + b.bucket_s, c.a_e) - {G}(b.bucket_ts, c.a_s) AS ov, """ + MIRAGE + """ AS m
@@ -111,22 +112,25 @@ def whole_idle(r: dict[str, Any], th: Thresholds) -> bool:
 
 def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]],
                    per_gpu: dict[int, list[dict[str, Any]]], th: Thresholds, cfg: Config, *,
-                   since: int, until: int, horizon: int) -> list[dict[str, Any]]:
-    """idle_episode, low_efficiency and idle_reservation findings of one run (finding-table rows)."""
+                   since: int, until: int, horizon: int, flagged: frozenset[int] = frozenset(),
+                   clusters: list[str] | None = None) -> list[dict[str, Any]]:
+    """idle_episode, low_efficiency and idle_reservation findings of one run (finding-table rows).
+    ``flagged``: allocations a core rule already reported (idle GPUs explain a low mean: no low_efficiency)."""
     bucket = cfg.store.bucket_seconds
     p = {"since": since, "until": until, "horizon": horizon, "bucket": bucket, "run": run_id,
          **_verdict_params(th)}
     working = [r for r in per_alloc if not whole_idle(r, th)]
     out = idle_episodes(conn, run_id, working, th, p)
-    out += low_efficiency(run_id, working, th, since, horizon)
-    out += idle_reservations(conn, run_id, cfg, p)
+    out += low_efficiency(run_id, [r for r in working if r["allocation_id"] not in flagged], th, since, horizon)
+    out += idle_reservations(conn, run_id, cfg, p, clusters)
     return out
 
 
 def idle_episodes(conn: Connection, run_id: int, working: list[dict[str, Any]], th: Thresholds,
                   p: dict[str, Any]) -> list[dict[str, Any]]:
-    """Contiguous idle spans >= episode_hours on a GPU of an allocation that otherwise worked. Overlapping
-    spans on several GPUs of one allocation merge into one episode (GPU-hours summed)."""
+    """Contiguous idle spans >= episode_hours on a GPU of an allocation that otherwise worked. A GPU idle
+    for idle_gpus_fraction of its judged time is no episode (idle_gpus / idle_allocation report it).
+    Overlapping spans on several GPUs of one allocation merge into one episode (GPU-hours summed)."""
     from auditor.rules import _finding
 
     ep_s = th.episode_hours * H
@@ -136,15 +140,15 @@ def idle_episodes(conn: Connection, run_id: int, working: list[dict[str, Any]], 
     ids = sorted(cands)
     for i in range(0, len(ids), CHUNK):
         sql = EPISODES.format(**_fn(conn), ids=", ".join(str(int(x)) for x in ids[i:i + CHUNK]))
-        for s in conn.execute(text(sql), {**p, "episode_s": ep_s}):
+        for s in conn.execute(text(sql), {**p, "episode_s": ep_s, "gpu_frac": th.idle_gpus_fraction}):
             spans[s.aid].append(s)
     out = []
     for aid, rows in spans.items():
         r = cands[aid]
         for group in _merge(sorted(rows, key=lambda s: (s.s, s.e))):
-            start, end = min(s.s for s in group), max(s.e for s in group)
-            idle_h = sum(s.share * s.ov for s in group) / H
-            mirage_h = sum(s.share * (s.mirage_ov or 0) for s in group) / H
+            start, end = int(min(s.s for s in group)), int(max(s.e for s in group))
+            idle_h = sum(float(s.share) * float(s.ov) for s in group) / H
+            mirage_h = sum(float(s.share) * float(s.mirage_ov or 0) for s in group) / H
             gpus = sorted({s.gpu_index for s in group if s.gpu_index is not None})
             ev = {"rule": f"idle for {(end - start) / H:.1f} h in a row >= {th.episode_hours:g} h "
                           f"inside an allocation that otherwise worked",
@@ -226,11 +230,13 @@ def _json_list(v: Any) -> list[str]:
     return [str(x) for x in (v or [])]
 
 
-def idle_reservations(conn: Connection, run_id: int, cfg: Config, p: dict[str, Any]) -> list[dict[str, Any]]:
+def idle_reservations(conn: Connection, run_id: int, cfg: Config, p: dict[str, Any],
+                      clusters: list[str] | None = None) -> list[dict[str, Any]]:
     """Per advance reservation overlapping the window: reserved GPU-hours no job used, plus the idle
     GPU-hours of the jobs that ran inside it (sreport counts those as "allocated")."""
     fn = _fn(conn)
-    resv = [dict(r._mapping) for r in conn.execute(text(RESERVATIONS.format(**fn)), p)]
+    resv = [dict(r._mapping) for r in conn.execute(text(RESERVATIONS.format(**fn)), p)
+            if not clusters or r.cluster in clusters]
     if not resv:
         return []
     used = {r.rid: r for r in conn.execute(text(RESV_USED.format(**fn)), p)}
@@ -281,11 +287,12 @@ WHERE a.start_ts IS NOT NULL AND a.start_ts < :horizon AND COALESCE(a.end_ts, :h
 GROUP BY a.cluster, ag.node"""
 
 
-def capacity(conn: Connection, since: int, until: int) -> list[dict[str, Any]]:
+def capacity(conn: Connection, since: int, until: int, *, horizon: int | None = None) -> list[dict[str, Any]]:
     """Per cluster and GPU model: inventory GPUs and GPU-hours in [since, min(until, now)), the share that
     allocations held, the reserved GPU-hours no job used, and what is left: neither allocated nor reserved.
-    Inventory GPUs are taken to exist for the whole window; reservations spread evenly over their nodes."""
-    horizon = min(until, int(utcnow().timestamp()))
+    Inventory GPUs are taken to exist for the whole window; reservations spread evenly over their nodes.
+    ``horizon`` (default now) is where a window reaching into the future stops, as in the audit."""
+    horizon = min(until, horizon if horizon is not None else int(utcnow().timestamp()))
     span = max(0, horizon - since)
     p = {"since": since, "until": until, "horizon": horizon}
     fn = _fn(conn)

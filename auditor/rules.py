@@ -120,9 +120,9 @@ def per_gpu_rows(conn: Connection, run_id: int) -> dict[int, list[dict[str, Any]
 
 
 def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config,
-             *, since: int, until: int, horizon: int) -> dict[str, Any]:
+             *, since: int, until: int, horizon: int, clusters: list[str] | None = None) -> dict[str, Any]:
     """Store the findings of one run; return the run's headline summary."""
-    from auditor.findings_extra import extra_findings
+    from auditor.findings_extra import capacity, extra_findings
 
     gpus = per_gpu_rows(conn, run_id)
     rows: list[dict[str, Any]] = []
@@ -133,7 +133,9 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
             if kind == "unmonitored":
                 idle_h = 0.0  # never counted or billed as idle
             rows.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
-    rows += extra_findings(conn, run_id, per_alloc, gpus, th, cfg, since=since, until=until, horizon=horizon)
+    flagged = frozenset(f["allocation_id"] for f in rows)
+    rows += extra_findings(conn, run_id, per_alloc, gpus, th, cfg, since=since, until=until, horizon=horizon,
+                           flagged=flagged, clusters=clusters)
     spark_ids = sorted({f["allocation_id"] for f in rows if f["allocation_id"] is not None})
     spark = sparklines(conn, run_id, spark_ids, since, horizon)
     for f in rows:
@@ -142,7 +144,9 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
         f["evidence"]["thresholds"] = th.model_dump()
     for i in range(0, len(rows), 5000):
         conn.execute(insert(schema.findings), rows[i:i + 5000])
-    return summarise(per_alloc, rows, cfg)
+    summary = summarise(per_alloc, rows, cfg)
+    summary["capacity"] = capacity(conn, since, until, horizon=horizon)
+    return summary
 
 
 def _finding(run_id: int, kind: str, r: dict[str, Any], ev: dict[str, Any], idle_h: float, since: int,

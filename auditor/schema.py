@@ -205,7 +205,7 @@ audit_runs = Table(
 
 _HOURS = {
     "reserved_s": "Reserved GPU-seconds in the window (times share).",
-    "observed_s": "Reserved GPU-seconds covered by telemetry samples.",
+    "observed_s": "Reserved GPU-seconds covered by telemetry that could be judged (coverage = observed/reserved).",
     "idle_s": "GPU-seconds judged idle (idle-by-util included).",
     "idle_by_util_s": "Of idle_s, judged by the low-confidence GPU-Util fallback.",
     "mirage_s": "GPU-seconds judged mirage: GPU-Util busy, SM activity idle.",

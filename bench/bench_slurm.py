@@ -4,7 +4,8 @@
 The jobs are generated from REAL rows: the text lines reuse the value shapes of the captured 22.05 sacct
 output (tests/fixtures/slurm/22.05/2node/running/sacct-X.txt) in the connector's own column layout
 (connectors.slurm.jobs.SACCT_FIELDS); the JSON jobs are copies of the captured 24.11 sacct --json objects
-(steps included; ``json.loads`` is timed too). Ids, users, accounts, node lists (1-4 nodes of 128), GPU counts and arrays vary.
+(steps included; ``json.loads`` is timed too). Ids, users, accounts, node lists (1-4 nodes of 128), GPU
+counts and arrays vary.
 
 Run: python -m bench.bench_slurm [--jobs 10000]
 """

@@ -186,9 +186,7 @@ class FileAllocations:
     def _rows(self, path: Path, fmt: str, problems: Problems
               ) -> Iterable[tuple[str, Allocation | Reservation | GpuInventory]]:
         if fmt == "sacct":
-            from connectors.slurm import parse_sacct_file
-
-            yield from parse_sacct_file(path, self.ctx.cluster, problems)
+            yield from read_sacct_file(path, self.ctx.cluster, problems)
             return
         for loc, row in _read_rows(path, fmt):
             if isinstance(row, str):
@@ -207,6 +205,29 @@ class FileAllocations:
                     raise ValueError(f"type: {str(kind)[:40]!r} is not allocation, reservation or inventory")
             except (ValueError, KeyError, TypeError) as exc:
                 problems.skip(str(path), loc, str(exc), json.dumps(row, default=str))
+
+
+def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tuple[str, Allocation]]:
+    """Saved ``sacct -P`` output (header line first), through the Slurm connector's own parser.
+    Jobs that held no GPU are not allocations and are passed over silently."""
+    from connectors.slurm.jobs import from_sacct_row, sacct_rows
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SourceError(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    for lineno, row in sacct_rows(text):
+        loc = f"line {lineno}"
+        if isinstance(row, str):
+            problems.skip(str(path), loc, "wrong number of '|'-separated fields for the header", row)
+            continue
+        try:
+            alloc = from_sacct_row(row, cluster)
+        except (ValueError, KeyError, TypeError) as exc:
+            problems.skip(str(path), loc, str(exc).strip("'"), "|".join(row.values()))
+            continue
+        if alloc.gpus:
+            yield loc, alloc
 
 
 def _read_rows(path: Path, fmt: str) -> Iterator[tuple[str, dict[str, Any] | str]]:

@@ -111,3 +111,22 @@ def test_reservations_and_inventory_in_json(tmp_path: Path) -> None:
     assert [(r.name, r.nodes, r.gpu_count) for r in resv] == [("maint", ["n1", "n2"], 16.0)]
     assert len([r for r in recs if isinstance(r, GpuInventory)]) == 8
     assert problems.total == 2
+
+
+def test_saved_sacct_output_is_read_through_the_slurm_parser(tmp_path: Path) -> None:
+    """A real `sacct -X -P` capture from Slurm 22.05 (tests/fixtures/slurm), plus one broken line."""
+    real = Path(__file__).parent / "fixtures" / "slurm" / "22.05" / "1node" / "after-cancel" / "sacct-X.txt"
+    text = real.read_text().rstrip("\n").splitlines()
+    data = [ln for ln in text if not ln.startswith("$ ") and not ln.startswith("[rc=")]
+    (tmp_path / "jobs.sacct").write_text("\n".join([*data, "broken|line"]) + "\n")
+    problems = Problems()
+    window = Window(datetime(2000, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC), 300)
+    recs = list(build("file", "allocations", {"paths": ["jobs.sacct"]}, Context("lab", tmp_path))
+                .collect(window, problems))
+    assert recs and all(a.source == "slurm" and a.gpus for a in recs)
+    assert problems.total == 1
+    header = data[0].split("|")
+    gpu_rows = [dict(zip(header, ln.split("|"), strict=False)) for ln in data[1:]]
+    expected = {r.get("JobID") or r["JobIDRaw"] for r in gpu_rows
+                if "gres/gpu=" in r.get("AllocTRES", "") and r.get("Start") not in ("Unknown", "None", "")}
+    assert {a.external_id for a in recs} == expected

@@ -58,7 +58,7 @@ def findings(store: Store, run_id: int, kind: str) -> dict[str, list[dict[str, A
 @contextmanager
 def pg_store(pg_url: str) -> Iterator[Store]:
     """A store in a fresh, uniquely named PostgreSQL schema, dropped afterwards (other tests share the db)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+    name = f"t_money_{uuid.uuid4().hex[:12]}"
     admin = create_engine(pg_url)
     with admin.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{name}"'))

@@ -29,7 +29,8 @@ CLUSTER = "auditlab"
 
 
 def sh(*args: str, timeout: float = 30) -> str:
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=True)  # noqa: S603.stdout
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=True)  # noqa: S603
+    return proc.stdout
 
 
 def slurm_ready() -> bool:
@@ -183,6 +184,8 @@ def test_json_and_text_history_agree_and_rereading_changes_nothing(workload: Wor
     assert shape(js) == shape(txt) and len(shape(js)) == 7
     again, _ = collect({"history_format": "json"})
     assert shape(again) == shape(js)
+    squeue, problems = collect({"running_from": "squeue"})
+    assert problems.total == 0 and shape(squeue) == shape(js)
 
 
 @pytest.mark.service

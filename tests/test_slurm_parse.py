@@ -356,6 +356,11 @@ def test_assemble_merges_indices_filters_window_and_snapshot() -> None:
     assert isinstance(out[-1], RunningSnapshot)
     incomplete = list(assemble(Reading(running=running, history=history), win, C))
     assert not any(isinstance(r, RunningSnapshot) for r in incomplete)
+    # sacct says RUNNING but the whole running listing lacks it: not re-opened next to the snapshot
+    without = [a for a in running if a.external_id != job]
+    out2 = by_id([r for r in assemble(Reading(running=without, running_complete=True, history=history), win, C)
+                  if isinstance(r, Allocation)])
+    assert job not in out2 and job in by_id([r for r in incomplete if isinstance(r, Allocation)])
     again = [r for r in assemble(Reading(running=running, running_complete=True, history=history), win, C)
              if isinstance(r, Allocation)]
     assert [(a.external_id, idx(a)) for a in again] == [(a.external_id, idx(a)) for a in allocs.values()]
@@ -414,3 +419,12 @@ def test_records_are_typed() -> None:
                                   C, per_node)
     assert isinstance(r, Reservation) and r.end - r.start == timedelta(hours=2)
     assert isinstance(inv.from_json_node({"name": "n", "gres": "gpu:2"}, C, None)[0], GpuInventory)
+
+
+def test_every_option_is_documented() -> None:
+    from connectors.slurm import SlurmOptions
+
+    doc = (Path(__file__).parents[1] / "docs/slurm.md").read_text()
+    rows = {line.split("|")[1].strip() for line in doc.splitlines() if line.startswith("| `slurm.")}
+    assert rows == {f"`slurm.{name}`" for name in SlurmOptions.model_fields}
+    assert all(f.description for f in SlurmOptions.model_fields.values())

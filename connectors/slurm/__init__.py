@@ -30,8 +30,11 @@ class SlurmOptions(Options):
         None, description="Slurm cluster name passed as `-M` to the commands (multi-cluster setups); "
         "unset = the local cluster.")
     sacct: str = Field("sacct", description="Path or name of the sacct binary.")
-    squeue: str = Field("squeue", description="Path or name of the squeue binary (reserved for sites "
-                        "without scontrol access; the cli backend reads running jobs with scontrol).")
+    squeue: str = Field("squeue", description="Path or name of the squeue binary (used when "
+                        "`running_from = \"squeue\"`).")
+    running_from: Literal["scontrol", "squeue"] = Field(
+        "scontrol", description="cli backend: read running jobs and their GPU indices from "
+        "`scontrol -d -o show job` (text, every version) or `squeue --json` (22.05+).")
     scontrol: str = Field("scontrol", description="Path or name of the scontrol binary.")
     sacctmgr: str = Field("sacctmgr", description="Path or name of the sacctmgr binary (reservation "
                           "history and id-to-name mapping).")
@@ -84,7 +87,14 @@ def assemble(reading: Reading, window: Window, cluster: str,
     running = {a.external_id: a for a in reading.running}
     merged: dict[str, Allocation] = {}
     for h in reading.history:
-        merged[h.external_id] = jobs.merge(h, running.pop(h.external_id)) if h.external_id in running else h
+        if h.external_id in running:
+            merged[h.external_id] = jobs.merge(h, running.pop(h.external_id))
+        elif h.end is None and reading.running_complete:
+            # accounting says running, slurmctld's whole listing does not: it ended between the two reads
+            # (the next read brings its end) or is a runaway record; never re-open what the snapshot closes
+            continue
+        else:
+            merged[h.external_id] = h
     merged.update(running)
     for a in merged.values():
         if not a.gpus or a.start is None or a.start >= window.until:

@@ -83,6 +83,8 @@ class CliBackend:
 
     def _running(self, problems: Problems) -> tuple[list, bool]:
         """Jobs holding GPUs now; ``complete`` stays False when any record could not be read."""
+        if self.o.running_from == "squeue":
+            return self._running_squeue(problems)
         src = f"{self.name}:scontrol show job"
         text = self.run(self.o.scontrol, *self._m(), "-d", "-o", "show", "job")
         out, ok = [], True
@@ -94,6 +96,26 @@ class CliBackend:
             except (ValueError, KeyError) as exc:
                 ok = False
                 problems.skip(src, f"record {i}", str(exc), rec)
+                continue
+            if a.state in jobs.HOLDING and a.gpus:
+                out.append(a)
+        return out, ok
+
+    def _running_squeue(self, problems: Problems) -> tuple[list, bool]:
+        src = f"{self.name}:squeue --json"
+        try:
+            data = json.loads(self.run(self.o.squeue, *self._m(), "--json"))
+        except json.JSONDecodeError as exc:
+            raise SourceError(self.name, f"squeue --json: invalid JSON ({exc.msg})", transient=True) from None
+        if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
+            raise SourceError(self.name, "squeue --json: no jobs list in output", transient=True)
+        out, ok = [], True
+        for i, job in enumerate(data["jobs"]):
+            try:
+                a = jobs.from_json_job(job, self.cluster)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                ok = False
+                problems.skip(src, f"jobs[{i}]", f"bad job object: {exc}", json.dumps(job)[:200])
                 continue
             if a.state in jobs.HOLDING and a.gpus:
                 out.append(a)
