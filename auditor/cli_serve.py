@@ -28,7 +28,7 @@ def register(main: click.Group) -> None:
     @click.option("--per-cluster", is_flag=True, help="One collect job per cluster (same cron, own lease), "
                   "so a slow cluster does not delay the others.")
     @click.option("--dry-run", is_flag=True, help="The weekly notify step writes .eml files, sends nothing.")
-    @click.option("--lease-ttl", default=900, show_default=True, type=click.IntRange(min=5),
+    @click.option("--lease-ttl", default=300, show_default=True, type=click.IntRange(min=5),
                   help="Seconds a job lease lasts if its daemon dies (renewed every third of it).")
     @click.option("--health-max-age", type=click.FloatRange(min=1), default=None,
                   help="Seconds after which a source's last successful collect is stale for /healthz "
@@ -55,12 +55,16 @@ def register(main: click.Group) -> None:
         if upgrade_db:
             app.store(migrate_check=False).upgrade()
         store, cfg = app.store(), app.cfg
+        ours = logging.getLogger("gpu_audit")
+        aps = logging.getLogger("apscheduler")  # its warnings (e.g. a skipped overlapping run) in our format
+        aps.handlers[:], aps.propagate = list(ours.handlers), False
+        aps.setLevel(logging.DEBUG if app.debug else logging.WARNING)
         triggers = None
         if every is not None:
             triggers = {"collect": IntervalTrigger(seconds=every), "audit": IntervalTrigger(seconds=every)}
         daemon = Daemon(store, cfg, base_dir=app.base_dir, dry_run=dry_run, per_cluster=per_cluster,
                         triggers=triggers, lease_ttl_s=lease_ttl)
-        max_age = health_max_age or (3 * every if every else
+        max_age = health_max_age or (max(60.0, 3 * every) if every else
                                      max(900.0, 3 * collect_period_s(daemon.triggers["collect"],
                                                                       utcnow().astimezone(zone(cfg.schedule.timezone)))))
         server = None

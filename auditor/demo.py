@@ -2,9 +2,16 @@
 same file connectors a site would use, then audited and reported.
 
 Fleet: Slurm cluster "hpc" (gpu-node-01/02, 8 x H100 each) and Kubernetes cluster "k8s" (gpu-node-a/b, 8 x
-A100 each). Planted problems (and nothing else): job 1002 spins a kernel (GPU-Util ~99 %, SM activity ~0.03);
-job 1003 holds 4 GPUs and uses one; the notebook pod holds a GPU idle for days with memory allocated. Job 1001
-trains on a whole node through a 6-hour telemetry gap, which must show as unknown, never idle.
+A100 each). Planted problems, and nothing else:
+
+- job 1002 spins a kernel: GPU-Util ~99 %, SM activity ~0.03 (util_mirage);
+- job 1003 holds 4 GPUs and uses one (idle_gpus);
+- the notebook pod holds a GPU idle for days with memory allocated (idle_allocation);
+- job 1001 trains on a whole node, stalls for 3 hours (idle_episode) and runs through a 6-hour telemetry gap,
+  which must show as unknown, never idle;
+- the feature-extract pod streams memory with little compute (low_efficiency, memory-bound);
+- reservation team-b-hackathon holds node 02 for a day and nobody comes (idle_reservation);
+- job 1030 runs while node 01's exporter is down (unmonitored: never billed as idle).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ SPIN = Profile(sm=0.03, util=0.99, tensor=0.0, dram=0.01, fb=3000, power=110)
 HELD_IDLE = Profile(sm=0.0, util=0.0, tensor=0.0, dram=0.0, fb=20480, power=62)
 INFERENCE = Profile(sm=0.7, util=0.95, tensor=0.35, dram=0.3, fb=30000, power=300, daily=True)
 FREE = Profile(sm=0.0, util=0.0, fb=0, power=55)
+MEMORY_BOUND = Profile(sm=0.15, util=0.9, tensor=0.02, dram=0.62, fb=70000, power=280)
 
 
 @dataclass
@@ -76,13 +84,20 @@ class Workload:
     indices_known: bool = True
     labels: dict[str, str] = field(default_factory=dict)
     owner: str = ""
+    idle_spans: list[tuple[float, float]] = field(default_factory=list)  # hours into the week, GPUs held idle
+
+    def profile_at(self, gpu: int, hour: float) -> Profile:
+        if any(a <= hour < b for a, b in self.idle_spans):
+            return HELD_IDLE
+        return self.per_gpu.get(gpu, self.profile)
 
 
 def fleet() -> list[Workload]:
     """The planted week (hours from the start of the week)."""
     w = [
         Workload("hpc", "1001", "llama-pretrain", "alice", "team-a", "gpu-node-01", list(range(8)), 2, 140,
-                 WORKING),
+                 WORKING, idle_spans=[(100.0, 103.0)]),
+        Workload("hpc", "1030", "debug-shell", "bob", "team-b", "gpu-node-01", [0], 150, 10, WORKING),
         Workload("hpc", "1002", "spin-wait", "bob", "team-b", "gpu-node-02", [0, 1], 10, 48, SPIN),
         Workload("hpc", "1003", "ddp-debug", "carol", "team-a", "gpu-node-02", [2, 3, 4, 5], 30, 36, HELD_IDLE,
                  per_gpu={2: WORKING}),
@@ -94,6 +109,9 @@ def fleet() -> list[Workload]:
         Workload("k8s", "9a2d-resnet", "resnet-train-q9d4m", "", "ml-train", "gpu-node-a", [1, 2, 3, 4], 50, 30,
                  WORKING, source="kubernetes", indices_known=False, labels={"app": "resnet"},
                  owner="Job/resnet-train"),
+        Workload("k8s", "c3e8-features", "feature-extract-7k2xq", "", "ml-train", "gpu-node-b", [2, 3], 60, 40,
+                 MEMORY_BOUND, source="kubernetes", indices_known=False, labels={"app": "features"},
+                 owner="Job/feature-extract"),
     ]
     for i in range(6):  # back-to-back evaluation array tasks on node-02 GPUs 6-7
         w.append(Workload("hpc", f"1010_{i}", "eval-sweep", "carol", "team-b", "gpu-node-02", [6, 7],
@@ -101,7 +119,10 @@ def fleet() -> list[Workload]:
     return w
 
 
-GAP = ("hpc", "gpu-node-01", 60.0, 66.0)  # telemetry gap: cluster, node, from hour, to hour
+#: Telemetry gaps: cluster, node, from hour, to hour (the exporter was down).
+GAPS = [("hpc", "gpu-node-01", 60.0, 66.0), ("hpc", "gpu-node-01", 148.0, 168.0)]
+#: An advance reservation nobody used: name, node, from hour, to hour.
+RESERVATION = ("team-b-hackathon", "gpu-node-02", 140.0, 164.0)
 NODES = {"hpc": ["gpu-node-01", "gpu-node-02"], "k8s": ["gpu-node-a", "gpu-node-b"]}
 
 
@@ -126,6 +147,14 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
             wr.writerow([w.id, w.name, w.user, w.account, "gpu", "COMPLETED", _iso(t0 + w.start_h * 3600),
                          _iso(end), gpus, "h100", "slurm"])
     paths.append(slurm)
+    extra = out / "hpc-reservations.json"
+    name, node, a, b = RESERVATION
+    extra.write_text(json.dumps(
+        [{"type": "reservation", "name": name, "nodes": [node], "gpu_count": 8, "accounts": ["team-b"],
+          "start": _iso(t0 + a * 3600), "end": _iso(t0 + b * 3600), "flags": ["MAINT"]}]
+        + [{"type": "inventory", "node": n, "gpus": 8, "model": "h100"} for n in NODES["hpc"]], indent=1),
+        encoding="utf-8")
+    paths.append(extra)
     pods = out / "k8s-allocations.json"
     items = []
     for w in fleet():
@@ -135,6 +164,7 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
                       "source": "kubernetes", "start": _iso(t0 + w.start_h * 3600),
                       "end": _iso(t0 + (w.start_h + w.hours) * 3600), "owner": w.owner, "labels": w.labels,
                       "gpus": [{"node": w.node, "model": "NVIDIA-A100-SXM4-80GB"} for _ in w.gpus]})
+    items += [{"type": "inventory", "node": n, "gpus": 8, "model": "NVIDIA-A100-SXM4-80GB"} for n in NODES["k8s"]]
     pods.write_text(json.dumps(items, indent=1), encoding="utf-8")
     paths.append(pods)
     return paths
@@ -151,13 +181,13 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random) -> Ite
         ts = t0 + b * BUCKET
         hour = b * BUCKET / 3600
         for node in NODES[cluster]:
-            if (cluster, node) == GAP[:2] and GAP[2] <= hour < GAP[3]:
+            if any((cluster, node) == (c, n) and a <= hour < b for c, n, a, b in GAPS):
                 continue
             for g in range(8):
                 running = [w for w in placed.get((node, g), [])
                            if w.start_h <= hour < w.start_h + w.hours]
                 w = running[0] if running else None
-                prof = (w.per_gpu.get(g, w.profile) if w else FREE)
+                prof = w.profile_at(g, hour) if w else FREE
                 values = prof.at(ts, rng)
                 uuid = f"GPU-{cluster}-{node}-{g}"
                 pod = ns = ""
@@ -191,7 +221,7 @@ name = "hpc"
 initial_days = 8
 [[clusters.allocations]]
 kind = "file"
-paths = ["hpc-allocations.csv"]
+paths = ["hpc-allocations.csv", "hpc-reservations.json"]
 [[clusters.telemetry]]
 kind = "file"
 paths = ["hpc-telemetry.csv"]

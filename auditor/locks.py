@@ -45,22 +45,22 @@ def acquire(store: Store, name: str, holder: str, ttl_s: int, clock: Clock = utc
     now = _now(clock)
     values = {"holder": holder, "acquired_ts": now, "expires_ts": now + ttl_s}
     with store.begin() as conn:
-        res = conn.execute(update(t).where(t.c.name == name, or_(t.c.expires_ts <= now, t.c.holder == holder))
-                           .values(**values))
-        if res.rowcount == 1:
+        taken = conn.execute(update(t).where(t.c.name == name, or_(t.c.expires_ts <= now, t.c.holder == holder))
+                             .values(**values).returning(t.c.name)).first()
+        if taken is not None:
             return True
         ins = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(t)
-        res = conn.execute(ins.values(name=name, **values).on_conflict_do_nothing(index_elements=["name"]))
-        return res.rowcount == 1
+        # RETURNING, not rowcount: psycopg reports -1 for INSERT ... ON CONFLICT DO NOTHING
+        return conn.execute(ins.values(name=name, **values).on_conflict_do_nothing(index_elements=["name"])
+                            .returning(t.c.name)).first() is not None
 
 
 def renew(store: Store, name: str, holder: str, ttl_s: int, clock: Clock = utcnow) -> bool:
     """Push the expiry out; False when the lease is no longer ours (it lapsed and someone took it)."""
     t = schema.locks
     with store.begin() as conn:
-        res = conn.execute(update(t).where(t.c.name == name, t.c.holder == holder)
-                           .values(expires_ts=_now(clock) + ttl_s))
-        return res.rowcount == 1
+        return conn.execute(update(t).where(t.c.name == name, t.c.holder == holder)
+                            .values(expires_ts=_now(clock) + ttl_s).returning(t.c.name)).first() is not None
 
 
 def release(store: Store, name: str, holder: str) -> None:

@@ -24,16 +24,17 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select
 
 from auditor import schema
 from auditor.config import Config
@@ -89,13 +90,13 @@ def previous_fire(trigger: BaseTrigger, now: datetime, lookback: timedelta = tim
 
 
 def period_key(job: str, fire: datetime) -> str:
-    """The period a weekly report / monthly chargeback fired at ``fire`` (local time) covers: the ISO week
-    before a Monday report (``2026-W48``), the month before a 1st-of-month chargeback (``2026-10``)."""
+    """The period a firing belongs to. Weekly report: the ISO week (UTC) its audit window ends in, the
+    same key :mod:`auditor.notify` stamps on the admin emails (``2026-W49`` for Monday 30 Nov 2026 08:00);
+    monthly chargeback: the month before the firing, the one it bills (``2026-10`` for 1 Nov 2026)."""
     if job == "report":
-        year, week, _ = (fire - timedelta(days=7)).isocalendar()
+        year, week, _ = (fire.astimezone(UTC) - timedelta(seconds=1)).isocalendar()
         return f"{year}-W{week:02d}"
-    first = fire.replace(day=1)
-    prev = first - timedelta(days=1)
+    prev = fire.replace(day=1) - timedelta(days=1)
     return f"{prev.year}-{prev.month:02d}"
 
 
@@ -112,20 +113,12 @@ def any_marker(store: Store, job: str) -> bool:
         return conn.execute(select(func.count()).select_from(t).where(t.c.kind == MARKER_KIND[job])).scalar() > 0
 
 
-def mark_done(store: Store, job: str, key: str, dry_run: bool, holder: str, since_id: int) -> None:
-    """Record the period as done, and stamp the admin reports this run wrote with its period."""
+def mark_done(store: Store, job: str, key: str, dry_run: bool, holder: str) -> None:
+    """Record the period as done (a marker row; the emails themselves are recorded by notify)."""
     t = schema.notifications
     with store.begin() as conn:
-        if job == "report":
-            conn.execute(update(t).where(t.c.id > since_id, t.c.kind == "admin_report", t.c.period_key.is_(None))
-                         .values(period_key=key))
         conn.execute(insert(t).values(recipient="", kind=MARKER_KIND[job], sent_ts=int(utcnow().timestamp()),
                                       dry_run=dry_run, message_id=holder[:255], period_key=key))
-
-
-def max_notification_id(store: Store) -> int:
-    with store.engine.connect() as conn:
-        return int(conn.execute(select(func.max(schema.notifications.c.id))).scalar() or 0)
 
 
 class Daemon:
@@ -134,9 +127,9 @@ class Daemon:
 
     def __init__(self, store: Store, cfg: Config, *, base_dir: Path, dry_run: bool = False,
                  per_cluster: bool = False, runner: Runner = run_steps,
-                 triggers: dict[str, BaseTrigger] | None = None, lease_ttl_s: int = 900,
+                 triggers: dict[str, BaseTrigger] | None = None, lease_ttl_s: int = 300,
                  holder: str | None = None, clock: Callable[[], datetime] = utcnow,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, workers: int | None = None) -> None:
         self.store, self.cfg, self.base_dir = store, cfg, base_dir
         self.dry_run, self.per_cluster, self.runner = dry_run, per_cluster, runner
         self.tz = zone(cfg.schedule.timezone)
@@ -144,6 +137,8 @@ class Daemon:
         self.lease_ttl_s, self.clock = lease_ttl_s, clock
         self.holder = holder or default_holder()
         self.metrics = metrics or Metrics(store, cfg, clock)
+        # SQLite has one writer: one job at a time there (concurrent writers get "database is locked")
+        self.workers = workers or (1 if store.dialect == "sqlite" else 4)
         self.stopping = threading.Event()
         self.scheduler: BackgroundScheduler | None = None
 
@@ -172,9 +167,10 @@ class Daemon:
                     self._skip(job, "lease_held")
                     return None
                 return body()
-        except Exception:
+        except Exception as exc:  # one bad run must not stop the daemon; the next firing retries
             self.metrics.job_errors.labels(job).inc()
-            log.exception("%s: job failed", job)
+            log.error("%s: job failed: %s: %s", job, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
+                      exc_info=log.isEnabledFor(logging.DEBUG))
             return None
 
     def collect_job(self, cluster: str | None = None) -> list[RunSummary]:
@@ -212,11 +208,10 @@ class Daemon:
                 log.info("%s: period %s already done, skipped", job, key)
                 self._skip(job, "period_done")
                 return None
-            before = max_notification_id(self.store)
             summary = self._run(job, JOB_STEPS[job])
             last = summary.steps[-1] if summary.steps else None
             if last is not None and last.ok:
-                mark_done(self.store, job, key, self.dry_run, self.holder, before)
+                mark_done(self.store, job, key, self.dry_run, self.holder)
                 log.info("%s: period %s done", job, key)
             else:
                 log.error("%s: period %s not done; it is retried at the next start-up or firing", job, key)
@@ -232,8 +227,9 @@ class Daemon:
 
     # -- scheduler ----------------------------------------------------------------------------------
     def build(self) -> BackgroundScheduler:
-        sched = BackgroundScheduler(timezone=self.tz, job_defaults={
-            "max_instances": 1, "coalesce": True, "misfire_grace_time": self.cfg.schedule.misfire_grace_s})
+        defaults = {"max_instances": 1, "coalesce": True, "misfire_grace_time": self.cfg.schedule.misfire_grace_s}
+        sched = BackgroundScheduler(timezone=self.tz, executors={"default": ThreadPoolExecutor(self.workers)},
+                                    job_defaults=defaults)
         if self.per_cluster:
             for c in self.cfg.clusters:
                 sched.add_job(self.collect_job, self.triggers["collect"], args=[c.name], id=f"collect:{c.name}",

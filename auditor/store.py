@@ -24,6 +24,8 @@ from auditor.timeutil import utcnow
 
 log = logging.getLogger("gpu_audit.store")
 
+SQLITE_BUSY_MS = 120_000  # a writer waits this long for another (an audit of a large fleet holds the lock)
+
 
 def resource_dir(name: str) -> Path:
     """Directory of a shipped resource (templates, migrations, deploy): the wheel puts them under
@@ -36,12 +38,21 @@ def resource_dir(name: str) -> Path:
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # SQLAlchemy, not the sqlite3 module, decides when transactions begin (see _sqlite_begin)
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    """Writers take the write lock up front (BEGIN IMMEDIATE), so two writers queue on the busy timeout
+    instead of one failing with "database is locked" when its read lock cannot be upgraded. Readers stay
+    deferred and never block (WAL)."""
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("gpu_audit_writer") else "BEGIN")
 
 
 def make_engine(url: str) -> Engine:
@@ -52,8 +63,9 @@ def make_engine(url: str) -> Engine:
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":
             Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(u, connect_args={"timeout": 30})
+        engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_MS / 1000})
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     return create_engine(u, pool_pre_ping=True)
 
@@ -92,9 +104,15 @@ class Store:
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
+        """A write transaction: committed on success, rolled back on any error (no partial batch)."""
         try:
-            with self.engine.begin() as conn:
-                yield conn
+            with self.engine.connect() as conn:
+                conn.info["gpu_audit_writer"] = True
+                try:
+                    with conn.begin():
+                        yield conn
+                finally:
+                    conn.info.pop("gpu_audit_writer", None)
         except OperationalError as exc:
             raise StoreError(f"store {self.redacted_url()}: {_first_line(exc)}") from None
 

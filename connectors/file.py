@@ -193,7 +193,7 @@ class FileAllocations:
                 problems.skip(str(path), loc, row)
                 continue
             try:
-                kind = row.get("type", "allocation")
+                kind = row.get("type") or "allocation"
                 if kind == "reservation":
                     yield loc, reservation_from_row(self.ctx.cluster, row)
                 elif kind == "inventory":

@@ -22,17 +22,18 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from apscheduler.triggers.interval import IntervalTrigger
+from conftest import port_open
 from sqlalchemy import create_engine, text
 
 from auditor import config as config_mod
 from auditor import locks
 from auditor.collect import collect
-from auditor.health import HealthServer, Metrics, health
+from auditor.health import HealthServer, health
+from auditor.notify import period_key as notify_period_key
 from auditor.pipeline import RunSummary, StepResult
 from auditor.schedule import MARKER_KIND, Daemon, cron_triggers, period_done, period_key, previous_fire
 from auditor.store import Store
 from auditor.timeutil import floor_to, utcnow
-from tests.conftest import need, port_open
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,15 +107,29 @@ def test_jobs_fire_on_a_fast_schedule(tmp_path: Path, sqlite_store: Store) -> No
     assert not d.scheduler.running
 
 
+def test_per_cluster_collect_jobs_have_their_own_lease(tmp_path: Path, sqlite_store: Store) -> None:
+    cfg = make_cfg(tmp_path, "sqlite://", [{"name": "a"}, {"name": "b"}])
+    rec = Recorder(sleep=1.0)
+    d = Daemon(sqlite_store, cfg, base_dir=tmp_path, runner=rec, per_cluster=True)
+    assert {j.id for j in d.build().get_jobs()} >= {"collect:a", "collect:b", "audit", "report", "chargeback"}
+    t = threading.Thread(target=d.collect_job, args=["a"])
+    t.start()
+    assert rec.started.wait(5)
+    other = Daemon(sqlite_store, cfg, base_dir=tmp_path, runner=Recorder(), per_cluster=True)
+    assert other.collect_job("a") == []  # a is being collected elsewhere
+    assert len(other.collect_job("b")) == 1  # b is not
+    t.join()
+
+
 def test_max_instances_prevents_overlap(tmp_path: Path, sqlite_store: Store) -> None:
     cfg = make_cfg(tmp_path, "sqlite://", [{"name": "a"}])
     rec = Recorder(sleep=0.5)
-    d = Daemon(sqlite_store, cfg, base_dir=tmp_path, runner=rec, triggers=fast(0.1))
+    d = Daemon(sqlite_store, cfg, base_dir=tmp_path, runner=rec, triggers=fast(0.1), workers=4)
     d.start()
     time.sleep(1.6)
     d.shutdown()
     assert rec.count("collect") >= 2
-    assert rec.max_active <= 2  # collect and audit may overlap each other, never themselves
+    assert rec.max_active == 2  # collect and audit overlap each other (4 workers), never themselves
     per_job = {}
     for steps, _ in rec.calls:
         per_job[steps[0]] = per_job.get(steps[0], 0) + 1
@@ -168,9 +183,9 @@ def test_period_keys_follow_the_cron_in_its_timezone() -> None:
     fire = previous_fire(trig, now)
     assert fire is not None and fire.weekday() == 0 and (fire.hour, fire.minute) == (8, 0)
     assert fire <= now < fire + timedelta(days=7)
-    # the Monday report covers the ISO week before it
-    year, week, _ = (fire - timedelta(days=1)).isocalendar()
-    assert period_key("report", fire) == f"{year}-W{week:02d}"
+    # the same key notify stamps on the admin email of an audit window ending at the firing
+    assert period_key("report", fire) == notify_period_key(int(fire.timestamp()))
+    assert period_key("report", fire) != period_key("report", fire + timedelta(days=7))
     monthly = previous_fire(cron_triggers(cfg)["chargeback"], now)
     assert monthly is not None and monthly.day == 1
     prev_month = monthly - timedelta(days=1)
@@ -286,7 +301,7 @@ def test_sigkill_mid_collect_leaves_no_partial_batch_and_next_run_catches_up(tmp
     before = bucket_rows(store)
     # run 2: killed while its third batch is inside an open transaction
     dump = tmp_path / "batches.json"
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cfg.toml"), str(dump)],
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cfg.toml"), str(dump)],  # noqa: S603
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     batches = json.loads(dump.read_text())
@@ -403,7 +418,8 @@ def demo_store(tmp_path: Path) -> tuple[Path, config_mod.Config, Store]:
     return cfg_path, cfg, store
 
 
-def test_metrics_and_health_after_collect_and_audit(tmp_path: Path) -> None:
+def test_metrics_health_and_weekly_report_on_the_demo_fleet(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
     cfg_path, cfg, store = demo_store(tmp_path)
     d = Daemon(store, cfg, base_dir=cfg_path.parent)
     assert all(s.exit_code == 0 for s in d.collect_job())
@@ -435,6 +451,14 @@ def test_metrics_and_health_after_collect_and_audit(tmp_path: Path) -> None:
         server.stop()
     ok, detail = health(store, cfg, 900, now=utcnow() + timedelta(hours=1))
     assert not ok and len(detail["stale"]) == 4
+    # the weekly job through the real steps (audit, report, notify in dry-run: .eml files)
+    weekly = Daemon(store, cfg, base_dir=cfg_path.parent, dry_run=True)
+    summary = weekly.report_job()
+    assert summary is not None and summary.exit_code == 0, summary.as_dict()
+    emails = list((tmp_path / "reports" / "outbox").glob("*.eml"))
+    assert emails
+    assert weekly.report_job() is None  # same period: not again
+    assert sorted((tmp_path / "reports" / "outbox").glob("*.eml")) == sorted(emails)
 
 
 @pytest.mark.slow
@@ -443,7 +467,7 @@ def test_serve_runs_demo_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     launcher = ("import sys; from auditor.cli import main; from auditor import cli_serve\n"
                 "'serve' in main.commands or cli_serve.register(main)\nmain()")
-    proc = subprocess.Popen([sys.executable, "-c", launcher, "-c", str(cfg_path), "serve", "--listen",
+    proc = subprocess.Popen([sys.executable, "-c", launcher, "-c", str(cfg_path), "serve", "--listen",  # noqa: S603
                              f"127.0.0.1:{port}", "--once-now", "--every", "3", "--health-max-age", "600"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
