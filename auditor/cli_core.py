@@ -13,9 +13,18 @@ from auditor.errors import GpuAuditError
 
 
 def _progress(app: App) -> Any:
+    """A live record counter per source on a terminal; one line per source otherwise; nothing with --json."""
     if app.as_json:
         return None
-    return lambda what: click.echo(f"  collecting {what} ...", err=True)
+    tty = click.get_text_stream("stderr").isatty()
+
+    def show(what: str, n: int, done: bool) -> None:
+        if tty:
+            click.echo(f"\r  collecting {what}: {n:,} records", err=True, nl=done)
+        elif done:
+            click.echo(f"  collected {what}: {n:,} records", err=True)
+
+    return show
 
 
 def _hours(x: float | None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -101,9 +101,23 @@ def plan_window(store: Store, cluster: ClusterConfig, key: str, bucket: int, now
     return Window(start, ceil_to(end, bucket), bucket)
 
 
+Progress = Callable[[str, int, bool], None]  # (source, records so far, finished)
+
+
+def _counted(records: Iterable[Any], what: str, progress: Progress | None, every: int = 5000) -> Iterator[Any]:
+    """Pass records through, reporting how many went by (for the CLI's progress line)."""
+    n = 0
+    for n, rec in enumerate(records, 1):
+        if progress and n % every == 0:
+            progress(what, n, False)
+        yield rec
+    if progress:
+        progress(what, n, True)
+
+
 def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str, index: int,
                    src: SourceConfig, window: Window, base_dir: Path,
-                   sleep: Callable[[float], None] = time.sleep) -> SourceResult:
+                   sleep: Callable[[float], None] = time.sleep, progress: Progress | None = None) -> SourceResult:
     key = source_key(role, index, src)
     res = SourceResult(cluster.name, key, False, window.since.isoformat(), window.until.isoformat())
     t0 = time.monotonic()
@@ -113,7 +127,8 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
         try:
             conn = connector_for(cluster.name, role, index, src, base_dir)
             seen = to_epoch(min(window.until, utcnow()))
-            stats: IngestStats = store.ingest(conn.collect(window, problems), seen_at_ts=seen)
+            records = _counted(conn.collect(window, problems), f"{cluster.name} {key}", progress)
+            stats: IngestStats = store.ingest(records, seen_at_ts=seen)
             with store.begin() as c:
                 _quarantine(c, cluster.name, problems)
                 store.set_watermark(c, cluster.name, key, to_epoch(window.until) or 0)
@@ -148,7 +163,7 @@ def _quarantine(conn: Any, cluster: str, problems: Problems) -> None:
 
 def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | None = None,
             since: datetime | None = None, until: datetime | None = None, now: datetime | None = None,
-            progress: Callable[[str], None] | None = None) -> CollectSummary:
+            progress: Progress | None = None) -> CollectSummary:
     """Collect every configured source once (allocations first, then telemetry), per cluster."""
     now = now or utcnow()
     summary = CollectSummary()
@@ -163,12 +178,11 @@ def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | 
         for role in ("allocations", "telemetry"):
             for i, src in enumerate(getattr(cluster, role)):
                 key = source_key(role, i, src)
-                if progress:
-                    progress(f"{cluster.name} {key}")
                 try:
                     window = plan_window(store, cluster, key, bucket, now, since, until)
                 except GpuAuditError as exc:
                     summary.results.append(SourceResult(cluster.name, key, False, "", "", str(exc)))
                     continue
-                summary.results.append(collect_source(store, cfg, cluster, role, i, src, window, base_dir))
+                summary.results.append(collect_source(store, cfg, cluster, role, i, src, window, base_dir,
+                                                      progress=progress))
     return summary
