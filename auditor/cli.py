@@ -22,7 +22,7 @@ from auditor import config as config_mod
 from auditor.errors import GpuAuditError
 from auditor.timeutil import parse_time, utcnow
 
-COMMAND_MODULES: list[str] = ["auditor.cli_money", "auditor.cli_serve"]
+COMMAND_MODULES: list[str] = ["auditor.cli_money", "auditor.cli_serve", "auditor.cli_report"]
 
 EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 3
 

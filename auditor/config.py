@@ -174,7 +174,8 @@ class ScheduleConfig(Strict):
 
 
 class ReportConfig(Strict):
-    out_dir: Path = Field(Path("reports"), description="Where report and chargeback files are written.")
+    out_dir: Path = Field(Path("reports"), description="Where report and chargeback files are written "
+                          "(relative to the config file's directory).")
     timezone: str = Field("UTC", description="Timezone for times shown in reports.")
     top_n: int = Field(25, ge=1, description="Rows in each report table before it is cut.")
     days: float = Field(7, gt=0, description="Default audit/report window in days.")
@@ -265,4 +266,8 @@ def load(path: str | Path | None = None) -> Config:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-    return parse(data, str(p))
+    cfg = parse(data, str(p))
+    if not cfg.report.out_dir.is_absolute():  # relative paths are relative to the config file, like sources
+        report = cfg.report.model_copy(update={"out_dir": p.resolve().parent / cfg.report.out_dir})
+        cfg = cfg.model_copy(update={"report": report})
+    return cfg

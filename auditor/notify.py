@@ -80,12 +80,6 @@ class Outgoing:
     stem: str = ""
 
 
-@dataclass
-class NotifyResult:
-    sent: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-
-
 def period_key(until_ts: int) -> str:
     """ISO week of the window's last second, e.g. 2026-W48."""
     y, w, _ = datetime.fromtimestamp(until_ts - 1, UTC).isocalendar()
@@ -162,7 +156,12 @@ def nudge_rows(store: Store, cfg: Config, run_id: int) -> list[dict[str, Any]]:
     with store.engine.connect() as conn:
         table = report.findings_table(conn, run_id, NUDGE_KINDS, report._tz(cfg), full=True, top_n=0,
                                       where=" AND f.allocation_id IS NOT NULL")
-    return table["rows"]
+    best: dict[int, dict[str, Any]] = {}
+    kinds: dict[int, list[str]] = defaultdict(list)
+    for r in table["rows"]:  # one row per allocation: the costliest finding, naming all its kinds
+        kinds[r["allocation_id"]].append(r["kind"])
+        best.setdefault(r["allocation_id"], r)
+    return [{**r, "kind": ", ".join(kinds[a])} for a, r in best.items()]
 
 
 def nudge_context(ctx: dict[str, Any], audience: str, who: str, rows: list[dict[str, Any]], top_n: int
@@ -174,7 +173,7 @@ def nudge_context(ctx: dict[str, Any], audience: str, who: str, rows: list[dict[
             "allocations": len({r["allocation_id"] for r in rows}),
             "findings": {"rows": rows[:top_n], "total": len(rows), "shown": min(top_n, len(rows)),
                          "cut": len(rows) > top_n, "totals": totals},
-            "kinds": sorted({r["kind"] for r in rows}), "advice": report.ADVICE}
+            "kinds": sorted({k for r in rows for k in r["kind"].split(", ")}), "advice": report.ADVICE}
 
 
 def build_messages(store: Store, cfg: Config, run_id: int, *, admin: bool = True, teams: bool = True,
@@ -196,8 +195,12 @@ def build_messages(store: Store, cfg: Config, run_id: int, *, admin: bool = True
             if (rcpt.lower(), pkey) in throttle.periods:
                 skipped.append({"kind": "admin_report", "to": rcpt, "reason": f"already sent for {pkey}"})
                 continue
-            out.append(Outgoing("admin_report", rcpt, compose(cfg, rcpt, subject, txt, html, images),
-                                period_key=pkey, stem=f"admin-{pkey}"))
+            try:
+                msg = compose(cfg, rcpt, subject, txt, html, images)
+            except GpuAuditError as exc:
+                skipped.append({"kind": "admin_report", "to": safe_header(rcpt, 80), "reason": str(exc)})
+                continue
+            out.append(Outgoing("admin_report", rcpt, msg, period_key=pkey, stem=f"admin-{pkey}"))
     rows = nudge_rows(store, cfg, run_id) if (teams or users) else []
     if teams:
         by_team: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -240,11 +243,16 @@ def _nudge(out: list[Outgoing], skipped: list[dict], cfg: Config, ctx: dict[str,
     html, images = render_html(nctx, template="nudge.html.j2", mode="cid")
     txt = environment("text").get_template("nudge.txt.j2").render(**nctx)
     t = nctx["findings"]["totals"]
-    subject = (f"[gpu-audit] {audience} {who}: {nctx['allocations']} allocations held GPUs idle, "
+    n = nctx["allocations"]
+    subject = (f"[gpu-audit] {audience} {who}: {n} allocation{'' if n == 1 else 's'} held GPUs idle, "
                f"{t['idle_gpu_hours']:,.1f} GPU-hours, {ctx['currency']} {t['cost']:,.2f}")
+    try:
+        msg = compose(cfg, rcpt, subject, txt, html, images)
+    except GpuAuditError as exc:  # a bad address in the team mapping: skip it, send the rest
+        skipped.append({"kind": kind, "to": safe_header(rcpt, 80), "reason": str(exc)})
+        return
     throttle.last[rcpt.lower()] = throttle.now  # one nudge per address per run
-    out.append(Outgoing(kind, rcpt, compose(cfg, rcpt, subject, txt, html, images),
-                        sorted({r["allocation_id"] for r in fresh}), pkey, f"{audience}-{who}"))
+    out.append(Outgoing(kind, rcpt, msg, sorted({r["allocation_id"] for r in fresh}), pkey, f"{audience}-{who}"))
 
 
 def smtp_connect(cfg: Config) -> smtplib.SMTP:
@@ -273,17 +281,20 @@ def smtp_connect(cfg: Config) -> smtplib.SMTP:
     return smtp
 
 
-def _file_name(o: Outgoing, n: int) -> str:
+def _file_name(o: Outgoing, run_id: int) -> str:
+    """Stable per run and recipient, so a second dry run replaces its own files and nothing else."""
     stem = re.sub(r"[^A-Za-z0-9_.@-]+", "_", f"{o.stem}-{o.recipient}")[:120]
-    return f"{n:03d}-{stem}.eml"
+    return f"run{run_id}-{stem}.eml"
 
 
 def notify(store: Store, cfg: Config, run_id: int, *, dry_run: bool = False, out_dir: Path | str | None = None,
            admin: bool = True, teams: bool = True, users: bool = True, now: datetime | None = None
-           ) -> NotifyResult:
-    """Send (or with ``dry_run`` write as .eml) the admin report and nudges for ``run_id``; record them."""
+           ) -> dict[str, list[dict[str, Any]]]:
+    """Send (or with ``dry_run`` write as .eml) the admin report and nudges for ``run_id``; record them.
+
+    Returns ``{"sent": [...], "skipped": [...]}`` (plain data: the pipeline prints it as JSON)."""
     messages, skipped = build_messages(store, cfg, run_id, admin=admin, teams=teams, users=users, now=now)
-    result = NotifyResult(skipped=skipped)
+    result: dict[str, list[dict[str, Any]]] = {"sent": [], "skipped": skipped}
     if not messages:
         return result
     outdir = Path(out_dir or cfg.report.out_dir)
@@ -296,11 +307,11 @@ def notify(store: Store, cfg: Config, run_id: int, *, dry_run: bool = False, out
     else:
         smtp = smtp_connect(cfg)
     try:
-        for n, o in enumerate(messages, 1):
+        for o in messages:
             entry: dict[str, Any] = {"kind": o.kind, "to": o.recipient, "subject": str(o.message["Subject"]),
                                      "allocations": o.allocation_ids}
             if dry_run:
-                path = outdir / _file_name(o, n)
+                path = outdir / _file_name(o, run_id)
                 path.write_bytes(o.message.as_bytes(policy=SMTP_POLICY))
                 entry["file"] = str(path)
             else:
@@ -308,11 +319,11 @@ def notify(store: Store, cfg: Config, run_id: int, *, dry_run: bool = False, out
                 try:
                     smtp.send_message(o.message, to_addrs=recipients_of(o.message))
                 except smtplib.SMTPException as exc:
-                    result.skipped.append({"kind": o.kind, "to": o.recipient,
+                    result["skipped"].append({"kind": o.kind, "to": o.recipient,
                                            "reason": f"send failed: {safe_header(exc, 160)}"})
                     continue
             _record(store, o, dry_run)
-            result.sent.append(entry)
+            result["sent"].append(entry)
     finally:
         if smtp is not None:
             try:

@@ -137,7 +137,8 @@ def finding_row(m: dict[str, Any], tz: Any) -> dict[str, Any]:
     job = ev.get("job") or {}
     return {"id": m["id"], "kind": m["kind"], "cluster": m["cluster"], "allocation_id": m["allocation_id"],
             "job_id": str(job.get("id") or ""), "job_name": str(job.get("name") or ""),
-            "source": job.get("source") or "", "reservation": m.get("reservation_name") or "",
+            "source": job.get("source") or "",
+            "reservation": m.get("reservation_name") or str(ev.get("reservation") or ""),
             "user": m["user_name"] or "", "account": m["account"] or "", "team": m["team"] or "",
             "start": _when(m["start_ts"], tz), "end": _when(m["end_ts"], tz),
             "start_ts": m["start_ts"], "end_ts": m["end_ts"],
@@ -146,7 +147,7 @@ def finding_row(m: dict[str, Any], tz: Any) -> dict[str, Any]:
             "cost": m["cost"], "mean_gpu_util": ev.get("mean_gpu_util"),
             "mean_sm_active": ev.get("mean_sm_active"), "coverage": ev.get("coverage"),
             "low_confidence": bool(ev.get("low_confidence")), "rule": str(ev.get("rule") or ""),
-            "hint": str(ev.get("hint") or ev.get("bottleneck") or ""),
+            "hint": ": ".join(str(x) for x in (ev.get("hint"), ev.get("hint_reason")) if x),
             "advice": ADVICE.get(m["kind"], ""), "sparkline": ev.get("sparkline")}
 
 
@@ -159,9 +160,12 @@ def findings_table(conn: Connection, run_id: int, kinds: tuple[str, ...], tz: An
     rows = [finding_row(dict(r._mapping), tz) for r in conn.execute(
         text(sql + " ORDER BY f.cost DESC, f.idle_gpu_hours DESC, f.gpu_hours DESC, f.id"
              + _limit(full, top_n)), p)]
+    # totals count each allocation once: two findings about one job (mirage + idle GPUs) share hours
     agg = conn.execute(text(
-        f"SELECT COUNT(*) AS n, SUM(gpu_hours) AS gh, SUM(idle_gpu_hours) AS ih, SUM(cost) AS c "
-        f"FROM findings f WHERE f.run_id = :run AND f.kind IN ({marks}){where}"), p).one()
+        "SELECT SUM(n) AS n, SUM(gh) AS gh, SUM(ih) AS ih, SUM(c) AS c FROM (SELECT COUNT(*) AS n, "
+        "MAX(gpu_hours) AS gh, MAX(idle_gpu_hours) AS ih, MAX(cost) AS c FROM findings f "
+        f"WHERE f.run_id = :run AND f.kind IN ({marks}){where} "
+        "GROUP BY COALESCE(f.allocation_id, -f.id)) g"), p).one()
     return _table(rows, int(agg.n or 0), {"gpu_hours": agg.gh or 0.0, "idle_gpu_hours": agg.ih or 0.0,
                                           "cost": agg.c or 0.0})
 
@@ -248,15 +252,15 @@ def latest_ok_run(store: Store) -> int:
 
 
 def run_for_window(store: Store, since: datetime, until: datetime) -> int:
-    """The newest ok run whose window is exactly [since, until)."""
+    """The newest ok run whose window lies inside [since, until]."""
     t = schema.audit_runs
     with store.engine.connect() as conn:
         rid = conn.execute(select(t.c.id).where(
-            t.c.status == "ok", t.c.what_if.is_(False), t.c.since_ts == int(since.timestamp()),
-            t.c.until_ts == int(until.timestamp())).order_by(t.c.id.desc()).limit(1)).scalar()
+            t.c.status == "ok", t.c.what_if.is_(False), t.c.since_ts >= int(since.timestamp()),
+            t.c.until_ts <= int(until.timestamp())).order_by(t.c.id.desc()).limit(1)).scalar()
     if rid is None:
-        raise GpuAuditError(f"no ok audit run for {since.isoformat()} .. {until.isoformat()}: run "
-                            "`gpu-audit audit` with the same --since/--until first")
+        raise GpuAuditError(f"no ok audit run inside {since.isoformat()} .. {until.isoformat()}: run "
+                            "`gpu-audit audit` with that --since/--until first")
     return int(rid)
 
 

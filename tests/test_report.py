@@ -7,6 +7,7 @@ import json
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -220,6 +221,7 @@ def test_ten_thousand_allocations_render_fast(tmp_path: Path) -> None:
     t = time.perf_counter()
     paths = render.write_reports(store, cfg, run_id, tmp_path / "big", render.FORMATS)
     elapsed = time.perf_counter() - t
+    print(f"10k allocations: write_reports (4 formats + CSV) {elapsed:.2f}s")
     assert elapsed < 10, f"10k-allocation report took {elapsed:.1f}s"
     ctx = report.build_context(store, cfg, run_id)
     assert ctx["headline"]["allocations"] == 10_000
@@ -244,3 +246,116 @@ def test_text_and_markdown_escapers() -> None:
     assert render.plain("a\x1b[31mred\r\nb\u202e") == "a[31mred b"
     assert render.md("<b>|*_`") == "\\<b\\>\\|\\*\\_\\`"
     assert render.md("x\ny") == "x y"
+
+
+def test_episode_reservation_and_low_efficiency_sections(tmp_path: Path) -> None:
+    from auditor.records import Reservation
+
+    cfg = make_cfg()
+    store = new_store(tmp_path)
+    t = T0 + timedelta(hours=1)
+    recs: list = [Allocation("c1", "slurm", "301", name="pause|job", user="dora", account="acct-ml", start=t,
+                             end=t + timedelta(hours=12), gpus=[AllocatedGpu("n5", 0)])]
+    recs += buckets("n5", 0, t, 8, 0.9, 1.0) + buckets("n5", 0, t + timedelta(hours=8), 4, 0.0, 0.0)
+    recs.append(Allocation("c1", "slurm", "302", name="slow", user="erin", account="acct-vis", start=t,
+                           end=t + timedelta(hours=6), gpus=[AllocatedGpu("n6", 0)]))
+    recs += buckets("n6", 0, t, 6, 0.1, 0.9)
+    recs.append(Reservation("c1", "maint<b>|x", t, t + timedelta(hours=10), nodes=["n7"], gpu_count=4,
+                            users=["dora"], accounts=["acct-ml"]))
+    recs += [GpuInventory("c1", "n7", i, model="h100") for i in range(4)]
+    store.ingest(recs)
+    run_id = run_audit(store, cfg, T0, T0 + WEEK).run_id
+    ctx = report.build_context(store, cfg, run_id)
+    kinds = ctx["headline"]["findings"]
+    assert kinds.get("idle_episode") == ctx["episodes"]["total"] >= 1
+    assert kinds.get("idle_reservation") == ctx["reservations"]["total"] == 1
+    assert ctx["reservations"]["rows"][0]["reservation"] == "maint<b>|x"
+    html, txt, md = render.render_html(ctx)[0], render.render_text(ctx), render.render_md(ctx)
+    assert "Idle episodes inside working jobs" in html and "IDLE EPISODES" in txt and "## Idle episodes" in md
+    assert "maint&lt;b&gt;|x" in html and "maint<b>|x" in txt and "maint\\<b\\>\\|x" in md
+    assert kinds.get("low_efficiency") == ctx["low_efficiency"]["total"] >= 1
+    assert "Low efficiency" in html and "LOW EFFICIENCY" in txt and ctx["low_efficiency"]["rows"][0]["hint"]
+
+
+def cli_main():  # noqa: ANN201 - click group
+    """The real `gpu-audit` group, with this module's commands even before COMMAND_MODULES lists them."""
+    import auditor.cli as cli
+
+    if "report" not in cli.main.commands:
+        from auditor import cli_report
+
+        cli_report.register(cli.main)
+    return cli.main
+
+
+def test_cli_report_and_notify_on_the_demo(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from auditor.demo import generate
+
+    cfg_path, start, end = generate(tmp_path / "demo")
+    main, runner = cli_main(), CliRunner()
+
+    def go(*args: str) -> Any:
+        return runner.invoke(main, ["-c", str(cfg_path), *args])
+
+    assert go("db", "upgrade").exit_code == 0
+    res = go("report", "--out", str(tmp_path / "r"))
+    assert res.exit_code == 1 and "run `gpu-audit audit`" in res.output and len(res.output.splitlines()) == 1
+    assert go("collect").exit_code == 0
+    assert go("audit", "--since", start.isoformat(), "--until", end.isoformat()).exit_code == 0
+    res = go("report", "--format", "html", "--format", "md", "--out", str(tmp_path / "r"))
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["findings-1.csv", "report-1.html",
+                                                                "report-1.md"]
+    assert "spin-wait" in (tmp_path / "r" / "report-1.html").read_text()
+    res = go("--json", "report", "--run", "1", "--format", "json", "--out", str(tmp_path / "j"))
+    assert res.exit_code == 0 and json.loads(res.output)["files"][0].endswith("report-1.json")
+    res = go("report", "--since", start.isoformat(), "--until", end.isoformat(), "--out", str(tmp_path / "w"))
+    assert res.exit_code == 0 and len(list((tmp_path / "w").iterdir())) == 5
+    assert go("report", "--run", "99").output.startswith("gpu-audit: error: no audit run 99")
+    res = go("notify", "--dry-run", "--out", str(tmp_path / "eml"), "--no-users")
+    assert res.exit_code == 0, res.output
+    emls = sorted(p.name for p in (tmp_path / "eml").iterdir())
+    assert emls[0].startswith("run1-admin-") and sum(n.startswith("run1-team-") for n in emls) == 3
+    assert "wrote admin_report to gpu-platform@example.com" in res.output
+    res = go("--json", "notify", "--dry-run", "--out", str(tmp_path / "eml2"), "--no-admin", "--no-teams")
+    data = json.loads(res.output)
+    assert data["dry_run"] is True and {m["kind"] for m in data["sent"]} == {"user_nudge"}
+    res = go("notify", "--no-admin", "--no-teams", "--no-users")
+    assert res.exit_code == 1 and "nothing to send" in res.output
+
+
+@pytest.mark.service
+def test_report_on_postgresql(pg_url: str, tmp_path: Path) -> None:
+    """The report's SQL on the production store, in a database of its own (other tests share `test`)."""
+    import os
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    name = f"gpu_audit_report_{os.getpid()}"
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        url = make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+        store = Store.open(url)
+        store.upgrade()
+        cfg = make_cfg(top_n=2)
+        run_id = 0
+        for k in (1, 0):
+            start = T0 - k * WEEK
+            store.ingest(week_records(start + timedelta(hours=1), idle_hours=8.0 - 2 * k))
+            run_id = run_audit(store, cfg, start, start + WEEK).run_id
+        ctx = report.build_context(store, cfg, run_id)
+        assert ctx["headline"]["idle_gpu_hours"] == pytest.approx(sql_totals(store, run_id)["idle"])
+        assert ctx["top_idle"]["cut"] and len(ctx["trend"]) == 2 and ctx["coverage"]["silent"]["total"] == 1
+        paths = render.write_reports(store, cfg, run_id, tmp_path / "pg", render.FORMATS)
+        assert "&lt;script&gt;" in paths[0].read_text()
+        store.engine.dispose()
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
