@@ -285,6 +285,7 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
             "top_idle": findings_table(conn, run_id, IDLE_KINDS, tz, full=full, top_n=n),
             "coverage": coverage_section(conn, run, cfg, full=full),
             "trend": trend(conn, run, tz), "thresholds": th,
+            "capacity": list(summary.get("capacity") or []),
             "definitions": {k: v.format(**{**cfg.thresholds.model_dump(), **th}) for k, v in DEFINITIONS.items()},
             "files": {"json": f"report-{run_id}.json", "csv": f"findings-{run_id}.csv"},
         }

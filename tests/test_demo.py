@@ -81,3 +81,15 @@ def test_demo_is_idempotent_when_collected_again(demo: tuple[dict, Path]) -> Non
     assert res.exit_code == 0, res.output
     after = {t: v for t, v in s.checksum().items() if t in before}
     assert after == before
+
+
+def test_demo_capacity_and_reports(demo: tuple[dict, Path]) -> None:
+    data, out = demo
+    hpc = next(c for c in data["capacity"] if c["cluster"] == "hpc")
+    # 16 GPUs x 168 h = 2,688; allocated 1,562 (the Slurm jobs); the unused reservation 192
+    assert (hpc["gpus"], hpc["gpu_hours"], hpc["allocated_gpu_hours"], hpc["reserved_unused_gpu_hours"]) == \
+        (16, 2688.0, 1562.0, 192.0)
+    assert hpc["free_gpu_hours"] == pytest.approx(2688 - 1562 - 192)
+    text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
+    assert "CAPACITY" in text_report and "934.0" in text_report
+    assert {Path(p).suffix for p in data["reports"]} == {".html", ".txt", ".md", ".json", ".csv"}
