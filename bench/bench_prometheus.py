@@ -32,8 +32,8 @@ class Recording(PrometheusTelemetry):
         super().__init__(*args)
         self.saved: list[tuple[dict[str, Any], bytes]] = []
 
-    def request(self, path: str, data: dict[str, Any]) -> bytes:
-        body = super().request(path, data)
+    def request(self, path: str, data: dict[str, Any], method: str = "POST") -> bytes:
+        body = super().request(path, data, method)
         if path.endswith("query_range"):
             self.saved.append((data, body))
         return body
@@ -67,13 +67,15 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=7.0)
     ap.add_argument("--store", default=None, help="SQLAlchemy URL (default: a temporary SQLite file)")
     ap.add_argument("--no-ingest", action="store_true")
+    ap.add_argument("--gzip", action="store_true", help="ask for gzip answers (off: loopback)")
     a = ap.parse_args()
     if not STATE.exists():
         raise SystemExit("bench data missing: run `bash scripts/testbed-prometheus.sh up bench` first")
     state = json.loads(STATE.read_text())
     start = datetime.fromtimestamp(state["start"], UTC)
     window = Window(start, start + timedelta(days=a.days), 300)
-    src = Recording(Context("bench"), PrometheusTelemetry.Options(url=a.url, timeout_s=300))
+    src = Recording(Context("bench"), PrometheusTelemetry.Options(url=a.url, timeout_s=300,
+                                                                  compression=a.gzip))
 
     problems = Problems()
     t0 = time.perf_counter()
@@ -83,7 +85,8 @@ def main() -> None:
     t_floor, n_floor = floor(src, window)
     assert n_floor == len(buckets), (n_floor, len(buckets))
 
-    print(f"data: {state['gpus']} GPUs x {a.days:g} days x 8 metrics, raw every {state['interval']} s; "
+    print(f"data: {state['gpus']} GPUs x {a.days:g} days x 8 metrics, raw every {state['interval']} s, "
+          f"gzip {'on' if a.gzip else 'off'}; "
           f"{len(buckets):,} buckets from {len(src.saved)} query_range answers ({size / 1e6:.0f} MB JSON)")
     print(f"pull+convert  {t_pull:7.2f} s  {len(buckets) / t_pull:10,.0f} buckets/s")
     print(f"parse floor   {t_floor:7.2f} s  {len(buckets) / t_floor:10,.0f} buckets/s")

@@ -1,13 +1,16 @@
 """Telemetry from any Prometheus-compatible HTTP API (Prometheus, Thanos, Mimir, VictoriaMetrics).
 
-Buckets are computed server-side: per field one ``query_range`` whose step is the bucket length, e.g.
-``max by (Hostname, instance, gpu, UUID, GPU_I_ID, ...) (avg_over_time(M[300s]))``, evaluated at
-``bucket_start + bucket - 1 ms`` so each point covers exactly the bucket's samples; raw 30 s samples are
-never pulled. ``samples`` comes from ``count_over_time`` of SM_ACTIVE (GPU_UTIL where a GPU has no
-profiling fields). Gaps return no points, so they produce no bucket: the audit calls them unknown.
+Buckets are computed server-side: per field one ``query_range`` whose step is the bucket length,
+``avg_over_time(M[300s] offset 1ms)`` evaluated at each bucket's end, so every point covers exactly the
+bucket's samples [start, start + 300 s); raw 30 s samples are never pulled. ``samples`` comes from
+``count_over_time`` of SM_ACTIVE (GPU_UTIL where a GPU has no profiling fields). Gaps return no points,
+so they produce no bucket: the audit calls them unknown.
 
-One value per GPU: dcgm-exporter repeats a GPU's series per ``hpc_job`` and per time-sliced pod; the copies
-are device-wide values, so they are combined with ``max`` (never summed), server-side and client-side.
+One value per GPU: dcgm-exporter repeats a GPU's series per ``hpc_job`` and per time-sliced pod; those
+copies are device-wide values, so they are combined with ``max``, never summed. That fold (and the
+``Hostname``/``hostname`` rename) is done here, per series, not with ``max by (...)`` in PromQL:
+Prometheus 2.x evaluates an aggregation per step, which made each query ~8x slower on 1,024 GPUs
+(measured, bench/bench_prometheus.py) for answers of the same size.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,8 +33,10 @@ from pydantic import Field, field_validator
 from auditor.aliases import (
     LABEL_ALIASES,
     METRIC_ALIASES,
+    RATIO_FIELDS,
     BadValue,
     host_from_instance,
+    names_for,
     normalise,
     pick_label,
 )
@@ -42,11 +48,15 @@ from connectors.base import Context, Options, Problems, Window
 log = logging.getLogger("gpu_audit.prometheus")
 
 #: Labels kept by the server-side aggregation; ``hostname`` is folded into ``Hostname`` first.
-GROUP_LABELS: tuple[str, ...] = tuple(dict.fromkeys(
-    name for key in ("host", "gpu", "uuid", "model", "gpu_instance", "gpu_profile", *LABEL_FIELDS)
-    for name in LABEL_ALIASES[key] if name != "hostname"))
+#: Labels that identify one GPU (or MIG instance): the GPU_UTIL count skips GPUs that have SM_ACTIVE.
+GPU_LABELS: tuple[str, ...] = tuple(name for key in ("host", "gpu", "uuid", "gpu_instance")
+                                    for name in LABEL_ALIASES[key])
 COUNT_FIELDS = ("sm_active", "gpu_util")
-EPS = 0.001  # evaluate 1 ms before the bucket end: the range then holds exactly [start, end)
+
+try:  # optional: 3-5x faster decoding of large answers; the stdlib parser is the fallback
+    from orjson import loads as json_loads
+except ImportError:  # pragma: no cover - depends on the environment
+    json_loads = json.loads
 
 
 def safe_url(url: str) -> str:
@@ -76,6 +86,10 @@ class PrometheusTelemetry:
                                           "one query_range; longer windows are chunked.")
         chunk_hours: float = Field(24.0, gt=0, description="Longest span of one query (bounds memory "
                                    "and response size; 1,024 GPUs x 24 h x 5 min is ~300k points).")
+        compression: bool = Field(True, description="Ask for gzip answers (about 5x smaller); turn off "
+                                  "on loopback or fast links, where compressing costs more than it saves.")
+        concurrency: int = Field(2, ge=1, le=16, description="Queries in flight at once (answers are "
+                                 "decoded while the next ones are computed).")
         retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed with a "
                              "connection error, timeout, 429 or 5xx.")
         backoff_s: float = Field(1.0, ge=0, le=60, description="First retry delay; doubles each retry.")
@@ -106,15 +120,15 @@ class PrometheusTelemetry:
         self.context, self.options = context, options
         self.source = f"prometheus:{safe_url(options.url)}"
         self._client: httpx.Client | None = None
-        #: Optional hook called with each raw response body (the benchmark saves them).
-        self.on_body: Callable[[bytes], None] | None = None
+        self.index_of: dict[tuple[str, str], int] = {}
 
     # -- HTTP -------------------------------------------------------------------------------------
 
     def client(self) -> httpx.Client:
         if self._client is None:
             o = self.options
-            headers = {"Accept": "application/json"}
+            headers = {"Accept": "application/json",
+                       "Accept-Encoding": "gzip" if o.compression else "identity"}
             auth = None
             if o.bearer_token:
                 token = o.bearer_token.resolve("prometheus.bearer_token")
@@ -136,14 +150,15 @@ class PrometheusTelemetry:
             self._client.close()
             self._client = None
 
-    def request(self, path: str, data: dict[str, Any]) -> bytes:
-        """POST a form to the API with bounded retries; returns the body of a 200 answer."""
+    def request(self, path: str, data: dict[str, Any], method: str = "POST") -> bytes:
+        """Call the API (POST form, or GET query) with bounded retries; returns the body of a 200 answer."""
         o = self.options
         delay = o.backoff_s
         for attempt in range(o.retries + 1):
             last = attempt == o.retries
             try:
-                resp = self.client().post(path, data=data)
+                resp = self.client().post(path, data=data) if method == "POST" else \
+                    self.client().get(path, params=data)
             except httpx.TimeoutException:
                 if last:
                     raise SourceError(self.source, f"{path}: no answer within {o.timeout_s:g} s "
@@ -163,19 +178,17 @@ class PrometheusTelemetry:
             delay *= 2
         raise AssertionError("unreachable")
 
-    def api(self, path: str, data: dict[str, Any], problems: Problems) -> Any:
-        body = self.request(path, data)
-        if self.on_body is not None:
-            self.on_body(body)
-        return self.decode(body, path, problems)
+    def api(self, path: str, data: dict[str, Any], problems: Problems, method: str = "POST") -> Any:
+        return self.decode(self.request(path, data, method), path, problems)
 
     def decode(self, body: bytes, path: str, problems: Problems) -> Any:
         try:
-            doc = json.loads(body)
+            doc = json_loads(body)
         except ValueError:
             raise SourceError(self.source, f"{path}: answer is not JSON: {body[:80]!r}") from None
         if not isinstance(doc, dict) or doc.get("status") != "success":
-            raise SourceError(self.source, f"{path}: {_one_line(str(doc.get('error', doc)))}")
+            what = doc.get("error", doc) if isinstance(doc, dict) else doc
+            raise SourceError(self.source, f"{path}: {_one_line(str(what))}")
         for warning in doc.get("warnings") or []:
             problems.skip(self.source, path, f"partial answer: {_one_line(str(warning))}")
         return doc.get("data")
@@ -187,10 +200,9 @@ class PrometheusTelemetry:
         extra = f",{self.options.matchers}" if self.options.matchers else ""
         return f'{{__name__=~"{regex}"{extra}}}'
 
-    def query(self, fn: str, names: list[str], agg: str, bucket_s: int) -> str:
-        inner = f"{fn}({self.selector(names)}[{bucket_s}s])"
-        folded = f'label_replace({inner}, "Hostname", "$1", "hostname", "(.+)")'
-        return f"{agg} by ({', '.join(GROUP_LABELS)}) ({folded})"
+    def query(self, fn: str, names: list[str], bucket_s: int) -> str:
+        """Per series, per bucket: the window function over exactly [start, start + bucket)."""
+        return f"{fn}({self.selector(names)}[{bucket_s}s] offset 1ms)"
 
     def existing_names(self, window: Window, problems: Problems) -> set[str]:
         """Metric names the server has in the window (one cheap call), so absent aliases cost nothing."""
@@ -199,13 +211,30 @@ class PrometheusTelemetry:
         if self.options.matchers:
             data["match[]"] = f"{{{self.options.matchers}}}"
         try:
-            names = self.api("/api/v1/label/__name__/values", data, problems)
+            names = self.api("/api/v1/label/__name__/values", data, problems, "GET")
         except SourceError as exc:
             if exc.transient:
                 raise
             log.info("%s: cannot list metric names (%s); querying every alias", self.source, exc.reason)
             return set(METRIC_ALIASES)
-        return set(names or ()) & set(METRIC_ALIASES)
+        return set(names or ())
+
+    def uuid_index(self, window: Window, have: set[str], problems: Problems) -> dict[tuple[str, str], int]:
+        """nvidia_gpu_exporter labels its series with uuid only: (host, uuid) -> index from nvidia_smi_index."""
+        if "nvidia_smi_index" not in have:
+            return {}
+        span = max(1, math.ceil((window.until - window.since).total_seconds()))
+        extra = f"{{{self.options.matchers}}}" if self.options.matchers else ""
+        data = self.api("/api/v1/query", {"query": f"last_over_time(nvidia_smi_index{extra}[{span}s])",
+                                          "time": str(window.until.timestamp())}, problems)
+        out: dict[tuple[str, str], int] = {}
+        for item in (data or {}).get("result") or ():
+            metric, value = item.get("metric") or {}, item.get("value") or (0, "NaN")
+            host, uuid = pick_label(metric, "host"), pick_label(metric, "uuid")
+            if host and uuid and value[1].isdigit():
+                out[(host_from_instance(host) if host == metric.get("instance") else host, uuid)] = \
+                    int(value[1])
+        return out
 
     def plan(self, have: set[str], bucket_s: int) -> list[tuple[str, str, str]]:
         """(kind, field-or-unit, query): one value query per field and source unit, plus the counts."""
@@ -218,11 +247,16 @@ class PrometheusTelemetry:
                     by_unit.setdefault(spec.unit, []).append(name)
             fn = "max_over_time" if fname == "fb_used_mib" else "avg_over_time"
             for unit, names in by_unit.items():
-                out.append(("value", f"{fname}:{unit}:{names[0]}", self.query(fn, names, "max", bucket_s)))
+                out.append(("value", f"{fname}:{unit}:{names[0]}", self.query(fn, names, bucket_s)))
+        # One count per exported name (a GPU exporting two aliases must not count twice). GPU_UTIL is
+        # counted only where SM_ACTIVE is absent (``unless``): a profiled fleet pays for one count query.
+        sm = [n for n in names_for("sm_active") if n in have]
         for fname in COUNT_FIELDS:
-            first = next((n for n, s in METRIC_ALIASES.items() if s.field == fname and n in have), None)
-            if first:  # one name only, summed: series split by the Hostname rename add up, not max
-                out.append(("count", fname, self.query("count_over_time", [first], "sum", bucket_s)))
+            for name in (n for n in names_for(fname) if n in have):
+                q = self.query("count_over_time", [name], bucket_s)
+                if fname != "sm_active" and sm:
+                    q = f"{q} unless on ({', '.join(GPU_LABELS)}) {self.query('count_over_time', sm, bucket_s)}"
+                out.append(("count", f"{fname}:{name}", q))
         return out
 
     def chunks(self, window: Window) -> Iterator[tuple[int, int]]:
@@ -240,27 +274,38 @@ class PrometheusTelemetry:
         try:
             have = self.existing_names(window, problems)
             todo = self.plan(have, window.bucket_seconds)
+            self.index_of = self.uuid_index(window, have, problems)
             if not todo:
                 log.warning("%s: no GPU metric of the alias table in this window", self.source)
-            for first, last in self.chunks(window):
-                merged = Merge(self, window.bucket_seconds, problems)
-                for kind, what, q in todo:
-                    data = self.api("/api/v1/query_range", {
-                        "query": q, "start": f"{first + window.bucket_seconds - EPS:.3f}",
-                        "end": f"{last + window.bucket_seconds - EPS:.3f}",
-                        "step": str(window.bucket_seconds)}, problems)
-                    merged.add(kind, what, data)
-                yield from merged.buckets()
+            b = window.bucket_seconds
+            with ThreadPoolExecutor(self.options.concurrency, "prometheus") as pool:
+                for first, last in self.chunks(window):
+                    # points at bucket end with `offset 1ms`: each covers exactly [start, start + b)
+                    form = {"start": str(first + b), "end": str(last + b), "step": str(b)}
+                    futures = [pool.submit(self.request, "/api/v1/query_range", {"query": q, **form})
+                               for _, _, q in todo]
+                    try:
+                        merged = Merge(self, b, problems)
+                        for (kind, what, _), fut in zip(todo, futures, strict=True):
+                            merged.add(kind, what, self.decode(fut.result(), "query_range", problems))
+                    finally:
+                        for fut in futures:
+                            fut.cancel()
+                    yield from merged.buckets()
         finally:
             self.close()
 
 
 class Merge:
-    """Folds the per-field answers of one chunk into one GpuBucket per (host, gpu, instance, start)."""
+    """Folds the per-field answers of one chunk into one GpuBucket per (host, gpu, instance, start).
+
+    The hot loop runs once per returned point (millions for a fleet), so it stays flat: the series key
+    and labels are worked out once per series, and values take a fast path unless they need clamping
+    or quarantine (then :func:`normalise` decides)."""
 
     def __init__(self, src: PrometheusTelemetry, bucket_s: int, problems: Problems) -> None:
         self.src, self.bucket_s, self.problems = src, bucket_s, problems
-        self.rows: dict[tuple[str, int, str, int], dict[str, Any]] = {}
+        self.rows: dict[tuple[str, int, str], dict[int, dict[str, Any]]] = {}
         self._dropped: set[object] = set()  # problems already reported (one line per series/bucket)
 
     def key(self, metric: dict[str, str]) -> tuple[str, int, str] | None:
@@ -273,6 +318,9 @@ class Merge:
             if host and not any(metric.get(k) for k in LABEL_ALIASES["host"][:-1]):
                 host = host_from_instance(host)
         gpu = pick_label(metric, "gpu")
+        if gpu is None and host:
+            index = self.src.index_of.get((host, pick_label(metric, "uuid") or ""))
+            gpu = None if index is None else str(index)
         if not host or not gpu or not gpu.isdigit():
             sig = json.dumps(metric, sort_keys=True)
             if sig not in self._dropped:
@@ -282,67 +330,102 @@ class Merge:
             return None
         return host, int(gpu), pick_label(metric, "gpu_instance") or ""
 
-    def add(self, kind: str, what: str, data: Any) -> None:
-        if not isinstance(data, dict) or data.get("resultType") != "matrix":
-            raise SourceError(self.src.source, f"query_range answered {str(data)[:60]!r}, not a matrix")
-        fname, unit, metric_name = what.split(":") if kind == "value" else (what, "", "")
-        for series in data.get("result") or ():
-            metric = series.get("metric") or {}
-            key = self.key(metric)
-            if key is None:
-                continue
-            host, gpu, inst = key
-            for t, text in series.get("values") or ():
-                start = int(round(float(t) + EPS)) - self.bucket_s
-                row = self.rows.get((host, gpu, inst, start))
-                if row is None:
-                    row = self.rows[(host, gpu, inst, start)] = {"_labels": {}}
-                    self._meta(row, metric)
-                elif kind == "value":
-                    self._meta(row, metric)
-                value = float(text)
-                if kind == "count":
-                    row["_count_" + fname] = max(row.get("_count_" + fname, 0), int(value))
-                    continue
-                try:
-                    v, clamped = normalise(fname, unit, value)  # type: ignore[arg-type]
-                except BadValue as exc:
-                    when = datetime.fromtimestamp(start, UTC).isoformat()
-                    where = f"{host}/gpu{gpu}{'/' + inst if inst else ''} @ {when}"
-                    if (where, fname) not in self._dropped:
-                        self._dropped.add((where, fname))
-                        self.problems.skip(self.src.source, where, str(exc), metric_name)
-                    continue
-                if clamped:
-                    self.problems.clamp(self.src.source, f"{fname}>1")
-                old = row.get(fname)
-                row[fname] = v if old is None else max(old, v)
-
     @staticmethod
-    def _meta(row: dict[str, Any], metric: dict[str, str]) -> None:
-        row["uuid"] = row.get("uuid") or pick_label(metric, "uuid")
+    def meta(metric: dict[str, str]) -> tuple[str | None, str | None, tuple[tuple[str, str], ...]]:
         model, profile = pick_label(metric, "model"), pick_label(metric, "gpu_profile")
         if profile:
             model = f"{model} MIG {profile}" if model else f"MIG {profile}"
-        row["model"] = row.get("model") or model
-        for k in LABEL_FIELDS:
-            v = pick_label(metric, k)
-            if v:
-                row["_labels"].setdefault(k, set()).add(v)
+        labels = tuple((k, v) for k in LABEL_FIELDS if (v := pick_label(metric, k)))
+        return pick_label(metric, "uuid"), model, labels
+
+    def add(self, kind: str, what: str, data: Any) -> None:
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            raise SourceError(self.src.source, f"query_range answered {str(data)[:60]!r}, not a matrix")
+        if kind == "value":
+            fname, unit, metric_name = what.split(":")
+        else:
+            field, metric_name = what.split(":")
+            fname, unit = "_count_" + field, ""
+        div = 1.0 / normalise(fname, unit, 1.0)[0] if kind == "value" else 1.0  # type: ignore[arg-type]
+        bounded, counting = fname in RATIO_FIELDS, kind == "count"
+        back = self.bucket_s  # a point stands at its bucket's end
+        for series in data.get("result") or ():
+            metric = series.get("metric") or {}
+            gkey = self.key(metric)
+            if gkey is None:
+                continue
+            rows = self.rows.setdefault(gkey, {})
+            meta = self.meta(metric)
+            copy = (metric_name, meta[2])
+            for t, text in series.get("values") or ():
+                start = int(t) - back
+                row = rows.get(start)
+                if row is None:
+                    row = rows[start] = {"_meta": meta}
+                elif row["_meta"] is not meta and row["_meta"] != meta:
+                    row["_meta"] = _merge_meta(row["_meta"], meta)
+                v = float(text)
+                if counting:  # series split by a relabel (Hostname rename) add up; copies and aliases do not
+                    per_copy = row.get(fname)
+                    if per_copy is None:
+                        per_copy = row[fname] = {}
+                    per_copy[copy] = per_copy.get(copy, 0) + int(v)
+                    continue
+                if v >= 0.0 and v != math.inf:
+                    v /= div
+                    if bounded and v > 1.0:
+                        v = self.slow(fname, unit, v * div, metric_name, gkey, start)
+                else:
+                    v = self.slow(fname, unit, v, metric_name, gkey, start)
+                if v is None:
+                    continue
+                old = row.get(fname)
+                if old is None or v > old:  # copies of one GPU: max, never summed
+                    row[fname] = v
+
+    def slow(self, fname: str, unit: str, raw: float, metric_name: str, gkey: tuple[str, int, str],
+             start: int) -> float | None:
+        """Clamp (counted) or quarantine (one problem per GPU bucket and field) a value off the fast path."""
+        if fname.startswith("_count_"):
+            return raw if raw == raw else None
+        try:
+            v, clamped = normalise(fname, unit, raw)  # type: ignore[arg-type]
+        except BadValue as exc:
+            host, gpu, inst = gkey
+            when = datetime.fromtimestamp(start, UTC).isoformat()
+            where = f"{host}/gpu{gpu}{'/' + inst if inst else ''} @ {when}"
+            if (where, fname) not in self._dropped:
+                self._dropped.add((where, fname))
+                self.problems.skip(self.src.source, where, str(exc), metric_name)
+            return None
+        if clamped:
+            self.problems.clamp(self.src.source, f"{fname}>1")
+        return v
 
     def buckets(self) -> Iterator[GpuBucket]:
-        cluster = self.src.context.cluster
-        for (host, gpu, inst, start), row in sorted(self.rows.items()):
-            samples = row.get("_count_sm_active", row.get("_count_gpu_util", 0))
-            b = GpuBucket(cluster=cluster, host=host, gpu=gpu, gpu_instance=inst, seconds=self.bucket_s,
-                          start=datetime.fromtimestamp(start, UTC), samples=samples, uuid=row["uuid"],
-                          model=row["model"])
-            for fname in METRIC_FIELDS:
-                if fname in row:
-                    setattr(b, fname, row[fname])
-            for k, vs in row["_labels"].items():
-                setattr(b, k, ",".join(sorted(vs)))
-            yield b
+        cluster, seconds = self.src.context.cluster, self.bucket_s
+        for (host, gpu, inst), rows in sorted(self.rows.items()):
+            yield from self._gpu(cluster, seconds, host, gpu, inst, rows)
+
+    @staticmethod
+    def _gpu(cluster: str, seconds: int, host: str, gpu: int, inst: str,
+             rows: dict[int, dict[str, Any]]) -> Iterator[GpuBucket]:
+        for start, row in sorted(rows.items()):
+            uuid, model, labels = row.pop("_meta")
+            counts = row.pop("_count_sm_active", None) or row.pop("_count_gpu_util", None) or {0: 0}
+            row.pop("_count_gpu_util", None)
+            joined: dict[str, set[str]] = {}
+            for k, v in labels:
+                joined.setdefault(k, set()).add(v)
+            yield GpuBucket(cluster=cluster, host=host, gpu=gpu, gpu_instance=inst, seconds=seconds,
+                            start=datetime.fromtimestamp(start, UTC),
+                            samples=max(counts.values()), uuid=uuid, model=model,
+                            **row, **{k: ",".join(sorted(vs)) for k, vs in joined.items()})
+
+
+def _merge_meta(a: tuple, b: tuple) -> tuple:
+    """Two series of one GPU bucket (hpc_job / pod copies): first uuid and model, all labels."""
+    return (a[0] or b[0], a[1] or b[1], tuple(dict.fromkeys(a[2] + b[2])))
 
 
 def _one_line(text: str, limit: int = 300) -> str:

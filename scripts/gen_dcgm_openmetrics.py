@@ -12,6 +12,7 @@ Profile ``test`` (six GPUs on three nodes, exact dcgm-exporter label names):
   ``hostname``; it has a telemetry gap (no samples) from hour 2 to hour 3.
 * node-c gpu0 is a MIG instance (GPU_I_ID 1, 1g.10gb) whose SM_ACTIVE reads slightly above 1.
 * node-c gpu1 has no profiling fields at all (GPU_UTIL, FB_USED and power only: the util fallback).
+* node-d gpu3 is watched by nvidia_gpu_exporter (uuid-only labels, index from ``nvidia_smi_index``).
 
 Profile ``bench``: ``gpus`` GPUs (8 per node), the 8 bench metrics, one sample per ``interval``.
 
@@ -50,10 +51,12 @@ BEHAVIOURS: dict[str, dict[str, tuple[float, float]]] = {
              "DCGM_FI_DEV_POWER_USAGE": (350.0, 30.0), "DCGM_FI_PROF_PCIE_TX_BYTES": (3.0e9, 5.0e8)},
     "mig": {"DCGM_FI_PROF_SM_ACTIVE": (1.01, 0.01), "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": (0.3, 0.05),
             "DCGM_FI_PROF_DRAM_ACTIVE": (0.2, 0.05)},
+    "smi": {"nvidia_smi_utilization_gpu_ratio": (0.98, 0.02), "nvidia_smi_memory_used_bytes": (2.0e10, 0),
+            "nvidia_smi_power_draw_watts": (300.0, 20.0), "nvidia_smi_index": (3, 0)},
     "util_only": {"DCGM_FI_DEV_GPU_UTIL": (3, 2), "DCGM_FI_DEV_FB_USED": (500, 0),
                   "DCGM_FI_DEV_POWER_USAGE": (40.0, 2.0)},
 }
-INTEGER_METRICS = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"})
+INTEGER_METRICS = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "nvidia_smi_index"})
 
 
 def gpus(state: dict) -> list[dict]:
@@ -72,6 +75,8 @@ def gpus(state: dict) -> list[dict]:
          "mig": {"GPU_I_PROFILE": "1g.10gb", "GPU_I_ID": "1"}},
         {"host": "node-c", "gpu": 1, "behaviour": "util_only", "copies": [{}],
          "model": "NVIDIA A100-SXM4-40GB"},
+        {"host": "node-d", "gpu": 3, "behaviour": "smi", "copies": [{}], "model": "NVIDIA H100 80GB HBM3",
+         "exporter": "nvidia_gpu_exporter"},
     ]
 
 
@@ -82,7 +87,11 @@ def _uuid(host: str, gpu: int) -> str:
 
 
 def _labels(g: dict, copy: dict, renamed: bool, bench: bool) -> dict[str, str]:
-    """dcgm-exporter's label order (gpu, UUID, pci_bus_id, device, modelName, Hostname) + scrape labels."""
+    """dcgm-exporter's label order (gpu, UUID, pci_bus_id, device, modelName, Hostname) + scrape labels;
+    nvidia_gpu_exporter's series carry only ``uuid`` (no GPU- prefix) besides the scrape labels."""
+    if g.get("exporter") == "nvidia_gpu_exporter":
+        return {"uuid": _uuid(g["host"], g["gpu"])[4:], "instance": f"{g['host']}:9835",
+                "job": "nvidia_gpu_exporter"}
     host_key = "hostname" if renamed else "Hostname"
     out = {"gpu": str(g["gpu"]), "UUID": _uuid(g["host"], g["gpu"])}
     if not bench:

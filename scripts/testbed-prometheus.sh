@@ -3,6 +3,7 @@
 #
 #   scripts/testbed-prometheus.sh up [test|bench]    install, generate, backfill, start, wait until ready
 #   scripts/testbed-prometheus.sh down [test|bench]  stop the instance this script started
+# A second `up` reuses the backfilled data (set TESTBED_FRESH=1 to generate and backfill it again).
 #
 # test  : 127.0.0.1:19090, 6 h of 30 s samples from 3 days ago (see scripts/gen_dcgm_openmetrics.py)
 # bench : 127.0.0.1:19091, BENCH_GPUS GPUs (default 1024) x 7 days x 8 metrics, one sample per
@@ -51,24 +52,29 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends prometheus
 fi
 
-if [[ -f $dir/prometheus.pid ]] && kill -0 "$(cat "$dir/prometheus.pid")" 2>/dev/null && ready; then
+if [[ -z ${TESTBED_FRESH:-} && -f $dir/prometheus.pid ]] && kill -0 "$(cat "$dir/prometheus.pid")" 2>/dev/null \
+   && ready; then
   echo "prometheus ($profile) already up at $url (data $dir)"; exit 0
 fi
 stop
-rm -rf "$dir"
-mkdir -p "$dir/tsdb"
-
-if [[ $profile == test ]]; then
-  python3 "$here/gen_dcgm_openmetrics.py" --out "$dir" --profile test --hours 6 --interval 30
+if [[ -f $dir/state.json && -f $dir/backfilled && -z ${TESTBED_FRESH:-} ]]; then
+  echo "reusing the backfilled data in $dir (TESTBED_FRESH=1 regenerates it)"
 else
-  now=$(date +%s)
-  start=$(( (now - 8 * 86400) / 86400 * 86400 ))
-  python3 "$here/gen_dcgm_openmetrics.py" --out "$dir" --profile bench --start "$start" --hours 168 \
-    --interval "${BENCH_INTERVAL:-300}" --gpus "${BENCH_GPUS:-1024}"
+  rm -rf "$dir"
+  mkdir -p "$dir/tsdb"
+  if [[ $profile == test ]]; then
+    python3 "$here/gen_dcgm_openmetrics.py" --out "$dir" --profile test --hours 6 --interval 30
+  else
+    now=$(date +%s)
+    start=$(( (now - 8 * 86400) / 86400 * 86400 ))
+    python3 "$here/gen_dcgm_openmetrics.py" --out "$dir" --profile bench --start "$start" --hours 168 \
+      --interval "${BENCH_INTERVAL:-300}" --gpus "${BENCH_GPUS:-1024}"
+  fi
+  promtool tsdb create-blocks-from openmetrics --max-block-duration=24h "$dir/data.om" "$dir/tsdb" \
+    > "$dir/promtool.log" 2>&1 || { tail -20 "$dir/promtool.log" >&2; exit 1; }
+  rm -f "$dir/data.om"
+  touch "$dir/backfilled"
 fi
-promtool tsdb create-blocks-from openmetrics --max-block-duration=24h "$dir/data.om" "$dir/tsdb" \
-  > "$dir/promtool.log" 2>&1 || { tail -20 "$dir/promtool.log" >&2; exit 1; }
-rm -f "$dir/data.om"
 
 cat > "$dir/prometheus.yml" <<EOF
 global:

@@ -36,7 +36,10 @@ FIELDS = {"DCGM_FI_DEV_GPU_UTIL": ("gpu_util", 100.0), "DCGM_FI_PROF_SM_ACTIVE":
           "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy", 1.0),
           "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active", 1.0),
           "DCGM_FI_PROF_DRAM_ACTIVE": ("dram_active", 1.0), "DCGM_FI_DEV_FB_USED": ("fb_used_mib", 1.0),
-          "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0), "DCGM_FI_PROF_PCIE_TX_BYTES": ("pcie_tx_bps", 1.0)}
+          "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0), "DCGM_FI_PROF_PCIE_TX_BYTES": ("pcie_tx_bps", 1.0),
+          "nvidia_smi_utilization_gpu_ratio": ("gpu_util", 1.0),
+          "nvidia_smi_memory_used_bytes": ("fb_used_mib", 1024.0 * 1024.0),
+          "nvidia_smi_power_draw_watts": ("power_w", 1.0)}
 RATIOS = {"gpu_util", "sm_active", "sm_occupancy", "tensor_active", "dram_active"}
 
 
@@ -54,9 +57,14 @@ def expected_buckets(state: dict, bucket_s: int, nan: str) -> dict[tuple, dict[s
     only the sample is dropped (scrape files). samples = SM_ACTIVE instants, else GPU_UTIL instants."""
     per: dict[tuple, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     labels: dict[tuple, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    for metric, lab, value, ts in generator().samples(state):
-        host = lab.get("Hostname") or lab["hostname"]
-        key = (host, int(lab["gpu"]), lab.get("GPU_I_ID", ""), ts - ts % bucket_s)
+    raw = list(generator().samples(state))
+    index = {lab["uuid"]: int(v) for m, lab, v, _ in raw if m == "nvidia_smi_index"}
+    for metric, lab, value, ts in raw:
+        if metric == "nvidia_smi_index":
+            continue
+        host = lab.get("Hostname") or lab.get("hostname") or lab["instance"].split(":")[0]
+        gpu = int(lab["gpu"]) if "gpu" in lab else index[lab["uuid"]]
+        key = (host, gpu, lab.get("GPU_I_ID", ""), ts - ts % bucket_s)
         fname, div = FIELDS[metric]
         old = per[key][fname].get(ts)
         v = value / div
@@ -87,7 +95,7 @@ def compare(buckets: list, expected: dict[tuple, dict[str, Any]]) -> None:
     assert set(got) == set(expected)
     for key, row in expected.items():
         b = got[key]
-        for fname in FIELDS.values():
+        for fname in set(FIELDS.values()):
             want = row.get(fname[0])
             have = getattr(b, fname[0])
             assert (have is None) == (want is None), (key, fname[0], have, want)
@@ -146,6 +154,9 @@ def test_labels_aliases_rename_gap_mig_and_fallback(state: dict) -> None:
     mig = by_gpu[("node-c", 0, "1")]
     assert mig and all(b.sm_active == 1.0 and "1g.10gb" in (b.model or "") for b in mig)
     assert sum(problems.clamped.values()) == len(mig)
+    smi = by_gpu[("node-d", 3, "")]  # nvidia_gpu_exporter: uuid only; index via nvidia_smi_index
+    assert len(smi) == 72 and all(b.gpu_util > 0.9 and b.sm_active is None and b.samples == 10
+                                  and b.fb_used_mib == pytest.approx(2.0e10 / 2**20) for b in smi)
     util_only = by_gpu[("node-c", 1, "")]
     assert all(b.sm_active is None and b.gpu_util is not None and b.power_w is not None
                and b.samples == 10 for b in util_only)
@@ -219,7 +230,7 @@ class Fault(BaseHTTPRequestHandler):
         srv: Any = self.server
         srv.hits += 1
         srv.auth.append(self.headers.get("Authorization"))
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        srv.queries.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         mode = srv.mode if srv.mode != "422" or "query_range" in self.path else "ok"
         if mode == "slow":
             time.sleep(2)
@@ -235,11 +246,13 @@ class Fault(BaseHTTPRequestHandler):
             body = {"status": "success", "data": {"resultType": "matrix", "result": [
                 {"metric": {"Hostname": "n1", "gpu": "0"}, "values": [[1795705499.999, "0.5"]]},
                 {"metric": {"instance": "n2:9400"}, "values": [[1795705499.999, "0.5"]]}]}}
-            if self.path.endswith("/values"):
+            if self.path.split("?")[0].endswith("/values"):
                 body = {"status": "success", "data": ["DCGM_FI_PROF_SM_ACTIVE"]}
             if mode == "partial":
                 body["warnings"] = ["store gateway 3 unreachable: partial response"]
         self.answer(status, body if isinstance(body, str) else json.dumps(body))
+
+    do_GET = do_POST  # noqa: N815 (the label-values listing is a GET)
 
     def answer(self, status: int, body: str | bytes) -> None:
         data = body.encode() if isinstance(body, str) else body
@@ -255,7 +268,7 @@ class Fault(BaseHTTPRequestHandler):
 @pytest.fixture
 def fault() -> Any:
     srv: Any = ThreadingHTTPServer(("127.0.0.1", 0), Fault)
-    srv.mode, srv.hits, srv.auth = "ok", 0, []
+    srv.mode, srv.hits, srv.auth, srv.queries = "ok", 0, [], []
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv
     srv.shutdown()
@@ -280,7 +293,8 @@ def test_slow_server_times_out(fault: Any) -> None:
 def test_422_shows_the_error_body_on_one_line(fault: Any) -> None:
     with pytest.raises(SourceError, match="HTTP 422: execution: query processing would load") as err:
         fault_pull(fault, "422")
-    assert fault.hits == 2 and not err.value.transient  # names listing + one query: a 4xx is not retried
+    asked = [q for q in fault.queries if q]
+    assert asked and len(asked) == len(set(asked)) and not err.value.transient  # a 4xx is not retried
 
 
 def test_5xx_is_retried_then_succeeds_and_bad_series_quarantined(fault: Any) -> None:
@@ -310,3 +324,16 @@ def test_secrets_are_sent_but_never_shown(fault: Any, monkeypatch: pytest.Monkey
     assert fault.auth[-1].startswith("Basic ")
     assert "hunter2" not in str(err.value) and "hunter2" not in caplog.text
     assert "TLS certificate verification is disabled" in caplog.text
+
+
+def test_every_option_is_documented() -> None:
+    doc = (ROOT / "docs" / "telemetry.md").read_text()
+    for field in PrometheusTelemetry.Options.model_fields:
+        assert f"| `prometheus.{field}` |" in doc, field
+
+
+def test_options_refuse_unknown_fields_and_braced_matchers() -> None:
+    with pytest.raises(ValueError, match="unknown field 'sm_util'"):
+        PrometheusTelemetry.Options(url="http://x", metrics=["sm_util"])
+    with pytest.raises(ValueError, match="without braces"):
+        PrometheusTelemetry.Options(url="http://x", matchers='{cluster="a"}')

@@ -197,3 +197,9 @@ def test_parse_line_escapes_and_exemplars() -> None:
     assert parse_line("# HELP m help", False) is None and parse_line("   ", False) is None
     with pytest.raises(ValueError):
         parse_line('m{a="b"', False)
+
+
+def test_every_option_is_documented() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "telemetry.md").read_text()
+    for field in ScrapeFiles.Options.model_fields:
+        assert f"| `scrape.{field}` |" in doc, field
