@@ -131,10 +131,11 @@ GROUP BY at.allocated_gpu_id, at.allocation_id, at.attribution, at.gpu_index, at
 
 # SQLite runs JUDGE's logic in two steps (same results, ~3x faster at fleet scale): per allocated GPU, one
 # correlated scan of its buckets computes each bucket's verdict once (1 idle, 2 idle-by-util, 3 mirage, 4 low,
-# 5 working, 0 unknown) and folds all sums into one JSON array; then a join writes usage_gpu. JUDGE's
+# 5 working, 0 no usable signal, -1 no samples) and folds all sums into one JSON array; then a join writes
+# usage_gpu (SM-observed time is verdicts 1, 3, 4 and 5: exactly the buckets with samples and SM activity). JUDGE's
 # LEFT JOIN of a joined subquery would be materialised (every bucket copied and indexed) by SQLite.
 # Keep both in step: tests/test_simulate.py checks they agree.
-_VERDICT = """CASE WHEN b.samples <= 0 THEN 0 {working_first}
+_VERDICT = """CASE WHEN b.samples <= 0 THEN -1 {working_first}
    WHEN b.sm_active IS NOT NULL THEN
     CASE WHEN b.sm_active < :idle_sm AND COALESCE(b.dram_active, 0) < :idle_dram
           AND COALESCE(b.tensor_active, 0) < :idle_tensor THEN
@@ -147,18 +148,17 @@ _VERDICT = """CASE WHEN b.samples <= 0 THEN 0 {working_first}
 _OV = ("(CASE WHEN b.bucket_ts >= t.a_s AND b.bucket_ts + b.bucket_s <= t.a_e THEN b.bucket_s "
        "ELSE min(b.bucket_ts + b.bucket_s, t.a_e) - max(b.bucket_ts, t.a_s) END)")
 JUDGE_SQLITE_DDL = "CREATE TEMPORARY TABLE _judged (allocated_gpu_id INTEGER PRIMARY KEY, r TEXT)"
-_SQLITE_SUMS = ("MAX(j.sm_ok)", "MAX(j.util_ok)", *(f"SUM(CASE WHEN j.v = {v} THEN j.ov END)" for v in range(1, 6)),
-                "SUM(CASE WHEN j.sm_ok THEN j.ov * j.sm_active END)", "SUM(j.ov * j.gpu_util)",
-                "SUM(CASE WHEN j.util_ok THEN j.ov END)", "SUM(j.ov * j.sm_active)",
-                "SUM(CASE WHEN j.sm_ok THEN j.ov END)", "SUM(j.ov * j.tensor_active)", "SUM(j.ov * j.dram_active)",
-                "SUM(j.ov * j.io_bps)", "MAX(j.fb_used_mib)")
+_SQLITE_SUMS = (*(f"SUM(CASE WHEN j.v = {v} THEN j.ov END)" for v in range(1, 6)),
+                "SUM(CASE WHEN j.v > 0 THEN j.ov * j.sm_active END)", "SUM(j.ov * j.gpu_util)",
+                "SUM(CASE WHEN j.v >= 0 AND j.gpu_util IS NOT NULL THEN j.ov END)", "SUM(j.ov * j.sm_active)",
+                "SUM(j.ov * j.tensor_active)", "SUM(j.ov * j.dram_active)", "SUM(j.ov * j.io_bps)",
+                "MAX(j.fb_used_mib)")
 # %!.17g: JSON would print reals with 15 digits; 17 round-trip exactly (CAST back in JUDGE_SQLITE_WRITE)
 JUDGE_SQLITE_SCAN = """INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array(""" + ", ".join(
     f"CASE WHEN {a} IS NOT NULL THEN printf('%!.17g', {a}) END" for a in _SQLITE_SUMS) + """)
  FROM (SELECT """ + _OV + """ AS ov, b.sm_active, b.gpu_util, b.tensor_active, b.dram_active,
         b.fb_used_mib, COALESCE(b.pcie_tx_bps, 0) + COALESCE(b.pcie_rx_bps, 0)
-          + COALESCE(b.nvlink_tx_bps, 0) + COALESCE(b.nvlink_rx_bps, 0) AS io_bps, {verdict} AS v,
-        b.sm_active IS NOT NULL AND b.samples > 0 AS sm_ok, b.gpu_util IS NOT NULL AND b.samples > 0 AS util_ok
+          + COALESCE(b.nvlink_tx_bps, 0) + COALESCE(b.nvlink_rx_bps, 0) AS io_bps, {verdict} AS v
        FROM gpu_buckets b WHERE b.gpu_id = t.gpu_id AND b.bucket_ts >= t.a_s - :bucket AND b.bucket_ts < t.a_e
         AND b.bucket_ts + b.bucket_s > t.a_s AND b.bucket_s > 0 AND t.a_e > t.a_s
        LIMIT -1) j)
@@ -169,18 +169,18 @@ def _j(i: int) -> str:
     return f"COALESCE(CAST(json_extract(j.r, '$[{i}]') AS REAL), 0)"
 
 
-_JUDGED = f"({_j(2)} + {_j(3)} + {_j(4)} + {_j(5)} + {_j(6)})"
+_SM_SEEN = f"({_j(0)} + {_j(2)} + {_j(3)} + {_j(4)})"
+_JUDGED = f"({_SM_SEEN} + {_j(1)})"
 JUDGE_SQLITE_WRITE = f"""INSERT INTO usage_gpu (run_id, allocated_gpu_id, allocation_id, attribution, gpu_index,
  gpu_id, signal, reserved_s, observed_s, idle_s, idle_by_util_s, mirage_s, low_s, working_s, unknown_s,
  effective_s, gpu_util_s, util_observed_s, sm_s, sm_observed_s, tensor_s, dram_s, io_bps_s, max_gpu_mirage_s,
  peak_fb_mib)
 SELECT :run_id, at.allocated_gpu_id, at.allocation_id, at.attribution, at.gpu_index, at.gpu_id,
- CASE WHEN {_j(0)} = 1 THEN 'sm_active' WHEN {_j(1)} = 1 THEN 'gpu_util'
-  ELSE 'none' END,
- at.share * (at.a_e - at.a_s), at.share * {_JUDGED}, at.share * ({_j(2)} + {_j(3)}), at.share * {_j(3)},
- at.share * {_j(4)}, at.share * {_j(5)}, at.share * {_j(6)}, at.share * ((at.a_e - at.a_s) - {_JUDGED}),
- at.share * {_j(7)}, at.share * {_j(8)}, at.share * {_j(9)}, at.share * {_j(10)}, at.share * {_j(11)},
- at.share * {_j(12)}, at.share * {_j(13)}, at.share * {_j(14)}, {_j(4)}, CAST(json_extract(j.r, '$[15]') AS REAL)
+ CASE WHEN {_SM_SEEN} > 0 THEN 'sm_active' WHEN {_j(7)} > 0 THEN 'gpu_util' ELSE 'none' END,
+ at.share * (at.a_e - at.a_s), at.share * {_JUDGED}, at.share * ({_j(0)} + {_j(1)}), at.share * {_j(1)},
+ at.share * {_j(2)}, at.share * {_j(3)}, at.share * {_j(4)}, at.share * ((at.a_e - at.a_s) - {_JUDGED}),
+ at.share * {_j(5)}, at.share * {_j(6)}, at.share * {_j(7)}, at.share * {_j(8)}, at.share * {_SM_SEEN},
+ at.share * {_j(9)}, at.share * {_j(10)}, at.share * {_j(11)}, {_j(2)}, CAST(json_extract(j.r, '$[12]') AS REAL)
 FROM _attr at JOIN _judged j ON j.allocated_gpu_id = at.allocated_gpu_id"""
 
 
@@ -193,6 +193,8 @@ def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thre
     first = "WHEN b.sm_active >= :working_sm THEN 5" if th.working_sm >= th.idle_sm else ""
     conn.execute(text("DROP TABLE IF EXISTS _judged"))
     conn.execute(text(JUDGE_SQLITE_DDL))
+    # walk _attr in (GPU, time) order so the bucket table is read sequentially, not in allocation order
+    conn.execute(text("CREATE INDEX temp._attr_gpu_ts ON _attr (gpu_id, a_s, a_e)"))
     conn.execute(text(JUDGE_SQLITE_SCAN.format(verdict=_VERDICT.format(working_first=first))), params)
     conn.execute(text(JUDGE_SQLITE_WRITE), params)
     conn.execute(text("DROP TABLE _judged"))
@@ -289,18 +291,18 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             judge(conn, fn, {**p, "run_id": run_id}, th)
             conn.execute(text("DROP TABLE _attr"))
             per_alloc = [dict(r._mapping) for r in conn.execute(text(PER_ALLOCATION), {"run_id": run_id})]
-            rows = []
-            for r in per_alloc:
-                r["team"] = pricing.team_of(r)
-                r["price"] = pricing.price(r["gpu_model"], r["mig_profile"], r["gpu_count"], r["gpus"])
-                rows.append({"run_id": run_id, "allocation_id": r["allocation_id"], "team": r["team"],
-                             "gpu_model": r["gpu_model"], "price_per_gpu_hour": r["price"],
-                             **{c: r[c] for c in SUM_COLS if c != "max_gpu_mirage_s"},
-                             "max_gpu_mirage_s": r["max_gpu_mirage_s_max"], "peak_fb_mib": r["peak_fb_mib"],
-                             "gpus": r["gpus"], "reserved_cost": r["reserved_s"] / 3600 * r["price"],
-                             "idle_cost": (r["idle_s"] + r["mirage_s"]) / 3600 * r["price"]})
-            for i in range(0, len(rows), 5000):
-                conn.execute(insert(schema.usage_allocation), rows[i:i + 5000])
+            for i in range(0, len(per_alloc), 5000):  # row dicts a chunk at a time: peak RSS at fleet scale
+                rows = []
+                for r in per_alloc[i:i + 5000]:
+                    r["team"] = pricing.team_of(r)
+                    r["price"] = pricing.price(r["gpu_model"], r["mig_profile"], r["gpu_count"], r["gpus"])
+                    rows.append({"run_id": run_id, "allocation_id": r["allocation_id"], "team": r["team"],
+                                 "gpu_model": r["gpu_model"], "price_per_gpu_hour": r["price"],
+                                 **{c: r[c] for c in SUM_COLS if c != "max_gpu_mirage_s"},
+                                 "max_gpu_mirage_s": r["max_gpu_mirage_s_max"], "peak_fb_mib": r["peak_fb_mib"],
+                                 "gpus": r["gpus"], "reserved_cost": r["reserved_s"] / 3600 * r["price"],
+                                 "idle_cost": (r["idle_s"] + r["mirage_s"]) / 3600 * r["price"]})
+                conn.execute(insert(schema.usage_allocation), rows)
             summary = find_all(conn, run_id, per_alloc, th, cfg, since=s, until=u, horizon=horizon,
                                clusters=clusters)
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(

@@ -22,7 +22,7 @@ from auditor import config as config_mod
 from auditor.errors import GpuAuditError
 from auditor.timeutil import parse_time, utcnow
 
-COMMAND_MODULES: list[str] = ["auditor.cli_money", "auditor.cli_serve", "auditor.cli_report"]
+COMMAND_MODULES: list[str] = ["auditor.cli_money", "auditor.cli_serve", "auditor.cli_report", "auditor.cli_db_prune"]
 
 EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 3
 
@@ -177,12 +177,22 @@ def config_check(app: App) -> None:
     cfg = app.cfg
     data = {"clusters": [{"name": c.name, "allocations": [s.kind for s in c.allocations],
                           "telemetry": [s.kind for s in c.telemetry]} for c in cfg.clusters],
-            "store": config_mod.StoreConfig.model_validate(cfg.store.model_dump()).url if not cfg.store.url_env
-            else f"${cfg.store.url_env}", "teams": [t.name for t in cfg.teams]}
+            "store": _redacted(cfg.store.url) if not cfg.store.url_env else f"${cfg.store.url_env}",
+            "teams": [t.name for t in cfg.teams]}
     app.emit({"ok": True, **data}, lambda: "config ok: " + ", ".join(
         f"{c['name']} (allocations: {', '.join(c['allocations']) or '-'}; telemetry: "
         f"{', '.join(c['telemetry']) or '-'})" for c in data["clusters"]) if data["clusters"]
         else "config ok (no clusters configured)")
+
+
+def _redacted(url: str) -> str:
+    """A store URL fit to print: the password, if any, replaced by ***."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(unparseable store URL)"
 
 
 def _load_command_modules() -> None:

@@ -266,6 +266,8 @@ def load(path: str | Path | None = None) -> Config:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})") from None
     cfg = parse(data, str(p))
     if not cfg.report.out_dir.is_absolute():  # relative paths are relative to the config file, like sources
         report = cfg.report.model_copy(update={"out_dir": p.resolve().parent / cfg.report.out_dir})

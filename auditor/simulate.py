@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from auditor.demo import FREE, HELD_IDLE, INFERENCE, SPIN, WORKING, Profile
-from auditor.records import Allocation, AllocatedGpu, GpuBucket, GpuInventory, Record
+from auditor.records import AllocatedGpu, Allocation, GpuBucket, GpuInventory, Record
 
 NODE_GPUS = 8
 BLOCK_NODES = 8
@@ -204,14 +204,17 @@ def block_records(spec: FleetSpec, block: int) -> Iterator[Record]:
         if rng.random() < 0.03:  # this node's exporter was down for a few hours
             g0 = rng.randrange(nb)
             gap = (g0, g0 + rng.randint(2 * 3600, 8 * 3600) // bs)
+        profiling = rng.random() >= 0.04  # dcgm-exporter ships SM activity disabled: some nodes lack it
         for g in range(NODE_GPUS):
             if x * NODE_GPUS + g >= spec.gpus:
                 break
-            yield from _gpu_buckets(spec, host, g, placed.get((host, g), []), starts, gap, samples, rng)
+            yield from _gpu_buckets(spec, host, g, placed.get((host, g), []), starts, gap, samples, rng,
+                                    profiling)
 
 
 def _gpu_buckets(spec: FleetSpec, host: str, g: int, jobs: list[Job], starts: list[datetime],
-                 gap: tuple[int, int], samples: int, rng: random.Random) -> Iterator[GpuBucket]:
+                 gap: tuple[int, int], samples: int, rng: random.Random,
+                 profiling: bool = True) -> Iterator[GpuBucket]:
     jobs = sorted(jobs, key=lambda j: j.start)
     t0, bs = int(spec.start.timestamp()), spec.bucket_s
     uuid = f"GPU-{host}-{g}"
@@ -229,10 +232,14 @@ def _gpu_buckets(spec: FleetSpec, host: str, g: int, jobs: list[Job], starts: li
         pod = ns = None
         if job is not None and job.source == "kubernetes":
             pod, ns = f"{job.behaviour}-{job.ext_id}", job.account
-        yield GpuBucket(cluster, host, g, start, bs, samples, uuid, model, gpu_util=m["gpu_util"] / 100.0,
-                        sm_active=m["sm_active"], tensor_active=m["tensor_active"],
-                        dram_active=m["dram_active"], fb_used_mib=m["fb_used_mib"], power_w=m["power_w"],
-                        pod=pod, namespace=ns)
+        if profiling:
+            yield GpuBucket(cluster, host, g, start, bs, samples, uuid, model, gpu_util=m["gpu_util"] / 100.0,
+                            sm_active=m["sm_active"], tensor_active=m["tensor_active"],
+                            dram_active=m["dram_active"], fb_used_mib=m["fb_used_mib"], power_w=m["power_w"],
+                            pod=pod, namespace=ns)
+        else:
+            yield GpuBucket(cluster, host, g, start, bs, samples, uuid, model, gpu_util=m["gpu_util"] / 100.0,
+                            fb_used_mib=m["fb_used_mib"], power_w=m["power_w"], pod=pod, namespace=ns)
 
 
 def fleet_records(spec: FleetSpec) -> Iterator[Record]:

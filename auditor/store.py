@@ -62,7 +62,10 @@ def make_engine(url: str) -> Engine:
         raise StoreError("store.url is not a valid SQLAlchemy URL") from None
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":
-            Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"store directory for {u.database}: {exc.strerror or exc}") from None
         engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_MS / 1000})
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)

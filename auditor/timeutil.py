@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, date, datetime, timedelta
 
-_REL = re.compile(r"^now(?:-(\d+(?:\.\d+)?)\s*(days?|d|hours?|h|minutes?|min|m|weeks?|w))?$")
+_REL = re.compile(r"^now(?:-([0-9]+(?:\.[0-9]+)?)\s*(days?|d|hours?|h|minutes?|min|m|weeks?|w))?$")
 _UNITS = {"d": 86400, "day": 86400, "days": 86400, "h": 3600, "hour": 3600, "hours": 3600,
           "m": 60, "min": 60, "minute": 60, "minutes": 60, "w": 604800, "week": 604800, "weeks": 604800}
 
@@ -35,11 +35,16 @@ def parse_time(text: str, *, now: datetime | None = None, assume_tz: object = UT
     if m:
         if not m.group(1):
             return now
-        return now - timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
-    if re.fullmatch(r"\d{9,11}(\.\d+)?", s):
+        try:
+            return now - timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+        except OverflowError:
+            raise ValueError(f"time {text!r} is out of range") from None
+    if re.fullmatch(r"[0-9]{9,11}(\.[0-9]+)?", s):
         return datetime.fromtimestamp(float(s), UTC)
+    if not s.isascii():
+        raise ValueError(f"cannot parse time {text[:40]!r} (use YYYY-MM-DD[THH:MM[:SS]], now-7days or epoch)")
     try:
-        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", s):
+        if re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", s):
             d = date.fromisoformat(s)
             dt = datetime(d.year, d.month, d.day)
         else:

@@ -24,6 +24,7 @@ from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, 
 from auditor.timeutil import parse_time
 from connectors.base import Context, Options, Problems, Window
 
+MAX_GPUS = 1024  # per allocation: more is a typo or hostile input, not a job
 _GPU_PART = re.compile(r"^\s*(?P<node>[^:;\s]+)\s*:\s*(?:\*(?P<count>\d+)|(?P<idx>[\d,\-\s]+))\s*$")
 
 
@@ -49,7 +50,10 @@ def parse_gpus(text: str, model: str | None, share: float, mig: str | None) -> l
         if not m:
             raise ValueError(f"bad gpus entry {part!r} (want node:0-3 or node:*N)")
         if m.group("count"):
-            gpus += [AllocatedGpu(m["node"], None, None, model, share, mig) for _ in range(int(m["count"]))]
+            count = int(m["count"])
+            if count > MAX_GPUS:
+                raise ValueError(f"bad gpus entry {part!r}: more than {MAX_GPUS} GPUs")
+            gpus += [AllocatedGpu(m["node"], None, None, model, share, mig) for _ in range(count)]
         else:
             gpus += [AllocatedGpu(m["node"], i, None, model, share, mig) for i in expand_indices(m["idx"])]
     return gpus
@@ -75,6 +79,21 @@ def _labels(value: Any) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in text.split(";") if "=" in kv)
 
 
+def _gpu_object(g: Any, model: str | None, share: float) -> AllocatedGpu:
+    """One entry of a JSON ``gpus`` list, checked like the string form."""
+    if not isinstance(g, dict) or not g.get("node"):
+        raise ValueError("gpus: each entry needs a node")
+    index = g.get("index")
+    if index is not None:
+        if isinstance(index, bool) or not str(index).isdigit():
+            raise ValueError(f"gpus: index {str(index)[:20]!r} is not a GPU index")
+        index = int(index)
+    gshare = float(g.get("share", share))
+    if not 0 < gshare <= 1:
+        raise ValueError(f"gpus: share {gshare} not in (0, 1]")
+    return AllocatedGpu(str(g["node"]), index, g.get("uuid"), g.get("model", model), gshare, g.get("mig_profile"))
+
+
 def allocation_from_row(cluster: str, row: dict[str, Any]) -> Allocation:
     """Build an Allocation from one CSV row or JSON object; raises ValueError naming the field."""
     ext = str(row.get("id") or "").strip()
@@ -86,12 +105,13 @@ def allocation_from_row(cluster: str, row: dict[str, Any]) -> Allocation:
         raise ValueError(f"share: {share} not in (0, 1]")
     gpus_field = row.get("gpus")
     if isinstance(gpus_field, list):
-        gpus = [AllocatedGpu(str(g["node"]), g.get("index"), g.get("uuid"), g.get("model", model),
-                             float(g.get("share", share)), g.get("mig_profile")) for g in gpus_field]
+        gpus = [_gpu_object(g, model, share) for g in gpus_field]
     else:
         gpus = parse_gpus(str(gpus_field or ""), model, share, row.get("mig_profile") or None)
     if not gpus:
         raise ValueError("gpus: no GPUs")
+    if len(gpus) > MAX_GPUS:
+        raise ValueError(f"gpus: {len(gpus)} GPUs in one allocation (more than {MAX_GPUS})")
     start, end = _time(row.get("start"), "start"), _time(row.get("end"), "end")
     if start and end and end < start:
         raise ValueError(f"end {end.isoformat()} is before start {start.isoformat()}")
@@ -231,45 +251,75 @@ def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tu
 
 
 def _read_rows(path: Path, fmt: str) -> Iterator[tuple[str, dict[str, Any] | str]]:
-    """Rows with their location ("line 12" / "item 3"); a string instead of a row is a parse error."""
+    """Rows with their location ("line 12" / "item 3"); a string instead of a row is a parse error.
+    A BOM is accepted; an undecodable or oversized line costs that line only, never the rest of the file."""
     try:
-        handle = path.open(encoding="utf-8", newline="")
+        handle = path.open(encoding="utf-8-sig", errors="replace", newline="")
     except OSError as exc:
         raise SourceError(str(path), f"cannot read: {exc.strerror}") from None
     with handle:
         if fmt == "csv":
-            reader = csv.DictReader(handle)
-            try:
-                for row in reader:
-                    if None in row:
-                        yield f"line {reader.line_num}", "more fields than the header"
-                        continue
-                    yield f"line {reader.line_num}", row
-            except (csv.Error, UnicodeDecodeError) as exc:
-                yield f"line {reader.line_num}", f"unreadable CSV: {exc}"
+            yield from _csv_rows(handle)
             return
+        text = handle.read()
+    stripped = text.lstrip()
+    if stripped.startswith("["):
         try:
-            text = handle.read()
-        except UnicodeDecodeError as exc:
-            raise SourceError(str(path), f"not UTF-8: {exc.reason}") from None
-        stripped = text.lstrip()
-        if stripped.startswith("["):
-            try:
-                items = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise SourceError(str(path), f"invalid JSON at line {exc.lineno}: {exc.msg}") from None
-            for i, item in enumerate(items):
-                yield f"item {i}", item if isinstance(item, dict) else "not a JSON object"
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SourceError(str(path), f"invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        except RecursionError:
+            raise SourceError(str(path), "JSON nested too deeply") from None
+        for i, item in enumerate(items):
+            yield f"item {i}", item if isinstance(item, dict) else "not a JSON object"
+        return
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if "\ufffd" in line:
+            yield f"line {n}", "invalid UTF-8 bytes"
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield f"line {n}", f"invalid JSON: {exc.msg}"
+            continue
+        except RecursionError:
+            yield f"line {n}", "JSON nested too deeply"
+            continue
+        yield f"line {n}", item if isinstance(item, dict) else "not a JSON object"
+
+
+def _csv_rows(handle: Any) -> Iterator[tuple[str, dict[str, Any] | str]]:
+    reader = csv.reader(handle)
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    except csv.Error as exc:
+        yield "line 1", f"unreadable CSV header: {exc}"
+        return
+    header = [h.strip() for h in header]
+    if any("\ufffd" in h for h in header):
+        yield "line 1", "invalid UTF-8 bytes in the header: not a CSV file of this format"
+        return
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
             return
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield f"line {n}", f"invalid JSON: {exc.msg}"
-                continue
-            yield f"line {n}", item if isinstance(item, dict) else "not a JSON object"
+        except csv.Error as exc:
+            yield f"line {reader.line_num}", f"unreadable CSV: {exc}"
+            continue
+        loc = f"line {reader.line_num}"
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        if any("\ufffd" in f for f in fields):
+            yield loc, "invalid UTF-8 bytes"
+        elif len(fields) > len(header):
+            yield loc, "more fields than the header"
+        else:
+            yield loc, dict(zip(header, [*fields, *[""] * (len(header) - len(fields))], strict=True))
 
 
 class _Acc:
@@ -329,9 +379,11 @@ class FileTelemetry:
                 problems.skip(str(path), loc, row)
                 continue
             try:
+                if not row.get("timestamp"):
+                    raise ValueError("timestamp: missing")
                 ts = int(parse_time(row["timestamp"]).timestamp())
                 host = (row.get("host") or "").strip()
-                gpu = int(row["gpu"])
+                gpu = int(row.get("gpu") or "")
                 metric = (row.get("metric") or "").strip()
                 if not host:
                     raise ValueError("host: missing")
@@ -347,7 +399,7 @@ class FileTelemetry:
                         problems.skip(str(path), loc, f"unknown metric {metric[:60]!r} (further lines of "
                                       "it skipped silently)")
                     continue
-                raw = float(row["value"])
+                raw = float(row.get("value") or "")
                 value, clamped = normalise(field, unit, raw)
             except (ValueError, KeyError, TypeError, BadValue) as exc:
                 problems.skip(str(path), loc, str(exc).strip("'"), ",".join(str(v) for v in row.values()))

@@ -13,7 +13,6 @@ from auditor.cli import main
 from auditor.store import Store
 
 
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("demo")

@@ -49,9 +49,16 @@ def external_id(job_id: Any, array_job: Any = None, array_task: Any = None, het_
     return str(number(job_id) if not isinstance(job_id, str) else job_id)
 
 
+MAX_GPUS = 65536  # the largest real jobs hold ~16k GPUs
+
+
 def place_gpus(nodes: list[str], per_node: list[tuple[str, list[Gres]]] | None, total: int,
                model: str | None) -> tuple[list[AllocatedGpu], str]:
-    """One AllocatedGpu per GPU, with the node and index when Slurm said; see the module docstring."""
+    """One AllocatedGpu per GPU, with the node and index when Slurm said; see the module docstring.
+    A count above MAX_GPUS is a corrupt or hostile value, not a job: ValueError (the caller quarantines)."""
+    claimed = total + sum(g.count for _, items in (per_node or []) for g in items)
+    if claimed > MAX_GPUS:
+        raise ValueError(f"{claimed} GPUs in one job (more than {MAX_GPUS})")
     if per_node and any(items for _, items in per_node):
         gpus: list[AllocatedGpu] = []
         with_idx = True
@@ -117,6 +124,9 @@ def from_sacct_row(row: dict[str, str], cluster: str, resv_names: dict[str, str]
         resv = (resv_names or {}).get(resv_id, "")
     limit = row.get("TimelimitRaw")
     state = parse_state(row.get("State"))
+    start, end = parse_time(row.get("Start")), parse_time(row.get("End"))
+    if start and end and state not in HOLDING and end < start:
+        raise ValueError(f"End {row.get('End')} is before Start {row.get('Start')}")
     return Allocation(
         cluster=cluster, source=SOURCE, external_id=job_id, name=row.get("JobName", ""),
         user=row.get("User", ""), account=row.get("Account", ""), partition=row.get("Partition", ""),

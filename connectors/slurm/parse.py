@@ -194,17 +194,24 @@ def number(value: Any) -> int | float | None:
         return None
 
 
+def _from_epoch(n: float) -> datetime:
+    try:
+        return datetime.fromtimestamp(n, UTC)
+    except (OverflowError, OSError):
+        raise ValueError(f"epoch time {n} is out of range") from None
+
+
 def parse_time(value: Any) -> datetime | None:
     """Epoch int (0 = unset), ``{set, number}``, or ``2026-11-29T14:23:48`` (the CLI runs with TZ=UTC, so
     naive text is UTC) -> aware UTC datetime or None for Unknown/None/N/A."""
     if isinstance(value, dict | int | float) and not isinstance(value, bool):
         n = number(value)
-        return datetime.fromtimestamp(n, UTC) if n and n > 0 else None
+        return _from_epoch(n) if n and n > 0 else None
     if is_null(value) or value == "0":
         return None
     text = str(value).strip()
-    if text.isdigit():
-        return datetime.fromtimestamp(int(text), UTC)
+    if text.isascii() and text.isdigit():
+        return _from_epoch(int(text))
     dt = datetime.fromisoformat(text)
     return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
 
