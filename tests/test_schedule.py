@@ -455,10 +455,12 @@ def test_metrics_health_and_weekly_report_on_the_demo_fleet(tmp_path: Path, monk
     weekly = Daemon(store, cfg, base_dir=cfg_path.parent, dry_run=True)
     summary = weekly.report_job()
     assert summary is not None and summary.exit_code == 0, summary.as_dict()
-    emails = list((tmp_path / "reports" / "outbox").glob("*.eml"))
+    outbox = cfg.report.out_dir / "outbox"  # report.out_dir is relative to the config file
+    assert outbox == tmp_path / "demo" / "reports" / "outbox"
+    emails = list(outbox.glob("*.eml"))
     assert emails
     assert weekly.report_job() is None  # same period: not again
-    assert sorted((tmp_path / "reports" / "outbox").glob("*.eml")) == sorted(emails)
+    assert sorted(outbox.glob("*.eml")) == sorted(emails)
 
 
 @pytest.mark.slow
