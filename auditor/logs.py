@@ -27,4 +27,4 @@ def setup_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger("gpu_audit")
     root.handlers[:] = [handler]
     root.setLevel(level)
-    root.propagate = False
+    root.propagate = True  # handlers above (none in the CLI; pytest's caplog in tests) see records too

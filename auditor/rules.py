@@ -85,27 +85,38 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
 
 
 def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int) -> dict[int, dict]:
-    """Per allocation: mean SM activity and GPU-Util in up to 48 time bins (None = no data there)."""
+    """Per allocation: mean SM activity and GPU-Util in up to 48 time bins (None = no data there).
+    The bins of one allocation come back as one packed string (one row per allocation, not per bin)."""
     out: dict[int, dict] = {}
+    pg = conn.dialect.name == "postgresql"
+    g, le = ("GREATEST", "LEAST") if pg else ("max", "min")
+    fmt = (lambda x: f"COALESCE(CAST(ROUND(CAST({x} AS NUMERIC), 3) AS TEXT), '')") if pg else \
+        (lambda x: f"COALESCE(printf('%.3f', {x}), '')")
+    agg = "string_agg({}, ';')" if pg else "group_concat({}, ';')"
     for i in range(0, len(ids), 500):
-        chunk = ids[i:i + 500]
-        marks = ", ".join(str(int(x)) for x in chunk)
-        pg = conn.dialect.name == "postgresql"
-        g, le = ("GREATEST", "LEAST") if pg else ("max", "min")
-        sql = f"""SELECT u.allocation_id AS aid,
+        marks = ", ".join(str(int(x)) for x in ids[i:i + 500])
+        sql = f"""SELECT aid, {agg.format("CAST(bin AS TEXT) || ':' || " + fmt("sm") + " || ':' || " + fmt("util"))}
+        AS packed FROM (
+         SELECT u.allocation_id AS aid,
           CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER) AS bin,
           AVG(b.sm_active) AS sm, AVG(b.gpu_util) AS util
-        FROM usage_gpu u JOIN (SELECT id, {g}(start_ts, :since) AS s0,
-                {le}(COALESCE(end_ts, :horizon), :horizon) AS e0 FROM allocations WHERE id IN ({marks})) w
-          ON w.id = u.allocation_id
-        JOIN gpu_buckets b ON b.gpu_id = u.gpu_id AND b.bucket_ts >= w.s0 AND b.bucket_ts < w.e0
-        WHERE u.run_id = :run AND u.allocation_id IN ({marks}) AND b.samples > 0 AND w.e0 > w.s0
-        GROUP BY u.allocation_id, CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER)"""
-        for r in conn.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}):
-            s = out.setdefault(r.aid, {"sm": [None] * SPARK_BINS, "util": [None] * SPARK_BINS})
-            if 0 <= r.bin < SPARK_BINS:
-                s["sm"][r.bin] = None if r.sm is None else round(r.sm, 3)
-                s["util"][r.bin] = None if r.util is None else round(r.util, 3)
+         FROM (SELECT id, {g}(start_ts, :since) AS s0, {le}(COALESCE(end_ts, :horizon), :horizon) AS e0
+               FROM allocations WHERE id IN ({marks})) w
+         JOIN usage_gpu u ON u.run_id = :run AND u.allocation_id = w.id
+         JOIN gpu_buckets b ON b.gpu_id = u.gpu_id AND b.bucket_ts >= w.s0 AND b.bucket_ts < w.e0
+         WHERE b.samples > 0 AND w.e0 > w.s0
+         GROUP BY u.allocation_id, CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER)) bins
+        GROUP BY aid"""
+        for aid, packed in conn.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}):
+            sm: list[float | None] = [None] * SPARK_BINS
+            util: list[float | None] = [None] * SPARK_BINS
+            for item in (packed or "").split(";"):
+                b, s_sm, s_util = item.split(":")
+                k = int(b)
+                if 0 <= k < SPARK_BINS:
+                    sm[k] = float(s_sm) if s_sm else None
+                    util[k] = float(s_util) if s_util else None
+            out[aid] = {"sm": sm, "util": util}
     return out
 
 

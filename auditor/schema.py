@@ -238,6 +238,7 @@ usage_gpu = Table(
     Column("signal", String(16), comment="What judged it: sm_active, gpu_util (low confidence) or none."),
     *[Column(name, Float, nullable=False, default=0.0, comment=text) for name, text in _HOURS.items()],
     Column("peak_fb_mib", Float, comment="Peak frame buffer used, MiB."),
+    Index(None, "run_id", "allocation_id"),
     comment="Per allocated GPU and audit run: how its reserved time was judged.",
 )
 
