@@ -289,6 +289,9 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             attribute_by_labels(conn, LABEL_CANDIDATES.format(**fn), {**p, "_cf": cluster_filter})
             conn.execute(text(ATTR_REST.format(**fn)), p)
             judge(conn, fn, {**p, "run_id": run_id}, th)
+            # fresh statistics, so the findings' per-allocation lookups use (run_id, allocation_id) and do not
+            # scan the whole run once per chunk of allocations
+            conn.execute(text("ANALYZE usage_gpu"))
             conn.execute(text("DROP TABLE _attr"))
             per_alloc = [dict(r._mapping) for r in conn.execute(text(PER_ALLOCATION), {"run_id": run_id})]
             for i in range(0, len(per_alloc), 5000):  # row dicts a chunk at a time: peak RSS at fleet scale

@@ -135,7 +135,10 @@ def render_md(ctx: dict[str, Any], template: str = "report.md.j2") -> str:
     return environment("md").get_template(template).render(**ctx)
 
 
-def render_json(ctx: dict[str, Any]) -> str:
+def render_json(ctx: dict[str, Any], *, compact: bool = False) -> str:
+    """JSON of the report; ``compact`` for the full export file (every finding: size and speed matter)."""
+    if compact:
+        return json.dumps(ctx, separators=(",", ":"), default=str, ensure_ascii=False) + "\n"
     return json.dumps(ctx, indent=2, default=str, ensure_ascii=False) + "\n"
 
 
@@ -185,7 +188,8 @@ def write_reports(store: Store, cfg: Config, run_id: int, out_dir: Path | str,
     ctx = build_context(store, cfg, run_id)
     paths = []
     for f in fmts:
-        data = render_json(build_context(store, cfg, run_id, full=True)) if f == "json" else render(ctx, f)
+        data = (render_json(build_context(store, cfg, run_id, full=True), compact=True) if f == "json"
+                else render(ctx, f))
         p = out / f"report-{run_id}.{EXT[f]}"
         p.write_text(data, encoding="utf-8")
         paths.append(p)
