@@ -121,12 +121,15 @@ def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizo
 
 
 def per_gpu_rows(conn: Connection, run_id: int) -> dict[int, list[dict[str, Any]]]:
-    sql = ("SELECT u.* FROM usage_gpu u JOIN (SELECT allocation_id FROM usage_gpu WHERE run_id = :run "
-           "GROUP BY allocation_id HAVING COUNT(*) >= 2) m ON m.allocation_id = u.allocation_id "
-           "WHERE u.run_id = :run")
+    """Per-GPU seconds of the multi-GPU allocations of a run (only the columns the idle_gpus rule reads:
+    a fleet has hundreds of thousands of these rows)."""
+    cols = ("gpu_index", "reserved_s", "observed_s", "idle_s", "mirage_s", "low_s", "working_s")
+    sql = (f"SELECT u.allocation_id, {', '.join('u.' + c for c in cols)} FROM usage_gpu u JOIN "
+           "(SELECT allocation_id FROM usage_gpu WHERE run_id = :run GROUP BY allocation_id HAVING COUNT(*) >= 2) m "
+           "ON m.allocation_id = u.allocation_id WHERE u.run_id = :run")
     out: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in conn.execute(text(sql), {"run": run_id}):
-        out[r.allocation_id].append(dict(r._mapping))
+        out[r[0]].append(dict(zip(cols, r[1:], strict=True)))
     return out
 
 
@@ -147,14 +150,19 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     flagged = frozenset(f["allocation_id"] for f in rows)
     rows += extra_findings(conn, run_id, per_alloc, gpus, th, cfg, since=since, until=until, horizon=horizon,
                            flagged=flagged, clusters=clusters)
-    spark_ids = sorted({f["allocation_id"] for f in rows if f["allocation_id"] is not None})
-    spark = sparklines(conn, run_id, spark_ids, since, horizon)
-    for f in rows:
-        if f["allocation_id"] in spark:
-            f["evidence"]["sparkline"] = spark[f["allocation_id"]]
-        f["evidence"]["thresholds"] = th.model_dump()
-    for i in range(0, len(rows), 5000):
-        conn.execute(insert(schema.findings), rows[i:i + 5000])
+    thresholds = th.model_dump()
+    rows.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
+    for i in range(0, len(rows), 5000):  # sparklines per chunk: never all of them in memory at once
+        chunk = rows[i:i + 5000]
+        spark = sparklines(conn, run_id, sorted({f["allocation_id"] for f in chunk
+                                                 if f["allocation_id"] is not None}), since, horizon)
+        for f in chunk:
+            if f["allocation_id"] in spark:
+                f["evidence"]["sparkline"] = spark[f["allocation_id"]]
+            f["evidence"]["thresholds"] = thresholds
+        conn.execute(insert(schema.findings), chunk)
+        for f in chunk:
+            f["evidence"] = None  # stored; only the kind is still needed (summary)
     summary = summarise(per_alloc, rows, cfg)
     summary["capacity"] = capacity(conn, since, until, horizon=horizon)
     return summary
