@@ -70,7 +70,9 @@ wait_for() {  # wait_for WHAT COMMAND... (re-checks our daemons on every try)
 
 install_packages() {
   local missing=() p
-  for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  for p in "${PKGS[@]}"; do  # removed-but-configured packages ("rc") count as missing
+    [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
+  done
   ((${#missing[@]})) || return 0
   log "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
