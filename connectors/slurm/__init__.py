@@ -40,8 +40,9 @@ class SlurmOptions(Options):
                           "history and id-to-name mapping).")
     timeout_s: float = Field(60, gt=0, description="Timeout in seconds for each command or HTTP request.")
     history_format: Literal["auto", "json", "text"] = Field(
-        "auto", description="cli backend: `json` = `sacct --json`, `text` = `sacct -P`, `auto` = JSON and "
-        "fall back to text when the JSON is unusable.")
+        "text", description="cli backend: `text` = `sacct -P` (stable across Slurm versions, ~6x faster and "
+        "~10x less memory than JSON for 100,000 jobs), `json` = `sacct --json`, `auto` = JSON and fall back "
+        "to text when the JSON is unusable.")
     rest_url: str | None = Field(None, description="slurmrestd base URL, e.g. `http://slurm:6820` "
                                  "(rest backend).")
     rest_user: str = Field("root", description="User name sent as `X-SLURM-USER-NAME` (rest backend).")
