@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -49,23 +51,30 @@ def pg_url() -> str:
     return PG_URL
 
 
-@pytest.fixture
-def pg_schema_url(pg_url: str):
+@contextmanager
+def pg_schema(pg_url: str, prefix: str = "t") -> Iterator[str]:
     """A URL whose search_path is a fresh, uniquely named schema, dropped afterwards (tests share db ``test``)."""
     import uuid
 
     from sqlalchemy import create_engine, text
 
-    name = f"t_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     engine = create_engine(pg_url)
     with engine.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{name}"'))
+    sep = "&" if "?" in pg_url else "?"
     try:
-        yield f"{pg_url}?options=-csearch_path%3D{name}"
+        yield f"{pg_url}{sep}options=-csearch_path%3D{name}"
     finally:
         with engine.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{name}" CASCADE'))
         engine.dispose()
+
+
+@pytest.fixture
+def pg_schema_url(pg_url: str) -> Iterator[str]:
+    with pg_schema(pg_url) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

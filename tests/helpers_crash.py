@@ -12,8 +12,6 @@ import csv
 import random
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -96,23 +94,7 @@ def natural_rows(store: Any) -> dict[str, dict[tuple, tuple]]:
     return out
 
 
-@contextmanager
-def pg_schema(pg_url: str) -> Iterator[str]:
-    """A URL on a fresh PostgreSQL schema, dropped afterwards (like conftest's ``pg_schema_url``)."""
-    import uuid
-
-    from sqlalchemy import create_engine, text
-
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    engine = create_engine(pg_url)
-    with engine.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{name}"'))
-    try:
-        yield f"{pg_url}?options=-csearch_path%3D{name}"
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{name}" CASCADE'))
-        engine.dispose()
+from conftest import pg_schema  # noqa: E402,F401  (re-exported for the crash and concurrency tests)
 
 
 def driver_cmd(config: Path, until: str = UNTIL) -> list[str]:

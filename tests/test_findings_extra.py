@@ -4,14 +4,14 @@ telemetry: 5-minute buckets, so 12 buckets are one hour."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from conftest import pg_schema
+from sqlalchemy import text
 
 from auditor.audit import run_audit
 from auditor.config import Config, PriceCard, Thresholds
@@ -57,21 +57,14 @@ def findings(store: Store, run_id: int, kind: str) -> dict[str, list[dict[str, A
 
 @contextmanager
 def pg_store(pg_url: str) -> Iterator[Store]:
-    """A store in a fresh, uniquely named PostgreSQL schema, dropped afterwards (other tests share the db)."""
-    name = f"t_money_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(pg_url)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{name}"'))
-    sep = "&" if "?" in pg_url else "?"
-    s = Store.open(f"{pg_url}{sep}options=-csearch_path%3D{name}")
-    try:
-        s.upgrade()
-        yield s
-    finally:
-        s.engine.dispose()
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{name}" CASCADE'))
-        admin.dispose()
+    """A migrated store in a fresh PostgreSQL schema, dropped afterwards (other tests share the db)."""
+    with pg_schema(pg_url, "t_money") as url:
+        s = Store.open(url)
+        try:
+            s.upgrade()
+            yield s
+        finally:
+            s.engine.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.service)])

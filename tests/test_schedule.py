@@ -14,7 +14,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from apscheduler.triggers.interval import IntervalTrigger
 from conftest import port_open
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from auditor import config as config_mod
 from auditor import locks
@@ -325,28 +324,12 @@ def test_sigkill_mid_collect_leaves_no_partial_batch_and_next_run_catches_up(tmp
 
 
 # -- two daemons, one PostgreSQL store -------------------------------------------------------------------
-@pytest.fixture
-def pg_schema_url(pg_url: str) -> Any:
-    """A private schema in the shared database ``test``, selected by search_path in the URL."""
-    name = f"sched_{uuid.uuid4().hex[:10]}"
-    engine = create_engine(pg_url)
-    with engine.begin() as c:
-        c.execute(text(f'CREATE SCHEMA "{name}"'))
-    sep = "&" if "?" in pg_url else "?"
-    try:
-        yield f"{pg_url}{sep}options=-csearch_path%3D{name}"
-    finally:
-        with engine.begin() as c:
-            c.execute(text(f'DROP SCHEMA "{name}" CASCADE'))
-        engine.dispose()
-
-
 @pytest.mark.service
 def test_two_daemons_on_postgresql_send_one_weekly_email(tmp_path: Path, pg_schema_url: str) -> None:
     store = Store.open(pg_schema_url)
     store.upgrade()
     with store.engine.connect() as c:
-        assert c.execute(text("SELECT current_schema()")).scalar().startswith("sched_")
+        assert c.execute(text("SELECT current_schema()")).scalar().startswith("t_")
     cfg = make_cfg(tmp_path, pg_schema_url)
     sent = tmp_path / "sent.txt"
     fire = datetime(2026, 11, 30, 8, tzinfo=UTC)
