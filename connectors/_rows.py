@@ -1,0 +1,110 @@
+"""Row readers for the file connector: CSV, JSON / JSON Lines and saved ``sacct -P`` output, each yielding
+(location, row) with a string in place of a row that could not be read, so the caller quarantines that one
+record and carries on."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from auditor.errors import SourceError
+from auditor.records import Allocation
+from connectors.base import Problems
+
+
+def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tuple[str, Allocation]]:
+    """Saved ``sacct -P`` output (header line first), through the Slurm connector's own parser.
+    Jobs that held no GPU are not allocations and are passed over silently."""
+    from connectors.slurm.jobs import from_sacct_row, sacct_rows
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SourceError(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    for lineno, row in sacct_rows(text):
+        loc = f"line {lineno}"
+        if isinstance(row, str):
+            problems.skip(str(path), loc, "wrong number of '|'-separated fields for the header", row)
+            continue
+        try:
+            alloc = from_sacct_row(row, cluster)
+        except (ValueError, KeyError, TypeError) as exc:
+            problems.skip(str(path), loc, str(exc).strip("'"), "|".join(row.values()))
+            continue
+        if alloc.gpus:
+            yield loc, alloc
+
+
+def read_rows(path: Path, fmt: str) -> Iterator[tuple[str, dict[str, Any] | str]]:
+    """Rows with their location ("line 12" / "item 3"); a string instead of a row is a parse error.
+    A BOM is accepted; an undecodable or oversized line costs that line only, never the rest of the file."""
+    try:
+        handle = path.open(encoding="utf-8-sig", errors="replace", newline="")
+    except OSError as exc:
+        raise SourceError(str(path), f"cannot read: {exc.strerror}") from None
+    with handle:
+        if fmt == "csv":
+            yield from csv_rows(handle)
+            return
+        text = handle.read()
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SourceError(str(path), f"invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        except RecursionError:
+            raise SourceError(str(path), "JSON nested too deeply") from None
+        for i, item in enumerate(items):
+            yield f"item {i}", item if isinstance(item, dict) else "not a JSON object"
+        return
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if "\ufffd" in line:
+            yield f"line {n}", "invalid UTF-8 bytes"
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield f"line {n}", f"invalid JSON: {exc.msg}"
+            continue
+        except RecursionError:
+            yield f"line {n}", "JSON nested too deeply"
+            continue
+        yield f"line {n}", item if isinstance(item, dict) else "not a JSON object"
+
+
+def csv_rows(handle: Any) -> Iterator[tuple[str, dict[str, Any] | str]]:
+    reader = csv.reader(handle)
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    except csv.Error as exc:
+        yield "line 1", f"unreadable CSV header: {exc}"
+        return
+    header = [h.strip() for h in header]
+    if any("\ufffd" in h for h in header):
+        yield "line 1", "invalid UTF-8 bytes in the header: not a CSV file of this format"
+        return
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield f"line {reader.line_num}", f"unreadable CSV: {exc}"
+            continue
+        loc = f"line {reader.line_num}"
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        if any("\ufffd" in f for f in fields):
+            yield loc, "invalid UTF-8 bytes"
+        elif len(fields) > len(header):
+            yield loc, "more fields than the header"
+        else:
+            yield loc, dict(zip(header, [*fields, *[""] * (len(header) - len(fields))], strict=True))
