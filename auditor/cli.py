@@ -7,84 +7,17 @@ add their commands from their own modules (``COMMAND_MODULES``), each exposing `
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import click
 
 from auditor import config as config_mod
+from auditor.cliapp import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, App, pass_app, time_option, window  # noqa: F401
 from auditor.errors import GpuAuditError
-from auditor.timeutil import parse_time, utcnow
 
 COMMAND_MODULES: list[str] = ["auditor.cli_money", "auditor.cli_serve", "auditor.cli_report", "auditor.cli_db_prune"]
-
-EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 3
-
-
-@dataclass
-class App:
-    """What every command gets: config, the store (opened on first use), output mode."""
-
-    config_path: str | None
-    as_json: bool = False
-    debug: bool = False
-    _cfg: config_mod.Config | None = None
-    _store: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def cfg(self) -> config_mod.Config:
-        if self._cfg is None:
-            self._cfg = config_mod.load(self.config_path)
-        return self._cfg
-
-    @property
-    def base_dir(self) -> Path:
-        import os
-
-        path = self.config_path or os.environ.get(config_mod.ENV_VAR)
-        return Path(path).resolve().parent if path else Path.cwd()
-
-    def store(self, *, migrate_check: bool = True) -> Any:
-        if self._store is None:
-            from auditor.store import Store
-
-            self._store = Store.open(self.cfg.store.resolved_url(), self.cfg.store.batch_rows)
-            if migrate_check:
-                self._store.require_current()
-        return self._store
-
-    def emit(self, data: Any, human: str | Callable[[], str]) -> None:
-        """Print ``data`` as JSON with --json, else the human-readable text."""
-        if self.as_json:
-            click.echo(json.dumps(data, indent=2, default=str, sort_keys=False))
-        else:
-            click.echo(human() if callable(human) else human)
-
-
-pass_app = click.make_pass_decorator(App)
-
-
-def time_option(name: str, help_text: str) -> Callable:
-    return click.option(name, help=help_text + " sacct-style: 2026-11-22, 2026-11-22T08:00, now-7days.")
-
-
-def window(app: App, since: str | None, until: str | None) -> tuple[datetime, datetime]:
-    """--since/--until, defaulting to the last `report.days` days."""
-    try:
-        end = parse_time(until) if until else utcnow()
-        start = parse_time(since, now=end) if since else end - timedelta(days=app.cfg.report.days)
-    except ValueError as exc:
-        raise GpuAuditError(str(exc)) from None
-    if end <= start:
-        raise GpuAuditError(f"--until {end.isoformat()} is not after --since {start.isoformat()}")
-    return start, end
 
 
 class Cli(click.Group):

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from auditor.cli import EXIT_ERROR, App, pass_app, time_option, window
+from auditor.cliapp import EXIT_ERROR, App, pass_app, time_option, window
 from auditor.errors import GpuAuditError
 
 

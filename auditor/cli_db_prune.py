@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from auditor.cli import App, pass_app, time_option
+from auditor.cliapp import App, pass_app, time_option
 
 
 def register(main: click.Group) -> None:

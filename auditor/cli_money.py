@@ -12,7 +12,7 @@ from auditor.errors import GpuAuditError
 
 
 def register(group: click.Group) -> None:
-    from auditor.cli import App, pass_app, time_option, window
+    from auditor.cliapp import App, pass_app, time_option, window
 
     @group.command()
     @click.option("--period", default=None, metavar="YYYY-MM",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from auditor.cli import App, pass_app, time_option, window
+from auditor.cliapp import App, pass_app, time_option, window
 from auditor.errors import GpuAuditError
 
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import click
 
-from auditor.cli import App, pass_app
+from auditor.cliapp import App, pass_app
 from auditor.errors import GpuAuditError
 
 log = logging.getLogger("gpu_audit.serve")
