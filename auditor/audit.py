@@ -244,12 +244,8 @@ def attribute_by_labels(conn: Connection, sql: str, params: dict[str, Any]) -> i
         conn.execute(text(
             "INSERT INTO _attr SELECT ag.id, a.id, :gpu, :idx, 'label', " + _CLIP.format(**_fn(conn))
             + ", ag.share FROM allocated_gpus ag JOIN allocations a ON a.id = ag.allocation_id "
-            "WHERE ag.id = :g"), [{**params_subset(params), **r} for r in rows])
+            "WHERE ag.id = :g"), [{"since": params["since"], "horizon": params["horizon"], **r} for r in rows])
     return len(rows)
-
-
-def params_subset(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: params[k] for k in ("since", "horizon")}
 
 
 def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,

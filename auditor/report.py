@@ -242,10 +242,9 @@ def load_run(conn: Connection, run_id: int) -> dict[str, Any]:
 
 def latest_ok_run(store: Store) -> int:
     """The newest official (not what-if) ok run, or a one-line error telling what to run."""
-    t = schema.audit_runs
-    with store.engine.connect() as conn:
-        rid = conn.execute(select(t.c.id).where(t.c.status == "ok", t.c.what_if.is_(False))
-                           .order_by(t.c.id.desc()).limit(1)).scalar()
+    from auditor.audit import latest_run
+
+    rid = latest_run(store)
     if rid is None:
         raise GpuAuditError("no finished audit run in the store: run `gpu-audit audit` first")
     return int(rid)
