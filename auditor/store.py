@@ -70,7 +70,11 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
-    return create_engine(u, pool_pre_ping=True)
+    try:
+        return create_engine(u, pool_pre_ping=True)
+    except ModuleNotFoundError as exc:
+        extra = " (pip install 'gpu-audit[postgres]')" if u.get_backend_name() == "postgresql" else ""
+        raise StoreError(f"store.url needs the database driver {exc.name!r}, which is not installed{extra}") from None
 
 
 @dataclass

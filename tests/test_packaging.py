@@ -23,11 +23,19 @@ def test_wheel_installs_and_runs_the_demo(tmp_path: Path) -> None:
     assert any(n.startswith("auditor/migrations/versions/0001") for n in names)
     assert any(n.startswith("auditor/templates/") for n in names) or not list((ROOT / "templates").iterdir())
     venv = tmp_path / "venv"
-    # dependencies come from this interpreter's site-packages; the package itself only from the wheel
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    # Dependencies come from this interpreter's site-packages, the package itself only from the wheel.
+    # `venv --system-site-packages` would see the *base* interpreter's packages, not those of a virtualenv this
+    # test may run in; a .pth file naming this interpreter's site directories works in both cases. Plain paths in
+    # a .pth are appended after the new venv's own site-packages, and .pth files inside them (an editable install
+    # of this checkout) are not processed, so the wheel's copy is the one imported.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--force-reinstall", "-q", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    new_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    outer = [p for p in sys.path if p.endswith("-packages") and Path(p).is_dir()]
+    Path(new_site, "outer-deps.pth").write_text("\n".join(outer) + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--force-reinstall",
+                    "-q", str(wheel)], check=True, capture_output=True, timeout=300)
     work = tmp_path / "elsewhere"
     work.mkdir()
     where = subprocess.run([str(py), "-c", "import auditor; print(auditor.__file__)"], cwd=work,

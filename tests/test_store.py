@@ -168,3 +168,13 @@ def test_sqlite_pragmas(tmp_path) -> None:
     with s.engine.connect() as conn:
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+
+
+def test_missing_database_driver_is_a_one_line_error() -> None:
+    # pg8000 is a real SQLAlchemy PostgreSQL dialect whose driver this project does not install: opening such a
+    # store must say which driver is missing and how to get one, not escape as ModuleNotFoundError
+    from auditor.errors import StoreError
+    from auditor.store import Store
+
+    with pytest.raises(StoreError, match=r"driver 'pg8000'.*pip install 'gpu-audit\[postgres\]'"):
+        Store.open("postgresql+pg8000://u@127.0.0.1/db")
