@@ -169,11 +169,51 @@ def nudge_context(ctx: dict[str, Any], audience: str, who: str, rows: list[dict[
     totals = {"gpu_hours": sum(r["gpu_hours"] for r in rows), "cost": sum(r["cost"] for r in rows),
               "idle_gpu_hours": sum(r["idle_gpu_hours"] for r in rows)}
     return {"audience": audience, "who": who, "run": ctx["run"], "currency": ctx["currency"],
-            "definitions": ctx["definitions"], "thresholds": ctx["thresholds"], "files": ctx["files"],
+            "definitions": ctx["definitions"],
+            "judged": ctx.get("judged") or [], "thresholds": ctx["thresholds"], "files": ctx["files"],
             "allocations": len({r["allocation_id"] for r in rows}),
             "findings": {"rows": rows[:top_n], "total": len(rows), "shown": min(top_n, len(rows)),
                          "cut": len(rows) > top_n, "totals": totals},
             "kinds": sorted({k for r in rows for k in r["kind"].split(", ")}), "advice": report.ADVICE}
+
+
+def release_hint(source: str, external_id: str, account: str, name: str) -> str:
+    """The command that frees the GPUs (what a nudge about a running job should say first)."""
+    if source == "slurm":
+        return f"scancel {external_id}"
+    if source == "kubernetes":
+        return f"kubectl delete pod -n {account} {name}"
+    return "end the job to release its GPUs"
+
+
+def mark_running(store: Store, rows: list[dict[str, Any]], now_ts: int, idle_sm: float, tz: Any) -> None:
+    """Add ``running_now`` (the job still holds its GPUs at send time), ``idle_now`` (its latest telemetry bin
+    was idle) and a release command to each nudge row: the most actionable fact a nudge can carry."""
+    ids = sorted({int(r["allocation_id"]) for r in rows if r.get("allocation_id") is not None})
+    state: dict[int, Any] = {}
+    t = schema.allocations
+    with store.engine.connect() as conn:
+        for i in range(0, len(ids), 500):
+            for a in conn.execute(select(t.c.id, t.c.start_ts, t.c.end_ts, t.c.source, t.c.external_id,
+                                         t.c.account, t.c.name).where(t.c.id.in_(ids[i:i + 500]))):
+                state[a.id] = a
+    for r in rows:
+        a = state.get(r.get("allocation_id"))
+        running = a is not None and a.start_ts is not None and (a.end_ts is None or a.end_ts > now_ts)
+        sm = [v for v in ((r.get("sparkline") or {}).get("sm") or []) if v is not None]
+        r["running_now"] = running
+        r["idle_now"] = bool(running and sm and sm[-1] < idle_sm)
+        r["checked_at"] = report._when(now_ts, tz)
+        r["release_hint"] = release_hint(a.source, a.external_id, a.account, a.name) if a is not None else ""
+
+
+def nudge_subject(audience: str, who: str, n: int, totals: dict[str, Any], currency: str, running: int) -> str:
+    """A subject that starts with a short ASCII tag (never folded right after ``Subject:``), names shortened."""
+    from auditor.render import shorten
+
+    lead = f"[gpu-audit] {running} still running with idle GPUs; " if running else "[gpu-audit] "
+    return (f"{lead}{audience} {shorten(who, 40)}: {n} allocation{'' if n == 1 else 's'} held GPUs idle, "
+            f"{totals['idle_gpu_hours']:,.1f} GPU-hours, {currency} {totals['cost']:,.2f}")
 
 
 def build_messages(store: Store, cfg: Config, run_id: int, *, admin: bool = True, teams: bool = True,
@@ -202,6 +242,8 @@ def build_messages(store: Store, cfg: Config, run_id: int, *, admin: bool = True
                 continue
             out.append(Outgoing("admin_report", rcpt, msg, period_key=pkey, stem=f"admin-{pkey}"))
     rows = nudge_rows(store, cfg, run_id) if (teams or users) else []
+    mark_running(store, rows, now_ts, float(ctx["thresholds"].get("idle_sm", cfg.thresholds.idle_sm)),
+                 report._tz(cfg))
     if teams:
         by_team: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
@@ -244,8 +286,7 @@ def _nudge(out: list[Outgoing], skipped: list[dict], cfg: Config, ctx: dict[str,
     txt = environment("text").get_template("nudge.txt.j2").render(**nctx)
     t = nctx["findings"]["totals"]
     n = nctx["allocations"]
-    subject = (f"[gpu-audit] {audience} {who}: {n} allocation{'' if n == 1 else 's'} held GPUs idle, "
-               f"{t['idle_gpu_hours']:,.1f} GPU-hours, {ctx['currency']} {t['cost']:,.2f}")
+    subject = nudge_subject(audience, who, n, t, ctx["currency"], sum(1 for r in fresh if r.get("running_now")))
     try:
         msg = compose(cfg, rcpt, subject, txt, html, images)
     except GpuAuditError as exc:  # a bad address in the team mapping: skip it, send the rest
