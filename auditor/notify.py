@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.headerregistry import Address
 from email.message import EmailMessage
-from email.policy import SMTP as SMTP_POLICY
+from email.policy import EmailPolicy
 from email.utils import format_datetime, make_msgid
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,28 @@ log = logging.getLogger("gpu_audit.notify")
 NUDGE_KINDS = ("idle_allocation", "util_mirage", "idle_gpus", "idle_episode")
 _CTRL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 _LOCAL_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+
+
+class MailPolicy(EmailPolicy):
+    """The SMTP policy (CRLF, folded at 78), except that a header is never folded right after its name.
+
+    The stdlib folds ``Subject: <77 characters>`` as ``Subject:`` + CRLF + the text; several mail clients
+    then show an empty subject. Such a first line stays whole instead (legal: lines may be 998 long)."""
+
+    def _lead(self, name: str, folded: str) -> str:
+        lead = f"{name}:{self.linesep} "
+        return f"{name}: {folded[len(lead):]}" if folded.startswith(lead) else folded
+
+    def fold(self, name: str, value: str) -> str:
+        return self._lead(name, super().fold(name, value))
+
+    def fold_binary(self, name: str, value: str) -> bytes:
+        lead = f"{name}:{self.linesep} ".encode("ascii")
+        out = super().fold_binary(name, value)
+        return f"{name}: ".encode("ascii") + out[len(lead):] if out.startswith(lead) else out
+
+
+SMTP_POLICY = MailPolicy(linesep="\r\n")
 
 
 def safe_header(value: Any, limit: int = 200) -> str:

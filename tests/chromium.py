@@ -38,7 +38,7 @@ CONTRAST_JS = """() => {
   const out = [];
   for (const el of document.querySelectorAll('body *')) {
     const own = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
-    if (!own || el.getBoundingClientRect().width === 0) continue;
+    if (!own || el.getBoundingClientRect().width === 0 || el.closest('[aria-hidden="true"]')) continue;
     const a = lum(rgb(getComputedStyle(el).color)), b = lum(bg(el));
     const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
     out.push({ratio, tag: el.tagName, text: el.textContent.trim().slice(0, 40)});
