@@ -48,7 +48,7 @@ def trend_bars(values: Sequence[float], labels: Sequence[str], title: str, *, cu
     slot = width / n
     plot = height - 34
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" role="img" '
-             f'class="chart"><title>{escape(title)}</title>']
+             f'class="chart trend"><title>{escape(title)}</title>']
     for i, v in enumerate(values):
         h = (v / peak) * (plot - 14) if v else 0.0
         x = i * slot + slot * 0.15
