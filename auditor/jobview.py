@@ -77,23 +77,6 @@ def latest_usage_run(conn: Connection, allocation_id: int) -> int | None:
         {"a": allocation_id, "f": False}).scalar()
 
 
-def bucket_verdict(b: dict[str, Any], th: Thresholds) -> str:
-    """One bucket's verdict by the audit's rules (audit._VERDICT): a test checks both agree on every GPU."""
-    if (b["samples"] or 0) <= 0:
-        return "unknown"
-    sm = b["sm_active"]
-    if sm is not None:
-        if sm < th.idle_sm and (b["dram_active"] or 0) < th.idle_dram and (b["tensor_active"] or 0) < th.idle_tensor:
-            mirage = (b["gpu_util"] or 0) >= th.mirage_gpu_util or (b["gr_engine"] or 0) >= th.mirage_gr_engine
-            return "mirage" if mirage else "idle"
-        return "working" if sm >= th.working_sm else "low"
-    power_ok = th.idle_power_w is None or (b["power_w"] if b["power_w"] is not None else th.idle_power_w + 1) \
-        < th.idle_power_w
-    if th.util_fallback and b["gpu_util"] is not None and b["gpu_util"] < th.idle_util and power_ok:
-        return "idle_by_util"
-    return "unknown"
-
-
 def _gpus(conn: Connection, a: dict[str, Any], run_id: int | None) -> list[dict[str, Any]]:
     cols = ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s", "unknown_s",
             "effective_s")
@@ -120,47 +103,60 @@ def _gpus(conn: Connection, a: dict[str, Any], run_id: int | None) -> list[dict[
     return out
 
 
-def _series(conn: Connection, gpu_id: int | None, s: int, e: int, bucket_s: int) -> list[dict[str, Any]]:
-    if gpu_id is None or e <= s:
-        return []
-    sql = ("SELECT bucket_ts, bucket_s, samples, gr_engine, " + ", ".join(METRICS) + " FROM gpu_buckets "
-           "WHERE gpu_id = :g AND bucket_ts >= :s AND bucket_ts < :e ORDER BY bucket_ts")
-    rows = [dict(r._mapping) for r in conn.execute(text(sql), {"g": gpu_id, "s": s - bucket_s, "e": e})]
-    return [r for r in rows if r["bucket_ts"] + r["bucket_s"] > s]
+def _verdict_sql(th: Thresholds) -> str:
+    """The audit's own per-bucket verdict expression (audit._VERDICT): one definition of the verdict."""
+    from auditor.audit import _VERDICT
+
+    return _VERDICT.format(working_first="WHEN b.sm_active >= :working_sm THEN 5" if th.working_sm >= th.idle_sm
+                           else "")
 
 
-def timeline(series: list[dict[str, Any]], s: int, e: int, th: Thresholds, bins: int = BINS) -> dict[str, Any]:
-    """Per time bin: the verdict holding most of the bin's observed time and mean SM activity; seconds per
-    verdict over the whole window (clipped to [s, e)); each bucket counted once."""
-    bins = max(1, min(bins, max(1, len(series)))) if series else 1
-    width = (e - s) / bins
-    per_bin: list[dict[str, float]] = [{} for _ in range(bins)]
-    sm_bin: list[list[float]] = [[] for _ in range(bins)]
-    seconds: dict[str, float] = {}
-    for b in series:
-        ov = min(b["bucket_ts"] + b["bucket_s"], e) - max(b["bucket_ts"], s)
-        if ov <= 0:
-            continue
-        v = bucket_verdict(b, th)
-        seconds[v] = seconds.get(v, 0.0) + ov
-        k = min(bins - 1, max(0, int((max(b["bucket_ts"], s) - s) / width))) if width > 0 else 0
-        per_bin[k][v] = per_bin[k].get(v, 0.0) + ov
-        if b["sm_active"] is not None and b["samples"] > 0:
-            sm_bin[k].append(b["sm_active"])
-    codes = [max(d, key=lambda x: d[x]) if d else None for d in per_bin]
-    sm = [sum(x) / len(x) if x else None for x in sm_bin]
-    return {"bins": bins, "bin_s": width, "verdicts": codes, "sm": sm, "seconds": seconds,
-            "line": "".join(GLYPH[c] for c in codes),
-            "spark": "".join(" " if v is None else SPARK[min(7, int(v * 8))] for v in sm)}
+def gpu_series(conn: Connection, gpu_ids: list[int], s: int, e: int, th: Thresholds, bucket_s: int
+               ) -> dict[int, dict[str, Any]]:
+    """Per telemetry GPU over [s, e): the time line (verdict seconds per time bin, in SQL) and the mean and
+    peak of each metric. Two grouped queries for all GPUs at once, so a 64-GPU job stays fast."""
+    from auditor.audit import _fn, _params
 
-
-def metric_stats(series: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """Mean and peak of each metric over the buckets that reported it (equal-length buckets)."""
-    out = {}
-    for m in METRICS:
-        vals = [b[m] for b in series if b[m] is not None and (b["samples"] or 0) > 0]
-        out[m] = {"mean": sum(vals) / len(vals) if vals else None, "peak": max(vals) if vals else None}
+    ids = sorted({int(g) for g in gpu_ids})
+    if not ids or e <= s:
+        return {}
+    bins = max(1, min(BINS, -(-(e - s) // max(1, bucket_s))))
+    fn = _fn(conn)
+    p = {**_params(th, s, e, e, bucket_s), "s": s, "e": e, "bins": bins}
+    marks = ", ".join(str(i) for i in ids)
+    where = (f"b.gpu_id IN ({marks}) AND b.bucket_ts >= :s - :bucket AND b.bucket_ts < :e "
+             "AND b.bucket_ts + b.bucket_s > :s")
+    ov = f"({fn['LEAST']}(b.bucket_ts + b.bucket_s, :e) - {fn['GREATEST']}(b.bucket_ts, :s))"
+    binx = f"CAST(({fn['GREATEST']}(b.bucket_ts, :s) - :s) * :bins / (:e - :s) AS INTEGER)"
+    out: dict[int, dict[str, Any]] = {i: {"per_bin": [{} for _ in range(bins)], "sm": [[0.0, 0] for _ in range(bins)],
+                                          "seconds": {}, "metrics": {}} for i in ids}
+    sql = (f"SELECT b.gpu_id, {binx} AS bin, {_verdict_sql(th)} AS v, SUM({ov}) AS sec, "
+           "SUM(CASE WHEN b.samples > 0 THEN b.sm_active END) AS sm_sum, "
+           "SUM(CASE WHEN b.samples > 0 AND b.sm_active IS NOT NULL THEN 1 ELSE 0 END) AS sm_n "
+           f"FROM gpu_buckets b WHERE {where} GROUP BY b.gpu_id, {binx}, {_verdict_sql(th)}")
+    for gid, k, v, sec, sm_sum, sm_n in conn.execute(text(sql), p):
+        g = out[gid]
+        k = min(bins - 1, max(0, int(k)))
+        name = VERDICTS.get(int(v), "unknown")
+        g["per_bin"][k][name] = g["per_bin"][k].get(name, 0.0) + float(sec or 0)
+        g["seconds"][name] = g["seconds"].get(name, 0.0) + float(sec or 0)
+        g["sm"][k][0] += float(sm_sum or 0)
+        g["sm"][k][1] += int(sm_n or 0)
+    aggs = ", ".join(f"AVG(CASE WHEN b.samples > 0 THEN b.{m} END), MAX(CASE WHEN b.samples > 0 THEN b.{m} END)"
+                     for m in METRICS)
+    for r in conn.execute(text(f"SELECT b.gpu_id, {aggs} FROM gpu_buckets b WHERE {where} GROUP BY b.gpu_id"), p):
+        out[r[0]]["metrics"] = {m: {"mean": r[1 + 2 * i], "peak": r[2 + 2 * i]} for i, m in enumerate(METRICS)}
+    for g in out.values():
+        codes = [max(d, key=lambda x: d[x]) if d else None for d in g["per_bin"]]
+        sm = [a / n if n else None for a, n in g.pop("sm")]
+        g.pop("per_bin")
+        g["timeline"] = {"bins": bins, "bin_s": (e - s) / bins, "verdicts": codes, "sm": sm,
+                         "seconds": g.pop("seconds"), "line": "".join(GLYPH[c] for c in codes),
+                         "spark": "".join(" " if v is None else SPARK[min(7, int(v * 8))] for v in sm)}
     return out
+
+
+EMPTY_METRICS = {m: {"mean": None, "peak": None} for m in METRICS}
 
 
 def job_view(store: Store, cfg: Config, ref: str | int, *, user: str | None = None, run_id: int | None = None,
@@ -187,10 +183,15 @@ def job_view(store: Store, cfg: Config, ref: str | int, *, user: str | None = No
         s = a["start_ts"] or 0
         e = a["end_ts"] if a["end_ts"] is not None else now_ts
         gpus = _gpus(conn, a, rid if usage else None)
+        series = gpu_series(conn, [g["gpu_id"] for g in gpus if g["gpu_id"] is not None], s, e, th,
+                            cfg.store.bucket_seconds)
+        bins = max(1, min(BINS, -(-(e - s) // max(1, cfg.store.bucket_seconds)))) if e > s else 1
+        blank = {"bins": bins, "bin_s": (e - s) / bins, "verdicts": [None] * bins, "sm": [None] * bins,
+                 "seconds": {}, "line": " " * bins, "spark": " " * bins}
         for g in gpus:
-            series = _series(conn, g["gpu_id"], s, e, cfg.store.bucket_seconds)
-            g["timeline"] = timeline(series, s, e, th)
-            g["metrics"] = metric_stats(series)
+            got = series.get(g["gpu_id"]) if g["gpu_id"] is not None else None
+            g["timeline"] = got["timeline"] if got else blank
+            g["metrics"] = (got or {}).get("metrics") or EMPTY_METRICS
             sec = g["seconds"]
             g["coverage"] = (sec["observed_s"] / sec["reserved_s"]) if sec.get("reserved_s") else None
         findings = [{"id": f.id, "kind": f.kind, "gpu_hours": f.gpu_hours, "idle_gpu_hours": f.idle_gpu_hours,

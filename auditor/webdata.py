@@ -79,7 +79,7 @@ def overview(store: Store, cfg: Config, run_id: int, user: str | None) -> dict[s
         clusters = [{"cluster": r.cluster, **_usage_row(dict(r._mapping))} for r in conn.execute(text(
             f"SELECT a.cluster, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id "
             f"WHERE u.run_id = :run{w} GROUP BY a.cluster ORDER BY a.cluster"), {"run": run_id, **p})]
-        kinds = {r.kind: int(r.n) for r in conn.execute(text(
+        kinds = dict(head.get("findings") or {}) if user is None else {r.kind: int(r.n) for r in conn.execute(text(
             f"SELECT f.kind, COUNT(*) AS n FROM findings f LEFT JOIN allocations a ON a.id = f.allocation_id "
             f"WHERE f.run_id = :run{w} GROUP BY f.kind ORDER BY f.kind"), {"run": run_id, **p})}
     head["findings"] = kinds
@@ -87,26 +87,30 @@ def overview(store: Store, cfg: Config, run_id: int, user: str | None) -> dict[s
             "headline": head, "trend": trend, "coverage": clusters}
 
 
+RAW = ("allocations", "reserved_s", "observed_s", "idle_s", "mirage_s", "effective_s", "unknown_s", "gpu_util_s",
+       "util_observed_s", "sm_s", "sm_observed_s", "reserved_cost", "idle_cost")
+
+
 def groups(store: Store, cfg: Config, run_id: int, kind: str, user: str | None, *, page: int = 1
            ) -> dict[str, Any]:
-    """Usage by team, user, cluster or account, worst idle cost first, paged by ``web.page_rows``."""
+    """Usage by team, user, cluster or account, worst idle cost first, paged by ``web.page_rows``.
+
+    One grouped scan: rows, their count and the totals all come from it (groups are few next to rows)."""
     col, label = GROUPS[kind]
     w, p = _scoped(user)
     n = cfg.web.page_rows
     off = max(0, page - 1) * n
     with store.engine.connect() as conn:
         info, _ = run_info(conn, run_id, cfg)
-        base = (f"SELECT {col} AS name, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
-                f"u.allocation_id WHERE u.run_id = :run{w} GROUP BY {col}")
-        rows = [{"name": r.name or "", **_usage_row(dict(r._mapping))} for r in conn.execute(text(
-            base + f" ORDER BY idle_cost DESC, reserved_s DESC, name LIMIT {int(n)} OFFSET {int(off)}"),
-            {"run": run_id, **p})]
-        total = conn.execute(text(f"SELECT COUNT(*) FROM ({base}) g"), {"run": run_id, **p}).scalar() or 0
-        tot = conn.execute(text(f"SELECT {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
-                                f"u.allocation_id WHERE u.run_id = :run{w}"), {"run": run_id, **p}).one()
+        raw = [dict(r._mapping) for r in conn.execute(text(
+            f"SELECT {col} AS name, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
+            f"u.allocation_id WHERE u.run_id = :run{w} GROUP BY {col}"), {"run": run_id, **p})]
+    raw.sort(key=lambda r: (-(r["idle_cost"] or 0.0), -(r["reserved_s"] or 0.0), r["name"] or ""))
+    tot = {k: sum((r[k] or 0) for r in raw) for k in RAW}
+    rows = [{"name": r["name"] or "", **_usage_row(r)} for r in raw[off:off + n]]
     return {"schema": "gpu-audit.web.groups/1", "run": info, "scope": user, "currency": cfg.prices.currency,
-            "kind": kind, "label": label, "rows": rows, "total": int(total), "page": page, "page_rows": n,
-            "totals": _usage_row(dict(tot._mapping))}
+            "kind": kind, "label": label, "rows": rows, "total": len(raw), "page": page, "page_rows": n,
+            "totals": _usage_row(tot)}
 
 
 def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dict[str, str]) -> dict[str, Any]:
@@ -131,24 +135,41 @@ def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dic
     order = "ASC" if args.get("order") == "asc" else "DESC"
     n = cfg.web.page_rows
     page = max(1, int(args["page"])) if str(args.get("page") or "").isdigit() else 1
-    sql = (report.FINDING_SQL.replace("WHERE f.run_id", "LEFT JOIN allocations a ON a.id = f.allocation_id "
-                                      "WHERE f.run_id").format(kinds=", ".join(f"'{k}'" for k in ALL_KINDS)) + where)
+    kinds = ", ".join(f"'{k}'" for k in ALL_KINDS)
+    join = " LEFT JOIN allocations a ON a.id = f.allocation_id" if (user is not None or q) else ""
+    base = f"FROM findings f{join} WHERE f.run_id = :run AND f.kind IN ({kinds}){where}"
     with store.engine.connect() as conn:
         info, _ = run_info(conn, run_id, cfg)
-        rows = [report.finding_row(dict(r._mapping), tz) for r in conn.execute(text(
-            sql + f" ORDER BY {SORTS[sort]} {order}, f.id LIMIT {int(n)} OFFSET {(page - 1) * int(n)}"),
+        # page ids first (no evidence read while sorting), then the page's full rows
+        ids = [r[0] for r in conn.execute(text(
+            f"SELECT f.id {base} ORDER BY {SORTS[sort]} {order}, f.id LIMIT {int(n)} OFFSET {(page - 1) * int(n)}"),
             {"run": run_id, **p})]
-        agg = conn.execute(text(f"SELECT COUNT(*) AS n, SUM(sub.cost) AS c, SUM(sub.idle_gpu_hours) AS ih FROM "
-                                f"({sql}) sub"), {"run": run_id, **p}).one()
-        options = {k: [r[0] for r in conn.execute(text(
-            f"SELECT DISTINCT {col} FROM findings f LEFT JOIN allocations a ON a.id = f.allocation_id "
-            f"WHERE f.run_id = :run{w} ORDER BY 1 LIMIT 200"), {"run": run_id, **_scoped(user)[1]})]
-            for k, col in (("kind", "f.kind"), ("cluster", "f.cluster"), ("team", "f.team"))}
+        rows = []
+        if ids:
+            got = {r.id: report.finding_row(dict(r._mapping), tz) for r in conn.execute(text(
+                report.FINDING_SQL.format(kinds=kinds) + f" AND f.id IN ({', '.join(str(int(i)) for i in ids)})"),
+                {"run": run_id})}
+            rows = [got[i] for i in ids]
+        # one grouped pass gives the filter options, and the totals when only those filters are set
+        sj = " LEFT JOIN allocations a ON a.id = f.allocation_id" if user is not None else ""
+        grouped = [tuple(r) for r in conn.execute(text(
+            f"SELECT f.kind, f.cluster, f.team, COUNT(*), SUM(f.cost), SUM(f.idle_gpu_hours) FROM findings f{sj} "
+            f"WHERE f.run_id = :run AND f.kind IN ({kinds}){w} GROUP BY f.kind, f.cluster, f.team"),
+            {"run": run_id, **_scoped(user)[1]})]
+        if set(chosen) <= {"kind", "cluster", "team"}:
+            keep = [g for g in grouped if all(chosen.get(k) in (None, g[i]) for i, k in
+                                              enumerate(("kind", "cluster", "team")))]
+            total, cost, idle = sum(g[3] for g in keep), sum(g[4] or 0 for g in keep), sum(g[5] or 0 for g in keep)
+        else:
+            agg = conn.execute(text(f"SELECT COUNT(*), SUM(f.cost), SUM(f.idle_gpu_hours) {base}"),
+                               {"run": run_id, **p}).one()
+            total, cost, idle = agg[0], agg[1], agg[2]
+    options = {k: sorted({g[i] or "" for g in grouped})[:200] for i, k in enumerate(("kind", "cluster", "team"))}
     for r in rows:
         r.pop("sparkline", None)
     return {"schema": "gpu-audit.web.findings/1", "run": info, "scope": user, "currency": cfg.prices.currency,
             "filters": chosen, "sort": sort, "order": order.lower(), "page": page, "page_rows": n,
-            "total": int(agg.n or 0), "totals": {"cost": agg.c or 0.0, "idle_gpu_hours": agg.ih or 0.0},
+            "total": int(total or 0), "totals": {"cost": cost or 0.0, "idle_gpu_hours": idle or 0.0},
             "rows": rows, "options": options}
 
 
