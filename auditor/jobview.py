@@ -130,22 +130,32 @@ def gpu_series(conn: Connection, gpu_ids: list[int], s: int, e: int, th: Thresho
     binx = f"CAST(({fn['GREATEST']}(b.bucket_ts, :s) - :s) * :bins / (:e - :s) AS INTEGER)"
     out: dict[int, dict[str, Any]] = {i: {"per_bin": [{} for _ in range(bins)], "sm": [[0.0, 0] for _ in range(bins)],
                                           "seconds": {}, "metrics": {}} for i in ids}
-    sql = (f"SELECT b.gpu_id, {binx} AS bin, {_verdict_sql(th)} AS v, SUM({ov}) AS sec, "
-           "SUM(CASE WHEN b.samples > 0 THEN b.sm_active END) AS sm_sum, "
-           "SUM(CASE WHEN b.samples > 0 AND b.sm_active IS NOT NULL THEN 1 ELSE 0 END) AS sm_n "
+    mcols = ", ".join(f"SUM(CASE WHEN b.samples > 0 THEN b.{m} END), COUNT(CASE WHEN b.samples > 0 THEN b.{m} END), "
+                      f"MAX(CASE WHEN b.samples > 0 THEN b.{m} END)" for m in METRICS)
+    sql = (f"SELECT b.gpu_id, {binx} AS bin, {_verdict_sql(th)} AS v, SUM({ov}) AS sec, {mcols} "
            f"FROM gpu_buckets b WHERE {where} GROUP BY b.gpu_id, {binx}, {_verdict_sql(th)}")
-    for gid, k, v, sec, sm_sum, sm_n in conn.execute(text(sql), p):
+    acc: dict[int, list[list[float]]] = {i: [[0.0, 0, None] for _ in METRICS] for i in ids}
+    sm_i = METRICS.index("sm_active")
+    for r in conn.execute(text(sql), p):
+        gid, k, v, sec = r[0], r[1], r[2], r[3]
         g = out[gid]
         k = min(bins - 1, max(0, int(k)))
         name = VERDICTS.get(int(v), "unknown")
         g["per_bin"][k][name] = g["per_bin"][k].get(name, 0.0) + float(sec or 0)
         g["seconds"][name] = g["seconds"].get(name, 0.0) + float(sec or 0)
-        g["sm"][k][0] += float(sm_sum or 0)
-        g["sm"][k][1] += int(sm_n or 0)
-    aggs = ", ".join(f"AVG(CASE WHEN b.samples > 0 THEN b.{m} END), MAX(CASE WHEN b.samples > 0 THEN b.{m} END)"
-                     for m in METRICS)
-    for r in conn.execute(text(f"SELECT b.gpu_id, {aggs} FROM gpu_buckets b WHERE {where} GROUP BY b.gpu_id"), p):
-        out[r[0]]["metrics"] = {m: {"mean": r[1 + 2 * i], "peak": r[2 + 2 * i]} for i, m in enumerate(METRICS)}
+        for i in range(len(METRICS)):
+            total, count, peak = r[4 + 3 * i], r[5 + 3 * i], r[6 + 3 * i]
+            a = acc[gid][i]
+            a[0] += float(total or 0)
+            a[1] += int(count or 0)
+            if peak is not None and (a[2] is None or peak > a[2]):
+                a[2] = peak
+            if i == sm_i:
+                g["sm"][k][0] += float(total or 0)
+                g["sm"][k][1] += int(count or 0)
+    for gid, a in acc.items():
+        out[gid]["metrics"] = {m: {"mean": a[i][0] / a[i][1] if a[i][1] else None, "peak": a[i][2]}
+                               for i, m in enumerate(METRICS)}
     for g in out.values():
         codes = [max(d, key=lambda x: d[x]) if d else None for d in g["per_bin"]]
         sm = [a / n if n else None for a, n in g.pop("sm")]

@@ -33,9 +33,15 @@ def gpu_chart(verdicts: Sequence[str | None], sm: Sequence[float | None], title:
             h = max(1.0, min(1.0, float(v)) * plot)
             parts.append(f'<rect x="{x:.2f}" y="{plot - h:.2f}" width="{max(bw - 1, 0.5):.2f}" height="{h:.2f}" '
                          'fill="#2563eb"/>')
-        c = VERDICT_COLOURS.get(verdicts[i] if i < len(verdicts) else None, "#cbd5e1")
-        parts.append(f'<rect x="{x:.2f}" y="{plot + 6}" width="{bw + 0.05:.2f}" height="14" fill="{c}">'
-                     f'<title>{escape(str(verdicts[i] if i < len(verdicts) else "no data"))}</title></rect>')
+    i = 0
+    while i < n:  # the verdict strip: one rectangle per run of equal verdicts
+        v = verdicts[i] if i < len(verdicts) else None
+        j = i
+        while j + 1 < n and (verdicts[j + 1] if j + 1 < len(verdicts) else None) == v:
+            j += 1
+        parts.append(f'<rect x="{i * bw:.2f}" y="{plot + 6}" width="{(j - i + 1) * bw:.2f}" height="14" '
+                     f'fill="{VERDICT_COLOURS.get(v, "#cbd5e1")}"><title>{escape(str(v or "no data"))}</title></rect>')
+        i = j + 1
     parts.append("</svg>")
     return Markup("".join(parts))
 

@@ -113,7 +113,7 @@ def _page_no(request: Request) -> int:
 def create_app(store: Store, cfg: Config) -> Any:
     """The ASGI app (``gpu-audit web`` serves it; tests drive it with Starlette's TestClient or Chromium)."""
 
-    def data_for(page: str, request: Request, v: Viewer) -> dict[str, Any]:
+    def data_for(page: str, request: Request, v: Viewer, kind: str) -> dict[str, Any]:
         q = request.query_params
         if page == "allocation":
             aid = request.path_params["aid"]
@@ -129,7 +129,8 @@ def create_app(store: Store, cfg: Config) -> Any:
             by = q.get("by") or "team"
             if by not in BY:
                 raise GpuAuditError(f"by {by[:20]!r}: expected one of {', '.join(BY)}")
-            return webdata.chargeback_rows(store, cfg, run_id, v.scope, by)
+            return webdata.chargeback_rows(store, cfg, run_id, v.scope, by,
+                                           page=None if kind == "csv" else _page_no(request))
         raise GpuAuditError("no such page")
 
     def handle(page: str, kind: str) -> Callable[[Request], Response]:
@@ -139,7 +140,7 @@ def create_app(store: Store, cfg: Config) -> Any:
             except Denied as exc:
                 return PlainTextResponse(str(exc), status_code=401)
             try:
-                data = data_for(page, request, v)
+                data = data_for(page, request, v, kind)
             except GpuAuditError as exc:
                 if kind == "api":
                     return json_response({"error": str(exc)}, 404)

@@ -173,8 +173,10 @@ def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dic
             "rows": rows, "options": options}
 
 
-def chargeback_rows(store: Store, cfg: Config, run_id: int, user: str | None, by: str) -> dict[str, Any]:
-    """Chargeback of the run's window (no new audit); a scoped viewer gets their own user row only."""
+def chargeback_rows(store: Store, cfg: Config, run_id: int, user: str | None, by: str, *, page: int | None = None
+                    ) -> dict[str, Any]:
+    """Chargeback of the run's window (no new audit); a scoped viewer gets their own user row only.
+    ``page`` cuts the rows to one page of ``web.page_rows`` (totals still cover all; the CSV takes all)."""
     from datetime import UTC, datetime
 
     with store.engine.connect() as conn:
@@ -186,6 +188,8 @@ def chargeback_rows(store: Store, cfg: Config, run_id: int, user: str | None, by
     rows = chargeback(store, cfg, since, until, by, run_id=run_id)
     if user is not None:
         rows = [r for r in rows if r["owner"] == user]
+    n = cfg.web.page_rows
+    shown = rows if page is None else rows[(page - 1) * n:page * n]
     return {"schema": "gpu-audit.web.chargeback/1", "run": info, "scope": user, "by": by,
-            "currency": cfg.prices.currency, "rows": rows, "totals": totals(rows),
-            "since": since, "until": until}
+            "currency": cfg.prices.currency, "rows": shown, "total": len(rows), "page": page or 1,
+            "page_rows": n if page is not None else len(rows), "totals": totals(rows), "since": since, "until": until}

@@ -99,6 +99,11 @@ def test_chargeback_csv_matches_json(audited) -> None:  # noqa: ANN001
     rows = list(csv.DictReader(io.StringIO(r.text)))
     assert [(x["owner"], float(x["idle_cost"])) for x in rows] == [(x["owner"], x["idle_cost"]) for x in data["rows"]]
     assert c.get("/api/chargeback?by=nope").status_code == 404
+    paged = client(audited, WebConfig(page_rows=2))
+    p2 = paged.get("/api/chargeback?by=user&page=2").json()
+    assert (len(p2["rows"]), p2["total"]) == (1, 3) and p2["totals"]["reserved_cost"] == pytest.approx(22.0)
+    assert len(list(csv.DictReader(io.StringIO(paged.get("/chargeback.csv?by=user").text)))) == 3
+    assert 'id="next"' in paged.get("/chargeback?by=user").text
 
 
 def test_read_only_every_route_refuses_writes(audited) -> None:  # noqa: ANN001
