@@ -141,11 +141,16 @@ def collapse_bins(sm: Sequence[float | None], util: Sequence[float | None]
     stride = 0
     for a, b in zip(filled, filled[1:], strict=False):
         stride = math.gcd(stride, b - a)
-    if stride <= 1:
-        return sm, util
-    start = filled[0] % stride
-    keep = range(start, n, stride)
-    return [sm[i] for i in keep], [util[i] for i in keep]
+    if stride > 1:
+        start = filled[0] % stride
+        keep = range(start, n, stride)
+        return [sm[i] for i in keep], [util[i] for i in keep]
+    # buckets a little longer than a bin (e.g. 36 buckets over 48 bins) leave single empty bins scattered
+    # between data: when there are many of them and no longer gap, they are structure, not missing data
+    gaps = [b - a - 1 for a, b in zip(filled, filled[1:], strict=False) if b - a > 1]
+    if gaps and max(gaps) == 1 and len(gaps) >= max(2, n // 8):
+        return [sm[i] for i in filled], [util[i] for i in filled]
+    return sm, util
 
 
 MIN_SPARK_WIDTH = 144  # px: a short job's few bins are drawn wide enough to read

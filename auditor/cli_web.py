@@ -14,6 +14,8 @@ def register(main: click.Group) -> None:
     def web(app: App, listen: str | None) -> None:
         """Serve the read-only web UI (overview, teams, users, clusters, findings, allocations, chargeback and
         their JSON API) until interrupted."""
-        from auditor.web import serve
+        from auditor.web import listen_address, serve
 
-        serve(app.store(), app.cfg, listen or app.cfg.web.listen)
+        where = listen or app.cfg.web.listen
+        listen_address(where)  # a bad address fails before the store is opened
+        serve(app.store(), app.cfg, where)

@@ -198,7 +198,7 @@ def serve(store: Store, cfg: Config, listen: str) -> None:
     """Run the UI in the foreground until interrupted."""
     import uvicorn
 
-    host, port = _addr(listen)
+    host, port = listen_address(listen)
     log.info("web UI on http://%s:%d (read-only)", host, port)
     uvicorn.run(create_app(store, cfg), host=host, port=port, log_level="warning", access_log=False)
 
@@ -207,14 +207,15 @@ def start_in_thread(store: Store, cfg: Config, listen: str) -> Any:
     """Start the UI in a daemon thread (``gpu-audit serve --web``); returns the uvicorn server to stop."""
     import uvicorn
 
-    host, port = _addr(listen)
+    host, port = listen_address(listen)
     server = uvicorn.Server(uvicorn.Config(create_app(store, cfg), host=host, port=port, log_level="warning",
                                            access_log=False))
     threading.Thread(target=server.run, name="gpu-audit-web", daemon=True).start()
     return server
 
 
-def _addr(listen: str) -> tuple[str, int]:
+def listen_address(listen: str) -> tuple[str, int]:
+    """HOST:PORT to serve on, or a one-line error (health.parse_listen rules; 'off' is refused here)."""
     from auditor.health import parse_listen
 
     try:

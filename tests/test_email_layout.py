@@ -178,3 +178,11 @@ def test_short_job_sparkline_is_legible(world) -> None:
     sm = [None] * 48
     sm[0], sm[8], sm[17] = 0.1, 0.2, 0.3  # irregular: real gaps stay visible
     assert len(charts.collapse_bins(sm, sm)[0]) == 48
+    # 3 h of 5-minute buckets over 48 bins: bucket i lands in bin floor(i * 48 / 36), leaving 12 single empty
+    # bins (every 4th); they are structure: the 36 buckets are drawn side by side
+    sm = [None] * 48
+    for i in range(36):
+        sm[i * 48 // 36] = 0.5
+    assert charts.collapse_bins(sm, sm)[0] == [0.5] * 36
+    sm[20:26] = [None] * 6  # a real 6-bin gap stays visible
+    assert len(charts.collapse_bins(sm, sm)[0]) == 48

@@ -148,3 +148,14 @@ def test_hostile_names_escaped_and_shortened(audited) -> None:  # noqa: ANN001
     body = c.get("/findings?user=mallory").text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "-tail" in body
     assert c.get(f"/api/allocation/{mal['allocation_id']}").json()["name"] == EVIL  # the API keeps it whole
+
+
+def test_cli_web_bad_listen_is_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from auditor.cli import main
+
+    res = CliRunner().invoke(main, ["web", "--listen", "nonsense"])
+    assert res.exit_code == 1 and "web listen address" in res.output and len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(main, ["web", "--listen", "off"])
+    assert res.exit_code == 1 and "'off' is not an address" in res.output
