@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.headerregistry import Address
 from email.message import EmailMessage
-from email.policy import EmailPolicy
 from email.utils import format_datetime, make_msgid
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from auditor import report, schema
 from auditor.charts import Image
 from auditor.config import Config
 from auditor.errors import GpuAuditError
+from auditor.mailparts import SMTP_POLICY, mark_running, nudge_subject
 from auditor.render import environment, render_html, render_text
 from auditor.store import Store
 from auditor.timeutil import utcnow
@@ -38,28 +38,6 @@ log = logging.getLogger("gpu_audit.notify")
 NUDGE_KINDS = ("idle_allocation", "util_mirage", "idle_gpus", "idle_episode")
 _CTRL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 _LOCAL_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
-
-
-class MailPolicy(EmailPolicy):
-    """The SMTP policy (CRLF, folded at 78), except that a header is never folded right after its name.
-
-    The stdlib folds ``Subject: <77 characters>`` as ``Subject:`` + CRLF + the text; several mail clients
-    then show an empty subject. Such a first line stays whole instead (legal: lines may be 998 long)."""
-
-    def _lead(self, name: str, folded: str) -> str:
-        lead = f"{name}:{self.linesep} "
-        return f"{name}: {folded[len(lead):]}" if folded.startswith(lead) else folded
-
-    def fold(self, name: str, value: str) -> str:
-        return self._lead(name, super().fold(name, value))
-
-    def fold_binary(self, name: str, value: str) -> bytes:
-        lead = f"{name}:{self.linesep} ".encode("ascii")
-        out = super().fold_binary(name, value)
-        return f"{name}: ".encode("ascii") + out[len(lead):] if out.startswith(lead) else out
-
-
-SMTP_POLICY = MailPolicy(linesep="\r\n")
 
 
 def safe_header(value: Any, limit: int = 200) -> str:
@@ -197,45 +175,6 @@ def nudge_context(ctx: dict[str, Any], audience: str, who: str, rows: list[dict[
             "findings": {"rows": rows[:top_n], "total": len(rows), "shown": min(top_n, len(rows)),
                          "cut": len(rows) > top_n, "totals": totals},
             "kinds": sorted({k for r in rows for k in r["kind"].split(", ")}), "advice": report.ADVICE}
-
-
-def release_hint(source: str, external_id: str, account: str, name: str) -> str:
-    """The command that frees the GPUs (what a nudge about a running job should say first)."""
-    if source == "slurm":
-        return f"scancel {external_id}"
-    if source == "kubernetes":
-        return f"kubectl delete pod -n {account} {name}"
-    return "end the job to release its GPUs"
-
-
-def mark_running(store: Store, rows: list[dict[str, Any]], now_ts: int, idle_sm: float, tz: Any) -> None:
-    """Add ``running_now`` (the job still holds its GPUs at send time), ``idle_now`` (its latest telemetry bin
-    was idle) and a release command to each nudge row: the most actionable fact a nudge can carry."""
-    ids = sorted({int(r["allocation_id"]) for r in rows if r.get("allocation_id") is not None})
-    state: dict[int, Any] = {}
-    t = schema.allocations
-    with store.engine.connect() as conn:
-        for i in range(0, len(ids), 500):
-            for a in conn.execute(select(t.c.id, t.c.start_ts, t.c.end_ts, t.c.source, t.c.external_id,
-                                         t.c.account, t.c.name).where(t.c.id.in_(ids[i:i + 500]))):
-                state[a.id] = a
-    for r in rows:
-        a = state.get(r.get("allocation_id"))
-        running = a is not None and a.start_ts is not None and (a.end_ts is None or a.end_ts > now_ts)
-        sm = [v for v in ((r.get("sparkline") or {}).get("sm") or []) if v is not None]
-        r["running_now"] = running
-        r["idle_now"] = bool(running and sm and sm[-1] < idle_sm)
-        r["checked_at"] = report._when(now_ts, tz)
-        r["release_hint"] = release_hint(a.source, a.external_id, a.account, a.name) if a is not None else ""
-
-
-def nudge_subject(audience: str, who: str, n: int, totals: dict[str, Any], currency: str, running: int) -> str:
-    """A subject that starts with a short ASCII tag (never folded right after ``Subject:``), names shortened."""
-    from auditor.render import shorten
-
-    lead = f"[gpu-audit] {running} still running with idle GPUs; " if running else "[gpu-audit] "
-    return (f"{lead}{audience} {shorten(who, 40)}: {n} allocation{'' if n == 1 else 's'} held GPUs idle, "
-            f"{totals['idle_gpu_hours']:,.1f} GPU-hours, {currency} {totals['cost']:,.2f}")
 
 
 def build_messages(store: Store, cfg: Config, run_id: int, *, admin: bool = True, teams: bool = True,
