@@ -131,3 +131,16 @@ def test_cli_job_and_jobs(audited, tmp_path: Path) -> None:  # noqa: ANN001
     assert res.exit_code == 1 and res.output.strip().count("\n") == 0 and "no allocation matches" in res.output
     with store.engine.connect() as c:
         assert c.execute(text("SELECT COUNT(*) FROM allocations")).scalar() == 2  # read-only
+
+
+def test_job_before_any_audit(store) -> None:  # noqa: ANN001
+    """No audit yet: no hours or money, but the time line and metrics straight from telemetry."""
+    store.ingest(records())
+    v = jobview.job_view(store, Config(), "c1:501")
+    assert v["run_id"] is None and v["usage"] is None and v["idle_cost"] is None
+    g0, g1 = v["gpus"]
+    assert g0["timeline"]["line"] == "\u2588" * 24 + "_" * 24 and g1["timeline"]["line"] == "!" * 48
+    assert g0["metrics"]["sm_active"]["mean"] == pytest.approx(0.45) and g0["coverage"] is None
+    from auditor.cli_job import format_job
+
+    assert "not audited yet" in format_job(v)
