@@ -37,9 +37,11 @@ def register(main: click.Group) -> None:
                   help="Testing and demos: run collect and audit every this many seconds instead of their "
                   "cron expressions (report and chargeback keep theirs).")
     @click.option("--upgrade-db", is_flag=True, help="Run the store's migrations before starting.")
+    @click.option("--web", "web_listen", default="off", show_default=True,
+                  help="Also serve the read-only web UI on HOST:PORT ('config' = web.listen); 'off' does not.")
     @pass_app
     def serve(app: App, listen: str, once_now: bool, per_cluster: bool, dry_run: bool, lease_ttl: int,
-              health_max_age: float | None, every: float | None, upgrade_db: bool) -> None:
+              health_max_age: float | None, every: float | None, upgrade_db: bool, web_listen: str) -> None:
         """Run collect, audit, the weekly report and the monthly chargeback on the [schedule] crons until
         SIGTERM/SIGINT; serve /healthz and /metrics. Exits 0 after a clean shutdown."""
         from apscheduler.triggers.interval import IntervalTrigger
@@ -75,6 +77,23 @@ def register(main: click.Group) -> None:
             except OSError as exc:
                 raise GpuAuditError(f"--listen {listen}: {exc.strerror or exc}") from None
             log.info("serving /healthz and /metrics on http://%s:%d", addr[0], server.port)
+        web_server = None
+        if web_listen.strip().lower() not in ("", "off", "none"):
+            from auditor.web import start_in_thread
+
+            where = cfg.web.listen if web_listen == "config" else web_listen
+            try:
+                web_server = start_in_thread(store, cfg, where)
+            except OSError as exc:
+                raise GpuAuditError(f"--web {where}: {exc.strerror or exc}") from None
+            log.info("serving the read-only web UI on http://%s", where)
+
+        def stop() -> None:
+            if server:
+                server.stop()
+            if web_server is not None:
+                web_server.should_exit = True
+
         log.info("daemon %s on store %s; clusters: %s", daemon.holder, store.redacted_url(),
                  ", ".join(c.name for c in cfg.clusters) or "none")
-        daemon.run_until_signalled(once_now=once_now, on_stop=server.stop if server else None)
+        daemon.run_until_signalled(once_now=once_now, on_stop=stop)

@@ -181,6 +181,21 @@ class ReportConfig(Strict):
     days: float = Field(7, gt=0, description="Default audit/report window in days.")
 
 
+class WebConfig(Strict):
+    listen: str = Field("127.0.0.1:8080", description="HOST:PORT the read-only web UI (`gpu-audit web`, "
+                        "`gpu-audit serve --web`) listens on; loopback unless you put it behind a proxy.")
+    user_header: str | None = Field(None, description="Request header carrying the user a reverse proxy "
+                                    "authenticated (like Grafana's auth proxy, e.g. X-WEBAUTH-USER). Set: "
+                                    "requests without it are refused and non-admins see only their own "
+                                    "allocations. Unset: everyone who can reach the port sees everything.")
+    groups_header: str | None = Field(None, description="Request header with the user's groups, "
+                                      "comma-separated (e.g. X-WEBAUTH-GROUPS).")
+    admins: list[str] = Field(default_factory=list, description="Users who see every allocation.")
+    admin_groups: list[str] = Field(default_factory=list, description="Groups whose members see every "
+                                    "allocation.")
+    page_rows: int = Field(100, ge=1, le=10000, description="Rows per page in the web UI's lists.")
+
+
 class Config(Strict):
     store: StoreConfig = Field(default_factory=StoreConfig, description="The SQL store.")
     clusters: list[ClusterConfig] = Field(default_factory=list, description="Clusters to audit.")
@@ -192,6 +207,7 @@ class Config(Strict):
     email: EmailConfig = Field(default_factory=EmailConfig, description="Email settings.")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Daemon schedule.")
     report: ReportConfig = Field(default_factory=ReportConfig, description="Report output.")
+    web: WebConfig = Field(default_factory=WebConfig, description="The read-only web UI.")
 
     @field_validator("clusters")
     @classmethod

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.headerregistry import Address
 from email.message import EmailMessage
-from email.policy import SMTP as SMTP_POLICY
 from email.utils import format_datetime, make_msgid
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from auditor import report, schema
 from auditor.charts import Image
 from auditor.config import Config
 from auditor.errors import GpuAuditError
+from auditor.mailparts import SMTP_POLICY, mark_running, nudge_subject
 from auditor.render import environment, render_html, render_text
 from auditor.store import Store
 from auditor.timeutil import utcnow
@@ -169,7 +169,8 @@ def nudge_context(ctx: dict[str, Any], audience: str, who: str, rows: list[dict[
     totals = {"gpu_hours": sum(r["gpu_hours"] for r in rows), "cost": sum(r["cost"] for r in rows),
               "idle_gpu_hours": sum(r["idle_gpu_hours"] for r in rows)}
     return {"audience": audience, "who": who, "run": ctx["run"], "currency": ctx["currency"],
-            "definitions": ctx["definitions"], "thresholds": ctx["thresholds"], "files": ctx["files"],
+            "definitions": ctx["definitions"],
+            "judged": ctx.get("judged") or [], "thresholds": ctx["thresholds"], "files": ctx["files"],
             "allocations": len({r["allocation_id"] for r in rows}),
             "findings": {"rows": rows[:top_n], "total": len(rows), "shown": min(top_n, len(rows)),
                          "cut": len(rows) > top_n, "totals": totals},
@@ -202,6 +203,8 @@ def build_messages(store: Store, cfg: Config, run_id: int, *, admin: bool = True
                 continue
             out.append(Outgoing("admin_report", rcpt, msg, period_key=pkey, stem=f"admin-{pkey}"))
     rows = nudge_rows(store, cfg, run_id) if (teams or users) else []
+    mark_running(store, rows, now_ts, float(ctx["thresholds"].get("idle_sm", cfg.thresholds.idle_sm)),
+                 report._tz(cfg))
     if teams:
         by_team: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
@@ -244,8 +247,7 @@ def _nudge(out: list[Outgoing], skipped: list[dict], cfg: Config, ctx: dict[str,
     txt = environment("text").get_template("nudge.txt.j2").render(**nctx)
     t = nctx["findings"]["totals"]
     n = nctx["allocations"]
-    subject = (f"[gpu-audit] {audience} {who}: {n} allocation{'' if n == 1 else 's'} held GPUs idle, "
-               f"{t['idle_gpu_hours']:,.1f} GPU-hours, {ctx['currency']} {t['cost']:,.2f}")
+    subject = nudge_subject(audience, who, n, t, ctx["currency"], sum(1 for r in fresh if r.get("running_now")))
     try:
         msg = compose(cfg, rcpt, subject, txt, html, images)
     except GpuAuditError as exc:  # a bad address in the team mapping: skip it, send the rest

@@ -51,6 +51,19 @@ def md(value: Any) -> str:
     return _MD_SPECIAL.sub(r"\\\1", plain(value))
 
 
+def shorten(value: Any, limit: int = 48) -> str:
+    """One line of text-safe user text (job, user, team names) at most ``limit`` characters long.
+
+    Hostile names (HTML, bidi overrides, 10,000 characters) must not break a layout: the start and the end
+    are kept around an ellipsis so two long names that differ at the end stay apart. HTML templates still
+    autoescape the result; the full name goes in a ``title`` attribute."""
+    s = plain(value)
+    if len(s) <= limit:
+        return s
+    head = (limit - 1) * 2 // 3
+    return s[:head] + "\u2026" + s[len(s) - (limit - 1 - head):]
+
+
 def fmt_hours(v: float | None) -> str:
     return "n/a" if v is None else f"{v:,.1f}"
 
@@ -70,7 +83,8 @@ def fmt_signed(v: float | None) -> str:
 
 
 def _filters(env: jinja2.Environment) -> None:
-    env.filters.update(hours=fmt_hours, pct=fmt_pct, money=fmt_money, signed=fmt_signed, plain=plain, raw=Raw,
+    env.filters.update(hours=fmt_hours, shorten=shorten,
+                       pct=fmt_pct, money=fmt_money, signed=fmt_signed, plain=plain, raw=Raw,
                        mdbar=lambda v, w=12: Raw("`" + charts.text_bar(v, 1.0, width=w) + "`"),
                        textbar=lambda v, w=20: charts.text_bar(v, 1.0, width=w),
                        barpct=lambda v: charts.bar_width(v, 1.0))

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import Connection, select, text
 
 from auditor import schema
-from auditor.config import Config
+from auditor.config import Config, Thresholds
 from auditor.errors import GpuAuditError
 from auditor.store import Store
 from auditor.timeutil import utcnow
@@ -48,6 +48,41 @@ DEFINITIONS = {
                  "SM activity is 0.3 effective GPU-hours): the work actually done. Cost per effective "
                  "GPU-hour is the reserved cost divided by them; with perfect use it equals the price.",
 }
+
+
+def judged_in_words(th: dict[str, Any]) -> list[str]:
+    """How the run judged, as sentences a manager reads (the report's "How this was judged")."""
+    d = Thresholds().model_dump()
+
+    def g(k: str) -> Any:
+        return th.get(k, d[k]) if th.get(k) is not None else d[k]
+
+    def p(k: str) -> str:
+        return f"{g(k):.0%}"
+
+    out = [f"A reserved GPU counts as idle while its SMs are active less than {p('idle_sm')} of the time, "
+           f"memory bandwidth is below {p('idle_dram')} and the Tensor cores below {p('idle_tensor')}.",
+           f"If the dashboard's GPU-Util still reads {p('mirage_gpu_util')} or more at such a time, the idle time "
+           "is a mirage: nvidia-smi says busy, the chip does no work. Mirage time counts as idle.",
+           f"Between {p('idle_sm')} and {p('working_sm')} SM activity a GPU is in low use; from "
+           f"{p('working_sm')} it is working."]
+    if g("util_fallback"):
+        out.append(f"GPUs that report only GPU-Util are judged by it, with low confidence: below {p('idle_util')} "
+                   "is idle" + (f" when power is also under {g('idle_power_w'):g} W." if th.get("idle_power_w")
+                                 else "."))
+    else:
+        out.append("GPUs that report only GPU-Util are not judged: their time is unknown.")
+    out += [f"A job is an idle allocation when at least {p('idle_allocation_fraction')} of its observed time "
+            f"was idle and it reserved at least {g('idle_allocation_min_gpu_hours'):g} GPU-hours.",
+            f"One GPU of a multi-GPU job is reported when it was idle {p('idle_gpus_fraction')} of its time while "
+            "another GPU of the job worked.",
+            f"A GPU-Util mirage is reported once it lasts {g('mirage_min_minutes'):g} minutes.",
+            f"Idle spells of {g('episode_hours'):g} hours or more inside otherwise working jobs are idle episodes.",
+            f"Jobs averaging under {p('low_efficiency_sm')} SM activity over at least "
+            f"{g('low_efficiency_min_gpu_hours'):g} observed GPU-hours are low efficiency.",
+            f"A GPU with telemetry for less than {p('unmonitored_coverage')} of its reserved time is unmonitored: "
+            "its time is unknown and never billed as idle."]
+    return out
 
 
 def _tz(cfg: Config) -> Any:
@@ -285,6 +320,7 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
             "coverage": coverage_section(conn, run, cfg, full=full),
             "trend": trend(conn, run, tz), "thresholds": th,
             "capacity": list(summary.get("capacity") or []),
+            "judged": judged_in_words(th),
             "definitions": {k: v.format(**{**cfg.thresholds.model_dump(), **th}) for k, v in DEFINITIONS.items()},
             "files": {"json": f"report-{run_id}.json", "csv": f"findings-{run_id}.csv"},
         }
