@@ -109,18 +109,72 @@ def _gpu_rows(a: Allocation) -> list[dict[str, Any]]:
     return rows
 
 
+def _instance(a: Allocation) -> tuple[int | None, int | None]:
+    """(submit, start) epochs that tell apart two jobs of one reused Slurm id (pods: never reused)."""
+    if a.source == "kubernetes":
+        return None, None
+    return to_epoch(a.submit), to_epoch(a.start)
+
+
+def _same_job(submit: int | None, start: int | None, row: Any) -> bool:
+    """Submit times decide when both are known; else start times; a sighting with neither is matched by
+    the caller to the latest job of that id."""
+    if submit is not None and row.submit_ts is not None:
+        return bool(submit == row.submit_ts)
+    return start is not None and row.start_ts is not None and start == row.start_ts
+
+
+def resolve_instances(conn: Connection, allocs: list[Allocation]) -> dict[tuple[str, str, str, int], Allocation]:
+    """Key each sighting by (cluster, source, external_id, instance_ts): the stored job it is the same job
+    as (see :func:`_same_job`), else a new instance (submit time, else start time, else 0). Slurm reuses job
+    ids; Kubernetes pod UIDs are unique, so pods always get instance 0."""
+    from types import SimpleNamespace
+
+    t = schema.allocations
+    ext = {(a.cluster, a.source, a.external_id) for a in allocs if a.source != "kubernetes"}
+    known: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
+    ext_list = sorted(ext)
+    for i in range(0, len(ext_list), 500):
+        for r in conn.execute(select(t.c.cluster, t.c.source, t.c.external_id, t.c.instance_ts, t.c.submit_ts,
+                                     t.c.start_ts)
+                              .where(tuple_(t.c.cluster, t.c.source, t.c.external_id).in_(ext_list[i:i + 500]))):
+            known[(r.cluster, r.source, r.external_id)].append(
+                SimpleNamespace(instance_ts=r.instance_ts, submit_ts=r.submit_ts, start_ts=r.start_ts))
+    latest: dict[tuple[str, str, str, int], Allocation] = {}
+    for a in allocs:  # the last sighting in a batch wins, like a later batch would
+        k3 = (a.cluster, a.source, a.external_id)
+        submit, start = _instance(a)
+        if a.source == "kubernetes":
+            latest[(*k3, 0)] = a
+            continue
+        rows = known[k3]
+        match = next((r for r in rows if _same_job(submit, start, r)), None)
+        if match is None and submit is None and start is None and rows:
+            match = max(rows, key=lambda r: r.instance_ts)
+        if match is None:
+            inst = submit if submit is not None else (start if start is not None else 0)
+            match = SimpleNamespace(instance_ts=inst, submit_ts=submit, start_ts=start)
+            rows.append(match)
+        else:  # what this sighting adds helps match the next one in the batch
+            match.submit_ts = match.submit_ts if match.submit_ts is not None else submit
+            match.start_ts = match.start_ts if match.start_ts is not None else start
+        latest[(*k3, match.instance_ts)] = a
+    return latest
+
+
 def ingest_allocations(conn: Connection, allocs: list[Allocation], seen: int) -> tuple[int, int]:
     """Upsert allocations, then their GPUs: indices never get downgraded to "unknown"."""
     t, g = schema.allocations, schema.allocated_gpus
-    latest: dict[tuple[str, str, str], Allocation] = {}
-    for a in allocs:  # the last sighting in a batch wins, like a later batch would
-        latest[(a.cluster, a.source, a.external_id)] = a
-    upsert(conn, t, [_alloc_row(a, seen) for a in latest.values()], ("cluster", "source", "external_id"),
+    latest = resolve_instances(conn, allocs)
+    key_cols = ("cluster", "source", "external_id", "instance_ts")
+    upsert(conn, t, [{**_alloc_row(a, seen), "instance_ts": k[3]} for k, a in latest.items()], key_cols,
            ALLOC_MERGE)
     keys = list(latest)
-    ids = dict(((r.cluster, r.source, r.external_id), r.id) for r in conn.execute(
-        select(t.c.id, t.c.cluster, t.c.source, t.c.external_id)
-        .where(tuple_(t.c.cluster, t.c.source, t.c.external_id).in_(keys))))
+    ids: dict[tuple[str, str, str, int], int] = {}
+    for i in range(0, len(keys), 500):
+        ids.update(((r.cluster, r.source, r.external_id, r.instance_ts), r.id) for r in conn.execute(
+            select(t.c.id, t.c.cluster, t.c.source, t.c.external_id, t.c.instance_ts)
+            .where(tuple_(t.c.cluster, t.c.source, t.c.external_id, t.c.instance_ts).in_(keys[i:i + 500]))))
     existing: dict[int, list[Any]] = defaultdict(list)
     for r in conn.execute(select(g.c.id, g.c.allocation_id, g.c.node, g.c.slot, g.c.gpu_index)
                           .where(g.c.allocation_id.in_(list(ids.values())))):
