@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Table, delete, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor import schema
+from auditor.ingest_resv import ingest_reservations, name_reservations
 from auditor.records import (
     LABEL_FIELDS,
     METRIC_FIELDS,
@@ -202,15 +203,6 @@ def ingest_allocations(conn: Connection, allocs: list[Allocation], seen: int) ->
     return len(latest), len(new_rows)
 
 
-def ingest_reservations(conn: Connection, items: list[Reservation], seen: int) -> int:
-    rows = [{"cluster": r.cluster, "name": r.name, "start_ts": to_epoch(r.start), "end_ts": to_epoch(r.end),
-             "nodes": sorted(r.nodes), "gpu_count": r.gpu_count, "users": sorted(r.users),
-             "accounts": sorted(r.accounts), "flags": sorted(r.flags), "last_seen_ts": seen} for r in items]
-    upsert(conn, schema.reservations, rows, ("cluster", "name", "start_ts"),
-           {"last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts)})
-    return len(rows)
-
-
 def ingest_inventory(conn: Connection, items: list[GpuInventory], seen: int) -> int:
     rows = {}
     for i in items:
@@ -291,12 +283,13 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> Inges
 
     def flush(final: bool = False) -> None:
         with store.begin() as conn:
+            if resv:  # first: jobs named by reservation id only look their reservation up
+                stats.reservations += ingest_reservations(conn, resv, seen_at_ts)
             if allocs:
+                name_reservations(conn, allocs)
                 n, ng = ingest_allocations(conn, allocs, seen_at_ts)
                 stats.allocations += n
                 stats.allocated_gpus += ng
-            if resv:
-                stats.reservations += ingest_reservations(conn, resv, seen_at_ts)
             if inv:
                 stats.inventory += ingest_inventory(conn, inv, seen_at_ts)
             if buckets:
