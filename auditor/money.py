@@ -33,6 +33,17 @@ class Pricing:
             team = self.by_account.get(account) or self.by_namespace.get(account)
         return team or self.by_user.get(row.get("user_name") or "") or UNMAPPED
 
+    def team_of_reservation(self, users: list[str], accounts: list[str]) -> str:
+        """A reservation belongs to the team of its accounts, else of its users, in the order Slurm lists
+        them (``-name`` entries are exclusions, not members)."""
+        for a in accounts:
+            if not a.startswith("-") and (self.by_account.get(a) or self.by_namespace.get(a)):
+                return self.by_account.get(a) or self.by_namespace[a]
+        for u in users:
+            if not u.startswith("-") and u in self.by_user:
+                return self.by_user[u]
+        return UNMAPPED
+
     def model_price(self, model: str | None) -> float:
         m = (model or "").lower()
         for key, price in self.models:
