@@ -119,15 +119,15 @@ def test_updated_reservation_is_assembled_from_its_pieces(store: Store, tmp_path
     records = list(conn.collect(Window(at("12:00:00"), at("18:00:00")), problems))
     assert not problems.items, problems.items
     store.ingest(records, seen_at_ts=ts("18:00:00"))
+    r = run_audit(store, Config(), W0, W1)
+    f = idle_reservation(store, r.run_id)["alice-ft"]
+    assert f["idle_gpu_hours"] == pytest.approx(4.7)
+    assert f["gpu_hours"] == pytest.approx(8 * 40 / 60)
+    assert f["evidence"]["used_gpu_hours"] == pytest.approx(38 / 60) and f["evidence"]["jobs"] == 1
     rows = resv_rows(store)
     (ft,) = rows["alice-ft"]
     assert (ft.start_ts, ft.end_ts, ft.slurm_id, ft.gpu_count) == (ts("15:00:00"), ts("15:40:00"), "6", 8)
     assert rows["old-maint"][0].slurm_id == "2"
-    r = run_audit(store, Config(), W0, W1)
-    f = idle_reservation(store, r.run_id)["alice-ft"]
-    assert f["gpu_hours"] == pytest.approx(8 * 40 / 60)
-    assert f["evidence"]["used_gpu_hours"] == pytest.approx(38 / 60) and f["evidence"]["jobs"] == 1
-    assert f["idle_gpu_hours"] == pytest.approx(4.7)
     # collected again (the same pieces, later): still one reservation, same numbers
     store.ingest(list(conn.collect(Window(at("12:00:00"), at("18:00:00")), Problems())), seen_at_ts=ts("19:00:00"))
     assert len(resv_rows(store)["alice-ft"]) == 1
