@@ -25,14 +25,14 @@ from auditor.errors import GpuAuditError
 from auditor.store import Store
 
 SCHEMA = "gpu-audit.chargeback/1"
-BY = ("account", "namespace", "team", "user", "cluster")
+BY = ("account", "namespace", "team", "user", "cluster", "qos", "state")
 HOURS = ("reserved", "effective", "idle", "idle_by_util", "mirage", "low", "working", "unknown")
 COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "allocations",
            *(f"{h}_gpu_hours" for h in HOURS), "reserved_cost", "idle_cost", "cost_per_effective_gpu_hour",
            "currency", "audit_run_id")
 TEXT_COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "currency")
 _OWNER = {"account": "a.account", "namespace": "a.account", "team": "u.team", "user": "a.user_name",
-          "cluster": "a.cluster"}
+          "cluster": "a.cluster", "qos": "a.qos", "state": "a.state"}
 H6, C4 = Decimal("0.000001"), Decimal("0.0001")
 INJECTION_START = ("=", "+", "-", "@", "\t", "\r")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from auditor.config import Config
@@ -23,7 +24,14 @@ class Pricing:
         self.team_label = cfg.team_label
 
     def team_of(self, row: dict[str, Any]) -> str:
+        """``team_label`` (pod label) first, then the account/namespace and user mappings. Labels come back
+        from the store as a dict on PostgreSQL and as JSON text on SQLite: both are read the same way."""
         labels = row.get("labels") or {}
+        if isinstance(labels, str):
+            try:
+                labels = json.loads(labels)
+            except ValueError:
+                labels = {}
         if isinstance(labels, dict) and labels.get(self.team_label):
             return str(labels[self.team_label])
         account = row.get("account") or ""

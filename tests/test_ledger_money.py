@@ -1,0 +1,120 @@
+"""Money in the ledger (issue 13 §3, issue 14 §4): team_label gives the same chargeback on SQLite and
+PostgreSQL, chargeback --by qos / --by state, and money is always finite. Numbers computed by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from auditor import chargeback as cb
+from auditor.config import Config, PriceCard, Team
+from auditor.records import AllocatedGpu, Allocation
+from auditor.store import Store
+
+T0 = datetime(2026, 11, 16, tzinfo=UTC)
+W0, W1 = T0, T0 + timedelta(hours=10)
+H = timedelta(hours=1)
+
+
+def strict_json(s: str) -> Any:
+    """json.loads that refuses NaN / Infinity / -Infinity tokens (what a strict parser does)."""
+    def bad(token: str) -> None:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    return json.loads(s, parse_constant=bad)
+
+
+def fleet() -> list[Allocation]:
+    """4 allocations, no telemetry (every reserved hour is unknown, never idle); price 2.0 per GPU-hour:
+    - pod p1: namespace ns-ml (team ml by namespace) but label team=vision: 2 GPUs x 3 h = 6 GPU-h, 12.00
+    - pod p2: namespace ns-ml, no team label: 1 GPU x 1 h = 1 GPU-h -> team ml, 2.00
+    - job j1: account physics (team phys), QOS high, COMPLETED: 1 GPU x 2 h = 2 GPU-h, 4.00
+    - job j2: account physics, QOS normal, RUNNING since T0+6h: 4 GPUs x 4 h (to W1) = 16 GPU-h, 32.00"""
+    def pod(uid: str, gpus: int, hours: int, labels: dict[str, str]) -> Allocation:
+        return Allocation("c", "kubernetes", uid, name=uid, account="ns-ml", qos="batch", state="Succeeded",
+                          start=T0, end=T0 + hours * H, labels=labels,
+                          gpus=[AllocatedGpu("k1", None) for _ in range(gpus)])
+
+    return [pod("p1", 2, 3, {"team": "vision"}), pod("p2", 1, 1, {}),
+            Allocation("c", "slurm", "j1", account="physics", qos="high", state="COMPLETED", submit=T0, start=T0,
+                       end=T0 + 2 * H, gpus=[AllocatedGpu("n1", 0)]),
+            Allocation("c", "slurm", "j2", account="physics", qos="normal", state="RUNNING", submit=T0 + 6 * H,
+                       start=T0 + 6 * H, gpus=[AllocatedGpu("n1", g) for g in range(4)])]
+
+
+def config() -> Config:
+    return Config(prices=PriceCard(default=2.0),
+                  teams=[Team(name="ml", namespaces=["ns-ml"]), Team(name="phys", accounts=["physics"])])
+
+
+def table(rows: list[dict[str, Any]]) -> dict[str, tuple[Decimal, Decimal]]:
+    return {r["owner"]: (r["reserved_gpu_hours"], r["reserved_cost"]) for r in rows}
+
+
+@pytest.mark.service
+def test_team_label_same_chargeback_on_both_engines(store: Store) -> None:
+    """Hand: vision 6 GPU-h / 12.00; ml 1 / 2.00; phys 2 + 16 = 18 / 36.00. (SQLite returned the labels
+    as JSON text, so the pod label was ignored there: ml got 7 / 14.00 on SQLite only.)"""
+    store.ingest(fleet(), seen_at_ts=int(W1.timestamp()))
+    rows = cb.chargeback(store, config(), W0, W1, "team")
+    assert table(rows) == {"ml": (Decimal("1"), Decimal("2")), "phys": (Decimal("18"), Decimal("36")),
+                           "vision": (Decimal("6"), Decimal("12"))}
+    custom = config().model_copy(update={"team_label": "owner"})
+    store.ingest([Allocation("c", "kubernetes", "p3", account="ns-ml", start=T0, end=T0 + H,
+                             labels={"owner": "search"}, gpus=[AllocatedGpu("k1", None)])],
+                 seen_at_ts=int(W1.timestamp()))
+    # team_label = owner: p1's "team" label no longer counts (ml 1 + 6 = 7), p3 -> search 1 GPU-h
+    assert table(cb.chargeback(store, custom, W0, W1, "team")) == {
+        "ml": (Decimal("7"), Decimal("14")), "phys": (Decimal("18"), Decimal("36")),
+        "search": (Decimal("1"), Decimal("2"))}
+
+
+@pytest.mark.service
+def test_chargeback_by_qos_and_by_state(store: Store) -> None:
+    """Hand, by qos: batch = p1 6 + p2 1 = 7 GPU-h / 14.00; high = 2 / 4.00; normal = 16 / 32.00.
+    By state: Succeeded 7 / 14.00; COMPLETED 2 / 4.00; RUNNING 16 / 32.00. Totals 25 GPU-h / 50.00."""
+    store.ingest(fleet(), seen_at_ts=int(W1.timestamp()))
+    by_qos = cb.chargeback(store, config(), W0, W1, "qos")
+    assert table(by_qos) == {"batch": (Decimal("7"), Decimal("14")), "high": (Decimal("2"), Decimal("4")),
+                             "normal": (Decimal("16"), Decimal("32"))}
+    assert {r["owner_type"] for r in by_qos} == {"qos"}
+    by_state = cb.chargeback(store, config(), W0, W1, "state")
+    assert table(by_state) == {"Succeeded": (Decimal("7"), Decimal("14")),
+                               "COMPLETED": (Decimal("2"), Decimal("4")),
+                               "RUNNING": (Decimal("16"), Decimal("32"))}
+    tot = cb.totals(by_state)
+    assert (tot["reserved_gpu_hours"], tot["reserved_cost"]) == (Decimal("25"), Decimal("50"))
+    doc = strict_json(cb.to_json(by_qos, since=W0, until=W1, by="qos", period=None, currency="USD"))
+    assert doc["by"] == "qos" and [r["owner"] for r in doc["rows"]] == ["batch", "high", "normal"]
+
+
+def test_cli_by_choices_documented() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "chargeback.md").read_text()
+    assert "--by account\\|namespace\\|team\\|user\\|cluster\\|qos\\|state" in doc
+    assert set(cb.BY) == {"account", "namespace", "team", "user", "cluster", "qos", "state"}
+
+
+def test_strict_parser_rejects_nan() -> None:
+    """The helper itself can fail: json.dumps writes NaN by default, which strict JSON forbids."""
+    with pytest.raises(ValueError, match="NaN"):
+        strict_json(json.dumps({"x": math.nan}))
+
+
+@pytest.mark.service
+def test_state_query_uses_latest_state(store: Store) -> None:
+    """j2 first seen RUNNING, then COMPLETED at T0+8h: by state it is COMPLETED with 4 x 2 = 8 GPU-h."""
+    store.ingest(fleet()[3:], seen_at_ts=int((T0 + 7 * H).timestamp()))
+    done = fleet()[3]
+    done.state, done.end = "COMPLETED", T0 + 8 * H
+    store.ingest([done], seen_at_ts=int((T0 + 9 * H).timestamp()))
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM allocations")).scalar() == 1
+    assert table(cb.chargeback(store, config(), W0, W1, "state")) == {"COMPLETED": (Decimal("8"), Decimal("16"))}
