@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Table, delete, select, tuple_, update
+from sqlalchemy import Connection, Table, delete, insert, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor import schema
-from auditor.ingest_resv import ingest_reservations, name_reservations
+from auditor.ingest_resv import ingest_reservations, money_problem, name_reservations, quarantine_rows
 from auditor.records import (
     LABEL_FIELDS,
     METRIC_FIELDS,
@@ -278,11 +278,16 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> Inges
     inv: list[GpuInventory] = []
     buckets: list[GpuBucket] = []
     snapshots: list[RunningSnapshot] = []
+    bad: list[tuple[Any, str]] = []
     cache: dict[tuple, int] = {}
     clusters: set[str] = set()
 
     def flush(final: bool = False) -> None:
         with store.begin() as conn:
+            if bad:  # quarantined, not stored: one bad record never costs the others or the audit
+                conn.execute(insert(schema.quarantined_records), quarantine_rows(bad, seen_at_ts))
+                stats.quarantined += len(bad)
+                bad.clear()
             if resv:  # first: jobs named by reservation id only look their reservation up
                 stats.reservations += ingest_reservations(conn, resv, seen_at_ts)
             if allocs:
@@ -311,6 +316,8 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> Inges
             clusters.add(rec.cluster)
             if len(buckets) >= store.batch_rows:
                 flush()
+        elif isinstance(rec, Allocation | Reservation) and (why := money_problem(rec)):
+            bad.append((rec, why))
         elif isinstance(rec, Allocation):
             allocs.append(rec)
             clusters.add(rec.cluster)

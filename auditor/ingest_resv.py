@@ -4,6 +4,7 @@ reservations that jobs give only by id. See docs/slurm.md "Reservations that cha
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from sqlalchemy import Connection, delete, select, tuple_, update
@@ -11,6 +12,31 @@ from sqlalchemy import Connection, delete, select, tuple_, update
 from auditor import schema
 from auditor.records import Allocation, Reservation
 from auditor.timeutil import to_epoch
+
+#: More GPUs than this in one reservation is a corrupt record, not a reservation.
+MAX_RESERVED_GPUS = 1_000_000.0
+
+
+def money_problem(rec: Any) -> str | None:
+    """Why a record would make money non-finite or absurd (it is quarantined instead of stored): a GPU
+    share outside (0, 1] or not a number, a reservation GPU count outside [0, 1,000,000]."""
+    if isinstance(rec, Allocation):
+        for g in rec.gpus:
+            share = g.share
+            if not isinstance(share, int | float) or not math.isfinite(share) or not 0 < share <= 1:
+                return f"GPU share {share!r} on node {g.node!r} is not a number in (0, 1]"
+    elif isinstance(rec, Reservation):
+        n = rec.gpu_count
+        if not isinstance(n, int | float) or not math.isfinite(n) or not 0 <= n <= MAX_RESERVED_GPUS:
+            return f"reserved GPU count {n!r} is not a number from 0 to {MAX_RESERVED_GPUS:,.0f}"
+    return None
+
+
+def quarantine_rows(bad: list[tuple[Any, str]], seen: int) -> list[dict[str, Any]]:
+    return [{"collected_ts": seen, "cluster": r.cluster[:128],
+             "source": ("slurm reservation" if isinstance(r, Reservation) else f"{r.source} allocation")[:255],
+             "location": (r.name if isinstance(r, Reservation) else r.external_id)[:255], "reason": why,
+             "excerpt": repr(r)[:200]} for r, why in bad]
 
 
 def _same_reservation(stored: Any, row: dict[str, Any], seen: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from auditor.config import Config
@@ -67,3 +68,26 @@ class Pricing:
             if share > 0:
                 return self.mig[mig_profile.lower()] / share
         return self.model_price(model)
+
+    def price_rows(self, rows: list[dict[str, Any]], number_keys: list[str]
+                   ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+        """Team, price and costs of each per-allocation row of an audit. A row whose numbers or cost are not
+        finite (a corrupt share in an old store, say) is refused with a reason instead of failing the audit
+        for everyone; :func:`auditor.audit.run_audit` quarantines it."""
+        ok, refused = [], []
+        for r in rows:
+            try:
+                r["team"] = self.team_of(r)
+                r["price"] = self.price(r["gpu_model"], r["mig_profile"], r["gpu_count"], r["gpus"])
+                r["reserved_cost"] = r["reserved_s"] / 3600 * r["price"]
+                r["idle_cost"] = (r["idle_s"] + r["mirage_s"]) / 3600 * r["price"]
+            except (ArithmeticError, TypeError, ValueError) as exc:
+                refused.append((r, f"cost not computable: {type(exc).__name__}"))
+                continue
+            bad = [k for k in (*number_keys, "price", "reserved_cost", "idle_cost")
+                   if r.get(k) is not None and not math.isfinite(float(r[k]))]
+            if bad:
+                refused.append((r, f"not a finite number: {', '.join(bad)}"))
+            else:
+                ok.append(r)
+        return ok, refused

@@ -81,6 +81,7 @@ class IngestStats:
     inventory: int = 0
     buckets: int = 0
     closed: int = 0
+    quarantined: int = 0  # records refused at ingest (non-finite or absurd shares/GPU counts)
 
     def add(self, other: IngestStats) -> None:
         for k in vars(self):

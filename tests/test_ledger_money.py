@@ -118,3 +118,100 @@ def test_state_query_uses_latest_state(store: Store) -> None:
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM allocations")).scalar() == 1
     assert table(cb.chargeback(store, config(), W0, W1, "state")) == {"COMPLETED": (Decimal("8"), Decimal("16"))}
+
+
+# --- money is always finite --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line, message", [
+    ("[prices.models]\nh100 = nan", "prices.models.h100: Input should be a finite number"),
+    ("[prices.mig]\n\"1g.10gb\" = inf", "prices.mig.1g.10gb: Input should be a finite number"),
+    ("[prices]\ndefault = -1.5", "prices.default: Input should be greater than or equal to 0"),
+    ("[prices.models]\na100 = 1e9", "prices.models.a100: Input should be less than or equal to 1000000"),
+    ("[thresholds]\nidle_sm = nan", "thresholds.idle_sm: Input should be a finite number"),
+])
+def test_config_rejects_non_finite_negative_and_absurd_prices(tmp_path, line: str, message: str) -> None:
+    from auditor.config import load
+    from auditor.errors import ConfigError
+
+    p = tmp_path / "site.toml"
+    p.write_text(line + "\n")
+    with pytest.raises(ConfigError) as exc:
+        load(p)
+    assert str(exc.value) == f"{p}: {message}"
+    assert "\n" not in str(exc.value)
+
+
+def quarantined(store: Store) -> list[tuple[str, str, str]]:
+    with store.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(
+            "SELECT source, location, reason FROM quarantined_records ORDER BY location"))]
+
+
+@pytest.mark.service
+def test_bad_shares_and_gpu_counts_are_quarantined_at_ingest(store: Store) -> None:
+    """A NaN share, a share of 3 and an infinite reservation are refused (quarantined with a reason); the
+    good job (1 GPU x 2 h at 2.0 = 4.00) is stored and audited as usual."""
+    from auditor.audit import run_audit
+    from auditor.records import Reservation
+
+    good = fleet()[2]
+    nan = Allocation("c", "slurm", "nan", start=T0, end=T0 + H, gpus=[AllocatedGpu("n1", 1, share=math.nan)])
+    big = Allocation("c", "slurm", "big", start=T0, end=T0 + H, gpus=[AllocatedGpu("n1", 2, share=3.0)])
+    inf = Reservation("c", "inf", T0, T0 + H, nodes=["n1"], gpu_count=math.inf)
+    stats = store.ingest([good, nan, big, inf], seen_at_ts=int(W1.timestamp()))
+    assert stats.quarantined == 3 and stats.allocations == 1 and stats.reservations == 0
+    got = quarantined(store)
+    assert [(s, loc) for s, loc, _ in got] == [("slurm allocation", "big"), ("slurm reservation", "inf"),
+                                               ("slurm allocation", "nan")]
+    assert "share 3.0" in got[0][2] and "reserved GPU count inf" in got[1][2] and "share nan" in got[2][2]
+    r = run_audit(store, config(), W0, W1)
+    assert table(cb.chargeback(store, config(), W0, W1, "account", run_id=r.run_id)) == {
+        "physics": (Decimal("2"), Decimal("4"))}
+
+
+@pytest.mark.service
+def test_one_corrupt_allocation_never_fails_the_audit_and_json_is_strict(store: Store, store_url: str,
+                                                                         tmp_path) -> None:
+    """An old store holds a corrupt share (NaN on PostgreSQL; 1e306 on SQLite, which stores no NaN, so its
+    reserved seconds overflow to inf). The audit succeeds, refuses that one allocation (quarantined, no
+    usage, no findings) and bills the rest: physics j1 2 GPU-h + j2 16 GPU-h = 18 GPU-h, 36.00; vision
+    6 / 12.00; ml 1 / 2.00 (total 25 / 50.00). `--json audit` and `chargeback --format json` are strict JSON."""
+    from click.testing import CliRunner
+
+    from auditor.cli import main
+
+    store.ingest([*fleet(), Allocation("c", "slurm", "bad", account="chem", start=T0, end=T0 + H,
+                                       gpus=[AllocatedGpu("n9", 0)])], seen_at_ts=int(W1.timestamp()))
+    corrupt = "'NaN'" if store.engine.dialect.name == "postgresql" else "1e306"
+    with store.engine.begin() as conn:
+        conn.execute(text(f"UPDATE allocated_gpus SET share = {corrupt} WHERE allocation_id = "
+                          "(SELECT id FROM allocations WHERE external_id = 'bad')"))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "{store_url}"\n[prices]\ndefault = 2.0\n[[teams]]\nname = "ml"\n'
+                   'namespaces = ["ns-ml"]\n[[teams]]\nname = "phys"\naccounts = ["physics"]\n')
+    since, until = W0.isoformat(), W1.isoformat()
+    res = CliRunner().invoke(main, ["-c", str(cfg), "--json", "audit", "--since", since, "--until", until])
+    assert res.exit_code == 0, res.output
+    summary = strict_json(res.stdout)
+    assert summary["refused_allocations"] == 1
+    assert [(s, loc) for s, loc, _ in quarantined(store)] == [(f"audit run {summary['run_id']}",
+                                                               f"allocation {_id(store, 'bad')} (bad)")]
+    res = CliRunner().invoke(main, ["-c", str(cfg), "chargeback", "--since", since, "--until", until, "--by",
+                                    "team", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    doc = strict_json(res.stdout)
+    assert {r["owner"]: (r["reserved_gpu_hours"], r["reserved_cost"]) for r in doc["rows"]} == {
+        "ml": (1, 2), "phys": (18, 36), "vision": (6, 12)}
+    assert (doc["totals"]["reserved_gpu_hours"], doc["totals"]["reserved_cost"]) == (25, 50)
+
+
+def _id(store: Store, ext: str) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(text("SELECT id FROM allocations WHERE external_id = :e"), {"e": ext}).scalar())
+
+
+def test_jsonsafe_writes_no_nan_tokens() -> None:
+    from auditor.jsonsafe import dumps
+
+    doc = strict_json(dumps({"a": math.nan, "b": [math.inf, 1.5], "c": Decimal("NaN"), "d": -math.inf}))
+    assert doc == {"a": None, "b": [None, 1.5], "c": None, "d": None}
