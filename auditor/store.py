@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
-from auditor import schema
+from auditor import jsonsafe, schema
 from auditor.errors import StoreError
 from auditor.records import Record
 from auditor.sqlfuncs import greatest
@@ -66,11 +66,12 @@ def make_engine(url: str) -> Engine:
                 Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"store directory for {u.database}: {exc.strerror or exc}") from None
-        engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_MS / 1000})
+        engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_MS / 1000}, json_serializer=jsonsafe.dumps)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
-    return create_engine(u, pool_pre_ping=True)
+    # JSON columns (evidence, summaries) never get a NaN token: PostgreSQL's json type rejects it
+    return create_engine(u, pool_pre_ping=True, json_serializer=jsonsafe.dumps)
 
 
 @dataclass

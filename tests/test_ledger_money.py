@@ -179,9 +179,11 @@ def test_one_corrupt_allocation_never_fails_the_audit_and_json_is_strict(store: 
     from click.testing import CliRunner
 
     from auditor.cli import main
+    from auditor.records import GpuInventory
 
     store.ingest([*fleet(), Allocation("c", "slurm", "bad", account="chem", start=T0, end=T0 + H,
-                                       gpus=[AllocatedGpu("n9", 0)])], seen_at_ts=int(W1.timestamp()))
+                                       gpus=[AllocatedGpu("n9", 0)]), GpuInventory("c", "n9", 0, "h100")],
+                 seen_at_ts=int(W1.timestamp()))
     corrupt = "'NaN'" if store.engine.dialect.name == "postgresql" else "1e306"
     with store.engine.begin() as conn:
         conn.execute(text(f"UPDATE allocated_gpus SET share = {corrupt} WHERE allocation_id = "
