@@ -217,3 +217,23 @@ def test_jsonsafe_writes_no_nan_tokens() -> None:
 
     doc = strict_json(dumps({"a": math.nan, "b": [math.inf, 1.5], "c": Decimal("NaN"), "d": -math.inf}))
     assert doc == {"a": None, "b": [None, 1.5], "c": None, "d": None}
+
+
+@pytest.mark.service
+def test_json_columns_store_no_nan(store: Store) -> None:
+    """A NaN that reaches a JSON column (evidence, a run summary) is stored as null: PostgreSQL's json type
+    rejects the NaN token (the whole audit failed on it), SQLite would keep text no strict parser reads."""
+    from sqlalchemy import insert, select
+
+    from auditor import schema
+
+    t = schema.audit_runs
+    with store.begin() as conn:
+        rid = conn.execute(insert(t).values(started_ts=1, since_ts=0, until_ts=1, status="ok", what_if=False,
+                                            summary={"idle_cost": math.nan, "x": [math.inf, 2.0]})
+                           ).inserted_primary_key[0]
+    with store.engine.connect() as conn:
+        got = conn.execute(select(t.c.summary).where(t.c.id == rid)).scalar()
+        raw = conn.execute(text("SELECT CAST(summary AS TEXT) FROM audit_runs WHERE id = :i"), {"i": rid}).scalar()
+    assert got == {"idle_cost": None, "x": [None, 2.0]}
+    strict_json(raw)
