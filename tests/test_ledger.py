@@ -140,3 +140,29 @@ def test_migration_0003_fills_instances(store_url: str) -> None:
             assert conn.execute(text("SELECT COUNT(*) FROM allocations")).scalar() == 3
     finally:
         s.engine.dispose()
+
+
+@pytest.mark.service
+def test_capacity_counts_a_node_from_when_it_was_first_seen(store: Store) -> None:
+    """Window T0..T0+10h. n1 (4 h100): inventory first seen T0+6h, telemetry from T0+4h -> 4 GPUs x 6 h =
+    24 GPU-h. n2 (2 h100): seen only at T0+8h -> 2 x 2 h = 4. m1 (2 a100): seen the day before -> 2 x 10 h
+    = 20, a job held GPU 0 T0+2h..T0+5h -> 3 allocated, 17 free. Per model: h100 6 GPUs, 28 GPU-h, all free,
+    mean 28 / 10 = 2.8 free GPUs; a100 2 GPUs, 20 GPU-h, 3 allocated, 17 free (was 60 h100 GPU-h: every
+    inventory GPU counted for the whole window)."""
+    from auditor.findings_extra import capacity
+    from auditor.records import GpuBucket, GpuInventory
+
+    recs: list[Any] = [GpuInventory("c", "n1", g, "h100", seen_at=T0 + 6 * H) for g in range(4)]
+    recs += [GpuInventory("c", "n2", g, "h100", seen_at=T0 + 8 * H) for g in range(2)]
+    recs += [GpuInventory("c", "m1", g, "a100", seen_at=T0 - 24 * H) for g in range(2)]
+    recs += [GpuBucket("c", "n1", 0, T0 + 4 * H + timedelta(minutes=5 * i), 300, 10, sm_active=0.5)
+             for i in range(6)]
+    recs.append(slurm("j", T0 + 2 * H, T0 + 2 * H, T0 + 5 * H, [AllocatedGpu("m1", 0)]))
+    store.ingest(recs, seen_at_ts=int((T0 + 9 * H).timestamp()))
+    t0 = int(T0.timestamp())
+    with store.engine.connect() as conn:
+        rows = {r["model"]: r for r in capacity(conn, t0, t0 + 36000, horizon=t0 + 36000)}
+    h, a = rows["h100"], rows["a100"]
+    assert (h["gpus"], h["gpu_hours"], h["allocated_gpu_hours"], h["free_gpu_hours"]) == (6, 28, 0, 28)
+    assert h["mean_free_gpus"] == pytest.approx(2.8)
+    assert (a["gpus"], a["gpu_hours"], a["allocated_gpu_hours"], a["free_gpu_hours"]) == (2, 20, 3, 17)
