@@ -166,3 +166,21 @@ def test_capacity_counts_a_node_from_when_it_was_first_seen(store: Store) -> Non
     assert (h["gpus"], h["gpu_hours"], h["allocated_gpu_hours"], h["free_gpu_hours"]) == (6, 28, 0, 28)
     assert h["mean_free_gpus"] == pytest.approx(2.8)
     assert (a["gpus"], a["gpu_hours"], a["allocated_gpu_hours"], a["free_gpu_hours"]) == (2, 20, 3, 17)
+
+
+def test_one_collect_keeps_both_jobs_of_a_reused_id() -> None:
+    """One read: sacct still lists the earlier job 100 (submitted T0, finished) and slurmctld runs a new job
+    100 (submitted T0+10h, GPU indices 2-3). Both come out; the running view merges only with its own
+    history row (same submit time), so the earlier job keeps its end and count-only GPUs."""
+    from connectors.base import Window
+    from connectors.slurm import assemble
+    from connectors.slurm.reading import Reading
+
+    old = slurm("100", T0, T0, T0 + 2 * H, [AllocatedGpu("n1", None)])
+    new_hist = slurm("100", T0 + 10 * H, T0 + 10 * H, None, [AllocatedGpu("n2", None)] * 2, qos="high")
+    new_run = slurm("100", T0 + 10 * H, T0 + 10 * H, None, [AllocatedGpu("n2", 2), AllocatedGpu("n2", 3)])
+    new_run.labels["gpu_placement"] = "idx"
+    reading = Reading(history=[old, new_hist], running=[new_run], running_complete=False)
+    out = [a for a in assemble(reading, Window(T0 - H, T0 + 12 * H), "c") if isinstance(a, Allocation)]
+    assert sorted((a.submit, a.end, [g.index for g in a.gpus], a.qos) for a in out) == [
+        (T0, T0 + 2 * H, [None], ""), (T0 + 10 * H, None, [2, 3], "high")]
