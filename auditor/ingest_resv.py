@@ -1,5 +1,6 @@
 """Reservations in the ledger: one row per reservation with its latest definition, and the names of
-reservations that jobs give only by id. See docs/slurm.md "Reservations that change"."""
+reservations that jobs give only by id (docs/slurm.md "Reservations that change"); and the records whose
+money would not be finite, quarantined at ingest (docs/chargeback.md "Money is always finite")."""
 
 from __future__ import annotations
 
