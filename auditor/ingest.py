@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Table, delete, insert, select, tuple_, update
+from sqlalchemy import Connection, Table, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor import schema
@@ -125,23 +125,43 @@ def _same_job(submit: int | None, start: int | None, row: Any) -> bool:
     return start is not None and row.start_ts is not None and start == row.start_ts
 
 
-def resolve_instances(conn: Connection, allocs: list[Allocation]) -> dict[tuple[str, str, str, int], Allocation]:
+Key4 = tuple[str, str, str, int]
+CHUNK = 1000
+
+
+def _by_ids(conn: Connection, keys: set[tuple[str, str, str]], *extra: Any) -> list[Any]:
+    """Stored allocations of these (cluster, source, external_id): per cluster and source, ``external_id
+    IN (...)`` on the unique index (plain values bind much faster than row-value tuples)."""
+    t = schema.allocations
+    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for c, src, ext in keys:
+        groups[(c, src)].append(ext)
+    out: list[Any] = []
+    for (c, src), exts in groups.items():
+        exts.sort()
+        for i in range(0, len(exts), CHUNK):
+            out += conn.execute(select(t.c.id, t.c.cluster, t.c.source, t.c.external_id, t.c.instance_ts, *extra)
+                                .where(t.c.cluster == c, t.c.source == src,
+                                       t.c.external_id.in_(exts[i:i + CHUNK]))).all()
+    return out
+
+
+def resolve_instances(conn: Connection, allocs: list[Allocation]) -> tuple[dict[Key4, Allocation], dict[Key4, int]]:
     """Key each sighting by (cluster, source, external_id, instance_ts): the stored job it is the same job
     as (see :func:`_same_job`), else a new instance (submit time, else start time, else 0). Slurm reuses job
-    ids; Kubernetes pod UIDs are unique, so pods always get instance 0."""
+    ids; Kubernetes pod UIDs are unique, so pods always get instance 0. Also returns the ids of the stored
+    jobs it read, so only new ones are looked up after the upsert."""
     from types import SimpleNamespace
 
     t = schema.allocations
     ext = {(a.cluster, a.source, a.external_id) for a in allocs if a.source != "kubernetes"}
     known: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
-    ext_list = sorted(ext)
-    for i in range(0, len(ext_list), 500):
-        for r in conn.execute(select(t.c.cluster, t.c.source, t.c.external_id, t.c.instance_ts, t.c.submit_ts,
-                                     t.c.start_ts)
-                              .where(tuple_(t.c.cluster, t.c.source, t.c.external_id).in_(ext_list[i:i + 500]))):
-            known[(r.cluster, r.source, r.external_id)].append(
-                SimpleNamespace(instance_ts=r.instance_ts, submit_ts=r.submit_ts, start_ts=r.start_ts))
-    latest: dict[tuple[str, str, str, int], Allocation] = {}
+    ids: dict[Key4, int] = {}
+    for r in _by_ids(conn, ext, t.c.submit_ts, t.c.start_ts):
+        known[(r.cluster, r.source, r.external_id)].append(
+            SimpleNamespace(instance_ts=r.instance_ts, submit_ts=r.submit_ts, start_ts=r.start_ts))
+        ids[(r.cluster, r.source, r.external_id, r.instance_ts)] = r.id
+    latest: dict[Key4, Allocation] = {}
     for a in allocs:  # the last sighting in a batch wins, like a later batch would
         k3 = (a.cluster, a.source, a.external_id)
         submit, start = _instance(a)
@@ -160,22 +180,21 @@ def resolve_instances(conn: Connection, allocs: list[Allocation]) -> dict[tuple[
             match.submit_ts = match.submit_ts if match.submit_ts is not None else submit
             match.start_ts = match.start_ts if match.start_ts is not None else start
         latest[(*k3, match.instance_ts)] = a
-    return latest
+    return latest, ids
 
 
 def ingest_allocations(conn: Connection, allocs: list[Allocation], seen: int) -> tuple[int, int]:
     """Upsert allocations, then their GPUs: indices never get downgraded to "unknown"."""
     t, g = schema.allocations, schema.allocated_gpus
-    latest = resolve_instances(conn, allocs)
+    latest, known_ids = resolve_instances(conn, allocs)
     key_cols = ("cluster", "source", "external_id", "instance_ts")
     upsert(conn, t, [{**_alloc_row(a, seen), "instance_ts": k[3]} for k, a in latest.items()], key_cols,
            ALLOC_MERGE)
-    keys = list(latest)
-    ids: dict[tuple[str, str, str, int], int] = {}
-    for i in range(0, len(keys), 500):
-        ids.update(((r.cluster, r.source, r.external_id, r.instance_ts), r.id) for r in conn.execute(
-            select(t.c.id, t.c.cluster, t.c.source, t.c.external_id, t.c.instance_ts)
-            .where(tuple_(t.c.cluster, t.c.source, t.c.external_id, t.c.instance_ts).in_(keys[i:i + 500]))))
+    ids = {k: known_ids[k] for k in latest if k in known_ids}
+    missing = {k for k in latest if k not in ids}
+    ids.update(((r.cluster, r.source, r.external_id, r.instance_ts), r.id)
+               for r in _by_ids(conn, {k[:3] for k in missing}) if (r.cluster, r.source, r.external_id,
+                                                                       r.instance_ts) in missing)
     existing: dict[int, list[Any]] = defaultdict(list)
     for r in conn.execute(select(g.c.id, g.c.allocation_id, g.c.node, g.c.slot, g.c.gpu_index)
                           .where(g.c.allocation_id.in_(list(ids.values())))):
