@@ -172,6 +172,8 @@ def resolve_instances(conn: Connection, allocs: list[Allocation]) -> tuple[dict[
         match = next((r for r in rows if _same_job(submit, start, r)), None)
         if match is None and submit is None and start is None and rows:
             match = max(rows, key=lambda r: r.instance_ts)
+        if match is None:  # a stored sighting with neither time is the job this one gives times for
+            match = next((r for r in rows if r.submit_ts is None and r.start_ts is None), None)
         if match is None:
             inst = submit if submit is not None else (start if start is not None else 0)
             match = SimpleNamespace(instance_ts=inst, submit_ts=submit, start_ts=start)

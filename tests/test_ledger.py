@@ -184,3 +184,15 @@ def test_one_collect_keeps_both_jobs_of_a_reused_id() -> None:
     out = [a for a in assemble(reading, Window(T0 - H, T0 + 12 * H), "c") if isinstance(a, Allocation)]
     assert sorted((a.submit, a.end, [g.index for g in a.gpus], a.qos) for a in out) == [
         (T0, T0 + 2 * H, [None], ""), (T0 + 10 * H, None, [2, 3], "high")]
+
+
+@pytest.mark.service
+def test_timeless_sighting_then_times_is_one_job(store: Store) -> None:
+    """A file export lists job 55 first without any time (pending), later with its start: one row, and its
+    1 GPU x 2 h = 2 GPU-h are audited."""
+    store.ingest([slurm("55", None, None, None, [AllocatedGpu("n1", None)], state="PENDING")], seen_at_ts=1)
+    store.ingest([slurm("55", None, T0, T0 + 2 * H, [AllocatedGpu("n1", 1)])], seen_at_ts=2)
+    (row,) = rows(store)
+    assert (row.instance_ts, row.start_ts, row.state) == (0, int(T0.timestamp()), "COMPLETED")
+    r = run_audit(store, Config(), W0, W1)
+    assert list(reserved_hours(store, r.run_id).values()) == [pytest.approx(2.0)]
