@@ -320,3 +320,25 @@ def test_rest_name_map_from_real_2205_objects() -> None:
     name_reservations(reading, names)
     assert names == {"4": "alice-used"}
     assert {h.external_id: h.reservation for h in reading.history if h.reservation} == {"30": "alice-used"}
+
+
+def test_slurmdb_reservation_objects_assemble_like_sacctmgr() -> None:
+    """`/slurmdb/vX/reservations` (v0.0.39+; 22.05 answers 404, so no real capture exists here): hand-made
+    objects in the data_parser shape (times under `time`, `{set, number}` numbers, TRES as a list) and
+    the flat one. Pieces of id 6 give one 15:00:00-15:40:00 reservation on gpu-node-01's 8 GPUs; the
+    GPU TRES of id 7 (1 GPU) wins over the node count."""
+    per_node = {"gpu-node-01": 8, "gpu-node-02": 8}
+    objs = [
+        {"id": 6, "name": "alice-ft", "nodes": "gpu-node-01", "flags": ["SPEC_NODES"],
+         "time": {"start": {"set": True, "number": ts("15:00:00")}, "end": ts("15:00:18")}},
+        {"id": 6, "name": "alice-ft", "node_list": "gpu-node-01", "time_start": ts("15:00:18"),
+         "time_end": ts("15:40:00")},
+        {"id": 7, "name": "one-gpu", "nodes": "gpu-node-02", "time": {"start": ts("16:00:00"), "end": ts("17:00:00")},
+         "tres": [{"type": "cpu", "count": 2}, {"type": "gres", "name": "gpu", "count": 1}]},
+    ]
+    got = sorted((r.name, r.slurm_id, r.start, r.end, r.gpu_count) for r in
+                 inv.assemble_pieces([inv.from_json_db_reservation(o, "c", per_node) for o in objs]))
+    assert got == [("alice-ft", "6", at("15:00:00"), at("15:40:00"), 8.0),
+                   ("one-gpu", "7", at("16:00:00"), at("17:00:00"), 1.0)]
+    with pytest.raises(ValueError):
+        inv.from_json_db_reservation({"id": 1, "name": "x"}, "c", per_node)
