@@ -23,5 +23,9 @@ def finite(obj: Any) -> Any:
 
 
 def dumps(obj: Any, **kw: Any) -> str:
-    """json.dumps that never writes a NaN/Infinity token."""
-    return json.dumps(finite(obj), allow_nan=False, **kw)
+    """json.dumps that never writes a NaN/Infinity token (the walk only when one is there: large reports
+    and every evidence column go through here)."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kw)
+    except ValueError:
+        return json.dumps(finite(obj), allow_nan=False, **kw)
