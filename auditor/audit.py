@@ -290,20 +290,22 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             conn.execute(text("ANALYZE usage_gpu"))
             conn.execute(text("DROP TABLE _attr"))
             per_alloc = [dict(r._mapping) for r in conn.execute(text(PER_ALLOCATION), {"run_id": run_id})]
+            per_alloc, refused = pricing.price_rows(per_alloc, [*SUM_COLS, "max_gpu_mirage_s_max", "gpu_count"])
+            refuse(conn, run_id, refused, now)
             for i in range(0, len(per_alloc), 5000):  # row dicts a chunk at a time: peak RSS at fleet scale
                 rows = []
                 for r in per_alloc[i:i + 5000]:
-                    r["team"] = pricing.team_of(r)
-                    r["price"] = pricing.price(r["gpu_model"], r["mig_profile"], r["gpu_count"], r["gpus"])
                     rows.append({"run_id": run_id, "allocation_id": r["allocation_id"], "team": r["team"],
                                  "gpu_model": r["gpu_model"], "price_per_gpu_hour": r["price"],
                                  **{c: r[c] for c in SUM_COLS if c != "max_gpu_mirage_s"},
                                  "max_gpu_mirage_s": r["max_gpu_mirage_s_max"], "peak_fb_mib": r["peak_fb_mib"],
-                                 "gpus": r["gpus"], "reserved_cost": r["reserved_s"] / 3600 * r["price"],
-                                 "idle_cost": (r["idle_s"] + r["mirage_s"]) / 3600 * r["price"]})
+                                 "gpus": r["gpus"], "reserved_cost": r["reserved_cost"],
+                                 "idle_cost": r["idle_cost"]})
                 conn.execute(insert(schema.usage_allocation), rows)
             summary = find_all(conn, run_id, per_alloc, th, cfg, since=s, until=u, horizon=horizon,
                                clusters=clusters)
+            if refused:
+                summary["refused_allocations"] = len(refused)
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
                 status="ok", finished_ts=int(utcnow().timestamp()), summary=summary))
     except Exception:
@@ -312,6 +314,22 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                 status="failed", finished_ts=int(utcnow().timestamp())))
         raise
     return AuditResult(run_id, since, until, summary)
+
+
+def refuse(conn: Connection, run_id: int, refused: list[tuple[dict[str, Any], str]], now: int) -> None:
+    """Allocations whose money is not finite: kept out of this run (no usage, no findings) and listed in
+    quarantined_records, so one corrupt row never fails the audit for everyone."""
+    if not refused:
+        return
+    ids = [r["allocation_id"] for r, _ in refused]
+    log.warning("audit run %d: %d allocation(s) refused (not finite), e.g. %s: %s", run_id, len(ids),
+                refused[0][0].get("external_id"), refused[0][1])
+    conn.execute(schema.usage_gpu.delete().where(schema.usage_gpu.c.run_id == run_id,
+                                                 schema.usage_gpu.c.allocation_id.in_(ids)))
+    conn.execute(insert(schema.quarantined_records), [
+        {"collected_ts": now, "cluster": str(r.get("cluster") or "")[:128], "source": f"audit run {run_id}",
+         "location": f"allocation {r['allocation_id']} ({r.get('external_id')})"[:255], "reason": why,
+         "excerpt": None} for r, why in refused])
 
 
 def latest_run(store: Store, *, what_if: bool = False) -> int | None:

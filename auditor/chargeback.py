@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
-import json
+import math
 from datetime import UTC, date, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
@@ -20,19 +20,20 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import text
 
+from auditor import jsonsafe
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.store import Store
 
 SCHEMA = "gpu-audit.chargeback/1"
-BY = ("account", "namespace", "team", "user", "cluster")
+BY = ("account", "namespace", "team", "user", "cluster", "qos", "state")
 HOURS = ("reserved", "effective", "idle", "idle_by_util", "mirage", "low", "working", "unknown")
 COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "allocations",
            *(f"{h}_gpu_hours" for h in HOURS), "reserved_cost", "idle_cost", "cost_per_effective_gpu_hour",
            "currency", "audit_run_id")
 TEXT_COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "currency")
 _OWNER = {"account": "a.account", "namespace": "a.account", "team": "u.team", "user": "a.user_name",
-          "cluster": "a.cluster"}
+          "cluster": "a.cluster", "qos": "a.qos", "state": "a.state"}
 H6, C4 = Decimal("0.000001"), Decimal("0.0001")
 INJECTION_START = ("=", "+", "-", "@", "\t", "\r")
 
@@ -62,7 +63,12 @@ def previous_month(now: datetime, tz: Any) -> str:
 
 
 def _q(x: float | None, unit: Decimal) -> Decimal:
-    return Decimal(repr(float(x or 0.0))).quantize(unit, rounding=ROUND_HALF_EVEN)
+    """Exact decimal of a stored sum; the audit refuses allocations whose numbers are not finite, so a
+    non-finite value here is a corrupt store: a clear error, never a NaN in a finance file."""
+    v = float(x or 0.0)
+    if not math.isfinite(v):
+        raise GpuAuditError(f"chargeback: a stored sum is {v!r}; re-run the audit (it refuses such rows)")
+    return Decimal(repr(v)).quantize(unit, rounding=ROUND_HALF_EVEN)
 
 
 def chargeback(store: Store, cfg: Config, since: datetime, until: datetime, by: str = "account", *,
@@ -129,7 +135,7 @@ def to_json(rows: list[dict[str, Any]], *, since: datetime, until: datetime, by:
            "period_end": until.astimezone(UTC).isoformat(), "by": by, "currency": currency,
            "columns": list(COLUMNS), "rows": [{k: _plain(r[k]) for k in COLUMNS} for r in rows],
            "totals": {k: _plain(v) for k, v in totals(rows).items()}}
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    return jsonsafe.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
 def safe_cell(value: Any) -> str:

@@ -19,8 +19,9 @@ def register(group: click.Group) -> None:
                   help="Calendar month in report.timezone, e.g. 2026-11 (instead of --since/--until).")
     @time_option("--since", "Window start (default: report.days ago).")
     @time_option("--until", "Window end (default: now).")
-    @click.option("--by", type=click.Choice(["account", "namespace", "team", "user", "cluster"]),
-                  default="account", show_default=True, help="Owner column of each row.")
+    @click.option("--by", type=click.Choice(["account", "namespace", "team", "user", "cluster", "qos", "state"]),
+                  default="account", show_default=True, help="Owner column of each row (qos: Slurm QOS or "
+                  "Kubernetes priority class; state: scheduler state such as COMPLETED or RUNNING).")
     @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True,
                   help="File format.")
     @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,

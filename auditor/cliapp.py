@@ -5,7 +5,6 @@ them (no import cycle whichever module is imported first)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -15,6 +14,7 @@ from typing import Any
 import click
 
 from auditor import config as config_mod
+from auditor import jsonsafe
 from auditor.errors import GpuAuditError
 from auditor.timeutil import parse_time, utcnow
 
@@ -57,7 +57,7 @@ class App:
     def emit(self, data: Any, human: str | Callable[[], str]) -> None:
         """Print ``data`` as JSON with --json, else the human-readable text."""
         if self.as_json:
-            click.echo(json.dumps(data, indent=2, default=str, sort_keys=False))
+            click.echo(jsonsafe.dumps(data, indent=2, default=str, sort_keys=False))
         else:
             click.echo(human() if callable(human) else human)
 

@@ -12,7 +12,7 @@ import stat
 import tomllib
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -24,7 +24,7 @@ ENV_VAR = "GPU_AUDIT_CONFIG"
 class Strict(BaseModel):
     """Unknown keys are errors: a typo must not silently fall back to a default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no NaN/inf anywhere
 
 
 class SecretRef(Strict):
@@ -128,12 +128,18 @@ class Thresholds(Strict):
                                                 "GPU-hours.")
 
 
+#: A price per GPU-hour above this is a typo (in any currency: ~1,000x a cloud H100 hour in VND or IDR).
+MAX_PRICE = 1_000_000.0
+Price = Annotated[float, Field(ge=0, le=MAX_PRICE, allow_inf_nan=False)]
+
+
 class PriceCard(Strict):
     currency: str = Field("USD", description="Currency code printed with every cost.")
-    default: float = Field(2.0, ge=0, description="Price per GPU-hour of a model not listed.")
-    models: dict[str, float] = Field(default_factory=dict, description="Price per GPU-hour by GPU model "
+    default: Price = Field(2.0, description="Price per GPU-hour of a model not listed (a finite number from "
+                           "0 to 1,000,000, like every price).")
+    models: dict[str, Price] = Field(default_factory=dict, description="Price per GPU-hour by GPU model "
                                      "(matched case-insensitively as a substring, longest first).")
-    mig: dict[str, float] = Field(default_factory=dict, description="Price per hour of a MIG profile, e.g. "
+    mig: dict[str, Price] = Field(default_factory=dict, description="Price per hour of a MIG profile, e.g. "
                                   "\"1g.10gb\"; unset profiles pay their share of the full GPU.")
 
 

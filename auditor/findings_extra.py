@@ -12,10 +12,10 @@ import json
 from collections import Counter, defaultdict
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, bindparam, text
 
 from auditor.config import Config, Thresholds
-from auditor.money import Pricing
+from auditor.money import UNMAPPED, Pricing
 from auditor.timeutil import utcnow
 
 H = 3600.0
@@ -84,6 +84,19 @@ FROM (SELECT r.id AS rid, u.gpu_id, ag.share, {G}(a.start_ts, r.start_ts, :since
 JOIN gpu_buckets b ON b.gpu_id = x.gpu_id AND b.bucket_ts >= x.w_s - :bucket AND b.bucket_ts < x.w_e
 WHERE {L}(b.bucket_ts + b.bucket_s, x.w_e) > {G}(b.bucket_ts, x.w_s) AND """ + IDLE_COND + """
 GROUP BY x.rid"""
+
+
+# GPU-seconds on a reservation's nodes, inside it, held by jobs that are not in it (running when an
+# IGNORE_JOBS reservation took the nodes, or beside a partial reservation): not idle reserved capacity
+RESV_OTHER_JOBS = """SELECT SUM(ag.share * ({L}(COALESCE(a.end_ts, :horizon), :r_e) - {G}(a.start_ts, :r_s))) AS s
+FROM allocations a JOIN allocated_gpus ag ON ag.allocation_id = a.id
+WHERE a.cluster = :cluster AND a.reservation <> :name AND ag.node IN :nodes AND a.start_ts IS NOT NULL
+ AND a.start_ts < :r_e AND COALESCE(a.end_ts, :horizon) > :r_s"""
+
+# team of the jobs inside each reservation, by GPU-hours (when its users and accounts map to no team)
+RESV_JOB_TEAMS = """SELECT r.id AS rid, u.team, SUM(u.reserved_s) AS s
+""" + _RESV_JOBS.replace("WHERE", "JOIN usage_allocation u ON u.allocation_id = a.id AND u.run_id = :run WHERE") + """
+GROUP BY r.id, u.team"""
 
 
 def _fn(conn: Connection) -> dict[str, str]:
@@ -241,27 +254,34 @@ def idle_reservations(conn: Connection, run_id: int, cfg: Config, p: dict[str, A
         return []
     used = {r.rid: r for r in conn.execute(text(RESV_USED.format(**fn)), p)}
     idle = {r.rid: r.idle_s or 0.0 for r in conn.execute(text(RESV_IDLE.format(**fn)), p)}
+    job_teams: dict[int, Counter] = defaultdict(Counter)
+    for t in conn.execute(text(RESV_JOB_TEAMS.format(**fn)), p):
+        job_teams[t.rid][t.team] += float(t.s or 0.0)
     models = _host_models(conn)
+    host_gpus = _host_gpus(conn)
     pricing = Pricing(cfg)
     out = []
     for r in resv:
         reserved_s = r["gpu_count"] * max(0, r["r_e"] - r["r_s"])
         u = used.get(r["id"])
         used_s = float(u.used_s or 0.0) if u else 0.0
-        unused_s = max(0.0, reserved_s - used_s)
+        nodes, users, accounts = _json_list(r["nodes"]), _json_list(r["users"]), _json_list(r["accounts"])
+        other_s = _other_jobs_s(conn, fn, r, nodes, host_gpus, reserved_s, p["horizon"])
+        unused_s = max(0.0, reserved_s - used_s - other_s)
         jobs_idle_s = idle.get(r["id"], 0.0)
         idle_h = (unused_s + jobs_idle_s) / H
         if reserved_s <= 0 or idle_h <= 0:
             continue
-        nodes, users, accounts = _json_list(r["nodes"]), _json_list(r["users"]), _json_list(r["accounts"])
         model_counts = Counter(models.get((r["cluster"], n)) for n in nodes if models.get((r["cluster"], n)))
         model = model_counts.most_common(1)[0][0] if model_counts else None
         price = pricing.model_price(model)
-        team = pricing.team_of({"account": accounts[0] if accounts else "", "source": "slurm",
-                                "user_name": users[0] if users else "", "labels": None})
+        team = pricing.team_of_reservation(users, accounts)
+        if team == UNMAPPED and job_teams.get(r["id"]):
+            team = job_teams[r["id"]].most_common(1)[0][0] or UNMAPPED
         ev = {"rule": f"{unused_s / H:.1f} of {reserved_s / H:.1f} reserved GPU-hours used by no job, plus "
                       f"{jobs_idle_s / H:.1f} idle GPU-hours of jobs inside it",
               "reservation": r["name"], "reserved_gpu_hours": reserved_s / H, "used_gpu_hours": used_s / H,
+              "other_jobs_gpu_hours": other_s / H,
               "unused_gpu_hours": unused_s / H, "jobs_idle_gpu_hours": jobs_idle_s / H,
               "jobs": int(u.jobs) if u else 0, "gpu_count": r["gpu_count"], "nodes": nodes, "users": users,
               "accounts": accounts, "flags": _json_list(r["flags"]), "gpu_model": model,
@@ -272,6 +292,24 @@ def idle_reservations(conn: Connection, run_id: int, cfg: Config, p: dict[str, A
                     "end_ts": int(r["r_e"]), "gpu_hours": reserved_s / H, "idle_gpu_hours": idle_h,
                     "cost": idle_h * price, "evidence": ev})
     return out
+
+
+def _host_gpus(conn: Connection) -> dict[tuple[str, str], int]:
+    rows = conn.execute(text("SELECT cluster, host, COUNT(*) AS n FROM gpu_inventory GROUP BY cluster, host"))
+    return {(r.cluster, r.host): int(r.n) for r in rows}
+
+
+def _other_jobs_s(conn: Connection, fn: dict[str, str], r: dict[str, Any], nodes: list[str],
+                  host_gpus: dict[tuple[str, str], int], reserved_s: float, horizon: int) -> float:
+    """GPU-seconds that jobs outside the reservation held on its nodes inside it, beyond what the nodes'
+    unreserved GPUs (a GPU-TRES reservation of part of a node) could hold."""
+    if not nodes or r["r_e"] <= r["r_s"]:
+        return 0.0
+    stmt = text(RESV_OTHER_JOBS.format(**fn)).bindparams(bindparam("nodes", expanding=True))
+    held = conn.execute(stmt, {"cluster": r["cluster"], "name": r["name"], "nodes": nodes, "r_s": r["r_s"],
+                               "r_e": r["r_e"], "horizon": horizon}).scalar() or 0.0
+    node_s = sum(host_gpus.get((r["cluster"], n), 0) for n in nodes) * (r["r_e"] - r["r_s"])
+    return max(0.0, float(held) - max(0.0, node_s - reserved_s))
 
 
 def _host_models(conn: Connection) -> dict[tuple[str, str], str]:
@@ -287,15 +325,29 @@ WHERE a.start_ts IS NOT NULL AND a.start_ts < :horizon AND COALESCE(a.end_ts, :h
 GROUP BY a.cluster, ag.node"""
 
 
+# When each node was first seen: its inventory rows, its first telemetry bucket (per GPU through the
+# primary key, not a scan), the first allocation that held a GPU there
+NODE_FIRST_SEEN = """SELECT cluster, host, MIN(t) AS first_ts FROM (
+  SELECT cluster, host, first_seen_ts AS t FROM gpu_inventory
+  UNION ALL SELECT tg.cluster, tg.host, (SELECT MIN(b.bucket_ts) FROM gpu_buckets b WHERE b.gpu_id = tg.id)
+   FROM telemetry_gpus tg
+  UNION ALL SELECT a.cluster, ag.node, a.start_ts FROM allocations a
+   JOIN allocated_gpus ag ON ag.allocation_id = a.id WHERE a.start_ts IS NOT NULL AND a.start_ts < :horizon
+) x WHERE t IS NOT NULL GROUP BY cluster, host"""
+
+
 def capacity(conn: Connection, since: int, until: int, *, horizon: int | None = None) -> list[dict[str, Any]]:
     """Per cluster and GPU model: inventory GPUs and GPU-hours in [since, min(until, now)), the share that
     allocations held, the reserved GPU-hours no job used, and what is left: neither allocated nor reserved.
-    Inventory GPUs are taken to exist for the whole window; reservations spread evenly over their nodes.
-    ``horizon`` (default now) is where a window reaching into the future stops, as in the audit."""
+    A node's GPUs count from when the node was first seen (inventory, telemetry or an allocation on it, the
+    earliest), not for the whole window: a node added on day 20 adds no free GPU-hours to days 1-19.
+    Reservations spread evenly over their nodes. ``horizon`` (default now) is where a window reaching into
+    the future stops, as in the audit."""
     horizon = min(until, horizon if horizon is not None else int(utcnow().timestamp()))
     span = max(0, horizon - since)
     p = {"since": since, "until": until, "horizon": horizon}
     fn = _fn(conn)
+    first = {(r.cluster, r.host): int(r.first_ts) for r in conn.execute(text(NODE_FIRST_SEEN), p)}
     inv: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for r in conn.execute(text("SELECT cluster, host, COALESCE(model, '') AS model, COUNT(*) AS n "
                                "FROM gpu_inventory GROUP BY cluster, host, COALESCE(model, '')")):
@@ -311,14 +363,15 @@ def capacity(conn: Connection, since: int, until: int, *, horizon: int | None = 
     out: dict[tuple[str, str], dict[str, float]] = {}
     for (cluster, host), models in inv.items():
         n_host = sum(models.values())
-        total_s = n_host * span
+        seen_s = max(0, horizon - max(since, first.get((cluster, host), since)))
+        total_s = n_host * seen_s
         held = min(total_s, per_host.get((cluster, host), 0.0))
         resv = min(total_s - held, resv_host.get((cluster, host), 0.0))
         for model, n in models.items():
             k = out.setdefault((cluster, model), {"gpus": 0, "gpu_s": 0.0, "alloc_s": 0.0, "resv_s": 0.0})
             frac = n / n_host
             k["gpus"] += n
-            k["gpu_s"] += n * span
+            k["gpu_s"] += n * seen_s
             k["alloc_s"] += held * frac
             k["resv_s"] += resv * frac
     rows = []

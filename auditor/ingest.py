@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Table, delete, select, tuple_, update
+from sqlalchemy import Connection, Table, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor import schema
+from auditor.ingest_resv import ingest_reservations, money_problem, name_reservations, quarantine_rows
 from auditor.records import (
     LABEL_FIELDS,
     METRIC_FIELDS,
@@ -109,18 +110,93 @@ def _gpu_rows(a: Allocation) -> list[dict[str, Any]]:
     return rows
 
 
+def _instance(a: Allocation) -> tuple[int | None, int | None]:
+    """(submit, start) epochs that tell apart two jobs of one reused Slurm id (pods: never reused)."""
+    if a.source == "kubernetes":
+        return None, None
+    return to_epoch(a.submit), to_epoch(a.start)
+
+
+def _same_job(submit: int | None, start: int | None, row: Any) -> bool:
+    """Submit times decide when both are known; else start times; a sighting with neither is matched by
+    the caller to the latest job of that id."""
+    if submit is not None and row.submit_ts is not None:
+        return bool(submit == row.submit_ts)
+    return start is not None and row.start_ts is not None and start == row.start_ts
+
+
+Key4 = tuple[str, str, str, int]
+CHUNK = 1000
+
+
+def _by_ids(conn: Connection, keys: set[tuple[str, str, str]], *extra: Any) -> list[Any]:
+    """Stored allocations of these (cluster, source, external_id): per cluster and source, ``external_id
+    IN (...)`` on the unique index (plain values bind much faster than row-value tuples)."""
+    t = schema.allocations
+    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for c, src, ext in keys:
+        groups[(c, src)].append(ext)
+    out: list[Any] = []
+    for (c, src), exts in groups.items():
+        exts.sort()
+        for i in range(0, len(exts), CHUNK):
+            out += conn.execute(select(t.c.id, t.c.cluster, t.c.source, t.c.external_id, t.c.instance_ts, *extra)
+                                .where(t.c.cluster == c, t.c.source == src,
+                                       t.c.external_id.in_(exts[i:i + CHUNK]))).all()
+    return out
+
+
+def resolve_instances(conn: Connection, allocs: list[Allocation]) -> tuple[dict[Key4, Allocation], dict[Key4, int]]:
+    """Key each sighting by (cluster, source, external_id, instance_ts): the stored job it is the same job
+    as (see :func:`_same_job`), else a new instance (submit time, else start time, else 0). Slurm reuses job
+    ids; Kubernetes pod UIDs are unique, so pods always get instance 0. Also returns the ids of the stored
+    jobs it read, so only new ones are looked up after the upsert."""
+    from types import SimpleNamespace
+
+    t = schema.allocations
+    ext = {(a.cluster, a.source, a.external_id) for a in allocs if a.source != "kubernetes"}
+    known: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
+    ids: dict[Key4, int] = {}
+    for r in _by_ids(conn, ext, t.c.submit_ts, t.c.start_ts):
+        known[(r.cluster, r.source, r.external_id)].append(
+            SimpleNamespace(instance_ts=r.instance_ts, submit_ts=r.submit_ts, start_ts=r.start_ts))
+        ids[(r.cluster, r.source, r.external_id, r.instance_ts)] = r.id
+    latest: dict[Key4, Allocation] = {}
+    for a in allocs:  # the last sighting in a batch wins, like a later batch would
+        k3 = (a.cluster, a.source, a.external_id)
+        submit, start = _instance(a)
+        if a.source == "kubernetes":
+            latest[(*k3, 0)] = a
+            continue
+        rows = known[k3]
+        match = next((r for r in rows if _same_job(submit, start, r)), None)
+        if match is None and submit is None and start is None and rows:
+            match = max(rows, key=lambda r: r.instance_ts)
+        if match is None:  # a stored sighting with neither time is the job this one gives times for
+            match = next((r for r in rows if r.submit_ts is None and r.start_ts is None), None)
+        if match is None:
+            inst = submit if submit is not None else (start if start is not None else 0)
+            match = SimpleNamespace(instance_ts=inst, submit_ts=submit, start_ts=start)
+            rows.append(match)
+        else:  # what this sighting adds helps match the next one in the batch
+            match.submit_ts = match.submit_ts if match.submit_ts is not None else submit
+            match.start_ts = match.start_ts if match.start_ts is not None else start
+        latest[(*k3, match.instance_ts)] = a
+    return latest, ids
+
+
 def ingest_allocations(conn: Connection, allocs: list[Allocation], seen: int) -> tuple[int, int]:
     """Upsert allocations, then their GPUs: indices never get downgraded to "unknown"."""
     t, g = schema.allocations, schema.allocated_gpus
-    latest: dict[tuple[str, str, str], Allocation] = {}
-    for a in allocs:  # the last sighting in a batch wins, like a later batch would
-        latest[(a.cluster, a.source, a.external_id)] = a
-    upsert(conn, t, [_alloc_row(a, seen) for a in latest.values()], ("cluster", "source", "external_id"),
+    latest, known_ids = resolve_instances(conn, allocs)
+    key_cols = ("cluster", "source", "external_id", "instance_ts")
+    upsert(conn, t, [{**_alloc_row(a, seen), "instance_ts": k[3]} for k, a in latest.items()], key_cols,
            ALLOC_MERGE)
-    keys = list(latest)
-    ids = dict(((r.cluster, r.source, r.external_id), r.id) for r in conn.execute(
-        select(t.c.id, t.c.cluster, t.c.source, t.c.external_id)
-        .where(tuple_(t.c.cluster, t.c.source, t.c.external_id).in_(keys))))
+    ids = {k: known_ids[k] for k in latest if k in known_ids}
+    missing = {k for k in latest if k not in ids}
+    ids.update(((r.cluster, r.source, r.external_id, r.instance_ts), r.id)
+               for r in _by_ids(conn, {k[:3] for k in missing}) if (r.cluster, r.source, r.external_id,
+                                                                       r.instance_ts) in missing)
     existing: dict[int, list[Any]] = defaultdict(list)
     for r in conn.execute(select(g.c.id, g.c.allocation_id, g.c.node, g.c.slot, g.c.gpu_index)
                           .where(g.c.allocation_id.in_(list(ids.values())))):
@@ -146,15 +222,6 @@ def ingest_allocations(conn: Connection, allocs: list[Allocation], seen: int) ->
                  .scalar_subquery())
         conn.execute(update(t).where(t.c.id.in_(list(ids.values()))).values(gpu_count=total))
     return len(latest), len(new_rows)
-
-
-def ingest_reservations(conn: Connection, items: list[Reservation], seen: int) -> int:
-    rows = [{"cluster": r.cluster, "name": r.name, "start_ts": to_epoch(r.start), "end_ts": to_epoch(r.end),
-             "nodes": sorted(r.nodes), "gpu_count": r.gpu_count, "users": sorted(r.users),
-             "accounts": sorted(r.accounts), "flags": sorted(r.flags), "last_seen_ts": seen} for r in items]
-    upsert(conn, schema.reservations, rows, ("cluster", "name", "start_ts"),
-           {"last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts)})
-    return len(rows)
 
 
 def ingest_inventory(conn: Connection, items: list[GpuInventory], seen: int) -> int:
@@ -232,17 +299,23 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> Inges
     inv: list[GpuInventory] = []
     buckets: list[GpuBucket] = []
     snapshots: list[RunningSnapshot] = []
+    bad: list[tuple[Any, str]] = []
     cache: dict[tuple, int] = {}
     clusters: set[str] = set()
 
     def flush(final: bool = False) -> None:
         with store.begin() as conn:
+            if bad:  # quarantined, not stored: one bad record never costs the others or the audit
+                conn.execute(insert(schema.quarantined_records), quarantine_rows(bad, seen_at_ts))
+                stats.quarantined += len(bad)
+                bad.clear()
+            if resv:  # first: jobs named by reservation id only look their reservation up
+                stats.reservations += ingest_reservations(conn, resv, seen_at_ts)
             if allocs:
+                name_reservations(conn, allocs)
                 n, ng = ingest_allocations(conn, allocs, seen_at_ts)
                 stats.allocations += n
                 stats.allocated_gpus += ng
-            if resv:
-                stats.reservations += ingest_reservations(conn, resv, seen_at_ts)
             if inv:
                 stats.inventory += ingest_inventory(conn, inv, seen_at_ts)
             if buckets:
@@ -264,6 +337,8 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> Inges
             clusters.add(rec.cluster)
             if len(buckets) >= store.batch_rows:
                 flush()
+        elif isinstance(rec, Allocation | Reservation) and (why := money_problem(rec)):
+            bad.append((rec, why))
         elif isinstance(rec, Allocation):
             allocs.append(rec)
             clusters.add(rec.cluster)

@@ -76,6 +76,7 @@ class Reservation:
     users: list[str] = field(default_factory=list)
     accounts: list[str] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
+    slurm_id: str = ""  # Slurm's reservation id (sacctmgr ID, jobs' ReservationId) when the source gives it
 
 
 @dataclass(slots=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import json
 import re
 from collections.abc import Iterable
 from functools import lru_cache
@@ -18,7 +17,7 @@ from typing import Any
 
 import jinja2
 
-from auditor import charts
+from auditor import charts, jsonsafe
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.report import build_context, findings_csv_rows
@@ -152,8 +151,8 @@ def render_md(ctx: dict[str, Any], template: str = "report.md.j2") -> str:
 def render_json(ctx: dict[str, Any], *, compact: bool = False) -> str:
     """JSON of the report; ``compact`` for the full export file (every finding: size and speed matter)."""
     if compact:
-        return json.dumps(ctx, separators=(",", ":"), default=str, ensure_ascii=False) + "\n"
-    return json.dumps(ctx, indent=2, default=str, ensure_ascii=False) + "\n"
+        return jsonsafe.dumps(ctx, separators=(",", ":"), default=str, ensure_ascii=False) + "\n"
+    return jsonsafe.dumps(ctx, indent=2, default=str, ensure_ascii=False) + "\n"
 
 
 def render(ctx: dict[str, Any], fmt: str) -> str:

@@ -62,7 +62,14 @@ allocations = Table(
     Column("cluster", String(128), nullable=False, comment="Cluster name."),
     Column("source", String(16), nullable=False, comment="slurm, kubernetes or file."),
     Column("external_id", String(255), nullable=False,
-           comment="Scheduler id: Slurm job id (array/het part included) or Kubernetes pod UID."),
+           comment="Scheduler id: Slurm job id (array/het part included) or Kubernetes pod UID. Slurm "
+           "reuses job ids (wrap-around, state loss): instance_ts tells those jobs apart."),
+    Column("instance_ts", Integer, nullable=False, default=0, server_default="0",
+           comment="Which job of that id: the submit time (UTC epoch seconds; the start time when the "
+           "scheduler gave no submit time) at the first sighting; 0 for Kubernetes pods (a UID is never "
+           "reused). A later sighting is the same job when its submit time equals the stored one, or, "
+           "if either lacks a submit time, when the start times are equal; a sighting with neither time "
+           "belongs to the latest job of that id. See docs/slurm.md \"Job ids\"."),
     Column("name", Text, nullable=False, default="", comment="Job or pod name (user-controlled text)."),
     Column("user_name", String(255), nullable=False, default="", comment="Owner user."),
     Column("account", String(255), nullable=False, default="",
@@ -82,7 +89,7 @@ allocations = Table(
            comment="GPUs held: sum of shares of allocated_gpus."),
     _ts("first_seen_ts", "First time a collector saw the allocation"),
     _ts("last_seen_ts", "Latest time a collector saw the allocation"),
-    UniqueConstraint("cluster", "source", "external_id"),
+    UniqueConstraint("cluster", "source", "external_id", "instance_ts"),
     Index(None, "cluster", "start_ts", "end_ts"),
     comment="Jobs and pods that held GPUs (the ledger: kept after the scheduler forgets them).",
 )
@@ -111,8 +118,13 @@ reservations = Table(
     Column("id", Integer, primary_key=True, autoincrement=True, comment="Surrogate key."),
     Column("cluster", String(128), nullable=False, comment="Cluster name."),
     Column("name", String(255), nullable=False, comment="Reservation name."),
-    _ts("start_ts", "Reservation start", nullable=False),
-    _ts("end_ts", "Reservation end", nullable=False),
+    Column("slurm_id", String(64), comment="Slurm's reservation id (sacctmgr ID, the ReservationId of "
+           "jobs) when known. Identity: one row per reservation, with its latest definition: a sighting "
+           "with the same name and the same slurm_id, or (id unknown on either side) an overlapping or "
+           "touching span, or both still current when seen, replaces the stored definition."),
+    _ts("start_ts", "Reservation start (the earliest piece when accounting split it on updates)",
+        nullable=False),
+    _ts("end_ts", "Reservation end (the latest piece's end)", nullable=False),
     Column("nodes", JSON, comment="Reserved nodes, a JSON list."),
     Column("gpu_count", Float, nullable=False, default=0.0, comment="GPUs reserved."),
     Column("users", JSON, comment="Users allowed, a JSON list."),
@@ -120,7 +132,8 @@ reservations = Table(
     Column("flags", JSON, comment="Reservation flags, a JSON list."),
     _ts("last_seen_ts", "Latest time a collector saw it"),
     UniqueConstraint("cluster", "name", "start_ts"),
-    comment="Slurm advance reservations.",
+    comment="Slurm advance reservations, one row per reservation (pieces that sacctmgr keeps per "
+            "modification are assembled into one; a moved start or end replaces the old definition).",
 )
 
 gpu_inventory = Table(

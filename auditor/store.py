@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
-from auditor import schema
+from auditor import jsonsafe, schema
 from auditor.errors import StoreError
 from auditor.records import Record
 from auditor.sqlfuncs import greatest
@@ -66,12 +66,13 @@ def make_engine(url: str) -> Engine:
                 Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"store directory for {u.database}: {exc.strerror or exc}") from None
-        engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_MS / 1000})
+        engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_MS / 1000}, json_serializer=jsonsafe.dumps)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
     try:
-        return create_engine(u, pool_pre_ping=True)
+        # JSON columns (evidence, summaries) never get a NaN token: PostgreSQL's json type rejects it
+        return create_engine(u, pool_pre_ping=True, json_serializer=jsonsafe.dumps)
     except ModuleNotFoundError as exc:
         extra = " (pip install 'gpu-audit[postgres]')" if u.get_backend_name() == "postgresql" else ""
         raise StoreError(f"store.url needs the database driver {exc.name!r}, which is not installed{extra}") from None
@@ -85,6 +86,7 @@ class IngestStats:
     inventory: int = 0
     buckets: int = 0
     closed: int = 0
+    quarantined: int = 0  # records refused at ingest (non-finite or absurd shares/GPU counts)
 
     def add(self, other: IngestStats) -> None:
         for k in vars(self):

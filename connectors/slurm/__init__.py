@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -86,17 +86,19 @@ def assemble(reading: Reading, window: Window, cluster: str,
     """Merge running and history views per job, keep jobs that held GPUs in the window, then reservations,
     inventory and, when the running listing was whole, the snapshot that lets the store close the rest."""
     running = {a.external_id: a for a in reading.running}
-    merged: dict[str, Allocation] = {}
+    # a reused job id: history may hold an earlier job of the same id (different submit time)
+    merged: dict[tuple[str, Any], Allocation] = {}
     for h in reading.history:
-        if h.external_id in running:
-            merged[h.external_id] = jobs.merge(h, running.pop(h.external_id))
+        r = running.get(h.external_id)
+        if r is not None and _same_job(h, r):
+            merged[(h.external_id, h.submit or h.start)] = jobs.merge(h, running.pop(h.external_id))
         elif h.end is None and reading.running_complete:
             # accounting says running, slurmctld's whole listing does not: it ended between the two reads
             # (the next read brings its end) or is a runaway record; never re-open what the snapshot closes
             continue
         else:
-            merged[h.external_id] = h
-    merged.update(running)
+            merged[(h.external_id, h.submit or h.start)] = h
+    merged.update(((a.external_id, a.submit or a.start), a) for a in running.values())
     for a in merged.values():
         if not a.gpus or a.start is None or a.start >= window.until:
             continue
@@ -108,6 +110,15 @@ def assemble(reading: Reading, window: Window, cluster: str,
     if reading.running_complete:
         at = reading.running_at or now or datetime.now(UTC)
         yield RunningSnapshot(cluster=cluster, source="slurm", at=at)
+
+
+def _same_job(history: Allocation, running: Allocation) -> bool:
+    """The ledger's rule (auditor.ingest): submit times decide, else start times, else the same id."""
+    if history.submit and running.submit:
+        return history.submit == running.submit
+    if history.start and running.start:
+        return history.start == running.start
+    return True
 
 
 ALLOCATIONS = SlurmAllocations

@@ -148,20 +148,19 @@ class CliBackend:
         except SourceError as exc:  # accounting copy is a bonus; slurmctld's view above still counts
             log.warning("%s (past reservations and ids skipped)", exc)
             text = ""
+        pieces = []
         for lineno, row in jobs.sacct_rows(text, SACCTMGR_FIELDS):
             if isinstance(row, str):
                 problems.skip(src, f"line {lineno}", "wrong number of columns", row)
                 continue
             names[row["ID"]] = row["Name"]
-            if row["Name"] in seen:
-                continue
             try:
-                seen[row["Name"]] = inv.from_sacctmgr_row({**row, "NodeName": row["NodeNames"]},
-                                                          self.cluster, per_node)
+                pieces.append(inv.from_sacctmgr_row({**row, "NodeName": row["NodeNames"]}, self.cluster,
+                                                    per_node))
             except (ValueError, KeyError) as exc:
                 problems.skip(src, f"line {lineno}", str(exc), "|".join(row.values()))
-        reading.reservations = [r for r in seen.values()  # type: ignore[misc]
-                                if r.start < window.until and r.end > window.since]  # type: ignore[attr-defined]
+        reading.reservations = inv.merge_reservations(list(seen.values()), inv.assemble_pieces(pieces),  # type: ignore[arg-type]
+                                                  window, datetime.now(UTC))
         return names
 
     def _history(self, window: Window, problems: Problems, resv_names: dict[str, str]) -> list:
@@ -206,3 +205,4 @@ class CliBackend:
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 problems.skip(src, f"jobs[{i}]", f"bad job object: {exc}", json.dumps(job)[:200])
         return out
+
