@@ -17,7 +17,8 @@ from auditor import config as config_mod
 from auditor.cliapp import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, App, pass_app, time_option, window  # noqa: F401
 from auditor.errors import GpuAuditError
 
-COMMAND_MODULES: list[str] = ["auditor.cli_money", "auditor.cli_serve", "auditor.cli_report", "auditor.cli_db_prune"]
+COMMAND_MODULES: list[str] = ["auditor.cli_money", "auditor.cli_serve", "auditor.cli_report", "auditor.cli_db_prune",
+                             "auditor.cli_enforce"]
 
 
 class Cli(click.Group):

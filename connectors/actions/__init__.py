@@ -1,0 +1,28 @@
+"""Scheduler actions for enforcement (docs/enforcement.md). The collectors stay read-only; everything that
+changes a scheduler lives here, is called only from :mod:`auditor.enforce`, and first re-reads the live
+state (still running? node healthy? owner?) so a decision is never taken on a stale store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class LiveState:
+    """What the scheduler says right now about one allocation, and what acting on it would mean."""
+
+    running: bool
+    state: str = ""
+    target: str = ""  # e.g. "slurm job 1234", "Deployment research/notebook-alice"
+    action: str = "none"  # cancel, requeue, scale_to_zero, suspend_job, delete_job, delete_pod, none
+    blocked: str = ""  # why acting is impossible or unsafe (owner kind, node trouble), "" = fine
+    infra: str = ""  # infrastructure trouble on its nodes, "" = none
+    annotations: dict[str, str] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Actions(Protocol):
+    def inspect(self, alloc: dict[str, Any], policy: Any) -> LiveState: ...
+
+    def execute(self, alloc: dict[str, Any], live: LiveState) -> str: ...
