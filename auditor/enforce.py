@@ -261,6 +261,10 @@ class Run:
         sent = self.notifier.send(msg)
         if not log_it:
             return
+        if not sent:
+            self.log(a, p.name, stage, stage, "skipped", f"{reason}; nobody to tell (no channel routes this, "
+                     "no email address: set email.user_domain, teams[].emails or escalate_to)", ev, target)
+            return
         fresh = [s for s in sent if s["status"] != "throttled"]
         if not fresh:
             self.out["decisions"].append({"target": target, "stage": stage, "decision": "throttled",

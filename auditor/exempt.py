@@ -107,7 +107,11 @@ def add(store: Store, cfg: Config, target: str, until: str, reason: str, *, by: 
         raise GpuAuditError("exempt: --reason must say why")
     when = now or datetime.now(UTC)
     try:
-        until_ts = to_epoch(parse_time(until, now=when))
+        text = until.strip().lower()
+        if text.startswith("now+"):  # relative expiry: now+3days, now+12hours
+            until_ts = to_epoch(when + (when - parse_time("now-" + text[4:], now=when)))
+        else:
+            until_ts = to_epoch(parse_time(until, now=when))
     except ValueError as exc:
         raise GpuAuditError(f"exempt: --until: {exc}") from None
     now_ts = int(when.timestamp())
