@@ -9,6 +9,9 @@ is never printed: errors name the channel, not the URL, and apprise's own log li
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
@@ -25,6 +28,7 @@ from auditor.timeutil import utcnow
 log = logging.getLogger("gpu_audit.channels")
 logging.getLogger("apprise").propagate = False  # its lines could carry URLs (webhook secrets)
 logging.getLogger("apprise").addHandler(logging.NullHandler())
+_QUIET = threading.Lock()
 
 
 @dataclass
@@ -73,6 +77,19 @@ def _record(store: Store, recipient: str, msg: Message) -> None:
             sent_ts=int(utcnow().timestamp()), dry_run=False, message_id=None, period_key=msg.period_key))
 
 
+@contextmanager
+def _quiet_http() -> Iterator[None]:
+    """urllib3 logs request lines (webhook paths are secrets) at DEBUG, e.g. under --debug: mute it meanwhile."""
+    with _QUIET:
+        lg = logging.getLogger("urllib3")
+        old = lg.level
+        lg.setLevel(max(old, logging.WARNING))
+        try:
+            yield
+        finally:
+            lg.setLevel(old)
+
+
 def send_channel(ch: Channel, subject: str, body: str) -> None:
     """Post through apprise; raises a one-line GpuAuditError naming the channel (never its URL)."""
     import apprise
@@ -85,7 +102,9 @@ def send_channel(ch: Channel, subject: str, body: str) -> None:
     ap = apprise.Apprise()
     if not url or not ap.add(f"{url}{sep}cto={ch.timeout_s:g}&rto={ch.timeout_s:g}"):
         raise GpuAuditError(f"channel {ch.name}: the URL is not one apprise understands")
-    if not ap.notify(title=subject, body=body, body_format=apprise.NotifyFormat.TEXT):
+    with _quiet_http():
+        ok = ap.notify(title=subject, body=body, body_format=apprise.NotifyFormat.TEXT)
+    if not ok:
         raise GpuAuditError(f"channel {ch.name}: delivery failed")
 
 
