@@ -9,7 +9,7 @@ import socket
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import insert, or_, select
+from sqlalchemy import func, insert, select
 
 from auditor import schema
 from auditor.config import Config, ExemptionRule
@@ -129,7 +129,7 @@ def active(store: Store, cfg: Config, now: int) -> list[dict[str, Any]]:
     t = schema.exemptions
     out: list[dict[str, Any]] = []
     with store.engine.connect() as conn:
-        for r in conn.execute(select(t).where(t.c.until_ts > now, or_(t.c.revoked_ts.is_(None)))
+        for r in conn.execute(select(t).where(t.c.until_ts > now, t.c.revoked_ts.is_(None))
                               .order_by(t.c.until_ts)).mappings():
             out.append({"scope": f"{r['cluster']}:{r['external_id']}", "reason": r["reason"],
                         "by": r["requested_by"], "until_ts": r["until_ts"], "created_ts": r["created_ts"]})
@@ -143,3 +143,18 @@ def active(store: Store, cfg: Config, now: int) -> list[dict[str, Any]]:
         out.append({"scope": "; ".join(crit), "reason": rule.reason, "by": f"config exemptions[{i}]",
                     "until_ts": until, "created_ts": None})
     return out
+
+
+def report_section(store: Store, cfg: Config, since_ts: int, now_ts: int, when: Any) -> dict[str, Any]:
+    """For reports: exemptions standing now, and the enforcement log since the window start, newest first."""
+    t = schema.enforcement_log
+    with store.engine.connect() as conn:
+        log = [dict(r) for r in conn.execute(select(t).where(t.c.decided_ts >= since_ts)
+                                             .order_by(t.c.id.desc()).limit(cfg.report.top_n)).mappings()]
+        total = conn.execute(select(func.count()).select_from(t).where(t.c.decided_ts >= since_ts)).scalar()
+    ex = active(store, cfg, now_ts)
+    return {"exemptions": [{**e, "until": when(e["until_ts"]) or "no expiry"} for e in ex],
+            "log": [{"when": when(r["decided_ts"]), "target": r["target"], "stage": r["stage"],
+                     "action": r["action"], "decision": r["decision"], "dry_run": bool(r["dry_run"]),
+                     "reason": r["reason"], "actor": r["actor"], "result": r["result"] or ""} for r in log],
+            "log_total": int(total or 0)}
