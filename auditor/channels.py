@@ -21,7 +21,7 @@ from sqlalchemy import insert, select
 from auditor import schema
 from auditor.config import Channel, Config
 from auditor.errors import ConfigError, GpuAuditError
-from auditor.notify import compose, smtp_connect, user_address
+from auditor.notify import compose, safe_header, smtp_connect, user_address
 from auditor.store import Store
 from auditor.timeutil import utcnow
 
@@ -170,3 +170,56 @@ class Notifier:
             except OSError:
                 self._smtp.close()
             self._smtp = None
+
+
+def send_nudges(store: Store, cfg: Config, run_id: int, *, dry_run: bool) -> list[dict[str, Any]]:
+    """The weekly per-team / per-user nudges to channels routed for kind ``nudge``, throttled like email:
+    ``email.nudge_min_days`` between two nudges to one channel, never twice about one allocation."""
+    from collections import defaultdict
+
+    from auditor.notify import nudge_rows
+
+    chans = [c for c in cfg.channels if "nudge" in c.kinds]
+    if not chans:
+        return []
+    rows = nudge_rows(store, cfg, run_id)
+    now = int(utcnow().timestamp())
+    t = schema.notifications
+    last: dict[str, int] = {}
+    seen: dict[str, set[int]] = defaultdict(set)
+    with store.engine.connect() as conn:
+        for r in conn.execute(select(t.c.recipient, t.c.allocation_id, t.c.sent_ts).where(
+                t.c.kind == "channel_nudge", t.c.dry_run.is_(False))):
+            last[r.recipient] = max(last.get(r.recipient, 0), r.sent_ts)
+            seen[r.recipient].add(r.allocation_id)
+    out = []
+    for ch in chans:
+        rcpt = f"channel:{ch.name}"
+        mine = [r for r in rows if (not ch.teams and not ch.users) or r["team"] in ch.teams
+                or r["user"] in ch.users]
+        fresh = [r for r in mine if r["allocation_id"] not in seen[rcpt]]
+        if not fresh:
+            continue
+        if rcpt in last and now - last[rcpt] < cfg.email.nudge_min_days * 86400:
+            out.append({"to": rcpt, "status": "throttled", "reason": "email.nudge_min_days"})
+            continue
+        idle = sum(r["idle_gpu_hours"] for r in fresh)
+        n = len(fresh)
+        subject = f"[gpu-audit] {n} allocation{'s' if n != 1 else ''} held GPUs idle, {idle:,.1f} GPU-hours"
+        body = "\n".join(safe_header(f"- {r['cluster']} {r['source']} {r['job_id']} ({r['user']}, {r['team']}): "
+                                     f"{r['idle_gpu_hours']:,.1f} idle GPU-h, {r['kind']}", 300)
+                         for r in fresh[:cfg.report.top_n])  # one line each: names are user-controlled text
+        if dry_run:
+            out.append({"to": rcpt, "status": "dry_run", "allocations": len(fresh)})
+            continue
+        try:
+            send_channel(ch, subject, body)
+        except GpuAuditError as exc:
+            out.append({"to": rcpt, "status": "failed", "error": str(exc)})
+            continue
+        with store.begin() as conn:
+            conn.execute(insert(t), [{"recipient": rcpt, "kind": "channel_nudge", "allocation_id": r["allocation_id"],
+                                      "sent_ts": now, "dry_run": False, "message_id": None, "period_key": None}
+                                     for r in fresh])
+        out.append({"to": rcpt, "status": "sent", "allocations": len(fresh)})
+    return out

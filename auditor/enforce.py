@@ -32,6 +32,7 @@ from auditor.channels import Message, Notifier
 from auditor.config import Config, Policy
 from auditor.errors import GpuAuditError
 from auditor.money import Pricing
+from auditor.notify import safe_header
 from auditor.store import Store
 from auditor.timeutil import utcnow
 
@@ -252,7 +253,8 @@ class Run:
             emails += [e for t in self.cfg.teams if t.name == a["team"] for e in t.emails]
         what = {"warn": "is idle and will be stopped" if p.act_after_hours else "is idle",
                 "escalate": "is idle (escalated)", "action": "was stopped"}[stage]
-        body = (f"{target} (user {a['user_name'] or '?'}, team {a['team']}) {what}: {reason}.\n"
+        who = safe_header(f"{target} (user {a['user_name'] or '?'}, team {a['team']})", 300)  # user-controlled
+        body = (f"{who} {what}: {reason}.\n"
                 f"Policy {p.name}: warn after {p.warn_after_hours or '-'} h, act after {p.act_after_hours or '-'} h "
                 f"idle. To keep it, ask for an exemption: gpu-audit exempt {a['cluster']}:{a['external_id']} "
                 f"--until ... --reason ...")

@@ -8,6 +8,7 @@ import logging
 import shutil
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,36 @@ def test_dry_run_failure_and_secrets(store: Any, sink: Sink, tmp_path: Path, cap
     text = " ".join([out.out, out.err, caplog.text, repr(res), repr(retry), repr(bad)])
     for secret in SECRETS.values():
         assert secret not in text, "a webhook secret leaked into output"
+
+
+def test_weekly_nudges_to_channels(store: Any, sink: Sink, tmp_path: Path) -> None:
+    """The week of tests/test_report.py: 101 idle and 102 mirage (team ml), 104 half idle on 2 GPUs
+    (vision), 103 working, 105 without telemetry: the nudge-worthy allocations are 101, 102 and 104."""
+    from test_report import T0, WEEK, week_records
+    from test_report import make_cfg as report_cfg
+
+    from auditor.audit import run_audit
+    from auditor.channels import send_nudges
+    from auditor.notify import notify
+
+    store.ingest(week_records(T0 + timedelta(hours=1)))
+    run_id = run_audit(store, report_cfg(), T0, T0 + WEEK).run_id
+    cfg = report_cfg().model_copy(update={"channels": [
+        Channel(name="ops", url=SecretRef(env="GPU_AUDIT_TEST_HOOK_JSON"), kinds=["nudge"]),
+        Channel(name="ml-mattermost", url=SecretRef(env="GPU_AUDIT_TEST_HOOK_MM"), teams=["ml"])]})
+    dry = notify(store, cfg, run_id, dry_run=True, out_dir=tmp_path / "outbox", admin=False)
+    assert dry["channels"] == [{"to": "channel:ops", "status": "dry_run", "allocations": 3},
+                               {"to": "channel:ml-mattermost", "status": "dry_run", "allocations": 2}]
+    assert sink.requests == []
+    res = send_nudges(store, cfg, run_id, dry_run=False)
+    assert [(r["to"], r["status"], r["allocations"]) for r in res] == [("channel:ops", "sent", 3),
+                                                                      ("channel:ml-mattermost", "sent", 2)]
+    ops = next(r["body"] for r in sink.requests if "jsonSECRET" in r["path"])
+    # 101: 8 h idle + 102: 6 h mirage + 104: its idle GPU's 5 h = 19.0 idle GPU-hours
+    assert ops["title"] == "[gpu-audit] 3 allocations held GPUs idle, 19.0 GPU-hours"
+    # one line per allocation even with a CR/LF in a user name (user-controlled text)
+    assert sorted(line.split()[3] for line in ops["message"].splitlines()) == ["101", "102", "104"]
+    mm = next(r["body"] for r in sink.requests if "mmSECRET" in r["path"])
+    assert "101" in mm["text"] and "102" in mm["text"] and "104" not in mm["text"]
+    # never twice about one allocation: a second run sends nothing
+    assert send_nudges(store, cfg, run_id, dry_run=False) == [] and len(sink.requests) == 2
