@@ -34,7 +34,7 @@ from auditor.errors import GpuAuditError
 from auditor.money import Pricing
 from auditor.notify import safe_header
 from auditor.store import Store
-from auditor.timeutil import utcnow
+from auditor.timeutil import floor_to, utcnow
 
 log = logging.getLogger("gpu_audit.enforce")
 H = 3600.0
@@ -128,6 +128,10 @@ class Run:
         self.dry_run = not (apply or cfg.enforce.apply)
         self.now = now or utcnow()
         self.now_ts = int(self.now.timestamp())
+        # windows end at the last whole bucket: collection reads no further, so the bucket in progress
+        # would look unobserved and lower the coverage
+        self.end = floor_to(self.now, cfg.store.bucket_seconds)
+        self.end_ts = int(self.end.timestamp())
         self.key = uuid.uuid4().hex[:16]
         self.actor = exempt.actor()
         self.notifier = Notifier(store, cfg, dry_run=self.dry_run)
@@ -161,7 +165,7 @@ class Run:
         cands = [(a, p) for a in self.running() if (p := policy_for(self.cfg, a)) is not None]
         hours = sorted({h for _, p in cands for h in stage_hours(p).values()})
         clusters = sorted({a["cluster"] for a, _ in cands})
-        judged = {h: judge_window(self.store, self.cfg, h, self.now, clusters) for h in hours}
+        judged = {h: judge_window(self.store, self.cfg, h, self.end, clusters) for h in hours}
         try:
             for a, p in cands:
                 self.decide(a, p, judged)
@@ -178,7 +182,7 @@ class Run:
         blocked: list[tuple[str, str, dict[str, Any]]] = []
         chosen = None
         for stage, h in sorted(stage_hours(p).items(), key=lambda s: STAGES.index(s[0])):
-            status, reason, ev = evaluate(judged[h].get(a["id"]), a, p, stage, h, self.now_ts)
+            status, reason, ev = evaluate(judged[h].get(a["id"]), a, p, stage, h, self.end_ts)
             if status == "idle":
                 chosen = (stage, reason, ev)
                 break

@@ -79,6 +79,21 @@ def telemetry(path: Path, jobs: dict[str, tuple[str, int, float, int]], now: int
                     w.writerow([ts, node, idx, "", metric, value, job])
 
 
+def collect_until_seen(cfg: Path, store: Store, jobs: list[str]) -> None:
+    """Collect until every job is in the store: a collection reads up to the last whole bucket, so a job
+    that started within the current minute (bucket_seconds = 60) shows up one bucket later."""
+    from sqlalchemy import text
+
+    for _ in range(6):
+        gpu_audit(cfg, "collect")
+        with store.engine.connect() as conn:
+            got = {r[0] for r in conn.execute(text("SELECT external_id FROM allocations"))}
+        if set(jobs) <= got:
+            return
+        time.sleep(15)
+    raise AssertionError(f"jobs {sorted(set(jobs) - got)} never collected")
+
+
 def gpu_of(store: Store, job: str) -> tuple[str, int, int]:
     with store.engine.connect() as conn:
         from sqlalchemy import text
@@ -116,10 +131,11 @@ def test_policy_cancels_idle_leaves_exempt_and_working(jobs: dict[str, str], tmp
     cfg = write_config(tmp_path)
     gpu_audit(cfg, "db", "upgrade")
     (tmp_path / "telemetry.csv").write_text("timestamp,host,gpu,uuid,metric,value\n")
-    gpu_audit(cfg, "collect")  # the jobs and their GPU indices, from scontrol
     store = Store.open(f"sqlite:///{tmp_path / 'store.db'}")
+    collect_until_seen(cfg, store, list(jobs.values()))  # the jobs and their GPU indices, from scontrol
     start = max(gpu_of(store, j)[2] for j in jobs.values())
-    time.sleep(max(0.0, start + WINDOW_H * 3600 + 15 - time.time()))  # every job ran longer than the window
+    # every job ran longer than the window, which ends at the last whole minute (bucket_seconds = 60)
+    time.sleep(max(0.0, start + WINDOW_H * 3600 + 75 - time.time()))
     now = int(time.time())
     sm = {"idle": 0.0, "exempt": 0.0, "working": 0.9, "idle_rest": 0.0}
     telemetry(tmp_path / "telemetry.csv", {j: (*gpu_of(store, j)[:2], sm[k], gpu_of(store, j)[2])
@@ -167,10 +183,10 @@ def test_rest_backend_cancels_through_slurmrestd(jobs: dict[str, str], tmp_path:
     cfg = write_config(tmp_path, "rest", "GPU_AUDIT_TEST_SLURM_JWT")
     gpu_audit(cfg, "db", "upgrade")
     (tmp_path / "telemetry.csv").write_text("timestamp,host,gpu,uuid,metric,value\n")
-    gpu_audit(cfg, "collect")
     store = Store.open(f"sqlite:///{tmp_path / 'store.db'}")
+    collect_until_seen(cfg, store, [jobs["idle_rest"]])
     node, idx, start = gpu_of(store, jobs["idle_rest"])
-    time.sleep(max(0.0, start + WINDOW_H * 3600 + 15 - time.time()))
+    time.sleep(max(0.0, start + WINDOW_H * 3600 + 75 - time.time()))
     now = int(time.time())
     telemetry(tmp_path / "telemetry.csv", {jobs["idle_rest"]: (node, idx, 0.0, start)}, now)
     gpu_audit(cfg, "collect")
