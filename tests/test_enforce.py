@@ -194,3 +194,75 @@ def test_exempt_command_records_who_why_until(store: Any, now: datetime) -> None
                                        ("hpc:1", "now+1day", " ", "--reason must say why")]:
         with pytest.raises(GpuAuditError, match=msg):
             exempt.add(store, c, target, until, reason, now=now)
+
+
+@pytest.mark.parametrize("u, status, why", [
+    # 2 h x 1 GPU reserved, all observed: 1 h idle + 1 h busy_unverified -> idle share 50 %, blocked
+    ({"reserved_s": 7200, "observed_s": 7200, "idle_s": 3600, "busy_unverified_s": 3600}, "blocked",
+     "idle 50% < 95% (busy_unverified and GPU-Util-only time do not count as idle)"),
+    # 6840 s idle of 7200 = exactly 95 %: fires (threshold inclusive, 1e-9 tolerance)
+    ({"reserved_s": 7200, "observed_s": 7200, "idle_s": 6840, "working_s": 360}, "idle",
+     "idle 95% of reserved time in the last 2 h >= 95%"),
+    # idle by GPU-Util only: 0 SM-verified idle seconds for the act stage
+    ({"reserved_s": 7200, "observed_s": 7200, "idle_s": 7200, "idle_by_util_s": 7200}, "blocked",
+     "idle 0% < 95% (busy_unverified and GPU-Util-only time do not count as idle)"),
+    # 1.5 h of 2 observed (75 % < 80 %): never judged idle, whatever the rest says
+    ({"reserved_s": 7200, "observed_s": 5400, "idle_s": 5400, "unknown_s": 1800}, "blocked",
+     "telemetry coverage 75% < min_coverage 80% (unknown 0.50 GPU-h is never idle)"),
+    # working: simply not idle (not logged)
+    ({"reserved_s": 7200, "observed_s": 7200, "working_s": 7200}, "not_idle", "idle 0% < 95%"),
+])
+def test_evaluate_never_counts_unknown_or_unverified_as_idle(u: dict, status: str, why: str) -> None:
+    from auditor.enforce import evaluate
+
+    a = {"start_ts": 0}
+    got = evaluate(u, a, Policy(name="p"), "act", 2.0, 7200)
+    assert got[:2] == (status, why)
+    # started 1 h before the window's end: a 2 h stage cannot fire yet
+    assert evaluate(u, {"start_ts": 3600}, Policy(name="p"), "act", 2.0, 7200)[:2] == (
+        "not_idle", "running 1.00 h < 2 h")
+
+
+def test_report_shows_exemptions_and_log(world: tuple[Any, ActionServer], now: datetime) -> None:
+    from auditor.audit import run_audit
+    from auditor.render import render_md, render_text
+    from auditor.report import build_context
+
+    store, srv = world
+    c = cfg()
+    exempt.add(store, c, "k8s:research/prep-then-train", "now+1day", "deadline run", by="tester")
+    enforce(store, c, backends=backends(srv), now=now)
+    run_id = run_audit(store, c, now - timedelta(days=1), now).run_id
+    ctx = build_context(store, c, run_id, now=now)
+    assert [(e["scope"], e["by"], e["reason"]) for e in ctx["enforcement"]["exemptions"]] == [
+        ("k8s:research/prep-then-train", "tester", "deadline run")]
+    assert ctx["enforcement"]["log_total"] == 6
+    md, txt = render_md(ctx), render_text(ctx)
+    assert "## Enforcement" in md and "| k8s:research/prep-then-train |" in md
+    assert "| Deployment research/notebook-alice | act | scale\\_to\\_zero | dry\\_run |" in md  # Markdown-escaped
+    assert "exempt k8s:research/prep-then-train until" in txt and "scale_to_zero dry_run" in txt
+
+
+def test_cli_enforce_exempt_and_log(store_url: str, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from auditor.cli import main
+
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text(f'[store]\nurl = "{store_url}"\n\n[[clusters]]\nname = "hpc"\n')
+    run = CliRunner().invoke
+    assert run(main, ["-c", str(cfg_file), "db", "upgrade"]).exit_code == 0
+    res = run(main, ["-c", str(cfg_file), "enforce"])
+    assert res.exit_code == 0 and "DRY RUN" in res.output and "no [[policies]] configured" in res.output
+    res = run(main, ["-c", str(cfg_file), "--json", "exempt", "hpc:77", "--until", "now+2hours", "--reason",
+                     "final epoch", "--by", "alice"])
+    assert res.exit_code == 0, res.output
+    assert {k: json.loads(res.output)[k] for k in ("cluster", "external_id", "requested_by")} == \
+        {"cluster": "hpc", "external_id": "77", "requested_by": "alice"}
+    bad = run(main, ["-c", str(cfg_file), "exempt", "hpc77", "--until", "now+1day", "--reason", "x"])
+    assert bad.exit_code == 1 and bad.output.strip().startswith("gpu-audit: error: exempt: expected CLUSTER:ID")
+    assert "Traceback" not in bad.output
+    res = run(main, ["-c", str(cfg_file), "enforce-log"])
+    assert res.exit_code == 0 and res.output.strip() == "(empty)"
