@@ -206,6 +206,8 @@ class Policy(Strict):
                                 "less than this share of the window's reserved time.")
     act_on_util_only: bool = Field(False, description="Let idle-by-util time (GPU-Util fallback, no SM "
                                    "activity) count as idle for the act stage; off = only SM-verified idle.")
+    warn_first: bool = Field(False, description="Act only on an allocation whose owner was really warned "
+                             "(a warning sent in an earlier run); until then the act stage warns instead.")
     slurm_action: Literal["cancel", "requeue"] = Field("cancel", description="Slurm: `scancel` the job or "
                                                        "`scontrol requeue` it.")
     job_action: Literal["suspend", "delete"] = Field("suspend", description="Kubernetes Jobs: set "

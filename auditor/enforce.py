@@ -195,7 +195,17 @@ class Run:
                 self.out["not_idle"].append({"target": target, "policy": p.name})
             return
         stage, reason, ev = chosen
+        if stage == "act" and p.warn_first and not self.warned(a["id"]):
+            stage, reason = "warn", f"{reason}; warn_first: acting waits for a warning sent in an earlier run"
         self.act_or_notify(a, p, stage, reason, ev, target)
+
+    def warned(self, allocation_id: int) -> bool:
+        """Whether a real warning about the allocation went out in an earlier run (warn_first)."""
+        t = schema.enforcement_log
+        with self.store.engine.connect() as conn:
+            return conn.execute(select(t.c.id).where(
+                t.c.allocation_id == allocation_id, t.c.stage == "warn", t.c.decision == "done",
+                t.c.dry_run.is_(False), t.c.run_key != self.key).limit(1)).first() is not None
 
     def act_or_notify(self, a: dict[str, Any], p: Policy, stage: str, reason: str, ev: dict[str, Any],
                       target: str) -> None:

@@ -19,7 +19,7 @@ from conftest import need  # noqa: E402
 from http_sink import Sink  # noqa: E402
 
 from auditor.channels import Message, Notifier  # noqa: E402
-from auditor.config import Channel, Config, SecretRef  # noqa: E402
+from auditor.config import Channel, Config, Policy, SecretRef  # noqa: E402
 from auditor.notify import sent_count  # noqa: E402
 
 SECRETS = {"GPU_AUDIT_TEST_HOOK_JSON": "jsonSECRET7f3a", "GPU_AUDIT_TEST_HOOK_MM": "mmSECRET91b2",
@@ -147,3 +147,29 @@ def test_weekly_nudges_to_channels(store: Any, sink: Sink, tmp_path: Path) -> No
     assert "101" in mm["text"] and "102" in mm["text"] and "104" not in mm["text"]
     # never twice about one allocation: a second run sends nothing
     assert send_nudges(store, cfg, run_id, dry_run=False) == [] and len(sink.requests) == 2
+
+
+def test_idle_reservation_owners_are_told_once(store: Any, sink: Sink, tmp_path: Path) -> None:
+    """A 2-GPU reservation for alice, 3 h old, no job in it: the audit finds it idle; enforcement tells its
+    user (routed channel) once, logs it, and never changes the reservation."""
+    from auditor.audit import run_audit
+    from auditor.enforce import enforce, log_rows
+    from auditor.records import Reservation
+    from auditor.timeutil import floor_to, utcnow
+
+    now = floor_to(utcnow(), 300)
+    store.ingest([Reservation("hpc", "resv-a", now - timedelta(hours=3), now + timedelta(hours=5), nodes=["n5"],
+                              gpu_count=2, users=["alice"])])
+    cfg = Config(policies=[Policy(name="p")],
+                 channels=[Channel(name="alice-dm", url=SecretRef(env="GPU_AUDIT_TEST_HOOK_JSON"), users=["alice"])])
+    run_audit(store, cfg, now - timedelta(days=1), now)
+    res = enforce(store, cfg, apply=True, backends=lambda c, s: None, now=now)
+    assert [(d["target"], d["stage"], d["action"], d["decision"], d["result"]) for d in res["decisions"]] == [
+        ("reservation resv-a", "notify", "notify_owners", "done", "channel:alice-dm: sent")]
+    (body,) = [r["body"] for r in sink.requests]
+    # 2 GPUs x 3 h reserved so far, nothing ran: 6.0 of 6.0 GPU-hours idle
+    assert body["message"] == ("reservation resv-a on hpc: 6.0 of 6.0 reserved GPU-hours idle. Release it if it "
+                               "is not needed.")
+    again = enforce(store, cfg, apply=True, backends=lambda c, s: None, now=now)
+    assert again["decisions"] == [] and len(sink.requests) == 1
+    assert [r["stage"] for r in log_rows(store)] == ["notify"]

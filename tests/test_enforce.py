@@ -266,3 +266,32 @@ def test_cli_enforce_exempt_and_log(store_url: str, tmp_path: Path) -> None:
     assert "Traceback" not in bad.output
     res = run(main, ["-c", str(cfg_file), "enforce-log"])
     assert res.exit_code == 0 and res.output.strip() == "(empty)"
+
+
+def test_warn_first_then_act_with_notices_to_a_channel(world: tuple[Any, ActionServer], now: datetime,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from http_sink import Sink
+
+    from auditor.config import Channel, SecretRef
+
+    store, srv = world
+    with Sink() as sink:
+        monkeypatch.setenv("GPU_AUDIT_TEST_HOOK", f"json://127.0.0.1:{sink.port}/hook/s3cret")
+        c = Config(policies=[Policy(name="p", warn_after_hours=1, act_after_hours=2, warn_first=True,
+                                    namespaces=["research"])],
+                   channels=[Channel(name="ops", url=SecretRef(env="GPU_AUDIT_TEST_HOOK"))])
+        exempt.add(store, c, "k8s:research/prep-then-train", "now+1day", "not this one", by="t")
+        first = enforce(store, c, apply=True, backends=backends(srv), now=now)
+        assert [(d["target"], d["stage"], d["decision"]) for d in first["decisions"]] == [
+            ("Deployment research/notebook-alice", "warn", "done"), ("Pod research/prep-then-train", "warn", "skipped")]
+        assert srv.replay.writes == []  # warned, not acted
+        notebook = [r["body"]["message"] for r in sink.requests if "notebook-alice" in r["body"]["message"]]
+        assert len(notebook) == 1 and "will be stopped" in notebook[0] and "warn_first" in notebook[0]
+        second = enforce(store, c, apply=True, backends=backends(srv), now=now)
+        assert [(d["target"], d["stage"], d["decision"]) for d in second["decisions"] if d["stage"] == "act"] == [
+            ("Deployment research/notebook-alice", "act", "done")]  # prep-then-train: exempt, never warned
+        assert len(srv.replay.writes) == 1
+        notices = [r["body"] for r in sink.requests if "notebook-alice" in r["body"]["message"]]
+        assert [n["title"] for n in notices] == [
+            "[gpu-audit] Deployment research/notebook-alice is idle and will be stopped",
+            "[gpu-audit] Deployment research/notebook-alice was stopped"]
