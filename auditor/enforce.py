@@ -205,7 +205,7 @@ class Run:
         with self.store.engine.connect() as conn:
             return conn.execute(select(t.c.id).where(
                 t.c.allocation_id == allocation_id, t.c.stage == "warn", t.c.decision == "done",
-                t.c.dry_run.is_(False), t.c.run_key != self.key).limit(1)).first() is not None
+                t.c.dry_run.is_(False)).limit(1)).first() is not None
 
     def act_or_notify(self, a: dict[str, Any], p: Policy, stage: str, reason: str, ev: dict[str, Any],
                       target: str) -> None:

@@ -159,7 +159,10 @@ def test_idle_reservation_owners_are_told_once(store: Any, sink: Sink, tmp_path:
 
     now = floor_to(utcnow(), 300)
     store.ingest([Reservation("hpc", "resv-a", now - timedelta(hours=3), now + timedelta(hours=5), nodes=["n5"],
-                              gpu_count=2, users=["alice"])])
+                              gpu_count=2, users=["alice"]),
+                  # idle too, but over: nobody is told about a reservation that no longer holds GPUs
+                  Reservation("hpc", "resv-old", now - timedelta(hours=10), now - timedelta(hours=1), nodes=["n6"],
+                              gpu_count=4, users=["alice"])])
     cfg = Config(policies=[Policy(name="p")],
                  channels=[Channel(name="alice-dm", url=SecretRef(env="GPU_AUDIT_TEST_HOOK_JSON"), users=["alice"])])
     run_audit(store, cfg, now - timedelta(days=1), now)
