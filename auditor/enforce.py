@@ -137,6 +137,7 @@ class Run:
         self.notifier = Notifier(store, cfg, dry_run=self.dry_run)
         self.pricing = Pricing(cfg)
         self.acts = 0
+        self.longest = 0.0
         self.out: dict[str, Any] = {"run_key": self.key, "dry_run": self.dry_run, "actor": self.actor,
                                     "decisions": [], "not_idle": []}
 
@@ -164,6 +165,7 @@ class Run:
     def execute(self) -> dict[str, Any]:
         cands = [(a, p) for a in self.running() if (p := policy_for(self.cfg, a)) is not None]
         hours = sorted({h for _, p in cands for h in stage_hours(p).values()})
+        self.longest = max(hours, default=0.0)
         clusters = sorted({a["cluster"] for a, _ in cands})
         judged = {h: judge_window(self.store, self.cfg, h, self.end, clusters) for h in hours}
         try:
@@ -199,6 +201,21 @@ class Run:
             stage, reason = "warn", f"{reason}; warn_first: acting waits for a warning sent in an earlier run"
         self.act_or_notify(a, p, stage, reason, ev, target)
 
+    def maintenance(self, a: dict[str, Any]) -> str:
+        """A maintenance reservation (flag MAINT) on one of the allocation's nodes during the window: the
+        site's own work may be why the GPUs sat idle."""
+        r, g = schema.reservations, schema.allocated_gpus
+        with self.store.engine.connect() as conn:
+            nodes = {n for (n,) in conn.execute(select(g.c.node).where(g.c.allocation_id == a["id"]))}
+            for row in conn.execute(select(r.c.name, r.c.nodes, r.c.flags).where(
+                    r.c.cluster == a["cluster"], r.c.end_ts > self.end_ts - self.longest * H,
+                    r.c.start_ts <= self.now_ts)):
+                flags = {str(f).upper() for f in row.flags or []}
+                hit = sorted(nodes & set(row.nodes or []))
+                if "MAINT" in flags and hit:
+                    return f"maintenance reservation {row.name} on {', '.join(hit)}"
+        return ""
+
     def warned(self, allocation_id: int) -> bool:
         """Whether a real warning about the allocation went out in an earlier run (warn_first)."""
         t = schema.enforcement_log
@@ -228,8 +245,9 @@ class Run:
         if live is not None and not live.running:
             self.log(a, p.name, stage, "none", "skipped", f"not running any more (state {live.state})", ev, target)
             return
-        if live is not None and live.infra:
-            self.log(a, p.name, stage, "none", "skipped", f"infrastructure trouble: {live.infra}", ev, target)
+        infra = (live.infra if live is not None else "") or self.maintenance(a)
+        if infra:
+            self.log(a, p.name, stage, "none", "skipped", f"infrastructure trouble: {infra}", ev, target)
             return
         if stage != "act":
             self.notify(a, p, stage, reason, ev, target)

@@ -295,3 +295,17 @@ def test_warn_first_then_act_with_notices_to_a_channel(world: tuple[Any, ActionS
         assert [n["title"] for n in notices] == [
             "[gpu-audit] Deployment research/notebook-alice is idle and will be stopped",
             "[gpu-audit] Deployment research/notebook-alice was stopped"]
+
+
+def test_maintenance_reservation_is_infrastructure(world: tuple[Any, ActionServer], now: datetime) -> None:
+    """A MAINT reservation on gpu-node-a during the last 2 hours: nothing there is acted on or warned about."""
+    from auditor.records import Reservation
+
+    store, srv = world
+    store.ingest([Reservation("k8s", "maint-a", now - timedelta(hours=1), now + timedelta(hours=1),
+                              nodes=["gpu-node-a"], gpu_count=8, flags=["MAINT", "IGNORE_JOBS"])])
+    enforce(store, cfg(), backends=backends(srv), now=now)
+    why = {r["target"]: r["reason"] for r in log_rows(store) if r["stage"] == "act"}
+    assert why["Deployment research/notebook-alice"] == \
+        "infrastructure trouble: maintenance reservation maint-a on gpu-node-a"
+    assert why["Pod research/prep-then-train"].startswith("would delete_pod")  # gpu-node-b: not affected
