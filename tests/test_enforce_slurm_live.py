@@ -1,7 +1,8 @@
 """Enforcement on the REAL Slurm testbed (scripts/testbed-slurm.sh; run it under the shared lock:
 ``flock /work/spec/slurm.lock python -m pytest tests/test_enforce_slurm_live.py``).
 
-Three one-GPU jobs run: one idle, one idle but exempted with ``gpu-audit exempt``, one working. Their GPUs'
+Three one-GPU jobs run: one idle, one idle but exempted with ``gpu-audit exempt``, one working (plus an
+idle requeueable one of account team-b, whose policy requeues instead of cancelling). Their GPUs'
 telemetry (file connector, long CSV, a sample every 10 s) says idle = SM activity 0.0, working = 0.9.
 The real CLI collects, enforces as a dry run (nothing changes), then with --apply: the idle job is
 cancelled through scancel, the exempt and the working job keep running; the audit log shows why. A
@@ -56,6 +57,13 @@ initial_days = 0.05
 [[clusters.telemetry]]
 kind = "file"
 paths = ["telemetry.csv"]
+
+[[policies]]
+name = "requeue-team-b"
+clusters = ["{CLUSTER}"]
+accounts = ["team-b"]
+act_after_hours = {WINDOW_H}
+slurm_action = "requeue"
 
 [[policies]]
 name = "idle-gpus"
@@ -117,6 +125,7 @@ def jobs() -> Iterator[dict[str, str]]:
         ids["exempt"] = sbatch(*o, "enf-exempt", "--uid=bob", "-A", "team-b", "--wrap", "sleep 900")
         ids["working"] = sbatch(*o, "enf-working", "--uid=carol", "-A", "team-a", "--wrap", "sleep 900")
         ids["idle_rest"] = sbatch(*o, "enf-idle-rest", "--uid=alice", "-A", "team-a", "--wrap", "sleep 900")
+        ids["requeue"] = sbatch(*o, "enf-requeue", "--requeue", "--uid=bob", "-A", "team-b", "--wrap", "sleep 900")
         wait("jobs running", lambda: all(job_state(j) == "RUNNING" for j in ids.values()), timeout=90)
         yield ids
     finally:
@@ -137,7 +146,7 @@ def test_policy_cancels_idle_leaves_exempt_and_working(jobs: dict[str, str], tmp
     # every job ran longer than the window, which ends at the last whole minute (bucket_seconds = 60)
     time.sleep(max(0.0, start + WINDOW_H * 3600 + 75 - time.time()))
     now = int(time.time())
-    sm = {"idle": 0.0, "exempt": 0.0, "working": 0.9, "idle_rest": 0.0}
+    sm = {"idle": 0.0, "exempt": 0.0, "working": 0.9, "idle_rest": 0.0, "requeue": 0.0}
     telemetry(tmp_path / "telemetry.csv", {j: (*gpu_of(store, j)[:2], sm[k], gpu_of(store, j)[2])
                                            for k, j in jobs.items()}, now)
     gpu_audit(cfg, "collect")
@@ -152,21 +161,26 @@ def test_policy_cancels_idle_leaves_exempt_and_working(jobs: dict[str, str], tmp
     assert f"act      dry_run  cancel         slurm job {jobs['idle']}: would cancel: idle 100%" in dry
     assert f"act      skipped  none           slurm job {jobs['exempt']}: exempt (recorded by bob): benchmark" in dry
     assert f"slurm job {jobs['working']}: not idle" in dry
+    assert f"act      dry_run  requeue        slurm job {jobs['requeue']}: would requeue: idle 100%" in dry
     assert all(job_state(j) == "RUNNING" for j in jobs.values())  # a dry run changes nothing
 
     applied = gpu_audit(cfg, "enforce", "--apply")
     assert f"act      done     cancel         slurm job {jobs['idle']}: idle 100%" in applied
     assert f"-> scancel {jobs['idle']}: ok" in applied
+    assert f"act      done     requeue        slurm job {jobs['requeue']}: idle 100%" in applied
+    assert f"-> scontrol requeue {jobs['requeue']}: ok" in applied
     wait("the idle job to end", lambda: job_state(jobs["idle"]) in ("", "COMPLETING", "CANCELLED"), timeout=30)
     assert job_state(jobs["exempt"]) == "RUNNING" and job_state(jobs["working"]) == "RUNNING"
     assert job_state(jobs["idle_rest"]) == "RUNNING"
+    assert job_state(jobs["requeue"]) in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING", "COMPLETING")
     wait("sacct to say CANCELLED", lambda: "CANCELLED" in sh("sacct", "-n", "-X", "-P", "-j", jobs["idle"],
                                                               "-o", "State"), timeout=60)
     log = gpu_audit(cfg, "enforce-log")
     rows = json.loads(gpu_audit(cfg, "--json", "enforce-log"))
     done = [r for r in rows if r["decision"] == "done"]
-    assert [(r["target"], r["action"], r["dry_run"]) for r in done] == [(f"slurm job {jobs['idle']}", "cancel", False)]
-    ev = done[0]["evidence"]
+    assert sorted((r["target"], r["action"], r["dry_run"]) for r in done) == sorted([
+        (f"slurm job {jobs['idle']}", "cancel", False), (f"slurm job {jobs['requeue']}", "requeue", False)])
+    ev = next(r for r in done if r["action"] == "cancel")["evidence"]
     assert ev["live_state"] == "RUNNING" and ev["idle_share"] == 1.0 and ev["coverage"] >= 0.8
     assert not any(r["decision"] in ("done", "dry_run") and jobs["working"] in r["target"] for r in rows)
     (keep / "enforce-dry-run.txt").write_text(dry)
