@@ -344,39 +344,19 @@ class Run:
                          target, "; ".join(f"{s['to']}: {s['status']}" for s in fresh))
 
 
-def default_backends(cfg: Config, base_dir: Path) -> Backends:
-    """Actions from each cluster's first slurm / kubernetes allocation source (its connection settings)."""
-    cache: dict[tuple[str, str], Any] = {}
-
-    def get(cluster: str, source: str) -> Any:
-        if (cluster, source) in cache:
-            return cache[(cluster, source)]
-        backend = None
-        cl = next((c for c in cfg.clusters if c.name == cluster), None)
-        src = next((s for s in (cl.allocations if cl else []) if s.kind == source), None)
-        if src is not None and source == "slurm":
-            from connectors.actions.slurm import SlurmActions
-            from connectors.slurm import SlurmOptions
-
-            backend = SlurmActions(cluster, SlurmOptions.model_validate(src.options()), cfg.enforce)
-        elif src is not None and source == "kubernetes":
-            from connectors.actions.kubernetes import KubernetesActions
-            from connectors.kubernetes import KubernetesOptions
-
-            backend = KubernetesActions(cluster, KubernetesOptions.model_validate(src.options()), base_dir)
-        cache[(cluster, source)] = backend
-        return backend
-
-    return get
-
-
 def enforce(store: Store, cfg: Config, *, apply: bool = False, base_dir: Path = Path("."),
             backends: Backends | None = None, now: datetime | None = None) -> dict[str, Any]:
     """One enforcement pass (dry-run unless ``apply`` or ``enforce.apply``); returns what was decided."""
     if not cfg.policies:
         return {"dry_run": not (apply or cfg.enforce.apply), "decisions": [], "not_idle": [], "acted": 0,
                 "note": "no [[policies]] configured: nothing to enforce"}
-    return Run(store, cfg, apply=apply, backends=backends or default_backends(cfg, base_dir), now=now).execute()
+    from auditor.locks import Lease, default_holder
+    from connectors.actions import from_config
+
+    with Lease(store, "enforce", default_holder(), 900) as lease:  # two runs at once could act twice
+        if not lease.acquired:
+            raise GpuAuditError("another enforcement run holds the `enforce` lease; try again when it ends")
+        return Run(store, cfg, apply=apply, backends=backends or from_config(cfg, base_dir), now=now).execute()
 
 
 def log_rows(store: Store, *, since_ts: int | None = None, limit: int = 200) -> list[dict[str, Any]]:

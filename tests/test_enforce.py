@@ -309,3 +309,29 @@ def test_maintenance_reservation_is_infrastructure(world: tuple[Any, ActionServe
     assert why["Deployment research/notebook-alice"] == \
         "infrastructure trouble: maintenance reservation maint-a on gpu-node-a"
     assert why["Pod research/prep-then-train"].startswith("would delete_pod")  # gpu-node-b: not affected
+
+
+def test_one_enforcement_run_at_a_time(store: Any) -> None:
+    from auditor.errors import GpuAuditError
+    from auditor.locks import Lease
+
+    with Lease(store, "enforce", "someone-else", 300) as held:
+        assert held.acquired
+        with pytest.raises(GpuAuditError, match="another enforcement run holds the `enforce` lease"):
+            enforce(store, cfg(), backends=lambda c, s: None)
+    assert enforce(store, cfg(), backends=lambda c, s: None)["decisions"] == []
+
+
+def test_backends_from_config_use_each_clusters_source() -> None:
+    from connectors.actions import from_config
+    from connectors.actions.slurm import SlurmActions
+
+    c = Config(clusters=[{"name": "hpc", "allocations": [{"kind": "slurm", "backend": "cli", "squeue": "/x/squeue"}]},
+                         {"name": "k8s", "allocations": [{"kind": "kubernetes", "host": "https://10.0.0.1:6443",
+                                                          "token": {"env": TOKEN_ENV}}]}])
+    get = from_config(c, Path("."))
+    slurm = get("hpc", "slurm")
+    assert isinstance(slurm, SlurmActions) and slurm.o.squeue == "/x/squeue"
+    assert isinstance(get("k8s", "kubernetes"), KubernetesActions)
+    assert get("hpc", "kubernetes") is None and get("nope", "slurm") is None
+    assert get("hpc", "slurm") is slurm  # built once per run

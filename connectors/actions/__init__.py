@@ -4,7 +4,9 @@ state (still running? node healthy? owner?) so a decision is never taken on a st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -26,3 +28,29 @@ class Actions(Protocol):
     def inspect(self, alloc: dict[str, Any], policy: Any) -> LiveState: ...
 
     def execute(self, alloc: dict[str, Any], live: LiveState) -> str: ...
+
+
+def from_config(cfg: Any, base_dir: Path) -> Callable[[str, str], Any]:
+    """Actions from each cluster's first slurm / kubernetes allocation source (its connection settings)."""
+    cache: dict[tuple[str, str], Any] = {}
+
+    def get(cluster: str, source: str) -> Any:
+        if (cluster, source) in cache:
+            return cache[(cluster, source)]
+        backend = None
+        cl = next((c for c in cfg.clusters if c.name == cluster), None)
+        src = next((s for s in (cl.allocations if cl else []) if s.kind == source), None)
+        if src is not None and source == "slurm":
+            from connectors.actions.slurm import SlurmActions
+            from connectors.slurm import SlurmOptions
+
+            backend = SlurmActions(cluster, SlurmOptions.model_validate(src.options()), cfg.enforce)
+        elif src is not None and source == "kubernetes":
+            from connectors.actions.kubernetes import KubernetesActions
+            from connectors.kubernetes import KubernetesOptions
+
+            backend = KubernetesActions(cluster, KubernetesOptions.model_validate(src.options()), base_dir)
+        cache[(cluster, source)] = backend
+        return backend
+
+    return get
