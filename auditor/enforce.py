@@ -119,6 +119,15 @@ def evaluate(u: dict[str, float] | None, a: dict[str, Any], p: Policy, stage: st
     return "not_idle", why, ev
 
 
+#: what a scheduler call may raise on an odd answer (connectors raise GpuAuditError for everything known)
+BACKEND_ERRORS = (GpuAuditError, ValueError, KeyError, TypeError, AttributeError)
+
+
+def _one(exc: Exception) -> str:
+    text = " ".join(str(exc).split())[:300]
+    return text if isinstance(exc, GpuAuditError) else f"{type(exc).__name__}: {text}"
+
+
 class Run:
     """One enforcement pass; ``backends(cluster, source)`` gives the scheduler actions (None = none)."""
 
@@ -231,8 +240,9 @@ class Run:
         if backend is not None:
             try:
                 live = backend.inspect(a, p)
-            except GpuAuditError as exc:
-                self.log(a, p.name, stage, "none", "skipped", f"cannot check the live state: {exc}", ev, target)
+            except BACKEND_ERRORS as exc:  # one odd answer must not stop the run: log it, go on
+                self.log(a, p.name, stage, "none", "skipped", f"cannot check the live state: {_one(exc)}", ev,
+                         target)
                 return
             target = live.target or target
             ev = {**ev, "live_state": live.state, **({"nodes": live.detail.get("nodes")} if "nodes" in live.detail
@@ -269,8 +279,8 @@ class Run:
             return
         try:
             result = backend.execute(a, live)
-        except GpuAuditError as exc:
-            self.log(a, p.name, stage, live.action, "failed", reason, ev, target, str(exc))
+        except BACKEND_ERRORS as exc:
+            self.log(a, p.name, stage, live.action, "failed", reason, ev, target, _one(exc))
             return
         self.log(a, p.name, stage, live.action, "done", reason, ev, target, result)
         self.notify(a, p, "action", f"{live.action}: {reason}", ev, target, log_it=False)

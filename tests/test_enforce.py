@@ -335,3 +335,25 @@ def test_backends_from_config_use_each_clusters_source() -> None:
     assert isinstance(get("k8s", "kubernetes"), KubernetesActions)
     assert get("hpc", "kubernetes") is None and get("nope", "slurm") is None
     assert get("hpc", "slurm") is slurm  # built once per run
+
+
+def test_an_odd_scheduler_answer_is_logged_and_the_run_goes_on(world: tuple[Any, ActionServer],
+                                                               now: datetime) -> None:
+    store, srv = world
+    # a pod object without metadata.ownerReferences shape the client expects: a list of strings
+    srv.replay.find("pods", "research", "notebook-alice-6d5f8b7c9-tx2lq")["metadata"]["ownerReferences"] = ["x"]
+    res = enforce(store, cfg(), backends=backends(srv), now=now)
+    got = {d["target"]: d["reason"] for d in res["decisions"] if d["stage"] == "act"}
+    assert got["kubernetes research/notebook-alice-6d5f8b7c9-tx2lq"] == \
+        "cannot check the live state: AttributeError: 'str' object has no attribute 'get'"
+    assert got["Pod research/prep-then-train"].startswith("would delete_pod")  # the others are still decided
+
+
+def test_docs_list_every_action_and_cli_option() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "enforcement.md").read_text()
+    for action in ("cancel", "requeue", "scale_to_zero", "suspend_job", "delete_job", "delete_pod", "notify_owners"):
+        assert f"| {action}" in doc or f"{action} |" in doc or f"| {action} " in doc, action
+    for option in ("--apply", "--until", "--reason", "--by", "--limit", "enforce-log", "exempt CLUSTER:ID"):
+        assert option in doc, option
+    for decision in ("done", "dry_run", "skipped", "failed"):
+        assert decision in doc
