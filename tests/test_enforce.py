@@ -17,6 +17,7 @@ from sqlalchemy import select
 sys.path.insert(0, str(Path(__file__).parent))
 from k8s_actions import ActionServer  # noqa: E402
 from k8s_server import TOKEN  # noqa: E402
+from test_notify import smtp_server  # noqa: E402, F401, F811 (fixture)
 
 from auditor import exempt, schema  # noqa: E402
 from auditor.config import Config, EnforceConfig, ExemptionRule, Policy  # noqa: E402
@@ -357,3 +358,36 @@ def test_docs_list_every_action_and_cli_option() -> None:
         assert option in doc, option
     for decision in ("done", "dry_run", "skipped", "failed"):
         assert decision in doc
+
+
+def test_escalation_goes_to_team_leads_sponsor_and_channel_over_real_smtp(
+        world: tuple[Any, ActionServer], now: datetime, smtp_server: Any) -> None:  # noqa: F811
+    """Slurm job 201 (user dave, account acct -> team ml) idle by GPU-Util for 4 h; policy: warn after 1 h,
+    escalate after 1.5 h, never act. Escalation: the team's emails + escalate_to (an address and a channel);
+    the owner's warning was not sent before, but escalate is the strongest stage that fires, so only it goes."""
+    from http_sink import Sink
+
+    from auditor.config import Channel, EmailConfig, SecretRef, Team
+
+    store, srv = world
+    inbox, port = smtp_server()
+    with Sink() as sink, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPU_AUDIT_TEST_HOOK", f"json://127.0.0.1:{sink.port}/hook")
+        c = Config(policies=[Policy(name="esc", clusters=["hpc"], warn_after_hours=1, escalate_after_hours=1.5,
+                                    escalate_to=["sponsor@example.org", "ops"])],
+                   teams=[Team(name="ml", accounts=["acct"], emails=["ml-lead@example.org"])],
+                   channels=[Channel(name="ops", url=SecretRef(env="GPU_AUDIT_TEST_HOOK"), kinds=["escalate"])],
+                   email=EmailConfig(smtp_host="127.0.0.1", smtp_port=port, security="none",
+                                     sender="gpu-audit@example.org", user_domain="example.org"))
+        res = enforce(store, c, apply=True, backends=lambda cl, s: None, now=now)
+        esc = [d for d in res["decisions"] if d["target"] == "slurm job 201"]
+        assert [(d["stage"], d["decision"]) for d in esc] == [("escalate", "done")]
+        assert esc[0]["result"] == ("channel:ops: sent; sponsor@example.org: sent; ml-lead@example.org: sent")
+        assert sorted(r for e in inbox.envelopes for r in e["rcpt"]) == ["ml-lead@example.org", "sponsor@example.org"]
+        assert all(e["msg"]["Subject"] == "[gpu-audit] slurm job 201 is idle (escalated)" for e in inbox.envelopes)
+        assert len(sink.requests) == 1
+        # job 202 (GPU-Util busy): never escalated; a second run tells nobody twice
+        assert not any(d["target"] == "slurm job 202" and d["decision"] == "done" for d in res["decisions"])
+        again = enforce(store, c, apply=True, backends=lambda cl, s: None, now=now)
+        assert [d["decision"] for d in again["decisions"] if d["target"] == "slurm job 201"] == ["throttled"]
+        assert len(inbox.envelopes) == 2 and len(sink.requests) == 1
