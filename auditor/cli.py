@@ -18,7 +18,7 @@ from auditor.cliapp import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, App, pass_app, tim
 from auditor.errors import GpuAuditError
 
 COMMAND_MODULES: list[str] = ["auditor.cli_money", "auditor.cli_serve", "auditor.cli_report", "auditor.cli_db_prune",
-                              "auditor.cli_job", "auditor.cli_web"]
+                              "auditor.cli_job", "auditor.cli_web", "auditor.cli_enforce"]
 
 
 class Cli(click.Group):

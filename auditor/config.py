@@ -11,6 +11,7 @@ import os
 import stat
 import tomllib
 import warnings
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -200,6 +201,83 @@ class WebConfig(Strict):
     admin_groups: list[str] = Field(default_factory=list, description="Groups whose members see every "
                                     "allocation.")
     page_rows: int = Field(100, ge=1, le=10000, description="Rows per page in the web UI's lists.")
+class Policy(Strict):
+    """When to nudge, escalate and act on an idle allocation (docs/enforcement.md). The first policy whose
+    scope matches an allocation applies; an empty scope list matches everything."""
+
+    name: str = Field(description="Policy name, recorded in the audit log.", pattern=r"^[A-Za-z0-9_.-]+$")
+    clusters: list[str] = Field(default_factory=list, description="Only these clusters (empty = all).")
+    partitions: list[str] = Field(default_factory=list, description="Only these Slurm partitions.")
+    accounts: list[str] = Field(default_factory=list, description="Only these Slurm accounts.")
+    namespaces: list[str] = Field(default_factory=list, description="Only these Kubernetes namespaces.")
+    warn_after_hours: float | None = Field(1.0, gt=0, description="Nudge the owner after this many hours "
+                                           "idle (unset = no warning).")
+    escalate_after_hours: float | None = Field(None, gt=0, description="Tell the team lead / sponsor after "
+                                               "this many hours idle (unset = no escalation).")
+    escalate_to: list[str] = Field(default_factory=list, description="Escalation recipients: email "
+                                   "addresses or channel names (`[[channels]]`); the team's `emails` too.")
+    act_after_hours: float | None = Field(None, gt=0, description="Act after this many hours idle "
+                                          "(unset = never act, only notify).")
+    idle_fraction: float = Field(0.95, gt=0, le=1, description="Share of the reserved GPU time of the "
+                                 "trailing window that must be judged idle (or mirage) for a stage to fire; "
+                                 "unknown and busy_unverified time never count as idle.")
+    min_coverage: float = Field(0.8, ge=0, le=1, description="Never act (or warn) when telemetry covers "
+                                "less than this share of the window's reserved time.")
+    act_on_util_only: bool = Field(False, description="Let idle-by-util time (GPU-Util fallback, no SM "
+                                   "activity) count as idle for the act stage; off = only SM-verified idle.")
+    warn_first: bool = Field(False, description="Act only on an allocation whose owner was really warned "
+                             "(a warning sent in an earlier run); until then the act stage warns instead.")
+    slurm_action: Literal["cancel", "requeue"] = Field("cancel", description="Slurm: `scancel` the job or "
+                                                       "`scontrol requeue` it.")
+    job_action: Literal["suspend", "delete"] = Field("suspend", description="Kubernetes Jobs: set "
+                                                     "`spec.suspend` or delete the Job.")
+    notify_reservations: bool = Field(True, description="Tell the owners of idle advance reservations "
+                                      "(reservations are never changed).")
+
+
+class ExemptionRule(Strict):
+    """A standing exemption from enforcement; every non-empty criterion must match (lists: any of)."""
+
+    reason: str = Field(description="Why, shown in reports and the audit log.")
+    until: datetime | None = Field(None, description="Expiry (TOML date-time, UTC if no offset); unset = "
+                                   "no expiry.")
+    clusters: list[str] = Field(default_factory=list, description="Only in these clusters.")
+    users: list[str] = Field(default_factory=list, description="These users.")
+    accounts: list[str] = Field(default_factory=list, description="These Slurm accounts.")
+    qos: list[str] = Field(default_factory=list, description="These Slurm QOS names.")
+    namespaces: list[str] = Field(default_factory=list, description="These Kubernetes namespaces.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Pods carrying all these labels.")
+
+
+class EnforceConfig(Strict):
+    apply: bool = Field(False, description="Act for real without `--apply` (default: dry-run, decisions "
+                        "are logged but nothing is changed or sent).")
+    max_actions_per_run: int = Field(10, ge=0, description="At most this many acts per run; the rest are "
+                                     "logged as skipped (cap reached).")
+    scancel: str = Field("scancel", description="Path or name of scancel (Slurm cli backend).")
+    exempt_annotation: str = Field("gpu-audit.io/exempt-until", description="Pod annotation holding an "
+                                   "exemption expiry (ISO time), read when deciding.")
+    exempt_reason_annotation: str = Field("gpu-audit.io/exempt-reason", description="Pod annotation "
+                                          "holding the exemption's reason.")
+    infra_node_states: list[str] = Field(
+        ["DOWN", "DRAIN", "DRAINING", "DRAINED", "FAIL", "FAILING", "MAINT", "NOT_RESPONDING", "REBOOT",
+         "POWER_DOWN", "POWERING_DOWN"], description="Slurm node states that mark infrastructure trouble: "
+        "an allocation on such a node is never acted on.")
+
+
+class Channel(Strict):
+    """A chat or webhook destination through apprise (Slack, Teams, Mattermost, generic JSON webhooks)."""
+
+    name: str = Field(description="Channel name (used in `policies[].escalate_to`).",
+                      pattern=r"^[A-Za-z0-9_.-]+$")
+    url: SecretRef = Field(description="The apprise URL, which holds the webhook secret: "
+                           "`{env = \"VAR\"}` or `{file = \"/path\"}`; never in the config file.")
+    teams: list[str] = Field(default_factory=list, description="Messages about these teams go here.")
+    users: list[str] = Field(default_factory=list, description="Messages about these users go here.")
+    kinds: list[Literal["warn", "escalate", "action", "nudge"]] = Field(
+        ["warn", "escalate", "action", "nudge"], description="Which messages: enforcement warn / escalate "
+        "/ action notices and weekly nudges.")
+    timeout_s: float = Field(10, gt=0, description="HTTP timeout in seconds.")
 
 
 class Config(Strict):
@@ -214,6 +292,12 @@ class Config(Strict):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Daemon schedule.")
     report: ReportConfig = Field(default_factory=ReportConfig, description="Report output.")
     web: WebConfig = Field(default_factory=WebConfig, description="The read-only web UI.")
+    policies: list[Policy] = Field(default_factory=list, description="Enforcement policies, first match "
+                                   "wins (docs/enforcement.md).")
+    exemptions: list[ExemptionRule] = Field(default_factory=list, description="Standing exemptions from "
+                                            "enforcement.")
+    enforce: EnforceConfig = Field(default_factory=EnforceConfig, description="Enforcement settings.")
+    channels: list[Channel] = Field(default_factory=list, description="Chat and webhook channels (apprise).")
 
     @field_validator("clusters")
     @classmethod

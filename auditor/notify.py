@@ -297,6 +297,10 @@ def notify(store: Store, cfg: Config, run_id: int, *, dry_run: bool = False, out
     Returns ``{"sent": [...], "skipped": [...]}`` (plain data: the pipeline prints it as JSON)."""
     messages, skipped = build_messages(store, cfg, run_id, admin=admin, teams=teams, users=users, now=now)
     result: dict[str, list[dict[str, Any]]] = {"sent": [], "skipped": skipped}
+    if cfg.channels and (teams or users):  # chat/webhook nudges (auditor.channels), same throttling rules
+        from auditor.channels import send_nudges
+
+        result["channels"] = send_nudges(store, cfg, run_id, dry_run=dry_run)
     if not messages:
         return result
     outdir = Path(out_dir or cfg.report.out_dir)

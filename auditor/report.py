@@ -326,6 +326,10 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
         }
         for key, kinds in SECTION_KINDS.items():
             ctx[key] = findings_table(conn, run_id, kinds, tz, full=full, top_n=n)
+    from auditor.exempt import report_section  # enforcement: active exemptions and the audit log
+
+    ctx["enforcement"] = report_section(store, cfg, run["since_ts"], int((now or utcnow()).timestamp()),
+                                        lambda ts: _when(ts, tz))
     return ctx
 
 

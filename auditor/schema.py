@@ -321,3 +321,48 @@ locks = Table(
     comment="Leases that keep two daemons on one store from running the same job (e.g. sending the "
             "weekly email twice).",
 )
+
+# --- enforcement (docs/enforcement.md): exemptions asked for by people, and the audit log of decisions -------
+
+exemptions = Table(
+    "exemptions", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Surrogate key."),
+    Column("cluster", String(128), nullable=False, comment="Cluster name."),
+    Column("external_id", String(255), nullable=False, comment="Scheduler id of the exempt allocation "
+           "(Slurm job id, or Kubernetes pod UID / namespace/name as given to `gpu-audit exempt`)."),
+    _ts("until_ts", "Exempt until this time", nullable=False),
+    Column("reason", Text, nullable=False, comment="Why (the justification given)."),
+    Column("requested_by", String(255), nullable=False, comment="Who asked (login of whoever ran "
+           "`gpu-audit exempt`, or --by)."),
+    _ts("created_ts", "When recorded", nullable=False),
+    _ts("revoked_ts", "When revoked early; NULL while it stands"),
+    Index(None, "cluster", "external_id"),
+    comment="Exemptions from enforcement for single allocations (`gpu-audit exempt CLUSTER:ID`).",
+)
+
+enforcement_log = Table(
+    "enforcement_log", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Surrogate key."),
+    Column("run_key", String(64), nullable=False, comment="The enforcement run that decided (one id per run)."),
+    _ts("decided_ts", "When decided", nullable=False),
+    Column("cluster", String(128), nullable=False, comment="Cluster name."),
+    Column("allocation_id", Integer, comment="allocations.id, when about an allocation."),
+    Column("reservation_id", Integer, comment="reservations.id, when about a reservation."),
+    Column("target", String(512), nullable=False, comment="What was (or would have been) acted on, e.g. "
+           "`slurm job 1234` or `Deployment research/notebook-alice`."),
+    Column("policy", String(128), nullable=False, default="", comment="Name of the policy that applied."),
+    Column("stage", String(16), nullable=False, comment="warn, escalate, act or notify (reservations)."),
+    Column("action", String(32), nullable=False, comment="cancel, requeue, scale_to_zero, suspend_job, "
+           "delete_job, delete_pod, warn, escalate, notify_owners or none."),
+    Column("decision", String(16), nullable=False, comment="done (acted/sent), dry_run (would have), "
+           "skipped (decided not to act, see reason) or failed."),
+    Column("reason", Text, nullable=False, comment="Why this decision (the rule, or what blocked it)."),
+    Column("actor", String(255), nullable=False, comment="Who ran the enforcement (user@host)."),
+    Column("dry_run", Boolean, nullable=False, default=True, comment="Decided without --apply."),
+    Column("evidence", JSON, comment="Numbers behind the decision: window, idle/unknown/busy_unverified "
+           "hours, coverage, thresholds."),
+    Column("result", Text, comment="What the scheduler answered (one line), or the error."),
+    Index(None, "decided_ts"),
+    Index(None, "allocation_id"),
+    comment="Audit log of enforcement: every action and every decision not to act, with evidence.",
+)

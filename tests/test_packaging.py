@@ -20,6 +20,7 @@ def test_wheel_installs_and_runs_the_demo(tmp_path: Path) -> None:
     wheel = next(dist.glob("gpu_audit-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "auditor/migrations/env.py" in names
+    assert "connectors/actions/kubernetes.py" in names and "connectors/actions/slurm.py" in names
     assert any(n.startswith("auditor/migrations/versions/0001") for n in names)
     assert any(n.startswith("auditor/templates/") for n in names) or not list((ROOT / "templates").iterdir())
     venv = tmp_path / "venv"

@@ -1,0 +1,135 @@
+"""Slurm actions: cancel (``scancel``, or ``DELETE /slurm/vX/job/ID`` with the rest backend) or requeue
+(``scontrol requeue``), after checking that the job still runs and that none of its nodes is in trouble.
+
+Reuses the read backends of :mod:`connectors.slurm` for command running and the slurmrestd client (same
+timeouts, one-line errors, tokens from files or environment, never printed)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from auditor.config import EnforceConfig, Policy
+from auditor.errors import SourceError
+from connectors.actions import LiveState
+from connectors.base import Context
+from connectors.slurm import SlurmAllocations, SlurmOptions
+from connectors.slurm.parse import expand_hostlist, kv_pairs, scontrol_records
+
+_JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+
+
+def _states(value: Any) -> set[str]:
+    """Node state words from ``IDLE+DRAIN``, ``["IDLE", "DRAIN"]`` or ``"mixed"`` + ``state_flags``."""
+    items = value if isinstance(value, list) else re.split(r"[+ ,]", str(value or ""))
+    return {str(s).strip().upper().rstrip("*~#!%$@^-") for s in items if str(s).strip()}
+
+
+class SlurmActions:
+    """Act on one Slurm cluster through the backend its allocation source uses (cli or rest)."""
+
+    def __init__(self, cluster: str, options: SlurmOptions, enforce: EnforceConfig) -> None:
+        self.cluster, self.o, self.enforce = cluster, options, enforce
+        self.reader = SlurmAllocations(Context(cluster), options)
+        self.backend = self.reader.backend
+        if options.backend == "pyslurm":
+            raise SourceError("slurm", "enforcement supports the cli and rest backends, not pyslurm",
+                              transient=False)
+
+    # -- live state ---------------------------------------------------------------------------------
+    def inspect(self, alloc: dict[str, Any], policy: Policy) -> LiveState:
+        job = str(alloc["external_id"])
+        if not _JOB_ID.match(job):
+            return LiveState(False, blocked=f"not a Slurm job id: {job[:40]!r}")
+        state, nodes = self._rest_job(job) if self.o.backend == "rest" else self._cli_job(job)
+        action = "requeue" if policy.slurm_action == "requeue" else "cancel"
+        live = LiveState(state == "RUNNING", state=state or "gone", target=f"slurm job {job}", action=action,
+                         detail={"nodes": nodes})
+        if live.running and self.o.backend == "rest" and action == "requeue":
+            live.blocked = "requeue needs the cli backend (slurmrestd has no requeue call)"
+        if live.running:
+            live.infra = self._node_trouble(nodes)
+        return live
+
+    def _cli_job(self, job: str) -> tuple[str, list[str]]:
+        out = self.backend.run(self.o.squeue, *self._m(), "-h", "-j", job, "-o", "%T|%N")
+        line = next((ln for ln in out.splitlines() if ln.strip()), "")
+        if not line:
+            return "", []
+        state, _, nodelist = line.partition("|")
+        return state.strip().upper(), expand_hostlist(nodelist.strip()) if nodelist.strip() else []
+
+    def _rest_job(self, job: str) -> tuple[str, list[str]]:
+        with self.backend._client() as client:
+            v = self.backend._negotiate(client)
+            data = self.backend.get(client, f"/slurm/{v}/job/{job}", missing_ok=True) or {}
+        jobs = data.get("jobs") or []
+        if not jobs:
+            return "", []
+        j = jobs[0]
+        st = j.get("job_state")
+        state = (st[0] if isinstance(st, list) and st else st or "")
+        return str(state).upper(), expand_hostlist(j.get("nodes") or "") if j.get("nodes") else []
+
+    def _node_trouble(self, nodes: list[str]) -> str:
+        bad_states = {s.upper() for s in self.enforce.infra_node_states}
+        trouble = []
+        for node in nodes:
+            states = self._rest_node(node) if self.o.backend == "rest" else self._cli_node(node)
+            hit = sorted(states & bad_states)
+            if hit:
+                trouble.append(f"{node} {'+'.join(hit)}")
+        return ("node " + ", ".join(trouble)) if trouble else ""
+
+    def _cli_node(self, node: str) -> set[str]:
+        out = self.backend.run(self.o.scontrol, *self._m(), "-o", "show", "node", node)
+        states: set[str] = set()
+        for rec in scontrol_records(out):
+            for k, v in kv_pairs(rec):
+                if k == "State":
+                    states |= _states(v)
+        return states
+
+    def _rest_node(self, node: str) -> set[str]:
+        with self.backend._client() as client:
+            v = self.backend._negotiate(client)
+            data = self.backend.get(client, f"/slurm/{v}/node/{node}", missing_ok=True) or {}
+        out: set[str] = set()
+        for n in data.get("nodes") or []:
+            out |= _states(n.get("state")) | _states(n.get("state_flags") or [])
+        return out
+
+    def _m(self) -> list[str]:
+        return ["-M", self.o.cluster_name] if self.o.cluster_name else []
+
+    # -- acting -------------------------------------------------------------------------------------
+    def execute(self, alloc: dict[str, Any], live: LiveState) -> str:
+        job = str(alloc["external_id"])
+        if live.action == "requeue":
+            self.backend.run(self.o.scontrol, *self._m(), "requeue", job)
+            return f"scontrol requeue {job}: ok"
+        if self.o.backend == "rest":
+            return self._rest_cancel(job)
+        self.backend.run(self.enforce.scancel, *self._m(), job)
+        return f"scancel {job}: ok"
+
+    def _rest_cancel(self, job: str) -> str:
+        with self.backend._client() as client:
+            v = self.backend._negotiate(client)
+            path = f"/slurm/{v}/job/{job}"
+            try:
+                resp = client.delete(path)
+            except httpx.HTTPError as exc:
+                raise SourceError(self.reader.name, f"DELETE {path}: {type(exc).__name__}", transient=True) from None
+        try:
+            errors = (resp.json() or {}).get("errors") or []
+        except ValueError:
+            errors = []
+        if resp.status_code >= 400 or errors:
+            first = errors[0] if errors and isinstance(errors[0], dict) else {}
+            what = " ".join(str(first.get(k, "")) for k in ("error", "description")).strip()[:200]
+            raise SourceError(self.reader.name, f"DELETE {path}: HTTP {resp.status_code} {what}".strip(),
+                              transient=True)
+        return f"DELETE {path}: HTTP {resp.status_code}"
