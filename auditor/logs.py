@@ -22,8 +22,8 @@ def log_safe(text: object) -> str:
 
 _USERINFO = re.compile(r"^(\w[\w+.-]*://[^:/@?#]*):[^@]*@")  # the password of scheme://user:password@
 # query parameters that carry a secret: libpq's password/sslpassword, tokens, keys, signatures
-_SECRET_PARAM = re.compile(r"([?&;][^=&#;]*(?:pass|pwd|secret|token|key|auth|credential|sig)[^=&#;]*=)[^&#;]*",
-                           re.I)
+SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|auth|credential|sig", re.I)
+_SECRET_PARAM = re.compile(rf"([?&;][^=&#;]*(?:{SECRET_PARAM.pattern})[^=&#;]*=)[^&#;]*", re.I)
 
 
 def redact_url(url: str) -> str:
