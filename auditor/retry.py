@@ -48,15 +48,19 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, SourceError) and exc.transient and not getattr(exc, "retried", False)
 
 
-def _wait(state: RetryCallState) -> float:
-    exc = state.outcome.exception() if state.outcome else None
-    base = BACKOFF_S * 2 ** (state.attempt_number - 1)
-    hinted = getattr(exc, "retry_after", None)
-    return max(base, hinted) if hinted is not None else base
+def _waiter(backoff_s: float | None) -> Callable[[RetryCallState], float]:
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        base = (BACKOFF_S if backoff_s is None else backoff_s) * 2 ** (state.attempt_number - 1)
+        hinted = getattr(exc, "retry_after", None)
+        return max(base, hinted) if hinted is not None else base
+
+    return wait
 
 
 def call(fn: Callable[[], T], *, attempts: int = RETRIES, sleep: Callable[[float], None] = time.sleep,
-         before_retry: Callable[[int, BaseException, float], None] | None = None) -> T:
+         before_retry: Callable[[int, BaseException, float], None] | None = None,
+         backoff_s: float | None = None) -> T:
     """``fn()`` with the policy; the last error is raised marked ``retried`` when a retry was possible.
 
     ``before_retry(attempt, error, wait_s)`` is told of each retry (the collector logs it)."""
@@ -68,7 +72,7 @@ def call(fn: Callable[[], T], *, attempts: int = RETRIES, sleep: Callable[[float
             before_retry(state.attempt_number, state.outcome.exception(), state.next_action.sleep)
 
     retrying = Retrying(stop=stop_after_attempt(max(1, attempts)) | stop_before_delay(budget),
-                        wait=_wait, retry=retry_if_exception(_retryable), sleep=sleep, reraise=True,
+                        wait=_waiter(backoff_s), retry=retry_if_exception(_retryable), sleep=sleep, reraise=True,
                         before_sleep=log_it)
     try:
         return retrying(fn)

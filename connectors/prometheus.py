@@ -59,6 +59,14 @@ except ImportError:  # pragma: no cover - depends on the environment
     json_loads = json.loads
 
 
+def _transport_reason(exc: BaseException) -> str:
+    """A connection error's first line, with any secret the library quoted scrubbed."""
+    from auditor.logs import scrub
+
+    text = str(exc).strip()
+    return scrub(text.splitlines()[0]) if text else type(exc).__name__
+
+
 def safe_url(url: str) -> str:
     """The URL without user:password, for messages."""
     parts = urlsplit(url)
@@ -151,32 +159,34 @@ class PrometheusTelemetry:
             self._client = None
 
     def request(self, path: str, data: dict[str, Any], method: str = "POST") -> bytes:
-        """Call the API (POST form, or GET query) with bounded retries; returns the body of a 200 answer."""
+        """Call the API (POST form, or GET query) under the shared retry policy (:mod:`auditor.retry`:
+        ``retries`` + 1 attempts, backoff doubling from ``backoff_s`` or the server's Retry-After, within the
+        source's time budget); returns the body of a 200 answer."""
+        from auditor import retry
+
         o = self.options
-        delay = o.backoff_s
-        for attempt in range(o.retries + 1):
-            last = attempt == o.retries
+
+        def once() -> bytes:
             try:
                 resp = self.client().post(path, data=data) if method == "POST" else \
                     self.client().get(path, params=data)
             except httpx.TimeoutException:
-                if last:
-                    raise SourceError(self.source, f"{path}: no answer within {o.timeout_s:g} s "
-                                      f"(prometheus.timeout_s)", transient=True) from None
+                raise SourceError(self.source, f"{path}: no answer within {o.timeout_s:g} s "
+                                  f"(prometheus.timeout_s)", transient=True) from None
             except httpx.TransportError as exc:
-                if last:
-                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    raise SourceError(self.source, f"{path}: cannot connect: {reason}",
-                                      transient=True) from None
-            else:
-                if resp.status_code == 200:
-                    return resp.content
-                if resp.status_code != 429 and resp.status_code < 500 or last:
-                    raise SourceError(self.source, f"{path}: HTTP {resp.status_code}: {_error_text(resp)}",
-                                      transient=resp.status_code == 429 or resp.status_code >= 500)
-            time.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
+                raise SourceError(self.source, f"{path}: cannot connect: {_transport_reason(exc)}",
+                                  transient=True) from None
+            except (httpx.InvalidURL, httpx.UnsupportedProtocol, ValueError) as exc:
+                # a header value the HTTP library refuses is quoted in its message: never show it
+                raise SourceError(self.source, f"{path}: request not sent: {type(exc).__name__} (check url, "
+                                  "bearer_token and password; values not shown)") from None
+            if resp.status_code == 200:
+                return resp.content
+            transient = resp.status_code == 429 or resp.status_code >= 500
+            raise SourceError(self.source, f"{path}: HTTP {resp.status_code}: {_error_text(resp)}",
+                              transient=transient, retry_after=retry.retry_after(resp.headers.get("Retry-After")))
+
+        return retry.call(once, attempts=o.retries + 1, backoff_s=o.backoff_s, sleep=lambda s: time.sleep(s))
 
     def api(self, path: str, data: dict[str, Any], problems: Problems, method: str = "POST") -> Any:
         return self.decode(self.request(path, data, method), path, problems)

@@ -163,6 +163,7 @@ def test_config_inputs(name: str, spec: dict) -> None:
         config_mod.load(CORPUS / "config" / name)
     msg = str(info.value)
     assert spec["error"] in msg and "\n" not in msg and name in msg
+    assert "SecretPw1" not in msg and "Traceback" not in msg
 
 
 def test_absurd_sacct_gpu_count_is_rejected() -> None:
