@@ -24,6 +24,7 @@ from pydantic import Field
 from auditor.aliases import METRIC_ALIASES, BadValue, host_from_instance, normalise, pick_label
 from auditor.errors import SourceError
 from auditor.records import LABEL_FIELDS, GpuBucket
+from connectors._rows import MAX_FILE_BYTES, read_bounded
 from connectors.base import Context, Options, Problems, Window
 
 
@@ -202,6 +203,9 @@ class ScrapeFiles:
                                  "(for exporters that carry no host label, or carry a pod name).")
         host_label: str | None = Field(None, description="Take the node name from this label only (e.g. "
                                        "`instance`); unset = Hostname, hostname, node, then instance.")
+        max_bytes: int = Field(MAX_FILE_BYTES, ge=1, le=16 * 1024**3, description="Largest scrape file read, "
+                               "in bytes; a larger one fails the source instead of filling memory. Only "
+                               "regular files are read (a FIFO or a link to a device is an error).")
 
     name = "scrape"
 
@@ -223,7 +227,10 @@ class ScrapeFiles:
         builder = BucketBuilder(self.context.cluster, window.bucket_seconds, problems)
         for path in self.files():
             try:
-                text = path.read_text(encoding="utf-8", errors="replace")
+                text = read_bounded(path, self.options.max_bytes).decode("utf-8", errors="replace")
+            except SourceError as exc:
+                raise SourceError(self.name, f"cannot read {path}: {exc.reason}", transient=exc.transient) from None
+            try:
                 mtime = path.stat().st_mtime
             except OSError as exc:
                 raise SourceError(self.name, f"cannot read {path}: {exc.strerror}") from None
