@@ -94,11 +94,12 @@ def previous_fire(trigger: BaseTrigger, now: datetime, horizon: timedelta = time
         return f is not None and f <= now
 
     hi = int(now.timestamp()) + 1  # g(hi) > now: firings are on whole seconds
-    span = 60
-    while not fired_by_now(hi - span):
-        if span > horizon.total_seconds():
+    span, most = 60, int(horizon.total_seconds())
+    while not fired_by_now(hi - min(span, most)):
+        if span >= most:
             return None
         span *= 2
+    span = min(span, most)
     lo = hi - span  # g(lo) <= now < g(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
