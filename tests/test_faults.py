@@ -297,3 +297,51 @@ def test_retry_after_header_forms() -> None:
     assert retry_mod.retry_after("Mon, 30 Nov 2026 08:00:30 GMT", now) == 30.0
     assert retry_mod.retry_after("99999") == retry_mod.MAX_RETRY_AFTER_S
     assert retry_mod.retry_after("soon") is None and retry_mod.retry_after(None) is None
+
+
+def _decoded(p: Path) -> str:
+    """A report's text, or an email's text and HTML parts decoded (their bodies are base64/QP on the wire)."""
+    if p.suffix != ".eml":
+        return p.read_text(encoding="utf-8")
+    import email
+    from email import policy
+
+    msg = email.message_from_bytes(p.read_bytes(), policy=policy.default)
+    return "\n".join(part.get_content() for part in msg.walk() if part.get_content_maintype() == "text")
+
+
+def test_a_10_mb_job_name_makes_small_reports_and_emails(tmp_path: Path, store: Store) -> None:
+    """One idle allocation named with 10 MB (and a 300 kB user and account): every report format but JSON
+    and every email (admin report, team and user nudges, written as .eml) stays under 1 MB and shows the name
+    shortened; the store and the JSON report keep it whole."""
+    from auditor.audit import run_audit
+    from auditor.notify import notify
+    from auditor.render import write_reports
+
+    big = "J" * 10_000_000
+    user = "u" * 300_000
+    a = Allocation("c", "file", "big", name=big, user=user, account="acct", start=T0, end=T0 + timedelta(hours=6),
+                   gpus=[AllocatedGpu("n0", 0, model="h100")])
+    buckets = [GpuBucket("c", "n0", 0, T0 + timedelta(minutes=5 * m), 300, 5, sm_active=0.0, gpu_util=0.0)
+               for m in range(72)]
+    store.ingest([a, *buckets], seen_at_ts=int(T0.timestamp()))
+    cfg = config_mod.parse({"store": {"url": "sqlite://"}, "report": {"out_dir": str(tmp_path / "out")},
+                            "teams": [{"name": "t", "accounts": ["acct"], "emails": ["t@example.org"]}],
+                            "email": {"admin_to": ["ops@example.org"], "user_domain": "example.org"}})
+    run = run_audit(store, cfg, T0, T0 + timedelta(days=1))
+    assert run.summary["findings"], "the idle allocation must be a finding, or the test proves nothing"
+    paths = write_reports(store, cfg, run.run_id, tmp_path / "out")
+    result = notify(store, cfg, run.run_id, dry_run=True, out_dir=tmp_path / "outbox")
+    emails = [Path(e["file"]) for e in result["sent"]]
+    assert {e["kind"] for e in result["sent"]} >= {"admin_report", "team_nudge"}
+    for p in [*paths, *emails]:
+        size = p.stat().st_size
+        if p.suffix == ".json":
+            assert size > 10_000_000 and big in p.read_text()  # the JSON keeps the full name
+        elif p.suffix != ".csv":
+            assert size < 1_000_000, (p.name, size)
+            text = _decoded(p)
+            assert "J" * 100 in text and "J" * 1000 not in text  # shown, shortened
+            assert "10,000,000 characters" in text
+    with store.engine.connect() as c:
+        assert len(c.execute(select(schema.allocations.c.name)).scalar()) == 10_000_000
