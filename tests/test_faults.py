@@ -345,3 +345,38 @@ def test_a_10_mb_job_name_makes_small_reports_and_emails(tmp_path: Path, store: 
             assert "10,000,000 characters" in text
     with store.engine.connect() as c:
         assert len(c.execute(select(schema.allocations.c.name)).scalar()) == 10_000_000
+
+
+def test_config_check_probe_says_which_answer(tmp_path: Path, pg_schema_url: str) -> None:
+    """The real Prometheus testbed (scripts/testbed-prometheus.sh, port 19090) answers, a closed port does not,
+    the PostgreSQL store answers (not migrated yet); `config check` alone would say "config ok"."""
+    import json
+
+    from conftest import need, port_open
+
+    need(port_open("127.0.0.1", 19090), "the Prometheus testbed is not running (scripts/testbed-prometheus.sh up)")
+    (tmp_path / "a.csv").write_text("id,start,gpus\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "{pg_schema_url}"\n[[clusters]]\nname = "c"\n'
+                   '[[clusters.allocations]]\nkind = "file"\npaths = ["a.csv", "missing.csv"]\n'
+                   '[[clusters.telemetry]]\nkind = "prometheus"\nurl = "http://127.0.0.1:19090"\n'
+                   '[[clusters.telemetry]]\nkind = "prometheus"\nurl = "http://127.0.0.1:9"\ntimeout_s = 2\n')
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "auditor", "-c", str(cfg), *args], capture_output=True,
+                              text=True, cwd=REPO, timeout=120)
+
+    assert cli("config", "check").returncode == 0
+    t0 = time.monotonic()
+    res = cli("--json", "config", "check", "--probe")
+    assert res.returncode == 1 and time.monotonic() - t0 < 30
+    probes = {p["what"]: p for p in json.loads(res.stdout)["probes"]}
+    assert probes["store"]["ok"] and "revision none" in probes["store"]["detail"]
+    assert probes["c telemetry[0]:prometheus"]["ok"] and "Prometheus API answers" in \
+        probes["c telemetry[0]:prometheus"]["detail"]
+    assert not probes["c telemetry[1]:prometheus"]["ok"] and "cannot connect" in \
+        probes["c telemetry[1]:prometheus"]["detail"]
+    assert not probes["c allocations[0]:file"]["ok"] and "missing.csv: no such file" in \
+        probes["c allocations[0]:file"]["detail"]
+    text = cli("config", "check", "--probe")
+    assert text.returncode == 1 and "2 of 4 do not answer" in text.stdout and "FAIL c telemetry[1]" in text.stdout
