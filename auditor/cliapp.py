@@ -65,6 +65,19 @@ class App:
 pass_app = click.make_pass_decorator(App)
 
 
+class FiniteRange(click.FloatRange):
+    """A float option within [min, max] that is a real number: NaN and infinity are refused on one line
+    (click's FloatRange lets NaN through, and both overflow later as "unexpected OverflowError")."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
+
+
 def time_option(name: str, help_text: str) -> Callable:
     return click.option(name, help=help_text + " sacct-style: 2026-11-22, 2026-11-22T08:00, now-7days.")
 
