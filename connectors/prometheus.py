@@ -170,6 +170,9 @@ class PrometheusTelemetry:
             try:
                 resp = self.client().post(path, data=data) if method == "POST" else \
                     self.client().get(path, params=data)
+            except httpx.LocalProtocolError:  # its message quotes the offending header value: never shown
+                raise SourceError(self.source, f"{path}: request not sent: a header value is invalid (check "
+                                  "bearer_token, username and password; values not shown)") from None
             except httpx.TimeoutException:
                 raise SourceError(self.source, f"{path}: no answer within {o.timeout_s:g} s "
                                   f"(prometheus.timeout_s)", transient=True) from None

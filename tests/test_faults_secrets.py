@@ -174,3 +174,23 @@ def test_store_urls_are_redacted_in_every_form(url: str, hidden: list[str]) -> N
     shown = redact_url(url)
     assert not [h for h in hidden if h in shown] and "***" in shown
     assert shown.split("/")[2].split("@")[-1] == url.split("/")[2].split("@")[-1]  # host and port stay
+
+
+def test_an_invalid_header_value_is_reworded_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token with a newline in the middle survives stripping; httpx refuses the header and quotes it in
+    its error. The source error says which setting to check, never the value."""
+    from auditor.errors import SourceError
+    from connectors.base import Context
+    from connectors.prometheus import PrometheusTelemetry
+
+    monkeypatch.setenv("SEC_MID", "mid-secret-1\nmid-secret-2")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        conn = PrometheusTelemetry(Context("c"), PrometheusTelemetry.Options(
+            url=f"http://127.0.0.1:{server.server_port}", bearer_token={"env": "SEC_MID"}, retries=0))
+        with pytest.raises(SourceError) as info:
+            conn.request("/api/v1/status/buildinfo", {}, "GET")
+    finally:
+        server.shutdown()
+    assert "header value is invalid" in str(info.value) and "mid-secret" not in str(info.value)
