@@ -39,8 +39,11 @@ MIN_SECRET = 4  # shorter values would scrub ordinary words; such a secret is to
 def register_secret(value: str | None) -> None:
     """Remember a secret this process resolved, so :func:`scrub` hides it wherever it turns up (an HTTP
     library quoting a header in an error, a traceback, a driver message)."""
-    if value and len(value) >= MIN_SECRET:
-        _SECRETS.add(value)
+    if not value:
+        return
+    for form in (value, *value.splitlines(), repr(value)[1:-1]):  # a library may quote a line, or its repr
+        if len(form) >= MIN_SECRET:
+            _SECRETS.add(form)
 
 
 def scrub(text: str) -> str:
