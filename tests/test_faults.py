@@ -386,3 +386,34 @@ def test_config_check_probe_says_which_answer(tmp_path: Path, pg_schema_url: str
         probes["c allocations[0]:file"]["detail"]
     text = cli("config", "check", "--probe")
     assert text.returncode == 1 and "2 of 4 do not answer" in text.stdout and "FAIL c telemetry[1]" in text.stdout
+
+
+def test_run_logs_one_line_per_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A cron log alone says what happened: records and quarantined per source, findings, mails sent."""
+    from auditor.pipeline import run_steps
+
+    monkeypatch.setattr(logging.getLogger("gpu_audit"), "propagate", True)
+    caplog.set_level(logging.INFO, "gpu_audit")
+    (tmp_path / "a.csv").write_text("id,user,start,end,gpus\n1,ann,2026-11-20T00:00:00Z,2026-11-20T06:00:00Z,n0:0\n"
+                                    "2,bob,never,,n0:1\n")
+    (tmp_path / "t.csv").write_text("timestamp,host,gpu,uuid,metric,value\n" + "".join(
+        f"{1795132800 + 300 * i},n0,0,GPU-0,sm_active,0\n" for i in range(72)))
+    cfg = config_mod.parse({"store": {"url": f"sqlite:///{tmp_path / 's.db'}"},
+                            "report": {"out_dir": str(tmp_path / "out")},
+                            "email": {"admin_to": ["ops@example.org"]},
+                            "clusters": [{"name": "c", "initial_days": 30,
+                                          "allocations": [{"kind": "file", "paths": ["a.csv"]}],
+                                          "telemetry": [{"kind": "file", "paths": ["t.csv"]}]}]})
+    store = Store.open(cfg.store.url)
+    store.upgrade()
+    run_steps(store, cfg, ["collect", "audit", "report", "notify"], base_dir=tmp_path, since=T0,
+              until=T0 + timedelta(days=1), dry_run=True, formats=["text"])
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpu_audit.run"]
+    # hand count: 1 allocation + 1 GPU row stored, 1 line quarantined; 72 samples at 5-min spacing = 72 buckets
+    assert any(ln.startswith("step collect ok") and "c allocations[0]:file: 2 records, 1 quarantined" in ln
+               and "c telemetry[0]:file: 72 records, 0 quarantined" in ln for ln in lines), lines
+    assert any(ln.startswith("step audit ok") and "findings (idle_allocation 1" in ln for ln in lines), lines
+    # the admin report goes out; user nudges are skipped (email.user_domain is not set): one skip entry
+    assert any(ln.startswith("step notify ok") and ln.endswith(": 1 mails sent, 1 skipped") for ln in lines), lines
+    assert any(ln.startswith("step report ok") and ln.endswith("2 files written") for ln in lines), lines
