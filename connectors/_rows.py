@@ -21,9 +21,28 @@ MAX_FILE_BYTES = 256 * 1024 * 1024  # a scrape or saved listing larger than this
 READ_TIME_LIMIT_S = 60.0  # reading one file longer than this (a stalled network mount) is an error
 
 
-def check_regular(path: Path) -> None:
+def fixed_dir(pattern: Path) -> Path:
+    """The directory part of a glob pattern before its first wildcard (``/a/b/*/x*.prom`` -> ``/a/b``)."""
+    import glob
+
+    parts = pattern.parts
+    for i, part in enumerate(parts):
+        if glob.has_magic(part):
+            return Path(*parts[:i]) if i else Path(".")
+    return pattern.parent
+
+
+def check_regular(path: Path, inside: Path | None = None) -> None:
     """Only regular files are read: a FIFO would block forever, ``/dev/zero`` never ends, a directory is
-    no file. Links are followed to what they point at, which must be a regular file too."""
+    no file. Links are followed to what they point at, which must be a regular file too and, for a file a
+    glob pattern found (``inside`` = the pattern's directory), stay inside that directory."""
+    if inside is not None:
+        try:
+            path.resolve().relative_to(inside.resolve())
+        except ValueError:
+            raise SourceError(str(path), f"a link leading outside {inside}; not read") from None
+        except OSError as exc:
+            raise SourceError(str(path), f"cannot read: {exc.strerror}") from None
     try:
         st = path.stat()
     except FileNotFoundError:

@@ -20,7 +20,7 @@ from pydantic import Field
 from auditor.aliases import METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
 from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory, Reservation
 from auditor.timeutil import parse_time
-from connectors._rows import check_regular, read_rows, read_sacct_file
+from connectors._rows import check_regular, fixed_dir, read_rows, read_sacct_file
 from connectors.base import Context, Options, Problems, Window
 
 MAX_GPUS = 1024  # per allocation: more is a typo or hostile input, not a job
@@ -208,7 +208,7 @@ def _files(ctx: Context, patterns: list[str]) -> list[Path]:
         full = ctx.path(p)
         matches = sorted(Path(x) for x in glob.glob(str(full))) if any(c in p for c in "*?[") else [full]
         for m in matches:
-            check_regular(m)
+            check_regular(m, fixed_dir(full) if m is not full else None)
             out.append(m)
     return out
 

@@ -24,7 +24,7 @@ from pydantic import Field
 from auditor.aliases import METRIC_ALIASES, BadValue, host_from_instance, normalise, pick_label
 from auditor.errors import SourceError
 from auditor.records import LABEL_FIELDS, GpuBucket
-from connectors._rows import MAX_FILE_BYTES, read_bounded
+from connectors._rows import MAX_FILE_BYTES, check_regular, fixed_dir, read_bounded
 from connectors.base import Context, Options, Problems, Window
 
 
@@ -216,9 +216,16 @@ class ScrapeFiles:
         out: list[Path] = []
         for pattern in self.options.paths:
             p = self.context.path(pattern)
-            matches = sorted(Path(m) for m in glob.glob(str(p))) if glob.has_magic(str(p)) else [p]
+            magic = glob.has_magic(str(p))
+            matches = sorted(Path(m) for m in glob.glob(str(p))) if magic else [p]
             if not matches:
                 raise SourceError(self.name, f"no file matches {pattern}")
+            if magic:  # what a pattern finds must stay inside the pattern's directory
+                for m in matches:
+                    try:
+                        check_regular(m, fixed_dir(p))
+                    except SourceError as exc:
+                        raise SourceError(self.name, f"cannot read {m}: {exc.reason}") from None
             out.extend(matches)
         return out
 

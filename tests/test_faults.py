@@ -417,3 +417,25 @@ def test_run_logs_one_line_per_step(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     # the admin report goes out; user nudges are skipped (email.user_domain is not set): one skip entry
     assert any(ln.startswith("step notify ok") and ln.endswith(": 1 mails sent, 1 skipped") for ln in lines), lines
     assert any(ln.startswith("step report ok") and ln.endswith("2 files written") for ln in lines), lines
+
+
+@pytest.mark.parametrize("connector", ["scrape", "file"])
+def test_a_glob_never_follows_a_link_out_of_its_directory(tmp_path: Path, connector: str) -> None:
+    """``dir/*.prom`` finds ``dir/evil.prom -> /outside/secret.prom``: refused by name; a link inside the
+    directory is read as usual."""
+    ext = "prom" if connector == "scrape" else "csv"
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "outside" / f"secret.{ext}").write_text("timestamp,host,gpu,uuid,metric,value\n")
+    (tmp_path / "d" / f"real.{ext}").write_text("timestamp,host,gpu,uuid,metric,value\n")
+    (tmp_path / "d" / f"alias.{ext}").symlink_to(tmp_path / "d" / f"real.{ext}")
+    cfg = config_mod.parse({"store": {"url": f"sqlite:///{tmp_path / 's.db'}"}, "clusters": [
+        {"name": "c", "telemetry": [{"kind": connector, "paths": [f"d/*.{ext}"]}]}]})
+    store = Store.open(cfg.store.url)
+    store.upgrade()
+    c = cfg.clusters[0]
+    ok = collect_mod.collect_source(store, cfg, c, "telemetry", 0, c.telemetry[0], WINDOW, tmp_path)
+    assert ok.ok, ok.error
+    (tmp_path / "d" / f"evil.{ext}").symlink_to(tmp_path / "outside" / f"secret.{ext}")
+    res = collect_mod.collect_source(store, cfg, c, "telemetry", 0, c.telemetry[0], WINDOW, tmp_path)
+    assert not res.ok and f"evil.{ext}" in res.error and "a link leading outside" in res.error
