@@ -104,7 +104,7 @@ def read_secret_file(path: Path, what: str) -> str:
     if mode & (stat.S_IRGRP | stat.S_IROTH):
         warnings.warn(f"{what}: secret file {path} is readable by group/others; chmod 600 it",
                       stacklevel=2)
-    return text.strip().splitlines()[0] if text.strip() else ""
+    return text.strip().splitlines()[0].strip() if text.strip() else ""
 
 
 class StoreConfig(Strict):

@@ -122,7 +122,7 @@ def _store_dump(url: str) -> str:
 
 def test_secrets_from_files_and_env_are_stripped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "t"
-    f.write_text("  tok-file-1 \n")
+    f.write_text("  tok-file-1 \t\nsecond line\n")
     f.chmod(0o600)
     monkeypatch.setenv("SEC_T", "tok-env-1\r\n")
     assert SecretRef(file=f).resolve("x") == "tok-file-1"
