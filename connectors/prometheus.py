@@ -15,6 +15,7 @@ Prometheus 2.x evaluates an aggregation per step, which made each query ~8x slow
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import math
@@ -295,8 +296,9 @@ class PrometheusTelemetry:
                 for first, last in self.chunks(window):
                     # points at bucket end with `offset 1ms`: each covers exactly [start, start + b)
                     form = {"start": str(first + b), "end": str(last + b), "step": str(b)}
-                    futures = [pool.submit(self.request, "/api/v1/query_range", {"query": q, **form})
-                               for _, _, q in todo]
+                    # each query runs in the collector's context: its retries share the source's time budget
+                    futures = [pool.submit(contextvars.copy_context().run, self.request, "/api/v1/query_range",
+                                           {"query": q, **form}) for _, _, q in todo]
                     try:
                         merged = Merge(self, b, problems)
                         for (kind, what, _), fut in zip(todo, futures, strict=True):
