@@ -25,20 +25,24 @@ class Cli(click.Group):
     """Turns GpuAuditError into one line and exit 1; everything else keeps its traceback under --debug."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from auditor.logs import log_safe, scrub
+
         try:
             return super().invoke(ctx)
-        except GpuAuditError as exc:
-            if _debug(ctx):
-                raise
-            click.echo(f"gpu-audit: error: {exc}", err=True)
-            ctx.exit(EXIT_ERROR)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as exc:
-            if _debug(ctx):
-                raise
-            click.echo(f"gpu-audit: unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                       " (run with --debug for the traceback)", err=True)
+            if _debug(ctx):  # the traceback, with every secret this process resolved scrubbed out of it
+                import traceback
+
+                click.echo(scrub("".join(traceback.format_exception(exc))), err=True, nl=False)
+            text = scrub(str(exc).strip())
+            first = log_safe(text.splitlines()[0]) if text else ""
+            if isinstance(exc, GpuAuditError):
+                click.echo(f"gpu-audit: error: {first}", err=True)
+            else:
+                click.echo(f"gpu-audit: unexpected {type(exc).__name__}: {first}"
+                           " (run with --debug for the traceback)", err=True)
             ctx.exit(EXIT_ERROR)
 
 
@@ -105,14 +109,30 @@ def config_group() -> None:
 
 
 @config_group.command("check")
+@click.option("--probe", is_flag=True, help="Also connect to the store and to every source once and say which "
+              "answer (exit 1 when one does not).")
 @pass_app
-def config_check(app: App) -> None:
+def config_check(app: App, probe: bool) -> None:
     """Validate the config file (every connector's options included); print a summary."""
     cfg = app.cfg
     data = {"clusters": [{"name": c.name, "allocations": [s.kind for s in c.allocations],
                           "telemetry": [s.kind for s in c.telemetry]} for c in cfg.clusters],
             "store": _redacted(cfg.store.url) if not cfg.store.url_env else f"${cfg.store.url_env}",
             "teams": [t.name for t in cfg.teams]}
+    if probe:
+        from dataclasses import asdict
+
+        from auditor.probe import probe_all
+
+        probes = probe_all(cfg, app.base_dir)
+        ok = all(p.ok for p in probes)
+        app.emit({"ok": ok, **data, "probes": [asdict(p) for p in probes]}, lambda: "\n".join(
+            f"{'ok  ' if p.ok else 'FAIL'} {p.what} ({p.target}): {p.detail}" for p in probes)
+            + ("\nconfig ok, everything answers" if ok else
+               f"\nconfig valid, but {sum(not p.ok for p in probes)} of {len(probes)} do not answer"))
+        if not ok:
+            raise click.exceptions.Exit(EXIT_ERROR)
+        return
     app.emit({"ok": True, **data}, lambda: "config ok: " + ", ".join(
         f"{c['name']} (allocations: {', '.join(c['allocations']) or '-'}; telemetry: "
         f"{', '.join(c['telemetry']) or '-'})" for c in data["clusters"]) if data["clusters"]
@@ -120,13 +140,10 @@ def config_check(app: App) -> None:
 
 
 def _redacted(url: str) -> str:
-    """A store URL fit to print: the password, if any, replaced by ***."""
-    from sqlalchemy.engine import make_url
+    """A store URL fit to print: the password, in userinfo or query parameters, replaced by ***."""
+    from auditor.logs import redact_url
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "(unparseable store URL)"
+    return redact_url(url)
 
 
 def _load_command_modules() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from auditor.cliapp import EXIT_ERROR, App, pass_app, time_option, window
+from auditor.cliapp import EXIT_ERROR, App, check_time, pass_app, time_option, window
 from auditor.errors import GpuAuditError
 
 
@@ -65,8 +65,8 @@ def register(main: click.Group) -> None:
         from auditor.timeutil import parse_time
 
         try:
-            s = parse_time(since) if since else None
-            u = parse_time(until) if until else None
+            s = check_time(parse_time(since), "--since") if since else None
+            u = check_time(parse_time(until), "--until") if until else None
         except ValueError as exc:
             raise GpuAuditError(str(exc)) from None
         summary = do_collect(app.store(), app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from auditor.cliapp import App, pass_app, time_option
+from auditor.cliapp import App, FiniteRange, pass_app, time_option
 
 
 def register(main: click.Group) -> None:
@@ -12,9 +12,9 @@ def register(main: click.Group) -> None:
     assert isinstance(db, click.Group)
 
     @db.command("prune")
-    @click.option("--keep-weeks", default=8.0, show_default=True, type=click.FloatRange(min=0),
+    @click.option("--keep-weeks", default=8.0, show_default=True, type=FiniteRange(min=0, max=520),
                   help="Keep 5-minute buckets this many weeks; older ones are rolled up to hourly buckets.")
-    @click.option("--keep-runs-days", default=42.0, show_default=True, type=click.FloatRange(min=0),
+    @click.option("--keep-runs-days", default=42.0, show_default=True, type=FiniteRange(min=0, max=3660),
                   help="Delete audit runs (with their usage and findings) started more than this many days ago; "
                        "the newest official run is always kept.")
     @click.option("--dry-run", is_flag=True, help="Only count what would be rolled up and deleted.")

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import click
 
-from auditor.cliapp import App, pass_app
+from auditor.cliapp import App, FiniteRange, pass_app
 from auditor.errors import GpuAuditError
 
 log = logging.getLogger("gpu_audit.serve")
@@ -30,10 +30,10 @@ def register(main: click.Group) -> None:
     @click.option("--dry-run", is_flag=True, help="The weekly notify step writes .eml files, sends nothing.")
     @click.option("--lease-ttl", default=300, show_default=True, type=click.IntRange(min=5),
                   help="Seconds a job lease lasts if its daemon dies (renewed every third of it).")
-    @click.option("--health-max-age", type=click.FloatRange(min=1), default=None,
+    @click.option("--health-max-age", type=FiniteRange(min=1, max=86_400 * 31), default=None,
                   help="Seconds after which a source's last successful collect is stale for /healthz "
                   "[default: 3 collect periods, at least 900].")
-    @click.option("--every", type=click.FloatRange(min=0.1), default=None,
+    @click.option("--every", type=FiniteRange(min=0.1, max=86_400 * 31), default=None,
                   help="Testing and demos: run collect and audit every this many seconds instead of their "
                   "cron expressions (report and chargeback keep theirs).")
     @click.option("--upgrade-db", is_flag=True, help="Run the store's migrations before starting.")

@@ -65,8 +65,31 @@ class App:
 pass_app = click.make_pass_decorator(App)
 
 
+class FiniteRange(click.FloatRange):
+    """A float option within [min, max] that is a real number: NaN and infinity are refused on one line
+    (click's FloatRange lets NaN through, and both overflow later as "unexpected OverflowError")."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
+
+
 def time_option(name: str, help_text: str) -> Callable:
     return click.option(name, help=help_text + " sacct-style: 2026-11-22, 2026-11-22T08:00, now-7days.")
+
+
+def check_time(dt: datetime | None, option: str) -> datetime | None:
+    """A time option the store can hold (32-bit epoch seconds), else one line naming the option."""
+    from auditor.guard import INT_MAX
+
+    if dt is not None and not 0 <= dt.timestamp() <= INT_MAX:
+        raise GpuAuditError(f"{option} {dt.isoformat()} is out of range (times from 1970-01-01 to "
+                            "2038-01-19 UTC)")
+    return dt
 
 
 def window(app: App, since: str | None, until: str | None) -> tuple[datetime, datetime]:
@@ -74,8 +97,10 @@ def window(app: App, since: str | None, until: str | None) -> tuple[datetime, da
     try:
         end = parse_time(until) if until else utcnow()
         start = parse_time(since, now=end) if since else end - timedelta(days=app.cfg.report.days)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise GpuAuditError(str(exc)) from None
+    check_time(start, "--since")
+    check_time(end, "--until")
     if end <= start:
         raise GpuAuditError(f"--until {end.isoformat()} is not after --since {start.isoformat()}")
     return start, end

@@ -16,19 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import insert
+from sqlalchemy.exc import SQLAlchemyError
 
 import connectors
-from auditor import schema
+from auditor import guard, retry, schema
 from auditor.config import ClusterConfig, Config, SourceConfig
-from auditor.errors import GpuAuditError, SourceError
+from auditor.errors import GpuAuditError, StoreError
 from auditor.store import IngestStats, Store
 from auditor.timeutil import ceil_to, floor_to, from_epoch, to_epoch, utcnow
-from connectors.base import Context, Problems, Window
+from connectors.base import Context, Problems, RunningSnapshot, Window
 
 log = logging.getLogger("gpu_audit.collect")
 
-RETRIES = 3
-BACKOFF_S = 1.0
+RETRIES = retry.RETRIES  # the policy lives in auditor.retry (one for every source)
 
 #: Connector instances kept for the life of the process, so a daemon's connectors keep their state between
 #: collections (a Kubernetes watch's resourceVersion, caches). Keyed by cluster, source and options.
@@ -115,41 +115,108 @@ def _counted(records: Iterable[Any], what: str, progress: Progress | None, every
         progress(what, n, True)
 
 
+def _guarded(records: Iterable[Any], source: str, problems: Problems) -> Iterator[Any]:
+    """Records made storable (:mod:`auditor.guard`); one that cannot be is quarantined, the rest go on."""
+    for rec in records:
+        if isinstance(rec, RunningSnapshot):
+            yield rec
+            continue
+        try:
+            yield guard.clean(rec)
+        except (guard.Unstorable, ValueError, TypeError, OverflowError, RecursionError) as exc:
+            location, excerpt = guard.describe(rec)
+            problems.skip(source, location, str(exc).splitlines()[0] if str(exc) else type(exc).__name__, excerpt)
+
+
+def _attempt(store: Store, cluster: ClusterConfig, role: str, index: int, src: SourceConfig, window: Window,
+             base_dir: Path, progress: Progress | None) -> tuple[IngestStats, Problems]:
+    """One attempt at a source: read, store (refused records quarantined), then quarantine + watermark."""
+    key = source_key(role, index, src)
+    problems = Problems()
+    conn = connector_for(cluster.name, role, index, src, base_dir)
+    seen = to_epoch(min(window.until, utcnow())) or 0
+
+    def refused(rec: Any, reason: str) -> None:
+        location, excerpt = guard.describe(rec)
+        problems.skip(key, location, reason, excerpt)
+
+    records = _guarded(_counted(conn.collect(window, problems), f"{cluster.name} {key}", progress), key, problems)
+    stats: IngestStats = store.ingest(records, seen_at_ts=seen, on_bad=refused)
+    _finish(store, cluster.name, key, problems, to_epoch(window.until) or 0)
+    return stats, problems
+
+
 def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str, index: int,
                    src: SourceConfig, window: Window, base_dir: Path,
                    sleep: Callable[[float], None] = time.sleep, progress: Progress | None = None) -> SourceResult:
+    """Collect one source under the retry policy (:mod:`auditor.retry`). Any error, expected or not, fails
+    this source only: it is reported on one line and the other sources go on."""
     key = source_key(role, index, src)
-    res = SourceResult(cluster.name, key, False, window.since.isoformat(), window.until.isoformat())
+    res = SourceResult(cluster.name, key, False, window.since.isoformat(), window.until.isoformat(), attempts=0)
     t0 = time.monotonic()
-    for attempt in range(1, RETRIES + 1):
-        res.attempts = attempt
-        problems = Problems()
-        try:
-            conn = connector_for(cluster.name, role, index, src, base_dir)
-            seen = to_epoch(min(window.until, utcnow()))
-            records = _counted(conn.collect(window, problems), f"{cluster.name} {key}", progress)
-            stats: IngestStats = store.ingest(records, seen_at_ts=seen)
-            with store.begin() as c:
-                _quarantine(c, cluster.name, problems)
-                store.set_watermark(c, cluster.name, key, to_epoch(window.until) or 0)
-            res.ok, res.error = True, ""
-            res.stats = asdict(stats)
-            res.skipped, res.clamped = problems.total, sum(problems.clamped.values())
-            break
-        except SourceError as exc:
-            res.error = str(exc)
-            if exc.transient and attempt < RETRIES:
-                log.warning("%s %s: %s (attempt %d of %d, retrying)", cluster.name, key, exc, attempt, RETRIES)
-                sleep(BACKOFF_S * 2 ** (attempt - 1))
-                continue
-            break
-        except GpuAuditError as exc:
-            res.error = str(exc)
-            break
+
+    def attempt() -> tuple[IngestStats, Problems]:
+        res.attempts += 1
+        return _attempt(store, cluster, role, index, src, window, base_dir, progress)
+
+    def before_retry(n: int, exc: BaseException, wait: float) -> None:
+        log.warning("%s %s: %s (attempt %d of %d, retrying in %.0f s)", cluster.name, key, exc, n,
+                    retry.RETRIES, wait)
+
+    try:
+        with retry.budget(retry.SOURCE_BUDGET_S):
+            stats, problems = retry.call(attempt, sleep=sleep, before_retry=before_retry)
+        res.ok, res.error = True, ""
+        res.stats = asdict(stats)
+        res.skipped, res.clamped = problems.total, sum(problems.clamped.values())
+    except GpuAuditError as exc:
+        res.error = _one_line(str(exc))
+    except SQLAlchemyError as exc:
+        res.error = f"store: {_one_line(str(getattr(exc, 'orig', None) or exc))}"
+    except Exception as exc:  # a reader bug must cost this source, not the run
+        res.error = f"internal error reading the source ({type(exc).__name__}): {_one_line(str(exc))}"
+        log.debug("%s %s: traceback", cluster.name, key, exc_info=True)
+    res.attempts = max(res.attempts, 1)
     res.seconds = round(time.monotonic() - t0, 3)
-    if not res.ok:
+    if res.ok:
+        log.info("%s %s: %s; %d bad records quarantined; %.1f s", cluster.name, key,
+                 ", ".join(f"{k} {v}" for k, v in res.stats.items() if v) or "nothing new", res.skipped,
+                 res.seconds)
+    else:
         log.error("%s %s failed: %s", cluster.name, key, res.error)
     return res
+
+
+def _one_line(text: str) -> str:
+    from auditor.logs import scrub
+
+    text = text.strip()
+    return scrub(text.splitlines()[0])[:500] if text else "(no message)"
+
+
+QUARANTINE_TEXT = 2000  # characters kept of a quarantined record's source, location and reason
+
+
+def _finish(store: Store, cluster: str, key: str, problems: Problems, watermark: int) -> None:
+    """Quarantine rows and the watermark in one transaction. Quarantine rows the store refuses (it never
+    should: NULs are removed, lengths capped) are logged and dropped rather than keep the watermark stuck
+    and the source re-read forever."""
+    try:
+        with store.begin() as c:
+            _quarantine(c, cluster, problems)
+            store.set_watermark(c, cluster, key, watermark)
+        return
+    except (SQLAlchemyError, StoreError) as exc:
+        if not problems.items:
+            raise
+        log.error("%s %s: %d quarantined records could not be stored (%s); they are in the log above only",
+                  cluster, key, len(problems.items), _one_line(str(getattr(exc, "orig", None) or exc)))
+    with store.begin() as c:
+        store.set_watermark(c, cluster, key, watermark)
+
+
+def _clip(text: object, n: int = QUARANTINE_TEXT) -> str:
+    return str(text).replace("\x00", "")[:n]
 
 
 def _quarantine(conn: Any, cluster: str, problems: Problems) -> None:
@@ -157,8 +224,8 @@ def _quarantine(conn: Any, cluster: str, problems: Problems) -> None:
         return
     now = int(utcnow().timestamp())
     conn.execute(insert(schema.quarantined_records), [
-        {"collected_ts": now, "cluster": cluster, "source": s[:255], "location": loc[:255], "reason": reason,
-         "excerpt": excerpt} for s, loc, reason, excerpt in problems.items])
+        {"collected_ts": now, "cluster": cluster, "source": _clip(s), "location": _clip(loc),
+         "reason": _clip(reason), "excerpt": _clip(excerpt, 200)} for s, loc, reason, excerpt in problems.items])
 
 
 def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | None = None,

@@ -20,6 +20,44 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from auditor.errors import ConfigError
 
 ENV_VAR = "GPU_AUDIT_CONFIG"
+MAX_DAYS = 3660  # ten years: the bound of every span in days (larger ones overflow dates later)
+
+
+def check_timezone(name: str) -> str:
+    """An IANA time zone name, checked now so the daemon and the reports cannot fail on it later."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValueError(f"unknown time zone {name[:60]!r} (an IANA name such as Europe/Berlin)") from None
+    return name
+
+
+def check_url(value: str, what: str) -> None:
+    """A URL whose port is a number in 1..65535 (urllib only notices when a request is made)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value.strip())
+        parts.port  # noqa: B018 - raises ValueError on a port out of range or not a number
+    except ValueError:
+        raise ConfigError(f"{what}: bad port in URL (a number from 1 to 65535)") from None
+    if parts.port == 0:
+        raise ConfigError(f"{what}: bad port in URL (a number from 1 to 65535)")
+
+
+def check_store_url(value: str, what: str) -> None:
+    """A SQLAlchemy URL that parses, with a valid port; never echoes the URL (it may hold a password)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        u = make_url(value.strip())
+    except (ArgumentError, ValueError):
+        raise ValueError(f"{what} is not a valid SQLAlchemy URL (value not shown)") from None
+    if u.port is not None and not 1 <= u.port <= 65535:
+        raise ValueError(f"{what}: port {u.port} is not in 1..65535")
 
 
 class Strict(BaseModel):
@@ -40,13 +78,21 @@ class SecretRef(Strict):
             value = os.environ.get(self.env)
             if value is None:
                 raise ConfigError(f"{what}: environment variable {self.env} is not set")
-            return value
+            return remember_secret(value.strip())  # a trailing newline would end up in a header
         if self.file:
-            return read_secret_file(self.file, what)
+            return remember_secret(read_secret_file(self.file, what))
         return None
 
     def __repr__(self) -> str:
         return f"SecretRef(env={self.env!r}, file={str(self.file) if self.file else None!r})"
+
+
+def remember_secret(value: str) -> str:
+    """Register a resolved secret so every log line and CLI error scrubs it (see auditor.logs.scrub)."""
+    from auditor.logs import register_secret
+
+    register_secret(value)
+    return value
 
 
 def read_secret_file(path: Path, what: str) -> str:
@@ -59,7 +105,7 @@ def read_secret_file(path: Path, what: str) -> str:
     if mode & (stat.S_IRGRP | stat.S_IROTH):
         warnings.warn(f"{what}: secret file {path} is readable by group/others; chmod 600 it",
                       stacklevel=2)
-    return text.strip().splitlines()[0] if text.strip() else ""
+    return text.strip().splitlines()[0].strip() if text.strip() else ""
 
 
 class StoreConfig(Strict):
@@ -67,15 +113,25 @@ class StoreConfig(Strict):
     url_env: str | None = Field(None, description="Environment variable holding the store URL "
                                 "(use it when the URL carries a password); overrides `url`.")
     bucket_seconds: int = Field(300, ge=60, le=3600, description="Telemetry bucket length in seconds.")
-    batch_rows: int = Field(50_000, ge=100, description="Rows per ingest transaction.")
+    batch_rows: int = Field(50_000, ge=100, le=10_000_000, description="Rows per ingest transaction.")
 
     def resolved_url(self) -> str:
         if self.url_env:
-            value = os.environ.get(self.url_env)
+            value = (os.environ.get(self.url_env) or "").strip()
             if not value:
                 raise ConfigError(f"store.url_env: environment variable {self.url_env} is not set")
+            try:
+                check_store_url(value, "store.url_env")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
             return value
         return self.url
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        check_store_url(v, "store.url")
+        return v.strip()
 
 
 class SourceConfig(BaseModel):
@@ -89,14 +145,15 @@ class SourceConfig(BaseModel):
 
 
 class ClusterConfig(Strict):
-    name: str = Field(description="Cluster name, as stored and reported.", pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(description="Cluster name, as stored and reported.", pattern=r"^[A-Za-z0-9_.-]+$",
+                      max_length=128)
     allocations: list[SourceConfig] = Field(default_factory=list,
                                             description="Allocation sources (Slurm, Kubernetes, files).")
     telemetry: list[SourceConfig] = Field(default_factory=list,
                                           description="Telemetry sources (Prometheus, files).")
-    overlap_minutes: int = Field(30, ge=0, description="Each collection re-reads this much before the "
-                                 "watermark, so late data is picked up; ingest is idempotent.")
-    initial_days: float = Field(7, gt=0, description="How far back the first collection reads.")
+    overlap_minutes: int = Field(30, ge=0, le=MAX_DAYS * 1440, description="Each collection re-reads this "
+                                 "much before the watermark, so late data is picked up; ingest is idempotent.")
+    initial_days: float = Field(7, gt=0, le=MAX_DAYS, description="How far back the first collection reads.")
 
 
 class Thresholds(Strict):
@@ -160,14 +217,14 @@ class EmailConfig(Strict):
     username: str | None = Field(None, description="SMTP user (password from `email.password`).")
     password: SecretRef = Field(default_factory=SecretRef, description="SMTP password: "
                                 "`{env = \"VAR\"}` or `{file = \"/path\"}`.")
-    timeout_s: float = Field(30, gt=0, description="SMTP timeout in seconds.")
+    timeout_s: float = Field(30, gt=0, le=3600, description="SMTP timeout in seconds.")
     sender: str = Field("gpu-audit@localhost", description="From address.")
     reply_to: str | None = Field(None, description="Reply-To address.")
     admin_to: list[str] = Field(default_factory=list, description="Recipients of the weekly admin report.")
     cc: list[str] = Field(default_factory=list, description="Cc on every message.")
     user_domain: str | None = Field(None, description="User nudges go to user@this domain; unset = no "
                                     "user nudges.")
-    nudge_min_days: float = Field(7, ge=0, description="Minimum days between two nudges to one person.")
+    nudge_min_days: float = Field(7, ge=0, le=MAX_DAYS, description="Minimum days between two nudges to one person.")
     verify_tls: bool = Field(True, description="Verify the SMTP server's certificate.")
 
 
@@ -177,15 +234,40 @@ class ScheduleConfig(Strict):
     audit: str = Field("7 * * * *", description="Cron: audit the last days.")
     report: str = Field("0 8 * * mon", description="Cron: weekly report and nudges.")
     chargeback: str = Field("0 6 1 * *", description="Cron: monthly chargeback files.")
-    misfire_grace_s: int = Field(600, ge=1, description="A job this late still runs (once).")
+    misfire_grace_s: int = Field(600, ge=1, le=86_400 * 31, description="A job this late still runs (once).")
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        return check_timezone(v)
+
+    @field_validator("collect", "audit", "report", "chargeback")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        from datetime import UTC, datetime
+
+        from apscheduler.triggers.cron import CronTrigger
+
+        try:
+            trigger = CronTrigger.from_crontab(v, timezone="UTC")
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"bad cron expression {v[:80]!r}: {str(exc).splitlines()[0][:120]}") from None
+        if trigger.get_next_fire_time(None, datetime.now(UTC)) is None:
+            raise ValueError(f"cron expression {v[:80]!r} never fires (an impossible date such as 31 February)")
+        return v
 
 
 class ReportConfig(Strict):
     out_dir: Path = Field(Path("reports"), description="Where report and chargeback files are written "
                           "(relative to the config file's directory).")
     timezone: str = Field("UTC", description="Timezone for times shown in reports.")
-    top_n: int = Field(25, ge=1, description="Rows in each report table before it is cut.")
-    days: float = Field(7, gt=0, description="Default audit/report window in days.")
+    top_n: int = Field(25, ge=1, le=100_000, description="Rows in each report table before it is cut.")
+    days: float = Field(7, gt=0, le=MAX_DAYS, description="Default audit/report window in days.")
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        return check_timezone(v)
 
 
 class WebConfig(Strict):
@@ -201,6 +283,8 @@ class WebConfig(Strict):
     admin_groups: list[str] = Field(default_factory=list, description="Groups whose members see every "
                                     "allocation.")
     page_rows: int = Field(100, ge=1, le=10000, description="Rows per page in the web UI's lists.")
+
+
 class Policy(Strict):
     """When to nudge, escalate and act on an idle allocation (docs/enforcement.md). The first policy whose
     scope matches an allocation applies; an empty scope list matches everything."""
@@ -322,7 +406,7 @@ def one_line(exc: ValidationError, prefix: str = "") -> str:
     first = errs[0]
     loc = _loc(tuple(first["loc"]))
     path = f"{prefix}.{loc}" if prefix and loc != "(top level)" else (prefix or loc)
-    msg = first["msg"].replace("Extra inputs are not permitted", "unknown key")
+    msg = first["msg"].replace("Extra inputs are not permitted", "unknown key").removeprefix("Value error, ")
     more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
     return f"{path}: {msg}{more}"
 
@@ -343,6 +427,9 @@ def validate_sources(cfg: Config) -> None:
                     cls.Options.model_validate(src.options())
                 except ValidationError as exc:
                     raise ConfigError(one_line(exc, where)) from None
+                for key, value in src.options().items():
+                    if isinstance(value, str) and (key.endswith("url") or key == "host") and "://" in value:
+                        check_url(value, f"{where}.{key}")
 
 
 def parse(data: dict[str, Any], origin: str = "config") -> Config:

@@ -22,8 +22,11 @@ class InputError(GpuAuditError):
 class SourceError(GpuAuditError):
     """A whole source (scheduler, API, exporter) failed: down, slow, refused or answered garbage."""
 
-    def __init__(self, source: str, reason: str, *, transient: bool = False) -> None:
+    def __init__(self, source: str, reason: str, *, transient: bool = False,
+                 retry_after: float | None = None) -> None:
         self.source, self.reason, self.transient = source, reason, transient
+        self.retry_after = retry_after  # seconds the server asked us to wait (Retry-After), if it did
+        self.retried = False  # set once the retry policy has spent its attempts on it
         super().__init__(f"{source}: {reason}")
 
 

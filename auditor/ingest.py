@@ -289,7 +289,78 @@ def close_unseen(conn: Connection, cluster: str, source: str, seen: int, account
     return res.rowcount or 0
 
 
-def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> IngestStats:
+def _write(conn: Connection, allocs: list[Allocation], resv: list[Reservation], inv: list[GpuInventory],
+           buckets: list[GpuBucket], seen: int, cache: dict[tuple, int], stats: IngestStats) -> None:
+    if resv:  # first: jobs named by reservation id only look their reservation up
+        stats.reservations += ingest_reservations(conn, resv, seen)
+    if allocs:
+        name_reservations(conn, allocs)
+        n, ng = ingest_allocations(conn, allocs, seen)
+        stats.allocations += n
+        stats.allocated_gpus += ng
+    if inv:
+        stats.inventory += ingest_inventory(conn, inv, seen)
+    if buckets:
+        stats.buckets += ingest_buckets(conn, buckets, cache)
+
+
+def _finish(conn: Connection, snapshots: list[Any], clusters: set[str], seen: int, stats: IngestStats) -> None:
+    for s in snapshots:
+        stats.closed += close_unseen(conn, s.cluster, s.source, seen, s.accounts)
+    upsert(conn, schema.clusters, [{"name": c, "first_seen_ts": seen, "last_seen_ts": seen} for c in sorted(clusters)],
+           ("name",), {"first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
+                       "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts)})
+
+
+OnBad = Callable[[Record, str], None]
+
+
+def _reason(exc: BaseException) -> str:
+    """One line from a driver error, without the SQL statement or parameters SQLAlchemy appends."""
+    from auditor.logs import scrub
+
+    msg = str(getattr(exc, "orig", None) or exc).strip()
+    return scrub(msg.splitlines()[0] if msg else type(exc).__name__)[:300]
+
+
+def _row_by_row(store: Store, records: list[Record], seen: int, cache: dict[tuple, int], stats: IngestStats,
+                on_bad: OnBad, final: Callable[[Connection], None] | None) -> None:
+    """After a batch failed: each record in its own savepoint, so the bad ones are quarantined and the rest
+    committed in one transaction (nothing half-written: a record and its GPUs go in or stay out together).
+    Every record failing alike is the store's fault, not the records': that is raised."""
+    from sqlalchemy.exc import DBAPIError
+
+    from auditor.errors import StoreError
+
+    failures: list[tuple[Record, str]] = []
+    with store.begin() as conn:
+        for rec in records:
+            key = _BUCKET_KEY(rec) if isinstance(rec, GpuBucket) else None
+            had = key in cache if key else True
+            one = type(stats)()
+            try:
+                with conn.begin_nested():
+                    _write(conn, *(([rec] if isinstance(rec, cls) else []) for cls in
+                                   (Allocation, Reservation, GpuInventory, GpuBucket)), seen, cache, one)
+            except Exception as exc:
+                if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+                    raise StoreError(f"store {store.redacted_url()}: connection lost: {_reason(exc)}") from None
+                if not had:
+                    cache.pop(key, None)  # its telemetry_gpus row was rolled back with the savepoint
+                failures.append((rec, _reason(exc)))
+                continue
+            stats.add(one)
+        if len(failures) == len(records) > 3 and len({r for _, r in failures}) == 1:
+            raise StoreError(f"store {store.redacted_url()}: every record of a batch failed: {failures[0][1]}")
+        if final:
+            final(conn)
+    for rec, reason in failures:
+        on_bad(rec, f"the store refused it: {reason}")
+
+
+def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: OnBad | None = None) -> IngestStats:
+    """Upsert ``records`` in batched transactions. With ``on_bad``, a batch the store refuses is retried
+    record by record and each refused record is handed to ``on_bad`` (the collector quarantines it)."""
     from auditor.store import IngestStats
     from connectors.base import RunningSnapshot
 
@@ -304,30 +375,35 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> Inges
     clusters: set[str] = set()
 
     def flush(final: bool = False) -> None:
-        with store.begin() as conn:
-            if bad:  # quarantined, not stored: one bad record never costs the others or the audit
-                conn.execute(insert(schema.quarantined_records), quarantine_rows(bad, seen_at_ts))
-                stats.quarantined += len(bad)
-                bad.clear()
-            if resv:  # first: jobs named by reservation id only look their reservation up
-                stats.reservations += ingest_reservations(conn, resv, seen_at_ts)
-            if allocs:
-                name_reservations(conn, allocs)
-                n, ng = ingest_allocations(conn, allocs, seen_at_ts)
-                stats.allocations += n
-                stats.allocated_gpus += ng
-            if inv:
-                stats.inventory += ingest_inventory(conn, inv, seen_at_ts)
-            if buckets:
-                stats.buckets += ingest_buckets(conn, buckets, cache)
-            if final:
-                for s in snapshots:
-                    stats.closed += close_unseen(conn, s.cluster, s.source, seen_at_ts, s.accounts)
-                upsert(conn, schema.clusters, [{"name": c, "first_seen_ts": seen_at_ts,
-                                                "last_seen_ts": seen_at_ts} for c in sorted(clusters)],
-                       ("name",), {"first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
-                                   "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts,
-                                                                          ex.last_seen_ts)})
+        if bad:  # quarantined, not stored: one bad record never costs the others or the audit
+            if on_bad is not None:
+                for rec, why in bad:
+                    on_bad(rec, why)
+            else:
+                with store.begin() as conn:
+                    conn.execute(insert(schema.quarantined_records), quarantine_rows(bad, seen_at_ts))
+            stats.quarantined += len(bad)
+            bad.clear()
+        saved = dict(cache)
+        batch = IngestStats()
+
+        def finish(conn: Connection) -> None:
+            _finish(conn, snapshots, clusters, seen_at_ts, batch)
+
+        try:
+            with store.begin() as conn:
+                _write(conn, allocs, resv, inv, buckets, seen_at_ts, cache, batch)
+                if final:
+                    finish(conn)
+        except Exception:
+            if on_bad is None:
+                raise
+            cache.clear()
+            cache.update(saved)  # ids created by the rolled-back transaction are gone
+            batch = IngestStats()
+            _row_by_row(store, [*allocs, *resv, *inv, *buckets], seen_at_ts, cache, batch, on_bad,
+                        finish if final else None)
+        stats.add(batch)
         for buf in (allocs, resv, inv, buckets):
             buf.clear()
 
@@ -355,6 +431,3 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> Inges
             raise TypeError(f"not a record: {type(rec).__name__}")
     flush(final=True)
     return stats
-
-
-

@@ -96,6 +96,21 @@ class Lease:
             self._thread.start()
         return self
 
+    def check(self) -> bool:
+        """Still ours? Renews now (so a lease that lapsed and was taken over is noticed at once, not at the
+        next renewal tick); once lost, it stays lost."""
+        if not self.acquired or self.lost:
+            return False
+        try:
+            ok = renew(self.store, self.name, self.holder, self.ttl_s, self.clock)
+        except Exception as exc:  # cannot tell: the store is down, so nothing can be done safely either
+            log.warning("lease %s: cannot check it: %s", self.name, exc)
+            return False
+        if not ok:
+            self.lost = True
+            log.error("lease %s was taken over by another holder; stopping this job", self.name)
+        return ok
+
     def _renew_loop(self) -> None:
         while not self._stop.wait(max(self.ttl_s / 3, 0.05)):
             try:

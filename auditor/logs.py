@@ -1,24 +1,67 @@
 """Logging: one line per event; user-controlled text has control characters escaped so a job name cannot
-forge log lines."""
+forge log lines. Secrets never reach a log line: URLs are redacted with :func:`redact_url`."""
 
 from __future__ import annotations
 
 import logging
 import re
 
-_CTRL = re.compile(r"[\x00-\x1f\x7f]")
+# C0 and DEL, C1 (U+0085 NEL among them), the Unicode line/paragraph separators and the bidi controls
+# (embeddings, overrides, isolates, marks): each can break or visually reorder a log line.
+_CTRL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]")
 
 
 def log_safe(text: object) -> str:
     """Escape control characters (newlines included) in text that came from users or schedulers."""
-    return _CTRL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    def esc(m: re.Match[str]) -> str:
+        c = ord(m.group())
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+    return _CTRL.sub(esc, str(text))
+
+
+_USERINFO = re.compile(r"^(\w[\w+.-]*://[^:/@?#]*):[^@]*@")  # the password of scheme://user:password@
+# query parameters that carry a secret: libpq's password/sslpassword, tokens, keys, signatures
+SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|auth|credential|sig", re.I)
+_SECRET_PARAM = re.compile(rf"([?&;][^=&#;]*(?:{SECRET_PARAM.pattern})[^=&#;]*=)[^&#;]*", re.I)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password and secret-bearing query parameters replaced by ``***``, in every form
+    (``user:pw@host``, ``?password=``, ``&sslpassword=``, ``?api_key=``); the rest is left as written."""
+    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1:***@", str(url)))
+
+
+_SECRETS: set[str] = set()
+MIN_SECRET = 4  # shorter values would scrub ordinary words; such a secret is too weak to matter here
+
+
+def register_secret(value: str | None) -> None:
+    """Remember a secret this process resolved, so :func:`scrub` hides it wherever it turns up (an HTTP
+    library quoting a header in an error, a traceback, a driver message)."""
+    if not value:
+        return
+    for form in (value, *value.splitlines(), repr(value)[1:-1]):  # a library may quote a line, or its repr
+        if len(form) >= MIN_SECRET:
+            _SECRETS.add(form)
+
+
+def scrub(text: str) -> str:
+    """``text`` with every registered secret (and the password part of any URL) replaced by ``***``."""
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, "***")
+    return _USERINFO_ANYWHERE.sub(r"\1:***@", text)
+
+
+_USERINFO_ANYWHERE = re.compile(r"(\w[\w+.-]*://[^:/@?#\s]*):[^@\s]*@")
 
 
 class _SafeFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        record.msg = log_safe(record.getMessage())
+        record.msg = log_safe(scrub(record.getMessage()))
         record.args = None
-        return super().format(record)
+        return scrub(super().format(record))  # the traceback too, under --debug
 
 
 def setup_logging(level: int = logging.INFO) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -68,8 +68,11 @@ def _call(module: str, func: str, *args: Any, **kwargs: Any) -> Any:
 def run_steps(store: Store, cfg: Config, steps: Sequence[str], *, base_dir: Path,
               since: datetime | None = None, until: datetime | None = None, dry_run: bool = False,
               out_dir: Path | None = None, formats: Sequence[str] = ("html", "text", "md", "json"),
-              clusters: list[str] | None = None) -> RunSummary:
-    """Run ``steps`` in order once. The audit window defaults to the last ``report.days`` days."""
+              clusters: list[str] | None = None, keep_going: Callable[[], bool] | None = None) -> RunSummary:
+    """Run ``steps`` in order once. The audit window defaults to the last ``report.days`` days.
+
+    ``keep_going`` is asked before each step (the daemon: "is the lease still ours?"); when it says no, the
+    remaining steps are not run and are reported failed, so nothing is sent twice."""
     from auditor.audit import latest_run, run_audit
     from auditor.collect import collect
 
@@ -82,6 +85,11 @@ def run_steps(store: Store, cfg: Config, steps: Sequence[str], *, base_dir: Path
             continue
         t0 = time.monotonic()
         res = StepResult(name, True)
+        if keep_going is not None and not keep_going():
+            res.ok, res.error = False, "not run: the job's lease was lost to another daemon"
+            log.error("step %s %s", name, res.error)
+            summary.steps.append(res)
+            continue
         try:
             if name == "collect":
                 cs = collect(store, cfg, base_dir=base_dir, clusters=clusters)
@@ -110,4 +118,27 @@ def run_steps(store: Store, cfg: Config, steps: Sequence[str], *, base_dir: Path
             log.error("step %s failed: %s", name, exc)
         res.seconds = round(time.monotonic() - t0, 3)
         summary.steps.append(res)
+        log.info("%s", step_line(res))
     return summary
+
+
+def step_line(res: StepResult) -> str:
+    """One log line saying what a step did (records per source, findings, mails sent and skipped, files),
+    so a cron log alone shows whether the weekly mail went out."""
+    d = res.detail or {}
+    head = f"step {res.name} {'ok' if res.ok else 'FAILED'} in {res.seconds:.1f} s"
+    if res.name == "collect":
+        parts = [f"{r['cluster']} {r['source']}: " + (
+            f"{sum(v for k, v in r['stats'].items() if k != 'closed')} records, {r['skipped']} quarantined"
+            if r["ok"] else "failed") for r in d.get("sources", [])]
+        return f"{head}: " + ("; ".join(parts) or "no sources")
+    if res.name == "audit" and res.ok:
+        found = d.get("findings") or {}
+        total = sum(found.values()) if isinstance(found, dict) else found
+        return f"{head}: run {d.get('run_id')}, {total} findings" + (
+            f" ({', '.join(f'{k} {v}' for k, v in found.items())})" if isinstance(found, dict) and found else "")
+    if res.name == "notify" and res.ok:
+        return f"{head}: {len(d.get('sent', []))} mails sent, {len(d.get('skipped', []))} skipped"
+    if res.name in ("report", "chargeback") and res.ok:
+        return f"{head}: {len(d.get('files', []))} files written"
+    return head + (f": {res.error}" if res.error else "")

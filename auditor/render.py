@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from auditor import charts, jsonsafe
 from auditor.config import Config
@@ -33,13 +34,25 @@ class Raw(str):
     """Output the template built itself (macro output, bars), exempt from escaping."""
 
 
+SHOWN_MAX = 256  # characters of one user-controlled value shown in HTML, text, Markdown and email
+
+
+def cap_shown(value: Any) -> Any:
+    """A value too long to show, cut in the middle (the tail of a path or name is kept) with its full
+    length said: a 10 MB job name makes a readable row, not a 20 MB email. The store and the JSON export
+    keep it whole. Template-built output (Raw, Markup) and non-text values pass unchanged."""
+    if isinstance(value, str) and not isinstance(value, Raw | markupsafe.Markup) and len(value) > SHOWN_MAX:
+        return f"{value[:SHOWN_MAX - 64]}…[{len(value):,} characters]…{value[-40:]}"
+    return value
+
+
 def plain(value: Any) -> str:
     """Text-safe: no control characters (terminal escapes, bidi overrides); newlines become spaces."""
     if value is None or isinstance(value, jinja2.runtime.Undefined):
         return ""
     if isinstance(value, Raw):
         return str(value)
-    s = str(value).replace("\r\n", " ").replace("\n", " ").replace("\r", " ").replace("\t", " ")
+    s = str(cap_shown(value)).replace("\r\n", " ").replace("\n", " ").replace("\r", " ").replace("\t", " ")
     return _CONTROL.sub("", s)
 
 
@@ -95,7 +108,7 @@ def environment(kind: str, template_dir: str | None = None) -> jinja2.Environmen
     loader = jinja2.FileSystemLoader(template_dir or str(resource_dir("templates")))
     if kind == "html":
         env = jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
-                                 trim_blocks=True, lstrip_blocks=True)
+                                 trim_blocks=True, lstrip_blocks=True, finalize=cap_shown)
     elif kind == "md":
         env = jinja2.Environment(loader=loader, autoescape=False, finalize=md, trim_blocks=True,
                                  lstrip_blocks=True, undefined=jinja2.StrictUndefined)

@@ -78,15 +78,36 @@ def cron_triggers(cfg: Config) -> dict[str, BaseTrigger]:
     return out
 
 
-def previous_fire(trigger: BaseTrigger, now: datetime, lookback: timedelta = timedelta(days=35)) -> datetime | None:
-    """The latest fire time <= ``now`` of a cron trigger (APScheduler 3 only computes the next one)."""
-    cur, prev = now - lookback, None
-    for _ in range(20_000):
-        nxt = trigger.get_next_fire_time(None, cur)
-        if nxt is None or nxt > now:
-            return prev
-        prev, cur = nxt, nxt + timedelta(seconds=1)
-    return prev
+def previous_fire(trigger: BaseTrigger, now: datetime, horizon: timedelta = timedelta(days=3660)) -> datetime | None:
+    """The latest fire time <= ``now`` of a cron trigger, exactly, for any schedule (APScheduler 3 only
+    computes the next one). ``g(t)``, the first firing at or after ``t``, is <= ``now`` exactly when ``t`` is
+    at or before the wanted firing; so: widen a window back from ``now`` until it holds a firing, then
+    bisect on whole seconds (cron fires on whole seconds). About 60 trigger calls whatever the schedule;
+    None when it never fired within ``horizon``."""
+    tz = now.tzinfo
+
+    def g(ts: int) -> datetime | None:
+        return trigger.get_next_fire_time(None, datetime.fromtimestamp(ts, tz))
+
+    def fired_by_now(ts: int) -> bool:
+        f = g(ts)
+        return f is not None and f <= now
+
+    hi = int(now.timestamp()) + 1  # g(hi) > now: firings are on whole seconds
+    span, most = 60, int(horizon.total_seconds())
+    while not fired_by_now(hi - min(span, most)):
+        if span >= most:
+            return None
+        span *= 2
+    span = min(span, most)
+    lo = hi - span  # g(lo) <= now < g(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fired_by_now(mid):
+            lo = mid
+        else:
+            hi = mid
+    return g(lo)
 
 
 def period_key(job: str, fire: datetime) -> str:
@@ -141,11 +162,13 @@ class Daemon:
         self.workers = workers or (1 if store.dialect == "sqlite" else 4)
         self.stopping = threading.Event()
         self.scheduler: BackgroundScheduler | None = None
+        self._current = threading.local()  # the lease of the job running in this thread
 
     # -- jobs ---------------------------------------------------------------------------------------
     def _run(self, job: str, steps: Sequence[str], clusters: list[str] | None = None) -> RunSummary:
+        lease: Lease | None = getattr(self._current, "lease", None)
         summary = self.runner(self.store, self.cfg, list(steps), base_dir=self.base_dir, dry_run=self.dry_run,
-                              clusters=clusters)
+                              clusters=clusters, keep_going=lease.check if lease is not None else None)
         self.metrics.observe(summary)
         for step in summary.steps:
             if not step.ok:
@@ -166,7 +189,11 @@ class Daemon:
                     log.info("%s: skipped, lease %s is held by another daemon", job, lease_name)
                     self._skip(job, "lease_held")
                     return None
-                return body()
+                self._current.lease = lease
+                try:
+                    return body()
+                finally:
+                    self._current.lease = None
         except Exception as exc:  # one bad run must not stop the daemon; the next firing retries
             self.metrics.job_errors.labels(job).inc()
             log.error("%s: job failed: %s: %s", job, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
@@ -210,7 +237,10 @@ class Daemon:
                 return None
             summary = self._run(job, JOB_STEPS[job])
             last = summary.steps[-1] if summary.steps else None
-            if last is not None and last.ok:
+            lease: Lease | None = getattr(self._current, "lease", None)
+            if last is not None and last.ok and lease is not None and not lease.check():
+                log.error("%s: period %s finished after the lease was lost; the new holder decides", job, key)
+            elif last is not None and last.ok:
                 mark_done(self.store, job, key, self.dry_run, self.holder)
                 log.info("%s: period %s done", job, key)
             else:

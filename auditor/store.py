@@ -6,7 +6,7 @@ SQLite (WAL, foreign keys, busy timeout) is the embedded default; PostgreSQL is 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,10 +56,17 @@ def _sqlite_begin(conn: Connection) -> None:
 
 
 def make_engine(url: str) -> Engine:
+    from auditor.logs import SECRET_PARAM, register_secret
+
     try:
         u = make_url(url)
-    except ArgumentError:
-        raise StoreError("store.url is not a valid SQLAlchemy URL") from None
+    except (ArgumentError, ValueError):
+        raise StoreError("store.url is not a valid SQLAlchemy URL (value not shown)") from None
+    register_secret(u.password if isinstance(u.password, str) else None)
+    for key, value in u.query.items():
+        if SECRET_PARAM.search(key):
+            for v in (value,) if isinstance(value, str) else value:
+                register_secret(v)
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":
             try:
@@ -109,7 +116,10 @@ class Store:
         return self.engine.dialect.name
 
     def redacted_url(self) -> str:
-        return self.engine.url.render_as_string(hide_password=True)
+        """The store URL fit to print: no password, in userinfo or in query parameters (sslpassword=...)."""
+        from auditor.logs import redact_url
+
+        return redact_url(self.engine.url.render_as_string(hide_password=False))
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
@@ -163,11 +173,13 @@ class Store:
                              f"not {self.head()}: run `gpu-audit db upgrade`")
 
     # -- ingest -------------------------------------------------------------------------------------
-    def ingest(self, records: Iterable[Record], *, seen_at_ts: int | None = None) -> IngestStats:
-        """Idempotent upsert of any mix of records, in transactions of at most ``batch_rows`` rows."""
+    def ingest(self, records: Iterable[Record], *, seen_at_ts: int | None = None,
+               on_bad: Callable[[Record, str], None] | None = None) -> IngestStats:
+        """Idempotent upsert of any mix of records, in transactions of at most ``batch_rows`` rows; with
+        ``on_bad``, records the store refuses are handed to it and the rest are stored."""
         from auditor.ingest import ingest
 
-        return ingest(self, records, seen_at_ts=seen_at_ts or int(utcnow().timestamp()))
+        return ingest(self, records, seen_at_ts=seen_at_ts or int(utcnow().timestamp()), on_bad=on_bad)
 
     # -- watermarks ---------------------------------------------------------------------------------
     def watermark(self, cluster: str, source: str) -> int | None:
@@ -213,5 +225,7 @@ def _norm(v: Any) -> Any:
 
 
 def _first_line(exc: BaseException) -> str:
+    from auditor.logs import scrub
+
     msg = str(getattr(exc, "orig", None) or exc)
-    return msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
+    return scrub(msg.strip().splitlines()[0]) if msg.strip() else type(exc).__name__

@@ -40,7 +40,10 @@ def parse_time(text: str, *, now: datetime | None = None, assume_tz: object = UT
         except OverflowError:
             raise ValueError(f"time {text!r} is out of range") from None
     if re.fullmatch(r"[0-9]{9,11}(\.[0-9]+)?", s):
-        return datetime.fromtimestamp(float(s), UTC)
+        try:
+            return datetime.fromtimestamp(float(s), UTC)
+        except (OverflowError, OSError, ValueError):
+            raise ValueError(f"time {text[:40]!r} is out of range") from None
     if not s.isascii():
         raise ValueError(f"cannot parse time {text[:40]!r} (use YYYY-MM-DD[THH:MM[:SS]], now-7days or epoch)")
     try:
@@ -54,7 +57,10 @@ def parse_time(text: str, *, now: datetime | None = None, assume_tz: object = UT
             from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=assume_tz)  # type: ignore[arg-type]
-    return dt.astimezone(UTC)
+    try:
+        return dt.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+        raise ValueError(f"time {text[:40]!r} is out of range (before year 1 or after 9999 in UTC)") from None
 
 
 def floor_to(dt: datetime, seconds: int) -> datetime:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,68 @@ from auditor.errors import SourceError
 from auditor.records import Allocation
 from connectors.base import Problems
 
+MAX_FILE_BYTES = 256 * 1024 * 1024  # a scrape or saved listing larger than this is not one
+READ_TIME_LIMIT_S = 60.0  # reading one file longer than this (a stalled network mount) is an error
+
+
+def fixed_dir(pattern: Path) -> Path:
+    """The directory part of a glob pattern before its first wildcard (``/a/b/*/x*.prom`` -> ``/a/b``)."""
+    import glob
+
+    parts = pattern.parts
+    for i, part in enumerate(parts):
+        if glob.has_magic(part):
+            return Path(*parts[:i]) if i else Path(".")
+    return pattern.parent
+
+
+def check_regular(path: Path, inside: Path | None = None) -> None:
+    """Only regular files are read: a FIFO would block forever, ``/dev/zero`` never ends, a directory is
+    no file. Links are followed to what they point at, which must be a regular file too and, for a file a
+    glob pattern found (``inside`` = the pattern's directory), stay inside that directory."""
+    if inside is not None:
+        try:
+            path.resolve().relative_to(inside.resolve())
+        except ValueError:
+            raise SourceError(str(path), f"a link leading outside {inside}; not read") from None
+        except OSError as exc:
+            raise SourceError(str(path), f"cannot read: {exc.strerror}") from None
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise SourceError(str(path), "no such file") from None
+    except OSError as exc:
+        raise SourceError(str(path), f"cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        what = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else \
+            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+        raise SourceError(str(path), f"not a regular file ({what}{', through a link' if path.is_symlink() else ''})")
+
+
+def read_bounded(path: Path, max_bytes: int = MAX_FILE_BYTES, time_limit_s: float = READ_TIME_LIMIT_S) -> bytes:
+    """The whole of a regular file, at most ``max_bytes``, read within ``time_limit_s``. Opened without
+    blocking (a file swapped for a FIFO after the check cannot hang the open) and checked again on the
+    open descriptor."""
+    check_regular(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise SourceError(str(path), f"cannot read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SourceError(str(path), "not a regular file")
+        deadline = time.monotonic() + time_limit_s
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := f.read(1 << 20):
+            size += len(chunk)
+            if size > max_bytes:
+                raise SourceError(str(path), f"larger than {max_bytes:,} bytes; not read")
+            if time.monotonic() > deadline:
+                raise SourceError(str(path), f"not read within {time_limit_s:g} s", transient=True)
+            chunks.append(chunk)
+    return b"".join(chunks)
+
 
 def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tuple[str, Allocation]]:
     """Saved ``sacct -P`` output (header line first), through the Slurm connector's own parser.
@@ -21,9 +86,9 @@ def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tu
     from connectors.slurm.jobs import from_sacct_row, sacct_rows
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+        text = read_bounded(path).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SourceError(str(path), f"cannot read: {exc}") from None
     for lineno, row in sacct_rows(text):
         loc = f"line {lineno}"
         if isinstance(row, str):
@@ -31,8 +96,8 @@ def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tu
             continue
         try:
             alloc = from_sacct_row(row, cluster)
-        except (ValueError, KeyError, TypeError) as exc:
-            problems.skip(str(path), loc, str(exc).strip("'"), "|".join(row.values()))
+        except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as exc:
+            problems.skip(str(path), loc, str(exc).strip("'") or type(exc).__name__, "|".join(row.values()))
             continue
         if alloc.gpus:
             yield loc, alloc
@@ -41,6 +106,7 @@ def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tu
 def read_rows(path: Path, fmt: str) -> Iterator[tuple[str, dict[str, Any] | str]]:
     """Rows with their location ("line 12" / "item 3"); a string instead of a row is a parse error.
     A BOM is accepted; an undecodable or oversized line costs that line only, never the rest of the file."""
+    check_regular(path)
     try:
         handle = path.open(encoding="utf-8-sig", errors="replace", newline="")
     except OSError as exc:

@@ -20,7 +20,7 @@ log = logging.getLogger("gpu_audit.input")
 class Options(BaseModel):
     """Base of every connector's options: unknown keys are config errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from auditor.aliases import METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
-from auditor.errors import SourceError
 from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory, Reservation
 from auditor.timeutil import parse_time
-from connectors._rows import read_rows, read_sacct_file
+from connectors._rows import check_regular, fixed_dir, read_rows, read_sacct_file
 from connectors.base import Context, Options, Problems, Window
 
 MAX_GPUS = 1024  # per allocation: more is a typo or hostile input, not a job
@@ -68,15 +67,47 @@ def _time(value: Any, what: str) -> datetime | None:
         raise ValueError(f"{what}: cannot parse time {str(value)[:40]!r}") from None
 
 
+LABEL_DEPTH = 8  # a nested label value deeper than this is an error, not a label
+
+
+def _depth(v: Any, limit: int) -> int:
+    if limit < 0 or not isinstance(v, dict | list):
+        return 0
+    items = v.values() if isinstance(v, dict) else v
+    return 1 + max((_depth(x, limit - 1) for x in items), default=0)
+
+
+def _label_map(d: Any) -> dict[str, str]:
+    """Labels as flat text; a nested value is kept as compact JSON unless nested absurdly deep."""
+    if not isinstance(d, dict):
+        raise ValueError("labels: not a JSON object")
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        if isinstance(v, dict | list):
+            if _depth(v, LABEL_DEPTH + 1) > LABEL_DEPTH:
+                raise ValueError(f"labels: value of {str(k)[:40]!r} nested more than {LABEL_DEPTH} levels deep")
+            out[str(k)] = json.dumps(v, separators=(",", ":"), default=str)
+        else:
+            out[str(k)] = str(v)
+    return out
+
+
 def _labels(value: Any) -> dict[str, str]:
     if isinstance(value, dict):
-        return {str(k): str(v) for k, v in value.items()}
+        return _label_map(value)
     if not value:
         return {}
-    text = str(value).strip()
+    text = _scalar(value, "labels").strip()
     if text.startswith("{"):
-        return {str(k): str(v) for k, v in json.loads(text).items()}
+        return _label_map(json.loads(text))
     return dict(kv.split("=", 1) for kv in text.split(";") if "=" in kv)
+
+
+def _scalar(value: Any, what: str) -> str:
+    """A text field: a JSON object or list where text belongs is an error, not its Python repr."""
+    if isinstance(value, dict | list):
+        raise ValueError(f"{what}: a JSON {'object' if isinstance(value, dict) else 'list'} where text belongs")
+    return str(value)
 
 
 def _gpu_object(g: Any, model: str | None, share: float) -> AllocatedGpu:
@@ -96,7 +127,7 @@ def _gpu_object(g: Any, model: str | None, share: float) -> AllocatedGpu:
 
 def allocation_from_row(cluster: str, row: dict[str, Any]) -> Allocation:
     """Build an Allocation from one CSV row or JSON object; raises ValueError naming the field."""
-    ext = str(row.get("id") or "").strip()
+    ext = _scalar(row.get("id") or "", "id").strip()
     if not ext:
         raise ValueError("id: missing")
     model = row.get("model") or None
@@ -119,13 +150,19 @@ def allocation_from_row(cluster: str, row: dict[str, Any]) -> Allocation:
     if source not in ("slurm", "kubernetes", "file"):
         raise ValueError(f"source: {source!r} is not slurm, kubernetes or file")
     limit = row.get("time_limit_s")
-    return Allocation(cluster=cluster, source=source, external_id=ext, name=str(row.get("name") or ""),
-                      user=str(row.get("user") or ""), account=str(row.get("account") or ""),
-                      partition=str(row.get("partition") or ""), qos=str(row.get("qos") or ""),
-                      state=str(row.get("state") or ""), submit=_time(row.get("submit"), "submit"),
-                      start=start, end=end, reservation=str(row.get("reservation") or ""),
-                      owner_workload=str(row.get("owner") or ""),
-                      time_limit_s=int(limit) if limit not in (None, "") else None,
+    text = {k: _scalar(row.get(k) or "", k) for k in ("name", "user", "account", "partition", "qos", "state",
+                                                     "reservation", "owner")}
+    try:
+        time_limit = int(limit) if limit not in (None, "") else None
+    except OverflowError:
+        raise ValueError(f"time_limit_s: {str(limit)[:40]} is not a number of seconds") from None
+    return Allocation(cluster=cluster, source=source, external_id=ext, name=text["name"],
+                      user=text["user"], account=text["account"],
+                      partition=text["partition"], qos=text["qos"],
+                      state=text["state"], submit=_time(row.get("submit"), "submit"),
+                      start=start, end=end, reservation=text["reservation"],
+                      owner_workload=text["owner"],
+                      time_limit_s=time_limit,
                       labels=_labels(row.get("labels")), gpus=gpus)
 
 
@@ -171,8 +208,7 @@ def _files(ctx: Context, patterns: list[str]) -> list[Path]:
         full = ctx.path(p)
         matches = sorted(Path(x) for x in glob.glob(str(full))) if any(c in p for c in "*?[") else [full]
         for m in matches:
-            if not m.is_file():
-                raise SourceError(str(m), "no such file")
+            check_regular(m, fixed_dir(full) if m is not full else None)
             out.append(m)
     return out
 
@@ -223,8 +259,20 @@ class FileAllocations:
                     yield loc, allocation_from_row(self.ctx.cluster, row)
                 else:
                     raise ValueError(f"type: {str(kind)[:40]!r} is not allocation, reservation or inventory")
-            except (ValueError, KeyError, TypeError) as exc:
-                problems.skip(str(path), loc, str(exc), json.dumps(row, default=str))
+            except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as exc:
+                problems.skip(str(path), loc, _reason(exc), _excerpt(row))
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip("'").strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _excerpt(row: Any) -> str:
+    try:
+        return json.dumps(row, default=str)[:200]
+    except (ValueError, TypeError, RecursionError):
+        return "(not printable)"
 
 
 class _Acc:
@@ -306,8 +354,8 @@ class FileTelemetry:
                     continue
                 raw = float(row.get("value") or "")
                 value, clamped = normalise(field, unit, raw)
-            except (ValueError, KeyError, TypeError, BadValue) as exc:
-                problems.skip(str(path), loc, str(exc).strip("'"), ",".join(str(v) for v in row.values()))
+            except (ValueError, KeyError, TypeError, ArithmeticError, BadValue) as exc:
+                problems.skip(str(path), loc, _reason(exc), ",".join(str(v) for v in row.values()))
                 continue
             if clamped:
                 problems.clamp(str(path), field)

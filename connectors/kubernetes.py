@@ -168,8 +168,11 @@ class KubernetesAllocations:
             return SourceError(SOURCE, f"{prefix} 403 Forbidden: missing permission '{verb}' on "
                                f"'{resource}' ({api_group}) {where}; apply deploy/kubernetes/rbac.yaml "
                                f"(server said: {detail})")
+        from auditor.retry import retry_after
+
         return SourceError(SOURCE, f"{prefix} HTTP {exc.status} on {verb} {resource}: {detail}",
-                           transient=exc.status in (429, 500, 502, 503, 504))
+                           transient=exc.status in (429, 500, 502, 503, 504),
+                           retry_after=retry_after((getattr(exc, "headers", None) or {}).get("Retry-After")))
 
     def _list(self, resource: str, namespace: str | None = None, **kw: Any) -> Iterator[dict[str, Any]]:
         """Pages of one listing (limit/continue); raises _Gone when a continue token expired."""

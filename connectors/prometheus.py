@@ -15,6 +15,7 @@ Prometheus 2.x evaluates an aggregation per step, which made each query ~8x slow
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import math
@@ -57,6 +58,14 @@ try:  # optional: 3-5x faster decoding of large answers; the stdlib parser is th
     from orjson import loads as json_loads
 except ImportError:  # pragma: no cover - depends on the environment
     json_loads = json.loads
+
+
+def _transport_reason(exc: BaseException) -> str:
+    """A connection error's first line, with any secret the library quoted scrubbed."""
+    from auditor.logs import scrub
+
+    text = str(exc).strip()
+    return scrub(text.splitlines()[0]) if text else type(exc).__name__
 
 
 def safe_url(url: str) -> str:
@@ -151,32 +160,37 @@ class PrometheusTelemetry:
             self._client = None
 
     def request(self, path: str, data: dict[str, Any], method: str = "POST") -> bytes:
-        """Call the API (POST form, or GET query) with bounded retries; returns the body of a 200 answer."""
+        """Call the API (POST form, or GET query) under the shared retry policy (:mod:`auditor.retry`:
+        ``retries`` + 1 attempts, backoff doubling from ``backoff_s`` or the server's Retry-After, within the
+        source's time budget); returns the body of a 200 answer."""
+        from auditor import retry
+
         o = self.options
-        delay = o.backoff_s
-        for attempt in range(o.retries + 1):
-            last = attempt == o.retries
+
+        def once() -> bytes:
             try:
                 resp = self.client().post(path, data=data) if method == "POST" else \
                     self.client().get(path, params=data)
+            except httpx.LocalProtocolError:  # its message quotes the offending header value: never shown
+                raise SourceError(self.source, f"{path}: request not sent: a header value is invalid (check "
+                                  "bearer_token, username and password; values not shown)") from None
             except httpx.TimeoutException:
-                if last:
-                    raise SourceError(self.source, f"{path}: no answer within {o.timeout_s:g} s "
-                                      f"(prometheus.timeout_s)", transient=True) from None
+                raise SourceError(self.source, f"{path}: no answer within {o.timeout_s:g} s "
+                                  f"(prometheus.timeout_s)", transient=True) from None
             except httpx.TransportError as exc:
-                if last:
-                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    raise SourceError(self.source, f"{path}: cannot connect: {reason}",
-                                      transient=True) from None
-            else:
-                if resp.status_code == 200:
-                    return resp.content
-                if resp.status_code != 429 and resp.status_code < 500 or last:
-                    raise SourceError(self.source, f"{path}: HTTP {resp.status_code}: {_error_text(resp)}",
-                                      transient=resp.status_code == 429 or resp.status_code >= 500)
-            time.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
+                raise SourceError(self.source, f"{path}: cannot connect: {_transport_reason(exc)}",
+                                  transient=True) from None
+            except (httpx.InvalidURL, httpx.UnsupportedProtocol, ValueError) as exc:
+                # a header value the HTTP library refuses is quoted in its message: never show it
+                raise SourceError(self.source, f"{path}: request not sent: {type(exc).__name__} (check url, "
+                                  "bearer_token and password; values not shown)") from None
+            if resp.status_code == 200:
+                return resp.content
+            transient = resp.status_code == 429 or resp.status_code >= 500
+            raise SourceError(self.source, f"{path}: HTTP {resp.status_code}: {_error_text(resp)}",
+                              transient=transient, retry_after=retry.retry_after(resp.headers.get("Retry-After")))
+
+        return retry.call(once, attempts=o.retries + 1, backoff_s=o.backoff_s, sleep=lambda s: time.sleep(s))
 
     def api(self, path: str, data: dict[str, Any], problems: Problems, method: str = "POST") -> Any:
         return self.decode(self.request(path, data, method), path, problems)
@@ -282,8 +296,9 @@ class PrometheusTelemetry:
                 for first, last in self.chunks(window):
                     # points at bucket end with `offset 1ms`: each covers exactly [start, start + b)
                     form = {"start": str(first + b), "end": str(last + b), "step": str(b)}
-                    futures = [pool.submit(self.request, "/api/v1/query_range", {"query": q, **form})
-                               for _, _, q in todo]
+                    # each query runs in the collector's context: its retries share the source's time budget
+                    futures = [pool.submit(contextvars.copy_context().run, self.request, "/api/v1/query_range",
+                                           {"query": q, **form}) for _, _, q in todo]
                     try:
                         merged = Merge(self, b, problems)
                         for (kind, what, _), fut in zip(todo, futures, strict=True):

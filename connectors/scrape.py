@@ -24,6 +24,7 @@ from pydantic import Field
 from auditor.aliases import METRIC_ALIASES, BadValue, host_from_instance, normalise, pick_label
 from auditor.errors import SourceError
 from auditor.records import LABEL_FIELDS, GpuBucket
+from connectors._rows import MAX_FILE_BYTES, check_regular, fixed_dir, read_bounded
 from connectors.base import Context, Options, Problems, Window
 
 
@@ -202,6 +203,9 @@ class ScrapeFiles:
                                  "(for exporters that carry no host label, or carry a pod name).")
         host_label: str | None = Field(None, description="Take the node name from this label only (e.g. "
                                        "`instance`); unset = Hostname, hostname, node, then instance.")
+        max_bytes: int = Field(MAX_FILE_BYTES, ge=1, le=16 * 1024**3, description="Largest scrape file read, "
+                               "in bytes; a larger one fails the source instead of filling memory. Only "
+                               "regular files are read (a FIFO or a link to a device is an error).")
 
     name = "scrape"
 
@@ -212,9 +216,16 @@ class ScrapeFiles:
         out: list[Path] = []
         for pattern in self.options.paths:
             p = self.context.path(pattern)
-            matches = sorted(Path(m) for m in glob.glob(str(p))) if glob.has_magic(str(p)) else [p]
+            magic = glob.has_magic(str(p))
+            matches = sorted(Path(m) for m in glob.glob(str(p))) if magic else [p]
             if not matches:
                 raise SourceError(self.name, f"no file matches {pattern}")
+            if magic:  # what a pattern finds must stay inside the pattern's directory
+                for m in matches:
+                    try:
+                        check_regular(m, fixed_dir(p))
+                    except SourceError as exc:
+                        raise SourceError(self.name, f"cannot read {m}: {exc.reason}") from None
             out.extend(matches)
         return out
 
@@ -223,7 +234,10 @@ class ScrapeFiles:
         builder = BucketBuilder(self.context.cluster, window.bucket_seconds, problems)
         for path in self.files():
             try:
-                text = path.read_text(encoding="utf-8", errors="replace")
+                text = read_bounded(path, self.options.max_bytes).decode("utf-8", errors="replace")
+            except SourceError as exc:
+                raise SourceError(self.name, f"cannot read {path}: {exc.reason}", transient=exc.transient) from None
+            try:
                 mtime = path.stat().st_mtime
             except OSError as exc:
                 raise SourceError(self.name, f"cannot read {path}: {exc.strerror}") from None

@@ -20,6 +20,7 @@ from helpers_crash import REPO, T0, generate
 
 from auditor import collect as collect_mod
 from auditor import config as config_mod
+from auditor import retry as retry_mod
 from auditor.errors import SourceError
 from auditor.records import GpuBucket
 from auditor.store import Store
@@ -162,7 +163,7 @@ def test_failed_telemetry_is_unknown_never_idle(tmp_path: Path, monkeypatch: pyt
 
     calls: list[int] = []
     monkeypatch.setitem(sys.modules, "connectors.flaky", _flaky_module(99, calls))
-    monkeypatch.setattr(collect_mod, "BACKOFF_S", 0.0)
+    monkeypatch.setattr(retry_mod, "BACKOFF_S", 0.0)
     cfg = _flaky_config(tmp_path)
     store = Store.open(cfg.store.url)
     store.upgrade()
