@@ -21,7 +21,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from auditor.aliases import METRIC_ALIASES, BadValue, host_from_instance, normalise, pick_label
+from auditor.aliases import (
+    JOB_ID_METRICS,
+    METRIC_ALIASES,
+    BadValue,
+    host_from_instance,
+    normalise,
+    pick_label,
+)
 from auditor.errors import SourceError
 from auditor.records import LABEL_FIELDS, GpuBucket
 from connectors.base import Context, Options, Problems, Window
@@ -243,6 +250,19 @@ class ScrapeFiles:
             return host_from_instance(host)
         return host
 
+    def _job_ids(self, samples: list[Sample], default_ts: float) -> dict[tuple[str, int, float], str]:
+        """jobstats publishes the job on a GPU as the value of ``nvidia_gpu_jobId`` (0 = none):
+        (host, gpu, instant) -> Slurm job id, so the GPU's other series of that instant carry it."""
+        out: dict[tuple[str, int, float], str] = {}
+        for s in samples:
+            if s.name not in JOB_ID_METRICS or not math.isfinite(s.value) or s.value <= 0:
+                continue
+            host, gpu_text = self._host(s.labels), pick_label(s.labels, "gpu")
+            if host and gpu_text and gpu_text.isdigit():
+                ts = s.ts if s.ts is not None else default_ts
+                out[(host, int(gpu_text), ts)] = str(int(s.value))
+        return out
+
     def _fold(self, source: str, text: str, default_ts: float, lo: float, hi: float,
               builder: BucketBuilder, problems: Problems) -> None:
         samples = list(parse_text(text, source, problems, self.options.format))
@@ -261,6 +281,7 @@ class ScrapeFiles:
                     index_of.setdefault(uuid, int(s.labels["index"]))
                 if s.labels.get("name"):
                     model_of[uuid] = s.labels["name"]
+        job_of = self._job_ids(samples, default_ts)
         for s in samples:
             if s.name not in METRIC_ALIASES:
                 continue
@@ -283,6 +304,8 @@ class ScrapeFiles:
             if profile:
                 model = f"{model} MIG {profile}" if model else f"MIG {profile}"
             labels = {k: pick_label(s.labels, k) or "" for k in LABEL_FIELDS}
+            if not labels["hpc_job"] and job_of:
+                labels["hpc_job"] = job_of.get((host, gpu, ts), "")
             builder.add(host, gpu, instance, s.name, s.value, ts, (source, where),
                         uuid=uuid, model=model, labels=labels)
 
