@@ -428,3 +428,19 @@ def test_every_option_is_documented() -> None:
     rows = {line.split("|")[1].strip() for line in doc.splitlines() if line.startswith("| `slurm.")}
     assert rows == {f"`slurm.{name}`" for name in SlurmOptions.model_fields}
     assert all(f.description for f in SlurmOptions.model_fields.values())
+
+
+def test_older_gres_idx_spelling_reads_like_gres() -> None:
+    """Older slurmctld prints ``GRES_IDX=gpu(IDX:0,2-3,5)`` where 22.05 prints ``GRES=gpu:h100:3(IDX:0-2)``:
+    job 23's real record, respelled, gives the same per-node indices (README §7.2: 0-2 and 1-3)."""
+    job = workload("22.05/2node/workload-jobids.txt")["multinode-2x3"]
+    rec = next(r for r in scontrol_records(text("22.05/2node/running/scontrol-show-job-oneliner.txt"))
+               if r.startswith(f"JobId={job} "))
+    old = rec.replace("GRES=gpu:h100:3(IDX:0-2)", "GRES_IDX=gpu(IDX:0-2)").replace(
+        "GRES=gpu:h100:3(IDX:1-3)", "GRES_IDX=gpu(IDX:1,2-3)")
+    assert old != rec and "GRES_IDX=gpu(IDX:1,2-3)" in old
+    a = jobs.from_scontrol_job(old, C)
+    assert idx(a) == {"gpu-node-01": [0, 1, 2], "gpu-node-02": [1, 2, 3]}
+    assert a.labels["gpu_placement"] == "idx"
+    sparse = jobs.from_scontrol_job(old.replace("GRES_IDX=gpu(IDX:0-2)", "GRES_IDX=gpu(IDX:0,2-3,5)"), C)
+    assert idx(sparse)["gpu-node-01"] == [0, 2, 3, 5]

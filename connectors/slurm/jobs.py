@@ -153,7 +153,7 @@ def from_scontrol_job(record: str, cluster: str) -> Allocation:
     for k, v in pairs:
         if k == "Nodes":
             pending_nodes = v
-        elif k == "GRES" and pending_nodes is not None:
+        elif k in ("GRES", "GRES_IDX") and pending_nodes is not None:  # GRES_IDX: older Slurm
             items = gpu_items(v)
             per_node.extend((n, items) for n in expand_hostlist(pending_nodes))
             pending_nodes = None
