@@ -9,6 +9,7 @@ raises before anything of this cluster is half-written."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -98,6 +99,9 @@ def assemble(reading: Reading, window: Window, cluster: str,
             merged[h.external_id] = h
     merged.update(running)
     for a in merged.values():
+        if reading.shards and any(g.mig_profile == jobs.SHARD for g in a.gpus):
+            a.gpus = [replace(g, share=1.0 / reading.shards[g.node])
+                      if g.mig_profile == jobs.SHARD and g.node in reading.shards else g for g in a.gpus]
         if not a.gpus or a.start is None or a.start >= window.until:
             continue
         if a.end is not None and a.end < window.since:

@@ -73,6 +73,8 @@ class CliBackend:
                 continue
             try:
                 reading.inventory.extend(inv.from_scontrol_node(rec, self.cluster, now))
+                if (sh := inv.node_shards(rec)) is not None:
+                    reading.shards[sh[0]] = sh[1]
             except (ValueError, KeyError) as exc:
                 problems.skip(src, f"record {i}", str(exc), rec)
         reading.running_at = datetime.now(UTC)

@@ -19,3 +19,4 @@ class Reading:
     history: list[Allocation] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     inventory: list[GpuInventory] = field(default_factory=list)
+    shards: dict[str, int] = field(default_factory=dict)  # node -> shards per GPU (nodes with gres shard)
