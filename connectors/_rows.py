@@ -29,6 +29,8 @@ def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tu
         if isinstance(row, str):
             problems.skip(str(path), loc, "wrong number of '|'-separated fields for the header", row)
             continue
+        if "." in (row.get("JobID") or ""):
+            continue  # a step line (sacct without -X): its job's own line carries the allocation
         try:
             alloc = from_sacct_row(row, cluster)
         except (ValueError, KeyError, TypeError) as exc:

@@ -37,9 +37,10 @@ class JobstatsTelemetry:
         fallback: Literal["tres", "none"] = Field(
             "tres", description="Jobs without a summary: `tres` = Slurm's `gres/gpuutil`/`gres/gpumem` from "
             "the steps' TRESUsageInAve (job level, placed on GPU slots 0..n-1 of each node), `none` = skip.")
-        bucket_seconds: int | None = Field(None, ge=60, le=86400, description="Width of the buckets a "
+        bucket_seconds: int | None = Field(None, ge=60, le=3600, description="Width of the buckets a "
                                            "summary is spread over; unset = the collect's bucket (300 s). "
-                                           "3600 stores 12x fewer rows for the same whole-job mean.")
+                                           "3600 (the roll-up width, the widest the audit reads) stores 12x "
+                                           "fewer rows for the same whole-job mean.")
 
     name = "jobstats"
 

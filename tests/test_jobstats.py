@@ -86,3 +86,32 @@ def test_headerless_or_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     src = build("jobstats", "telemetry", {"paths": ["nope*.txt"]}, Context("lab", tmp_path))
     with pytest.raises(SourceError, match="no file matches"):
         list(src.collect(WIN, Problems()))
+
+
+@pytest.mark.parametrize("bucket", [300, 3600])
+def test_summary_audited_end_to_end_at_any_row_width(store_url: str, tmp_path: Path, bucket: int) -> None:
+    """Job 101 alone (2 GPUs, 08:00-09:00; GPU 0 at 98.5 %, GPU 3 at 0 %): by hand reserved 2 GPU-h, idle by
+    GPU-Util 1 GPU-h (GPU 3), whatever the width of the rows the summary is spread over."""
+    from sqlalchemy import text
+
+    from auditor.audit import run_audit
+    from auditor.collect import collect
+    from auditor.config import Config
+    from auditor.store import Store
+
+    lines = (FIX / "sacct-admincomment-js1.txt").read_text().splitlines()
+    (tmp_path / "s.txt").write_text("\n".join(ln for ln in lines if ln.startswith(("JobID|", "101"))) + "\n")
+    cfg = Config.model_validate({"clusters": [{
+        "name": "lab", "allocations": [{"kind": "file", "paths": ["s.txt"], "format": "sacct"}],
+        "telemetry": [{"kind": "jobstats", "paths": ["s.txt"], "bucket_seconds": bucket}]}]})
+    store = Store.open(store_url)
+    store.upgrade()
+    until = T0 + timedelta(days=1)
+    res = collect(store, cfg, base_dir=tmp_path, since=T0 - timedelta(days=1), until=until, now=until)
+    assert all(r.ok for r in res.results)
+    rid = run_audit(store, cfg, T0 - timedelta(days=1), until).run_id
+    with store.engine.connect() as conn:
+        row = conn.execute(text("SELECT u.reserved_s, u.idle_s FROM usage_allocation u JOIN allocations a "
+                                "ON a.id = u.allocation_id WHERE u.run_id = :r AND a.external_id = '101'"),
+                           {"r": rid}).one()
+    assert (row.reserved_s, row.idle_s) == (7200, 3600)

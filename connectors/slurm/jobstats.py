@@ -122,15 +122,27 @@ def spread(cluster: str, job: str, start: datetime, end: datetime, window: Windo
     if hi <= lo:
         return
     first = int(lo) // bucket_s * bucket_s
+    gpus = [g for g in gpus if g[2] is not None or g[3] is not None]
     for t in range(first, int(hi) + (0 if hi == int(hi) else 1), bucket_s):
         if t >= hi:
             break
-        when = datetime.fromtimestamp(t, UTC)
+        when = _when(t)
         for node, index, util, mem in gpus:
-            if util is None and mem is None:
-                continue
-            yield GpuBucket(cluster=cluster, host=node, gpu=index, start=when, seconds=bucket_s, samples=1,
-                            gpu_util=util, fb_used_mib=mem, hpc_job=job)
+            yield GpuBucket(cluster, node, index, when, bucket_s, 1, gpu_util=util, fb_used_mib=mem,
+                            hpc_job=job)
+
+
+_WHEN: dict[int, datetime] = {}
+
+
+def _when(t: int) -> datetime:
+    """Bucket starts repeat across jobs: one datetime per instant (a measurable share of a big read)."""
+    dt = _WHEN.get(t)
+    if dt is None:
+        if len(_WHEN) > 200_000:
+            _WHEN.clear()
+        dt = _WHEN[t] = datetime.fromtimestamp(t, UTC)
+    return dt
 
 
 def tres_usage(tres_text: str | None) -> tuple[float | None, float | None]:
