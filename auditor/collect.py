@@ -86,8 +86,21 @@ def source_key(role: str, index: int, src: SourceConfig) -> str:
 
 
 def plan_window(store: Store, cluster: ClusterConfig, key: str, bucket: int, now: datetime,
-                since: datetime | None, until: datetime | None) -> Window:
-    """The next window for one source: from its watermark minus the overlap, aligned to buckets."""
+                since: datetime | None, until: datetime | None, role: str = "telemetry") -> Window:
+    """The next window for one source: from its watermark minus the overlap, aligned to buckets.
+    Allocation windows end *now* (not at the last bucket boundary): jobs that started minutes ago are
+    read on the first run, and "last seen" is the real sighting time, so a vanished job or pod is closed
+    at its last sighting, never at a boundary before it (issue 14)."""
+    if role == "allocations":
+        end = min(until or now, now)
+        if since is not None:
+            start = since
+        else:
+            wm = store.watermark(cluster.name, key)
+            start = (from_epoch(wm) - timedelta(minutes=cluster.overlap_minutes)) if wm is not None \
+                else end - timedelta(days=cluster.initial_days)
+        start = floor_to(start, bucket)
+        return Window(start, max(end, start + timedelta(seconds=1)), bucket)
     end = floor_to(min(until or now, now), bucket)
     if since is not None:
         start = since
@@ -179,7 +192,7 @@ def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | 
             for i, src in enumerate(getattr(cluster, role)):
                 key = source_key(role, i, src)
                 try:
-                    window = plan_window(store, cluster, key, bucket, now, since, until)
+                    window = plan_window(store, cluster, key, bucket, now, since, until, role)
                 except GpuAuditError as exc:
                     summary.results.append(SourceResult(cluster.name, key, False, "", "", str(exc)))
                     continue
