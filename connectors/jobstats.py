@@ -82,7 +82,8 @@ class JobstatsTelemetry:
         for source, text in self.texts(window):
             if text.strip() and not _has_header(text):
                 raise SourceError(self.name, f"{source}: no header line naming {', '.join(js.FIELDS)} "
-                                  "(save `sacct -P` with its header)")
+                                  "(JobID, Start, End and AdminComment or TRESUsageInAve at least; save "
+                                  "`sacct -P` with its header)")
             grouped = js.JobRows()
             for lineno, row in sacct_rows(text):
                 if isinstance(row, str):
@@ -104,7 +105,8 @@ def _has_header(text: str) -> bool:
         if line.startswith("$ ") or not line.strip():
             continue
         cols = line.split("|")
-        return "JobID" in cols and "Start" in cols and "End" in cols
+        return "JobID" in cols and "Start" in cols and "End" in cols and (
+            "AdminComment" in cols or "TRESUsageInAve" in cols)
     return False
 
 

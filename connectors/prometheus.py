@@ -282,7 +282,10 @@ class PrometheusTelemetry:
             todo = self.plan(have, window.bucket_seconds)
             self.index_of = self.uuid_index(window, have, problems)
             if not todo:
-                log.warning("%s: no GPU metric of the alias table in this window", self.source)
+                gpuish = sorted(n for n in have if re.search(r"gpu|dcgm|nvidia|nvml", n, re.IGNORECASE))
+                log.warning("%s: no GPU metric of the alias table in this window%s", self.source,
+                            f"; GPU-looking names present: {', '.join(gpuish[:8])}" if gpuish else
+                            f" ({len(have)} metric names present, none GPU-looking)")
             b = window.bucket_seconds
             with ThreadPoolExecutor(self.options.concurrency, "prometheus") as pool:
                 for first, last in self.chunks(window):

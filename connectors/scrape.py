@@ -12,7 +12,9 @@ before the bucket mean is taken.
 from __future__ import annotations
 
 import glob
+import logging
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +34,8 @@ from auditor.aliases import (
 from auditor.errors import SourceError
 from auditor.records import LABEL_FIELDS, GpuBucket
 from connectors.base import Context, Options, Problems, Window
+
+log = logging.getLogger("gpu_audit.scrape")
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +232,7 @@ class ScrapeFiles:
     def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket]:
         lo, hi = window.since.timestamp(), window.until.timestamp()
         builder = BucketBuilder(self.context.cluster, window.bucket_seconds, problems)
+        self.seen: Counter[str] = Counter()
         for path in self.files():
             try:
                 text = path.read_text(encoding="utf-8", errors="replace")
@@ -236,7 +241,12 @@ class ScrapeFiles:
                 raise SourceError(self.name, f"cannot read {path}: {exc.strerror}") from None
             default_ts = self.options.at.timestamp() if self.options.at else mtime
             self._fold(str(path), text, default_ts, lo, hi, builder, problems)
-        return list(builder.buckets())
+        out = list(builder.buckets())
+        if not out and self.seen and not any(n in METRIC_ALIASES for n in self.seen):
+            log.warning("%s: %d samples but no supported GPU metric; most common names: %s (the alias "
+                        "table, docs/telemetry.md, lists the supported ones)", self.options.paths[0],
+                        sum(self.seen.values()), common_names(self.seen))
+        return out
 
     def _host(self, labels: dict[str, str]) -> str | None:
         if self.options.host:
@@ -266,6 +276,7 @@ class ScrapeFiles:
     def _fold(self, source: str, text: str, default_ts: float, lo: float, hi: float,
               builder: BucketBuilder, problems: Problems) -> None:
         samples = list(parse_text(text, source, problems, self.options.format))
+        self.seen.update(s.name for s in samples)
         # nvidia_gpu_exporter labels its series with uuid only: the index comes from nvidia_smi_index
         # or nvidia_smi_gpu_info, the model from nvidia_smi_gpu_info's name label.
         index_of: dict[str, int] = {}
@@ -308,6 +319,11 @@ class ScrapeFiles:
                 labels["hpc_job"] = job_of.get((host, gpu, ts), "")
             builder.add(host, gpu, instance, s.name, s.value, ts, (source, where),
                         uuid=uuid, model=model, labels=labels)
+
+
+def common_names(counts: Counter[str], n: int = 5) -> str:
+    """``a (120), b (80)``: the most frequent metric names, for "nothing supported" messages."""
+    return ", ".join(f"{name} ({k})" for name, k in counts.most_common(n))
 
 
 TELEMETRY = ScrapeFiles
