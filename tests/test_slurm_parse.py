@@ -485,3 +485,19 @@ def test_mig_typed_gres_and_shards_get_shares() -> None:
     assert [(g.index, g.share) for g in out[0].gpus if g.node == "gpu-node-01"] == [(0, 0.125), (0, 0.125)]
     acct = jobs.from_sacct_row({**row, "NodeList": "gpu-node-01", "AllocTRES": "cpu=1,gres/shard=3"}, C)
     assert [(g.node, g.mig_profile) for g in acct.gpus] == [("gpu-node-01", "shard")] * 3
+
+
+def test_shard_and_mig_json_shapes_seen_on_the_mig_shard_testbed() -> None:
+    """squeue --json fields as the real 22.05 testbed (variant mig-shard) printed them for three jobs."""
+    base = {"job_state": "RUNNING", "start_time": 1795962539, "user_name": "bob", "account": "team-b"}
+    shard = jobs.from_json_job({**base, "job_id": 32, "nodes": "gpu-node-02", "gres_detail": ["shard:2(IDX:0)"],
+                                "tres_alloc_str": "cpu=1,node=1,billing=1,gres/shard=2",
+                                "tres_per_node": "gres:shard:2"}, C)
+    mig = jobs.from_json_job({**base, "job_id": 31, "nodes": "gpu-node-01",
+                              "gres_detail": ["gpu:1g.10gb:2(IDX:0-1)"],
+                              "tres_alloc_str": "cpu=1,node=1,billing=1,gres/gpu=2,gres/gpu:1g.10gb=2"}, C)
+    assert [(g.index, g.share, g.mig_profile) for g in shard.gpus] == [(0, 0.5, "shard")] * 2
+    assert [(g.index, round(g.share * 7, 6), g.mig_profile) for g in mig.gpus] == [(0, 1.0, "1g.10gb"),
+                                                                                  (1, 1.0, "1g.10gb")]
+    assert inv.node_shards({"name": "gpu-node-02", "gres": "gpu:h100:8,shard:h100:64"}) == ("gpu-node-02", 8)
+    assert inv.node_shards({"name": "gpu-node-01", "gres": "gpu:1g.10gb:4,gpu:3g.40gb:2"}) is None
