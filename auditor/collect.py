@@ -59,6 +59,7 @@ class SourceResult:
     skipped: int = 0
     clamped: int = 0
     stats: dict[str, int] = field(default_factory=dict)
+    warning: str = ""  # e.g. a non-empty source that stored nothing: says why (issue 14 §4)
 
 
 @dataclass
@@ -148,6 +149,9 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
             res.ok, res.error = True, ""
             res.stats = asdict(stats)
             res.skipped, res.clamped = problems.total, sum(problems.clamped.values())
+            res.warning = _nothing_stored(conn, stats, problems)
+            if res.warning:
+                log.warning("%s %s: %s", cluster.name, key, res.warning)
             break
         except SourceError as exc:
             res.error = str(exc)
@@ -163,6 +167,17 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
     if not res.ok:
         log.error("%s %s failed: %s", cluster.name, key, res.error)
     return res
+
+
+def _nothing_stored(conn: Any, stats: IngestStats, problems: Problems) -> str:
+    """Why a source that had input stored no record ("" when it stored some, or had nothing to read)."""
+    if any(getattr(stats, k, 0) for k in ("allocations", "buckets", "reservations", "inventory", "closed")):
+        return ""
+    why = getattr(conn, "empty_reason", "") or ""
+    if problems.total:
+        why = f"{why}; " if why else ""
+        why += f"all {problems.total} records were bad (see the quarantine)"
+    return f"0 records stored: {why}" if why else ""
 
 
 def _quarantine(conn: Any, cluster: str, problems: Problems) -> None:

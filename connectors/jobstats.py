@@ -98,6 +98,9 @@ class JobstatsTelemetry:
                                           f"job {job['row'].get('JobID', '')}", problems, self.counts)
         log.info("jobstats: %d jobs, %d summaries, %d from Slurm's gres/gpuutil", self.counts["jobs"],
                  self.counts["summaries"], self.counts["tres_fallback"])
+        if self.counts["jobs"] and not self.counts["summaries"] and not self.counts["tres_fallback"]:
+            self.empty_reason = (f"{self.counts['jobs']} finished jobs but none with a JS1 summary in "
+                                 "AdminComment or gres/gpuutil in TRESUsageInAve")
 
 
 def _has_header(text: str) -> bool:

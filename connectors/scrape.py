@@ -243,9 +243,10 @@ class ScrapeFiles:
             self._fold(str(path), text, default_ts, lo, hi, builder, problems)
         out = list(builder.buckets())
         if not out and self.seen and not any(n in METRIC_ALIASES for n in self.seen):
-            log.warning("%s: %d samples but no supported GPU metric; most common names: %s (the alias "
-                        "table, docs/telemetry.md, lists the supported ones)", self.options.paths[0],
-                        sum(self.seen.values()), common_names(self.seen))
+            self.empty_reason = (f"{sum(self.seen.values())} samples but no supported GPU metric; most common "
+                                 f"names: {common_names(self.seen)} (the alias table, docs/telemetry.md, "
+                                 "lists the supported ones)")
+            log.warning("%s: %s", self.options.paths[0], self.empty_reason)
         return out
 
     def _host(self, labels: dict[str, str]) -> str | None:

@@ -78,3 +78,21 @@ def test_allocation_windows_end_now_telemetry_windows_at_a_bucket(tmp_path: Path
     assert tele.until == datetime(2026, 11, 26, 15, 0, tzinfo=UTC)  # only whole buckets of telemetry
     assert alloc.since == tele.since == datetime(2026, 11, 26, 15, 0, tzinfo=UTC) - timedelta(
         days=cluster.initial_days)
+
+
+def test_collect_storing_nothing_from_a_non_empty_source_is_a_warning(tmp_path: Path) -> None:
+    from auditor.collect import collect
+
+    (tmp_path / "node.prom").write_text("node_load1 0.5 1795705200000\nnode_load1 0.7 1795705230000\n")
+    shutil.copy(FX / "dcgm" / "t4-gke-k8s-prof.prom", tmp_path / "t4.prom")
+    cfg = Config.model_validate({"clusters": [{"name": "c", "telemetry": [
+        {"kind": "scrape", "paths": ["node.prom"]},
+        {"kind": "scrape", "paths": ["t4.prom"], "at": "2026-11-26T15:00:00Z"}]}]})
+    store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    store.upgrade()
+    res = collect(store, cfg, base_dir=tmp_path, since=datetime(2026, 11, 26, 14, tzinfo=UTC),
+                  until=datetime(2026, 11, 26, 16, tzinfo=UTC), now=datetime(2026, 11, 26, 16, tzinfo=UTC))
+    empty, real = res.results
+    assert empty.ok and empty.warning.startswith("0 records stored: 2 samples but no supported GPU metric")
+    assert "node_load1 (2)" in empty.warning
+    assert real.ok and real.warning == "" and real.stats["buckets"] > 0
