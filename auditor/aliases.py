@@ -2,6 +2,8 @@
 
 Every telemetry reader (scrape files, long CSV, Prometheus) maps what it sees through here, so a renamed
 DCGM field or label is fixed in one line. Stored units: ratios 0-1, memory MiB, power W, bytes/s.
+The names of Princeton jobstats' exporter (``nvidia_gpu_duty_cycle`` 0-100, ``nvidia_gpu_memory_used_bytes``,
+``nvidia_gpu_power_usage_milliwatts``; labels ``minor_number``, ``uuid``, ``jobid``/``jobId``) are here too.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-Unit = Literal["ratio", "percent", "mib", "bytes", "watts", "bytes_per_s", "mb_per_s"]
+Unit = Literal["ratio", "percent", "mib", "bytes", "watts", "milliwatts", "bytes_per_s", "mb_per_s"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +31,9 @@ def _specs(field: str, unit: Unit, *names: str) -> dict[str, MetricSpec]:
 #: 0-1 ratios even where help text says "%"; GPU_UTIL is 0-100 even in DCGM 4.6's *_RATIO rename.
 METRIC_ALIASES: dict[str, MetricSpec] = {
     **_specs("gpu_util", "percent", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO",
-             "dcgm_gpu_utilization", "nvidia_gpu_utilization", "gpu_util"),
+             "dcgm_gpu_utilization", "nvidia_gpu_utilization", "gpu_util",
+             # Princeton jobstats' exporter (a fork of nvidia_gpu_prometheus_exporter): duty cycle 0-100
+             "nvidia_gpu_duty_cycle"),
     **_specs("gpu_util", "ratio", "nvidia_smi_utilization_gpu_ratio"),
     **_specs("gr_engine", "ratio", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE_RATIO",
              "gr_engine"),
@@ -53,9 +57,10 @@ METRIC_ALIASES: dict[str, MetricSpec] = {
              "fp16_active"),
     **_specs("fb_used_mib", "mib", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_USED_MIB", "dcgm_fb_used",
              "fb_used_mib"),
-    **_specs("fb_used_mib", "bytes", "nvidia_smi_memory_used_bytes"),
+    **_specs("fb_used_mib", "bytes", "nvidia_smi_memory_used_bytes", "nvidia_gpu_memory_used_bytes"),
     **_specs("power_w", "watts", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS",
              "DCGM_FI_DEV_POWER_USAGE_WATTS", "dcgm_power_usage", "nvidia_smi_power_draw_watts", "power_w"),
+    **_specs("power_w", "milliwatts", "nvidia_gpu_power_usage_milliwatts"),
     **_specs("pcie_tx_bps", "bytes_per_s", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES_RATE",
              "pcie_tx_bps"),
     **_specs("pcie_rx_bps", "bytes_per_s", "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES_RATE",
@@ -65,6 +70,19 @@ METRIC_ALIASES: dict[str, MetricSpec] = {
     **_specs("nvlink_rx_bps", "bytes_per_s", "DCGM_FI_PROF_NVLINK_RX_BYTES",
              "DCGM_FI_PROF_NVLINK_RX_BYTES_RATE", "nvlink_rx_bps"),
 }
+
+#: GPU metrics that are recognised but deliberately not stored (no bucket field): a source that has only
+#: these is not "unsupported", and messages can say so.
+KNOWN_UNSTORED: frozenset[str] = frozenset({
+    "nvidia_gpu_memory_total_bytes", "nvidia_smi_memory_total_bytes", "DCGM_FI_DEV_FB_FREE",
+    "nvidia_gpu_temperature_celsius", "DCGM_FI_DEV_GPU_TEMP", "nvidia_gpu_num_devices",
+    "nvidia_gpu_jobUid",
+})
+
+#: jobstats' exporter publishes the job holding a GPU as a *metric* whose value is the Slurm job id
+#: (``nvidia_gpu_jobId{minor_number="0",uuid=...} 1234567``, 0 = no job), not as a label.
+JOB_ID_METRICS: frozenset[str] = frozenset({"nvidia_gpu_jobId"})
+
 
 #: Field -> the metric names a Prometheus query should ask for (canonical first).
 def names_for(field: str) -> list[str]:
@@ -82,7 +100,7 @@ LABEL_ALIASES: dict[str, tuple[str, ...]] = {
     "pod": ("pod", "exported_pod", "pod_name"),
     "namespace": ("namespace", "exported_namespace", "pod_namespace"),
     "container": ("container", "exported_container", "container_name"),
-    "hpc_job": ("hpc_job",),
+    "hpc_job": ("hpc_job", "jobid", "jobId"),  # jobid/jobId: jobstats-style exporters
 }
 
 
@@ -125,6 +143,8 @@ def normalise(field: str, unit: Unit, value: float) -> tuple[float, bool]:
         raise BadValue(f"{field}: negative value {v}")
     if unit == "percent":
         v /= 100.0
+    elif unit == "milliwatts":
+        v /= 1000.0
     elif unit == "bytes":
         v /= 1024.0 * 1024.0
     elif unit == "mb_per_s":

@@ -72,7 +72,8 @@ def register(main: click.Group) -> None:
         summary = do_collect(app.store(), app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,
                              since=s, until=u, progress=_progress(app))
         app.emit(summary.as_dict(), lambda: "\n".join(
-            f"{r.cluster} {r.source}: " + (f"ok ({r.stats.get('allocations', 0)} allocations, "
+            f"{r.cluster} {r.source}: " + (f"WARNING: {r.warning}" if r.ok and r.warning else
+                                           f"ok ({r.stats.get('allocations', 0)} allocations, "
                                            f"{r.stats.get('buckets', 0)} buckets, {r.skipped} bad records "
                                            "skipped)" if r.ok else f"FAILED: {r.error}")
             for r in summary.results) or "no sources configured")

@@ -59,6 +59,7 @@ class SourceResult:
     skipped: int = 0
     clamped: int = 0
     stats: dict[str, int] = field(default_factory=dict)
+    warning: str = ""  # e.g. a non-empty source that stored nothing: says why (issue 14 §4)
 
 
 @dataclass
@@ -86,8 +87,21 @@ def source_key(role: str, index: int, src: SourceConfig) -> str:
 
 
 def plan_window(store: Store, cluster: ClusterConfig, key: str, bucket: int, now: datetime,
-                since: datetime | None, until: datetime | None) -> Window:
-    """The next window for one source: from its watermark minus the overlap, aligned to buckets."""
+                since: datetime | None, until: datetime | None, role: str = "telemetry") -> Window:
+    """The next window for one source: from its watermark minus the overlap, aligned to buckets.
+    Allocation windows end *now* (not at the last bucket boundary): jobs that started minutes ago are
+    read on the first run, and "last seen" is the real sighting time, so a vanished job or pod is closed
+    at its last sighting, never at a boundary before it (issue 14)."""
+    if role == "allocations":
+        end = min(until or now, now)
+        if since is not None:
+            start = since
+        else:
+            wm = store.watermark(cluster.name, key)
+            start = (from_epoch(wm) - timedelta(minutes=cluster.overlap_minutes)) if wm is not None \
+                else end - timedelta(days=cluster.initial_days)
+        start = floor_to(start, bucket)
+        return Window(start, max(end, start + timedelta(seconds=1)), bucket)
     end = floor_to(min(until or now, now), bucket)
     if since is not None:
         start = since
@@ -129,8 +143,9 @@ def _guarded(records: Iterable[Any], source: str, problems: Problems) -> Iterato
 
 
 def _attempt(store: Store, cluster: ClusterConfig, role: str, index: int, src: SourceConfig, window: Window,
-             base_dir: Path, progress: Progress | None) -> tuple[IngestStats, Problems]:
-    """One attempt at a source: read, store (refused records quarantined), then quarantine + watermark."""
+             base_dir: Path, progress: Progress | None) -> tuple[IngestStats, Problems, str]:
+    """One attempt at a source: read, store (refused records quarantined), then quarantine + watermark;
+    with why nothing was stored from a source that had input ("" otherwise)."""
     key = source_key(role, index, src)
     problems = Problems()
     conn = connector_for(cluster.name, role, index, src, base_dir)
@@ -143,7 +158,7 @@ def _attempt(store: Store, cluster: ClusterConfig, role: str, index: int, src: S
     records = _guarded(_counted(conn.collect(window, problems), f"{cluster.name} {key}", progress), key, problems)
     stats: IngestStats = store.ingest(records, seen_at_ts=seen, on_bad=refused)
     _finish(store, cluster.name, key, problems, to_epoch(window.until) or 0)
-    return stats, problems
+    return stats, problems, _nothing_stored(conn, stats, problems)
 
 
 def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str, index: int,
@@ -155,7 +170,7 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
     res = SourceResult(cluster.name, key, False, window.since.isoformat(), window.until.isoformat(), attempts=0)
     t0 = time.monotonic()
 
-    def attempt() -> tuple[IngestStats, Problems]:
+    def attempt() -> tuple[IngestStats, Problems, str]:
         res.attempts += 1
         return _attempt(store, cluster, role, index, src, window, base_dir, progress)
 
@@ -165,10 +180,13 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
 
     try:
         with retry.budget(retry.SOURCE_BUDGET_S):
-            stats, problems = retry.call(attempt, sleep=sleep, before_retry=before_retry)
+            stats, problems, warning = retry.call(attempt, sleep=sleep, before_retry=before_retry)
         res.ok, res.error = True, ""
         res.stats = asdict(stats)
         res.skipped, res.clamped = problems.total, sum(problems.clamped.values())
+        res.warning = warning
+        if warning:
+            log.warning("%s %s: %s", cluster.name, key, warning)
     except GpuAuditError as exc:
         res.error = _one_line(str(exc))
     except SQLAlchemyError as exc:
@@ -219,6 +237,17 @@ def _clip(text: object, n: int = QUARANTINE_TEXT) -> str:
     return str(text).replace("\x00", "")[:n]
 
 
+def _nothing_stored(conn: Any, stats: IngestStats, problems: Problems) -> str:
+    """Why a source that had input stored no record ("" when it stored some, or had nothing to read)."""
+    if any(getattr(stats, k, 0) for k in ("allocations", "buckets", "reservations", "inventory", "closed")):
+        return ""
+    why = getattr(conn, "empty_reason", "") or ""
+    if problems.total:
+        why = f"{why}; " if why else ""
+        why += f"all {problems.total} records were bad (see the quarantine)"
+    return f"0 records stored: {why}" if why else ""
+
+
 def _quarantine(conn: Any, cluster: str, problems: Problems) -> None:
     if not problems.items:
         return
@@ -246,7 +275,7 @@ def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | 
             for i, src in enumerate(getattr(cluster, role)):
                 key = source_key(role, i, src)
                 try:
-                    window = plan_window(store, cluster, key, bucket, now, since, until)
+                    window = plan_window(store, cluster, key, bucket, now, since, until, role)
                 except GpuAuditError as exc:
                     summary.results.append(SourceResult(cluster.name, key, False, "", "", str(exc)))
                     continue

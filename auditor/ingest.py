@@ -209,6 +209,8 @@ def ingest_allocations(conn: Connection, allocs: list[Allocation], seen: int) ->
         old = existing.get(aid, [])
         if old and any(r.gpu_index is not None for r in old) and all(r["gpu_index"] is None for r in rows):
             continue  # keep the indices recorded while it ran
+        if old and not rows:
+            continue  # a sighting without GPUs (count unknown to accounting) keeps the GPUs recorded earlier
         wanted = {(r["node"], r["slot"]) for r in rows}
         stale += [r.id for r in old if (r.node, r.slot) not in wanted]
         new_rows += [{"allocation_id": aid, **r} for r in rows]

@@ -26,6 +26,17 @@ def from_epoch(ts: int | float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
 
+def from_epoch_any(s: str) -> datetime:
+    """Epoch of any size: seconds up to 11 digits (traces start at 0), then milliseconds (12-14 digits),
+    microseconds (15-17) and nanoseconds (18-19), as exporters and trace files write them."""
+    digits = len(s.split(".", 1)[0])
+    scale = 1 if digits <= 11 else 1e3 if digits <= 14 else 1e6 if digits <= 17 else 1e9
+    try:
+        return datetime.fromtimestamp(float(s) / scale, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"epoch time {s[:24]!r} is out of range") from None
+
+
 def parse_time(text: str, *, now: datetime | None = None, assume_tz: object = UTC) -> datetime:
     """Parse sacct-style and ISO times: ``2026-11-22``, ``2026-11-22T08:00[:00]``, ``now``, ``now-7days``,
     ISO with ``Z``/offset, or epoch seconds. Naive times are taken in ``assume_tz`` (UTC by default)."""
@@ -39,11 +50,8 @@ def parse_time(text: str, *, now: datetime | None = None, assume_tz: object = UT
             return now - timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
         except OverflowError:
             raise ValueError(f"time {text!r} is out of range") from None
-    if re.fullmatch(r"[0-9]{9,11}(\.[0-9]+)?", s):
-        try:
-            return datetime.fromtimestamp(float(s), UTC)
-        except (OverflowError, OSError, ValueError):
-            raise ValueError(f"time {text[:40]!r} is out of range") from None
+    if re.fullmatch(r"[0-9]{1,19}(\.[0-9]+)?", s):
+        return from_epoch_any(s)
     if not s.isascii():
         raise ValueError(f"cannot parse time {text[:40]!r} (use YYYY-MM-DD[THH:MM[:SS]], now-7days or epoch)")
     try:

@@ -28,7 +28,7 @@ from bench import ingest as ingest_bench
 
 TARGETS = {"audit_s_16384": 60.0, "rss_mib": 1024.0, "floor_ratio": 3.0, "scaling_4096_16384": 4.5,
            "ingest_rows_s": 500_000.0, "ingest_ratio": 0.5, "render_s": 5.0}
-OTHER = ("bench_slurm", "bench_kubernetes", "bench_prometheus")
+OTHER = ("bench_slurm", "bench_kubernetes", "bench_prometheus", "bench_jobstats")
 
 
 def _ok(value: float | None, limit: float, *, at_least: bool = False) -> str:

@@ -11,7 +11,7 @@ ROLES = {"allocations": "ALLOCATIONS", "telemetry": "TELEMETRY"}
 
 #: Kinds shipped with gpu-audit (others can be added as modules without editing this list; it only
 #: drives the documentation test).
-BUILTIN_KINDS = ("file", "scrape", "slurm", "kubernetes", "prometheus")
+BUILTIN_KINDS = ("file", "scrape", "slurm", "kubernetes", "prometheus", "jobstats")
 
 
 def connector_class(kind: str, role: str) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import stat
 import time
@@ -80,6 +81,9 @@ def read_bounded(path: Path, max_bytes: int = MAX_FILE_BYTES, time_limit_s: floa
     return b"".join(chunks)
 
 
+log = logging.getLogger("gpu_audit.input")
+
+
 def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tuple[str, Allocation]]:
     """Saved ``sacct -P`` output (header line first), through the Slurm connector's own parser.
     Jobs that held no GPU are not allocations and are passed over silently."""
@@ -89,11 +93,16 @@ def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tu
         text = read_bounded(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SourceError(str(path), f"cannot read: {exc}") from None
+    cpu_only, first = 0, first_data_line(text)
     for lineno, row in sacct_rows(text):
         loc = f"line {lineno}"
         if isinstance(row, str):
             problems.skip(str(path), loc, "wrong number of '|'-separated fields for the header", row)
             continue
+        if lineno == first:
+            check_sacct_header(path, list(row))
+        if "." in (row.get("JobID") or ""):
+            continue  # a step line (sacct without -X): its job's own line carries the allocation
         try:
             alloc = from_sacct_row(row, cluster)
         except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as exc:
@@ -101,6 +110,35 @@ def read_sacct_file(path: Path, cluster: str, problems: Problems) -> Iterator[tu
             continue
         if alloc.gpus:
             yield loc, alloc
+        elif alloc.start is not None:  # a job that never started holds nothing yet
+            cpu_only += 1
+    if cpu_only:
+        log.info("%s: %d jobs without GPUs (CPU-only) skipped", path, cpu_only)
+
+
+def first_data_line(text: str) -> int:
+    """Line number of the first row after the header (captured ``$ cmd`` lines and blanks skipped)."""
+    seen_header = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("$ ") or line.strip().startswith("[rc="):
+            continue
+        if seen_header:
+            return n
+        seen_header = True
+    return 0
+
+
+def check_sacct_header(path: Path, columns: list[str]) -> None:
+    """A header without the columns a job needs is a one-line error naming them, not N bad records."""
+    from connectors.slurm.jobs import SACCT_FIELDS
+
+    missing = [c for c in ("Start", "End", "NodeList", "AllocTRES") if c not in columns]
+    if not ({"JobID", "JobIDRaw"} & set(columns)):
+        missing.insert(0, "JobID")
+    if missing:
+        raise SourceError(str(path), f"sacct header lacks {', '.join(missing)} (expected columns: "
+                          f"{','.join(SACCT_FIELDS)}; save `sacct -P -X -o {','.join(SACCT_FIELDS)}` "
+                          f"with its header line); header seen: {'|'.join(columns)[:120]}")
 
 
 def read_rows(path: Path, fmt: str) -> Iterator[tuple[str, dict[str, Any] | str]]:

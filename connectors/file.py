@@ -22,6 +22,7 @@ from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, 
 from auditor.timeutil import parse_time
 from connectors._rows import check_regular, fixed_dir, read_rows, read_sacct_file
 from connectors.base import Context, Options, Problems, Window
+from connectors.slurm.saved import read_saved, sniff
 
 MAX_GPUS = 1024  # per allocation: more is a typo or hostile input, not a job
 _GPU_PART = re.compile(r"^\s*(?P<node>[^:;\s]+)\s*:\s*(?:\*(?P<count>\d+)|(?P<idx>[\d,\-\s]+))\s*$")
@@ -218,8 +219,10 @@ class FileAllocations:
 
     class Options(Options):
         paths: list[str] = Field(description="Files or glob patterns, relative to the config file.")
-        format: Literal["auto", "csv", "json", "sacct"] = Field(
-            "auto", description="auto picks by extension: .csv, .json/.jsonl, .sacct/.txt (sacct -P).")
+        format: Literal["auto", "csv", "json", "sacct", "scontrol", "slurm-json"] = Field(
+            "auto", description="auto picks by content and extension: saved `scontrol show job -d` text "
+            "(`scontrol`), Slurm jobs JSON from squeue/sacct --json or slurmrestd (`slurm-json`), .csv, "
+            ".json/.jsonl, else .sacct/.txt (sacct -P).")
 
     def __init__(self, context: Context, options: FileAllocations.Options) -> None:
         self.ctx, self.options, self.name = context, options, "file"
@@ -228,7 +231,8 @@ class FileAllocations:
         for path in _files(self.ctx, self.options.paths):
             fmt = self.options.format
             if fmt == "auto":
-                fmt = {".csv": "csv", ".json": "json", ".jsonl": "json"}.get(path.suffix.lower(), "sacct")
+                fmt = sniff(path) or {".csv": "csv", ".json": "json", ".jsonl": "json"}.get(
+                    path.suffix.lower(), "sacct")
             for _loc, rec in self._rows(path, fmt, problems):
                 if isinstance(rec, Allocation):
                     if rec.start is None or rec.start >= window.until:
@@ -243,6 +247,9 @@ class FileAllocations:
               ) -> Iterable[tuple[str, Allocation | Reservation | GpuInventory]]:
         if fmt == "sacct":
             yield from read_sacct_file(path, self.ctx.cluster, problems)
+            return
+        if fmt in ("scontrol", "slurm-json"):  # parsing lives with the Slurm connector
+            yield from read_saved(path, fmt, self.ctx.cluster, problems)
             return
         for loc, row in read_rows(path, fmt):
             if isinstance(row, str):

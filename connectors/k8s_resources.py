@@ -151,32 +151,53 @@ def gpu_share(resource: str, node: NodeInfo | None) -> tuple[float, str | None]:
     return 1.0 / replicas, None
 
 
-def pod_times(pod: Mapping[str, Any]) -> tuple[datetime | None, datetime | None, str]:
-    """(start, end, state): held from startTime (else the PodScheduled transition) until the latest
-    container finishedAt once the pod is terminal, or its deletionTimestamp; end None while running.
-    creationTimestamp is never used (it can postdate startTime)."""
+def pod_times(pod: Mapping[str, Any], now: datetime | None = None
+              ) -> tuple[datetime | None, datetime | None, str]:
+    """(start, end, state) of a pod, never an end in the future (issue 14 §3b, seen on a real v1.24 API):
+
+    * start: ``status.startTime``; a pod bound through ``pods/binding`` (what the scheduler does) has a
+      PodScheduled time but no startTime until the kubelet acknowledges it: then the first container start,
+      else None (not yet running, picked up on the next poll). creationTimestamp is never used.
+    * end of a Succeeded/Failed pod: its latest container ``finishedAt`` (also ``lastState``); without one,
+      the latest sign of life after start (a condition change, a container start, the deletion time);
+      without any, None: it stays open and is closed at its last sighting when it vanishes.
+    * a pod being deleted is ``Terminating``: its ``deletionTimestamp`` is the delete time *plus* the grace
+      period, so it ends at its containers' termination, or at ``deletionTimestamp`` once that has passed;
+      before that it is still held (end None) and a vanished pod is closed at its last sighting.
+    """
+    now = now or datetime.now(UTC)
     status = pod.get("status")
     if not isinstance(status, Mapping) or not status:
         raise BadObject("missing status")
     phase = status.get("phase") or "Unknown"
+    statuses = [cs for key in ("containerStatuses", "initContainerStatuses") for cs in status.get(key) or ()]
+    states = [((cs.get(k) or {}).get(s) or {}) for cs in statuses for k in ("state", "lastState")
+              for s in ("running", "terminated")]
+    started = [t for t in (parse_time(st.get("startedAt")) for st in states) if t is not None]
+    finished = [t for t in (parse_time(st.get("finishedAt")) for st in states) if t is not None]
     start = parse_time(status.get("startTime"))
+    if start is None and started:
+        start = min(started)
     conditions = status.get("conditions") or ()
-    if start is None:
-        for cond in conditions:
-            if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
-                start = parse_time(cond.get("lastTransitionTime"))
-    finished = [parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
-                for key in ("containerStatuses", "initContainerStatuses")
-                for cs in status.get(key) or ()]
     deleted = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
     end: datetime | None = None
     if phase in TERMINAL:
-        times = [t for t in finished if t is not None]
-        transitions = [parse_time(c.get("lastTransitionTime")) for c in conditions]
-        end = (max(times) if times else deleted
-               or max((t for t in transitions if t is not None), default=start))
+        if finished:
+            end = max(finished)
+        else:
+            signs = [t for t in (parse_time(c.get("lastTransitionTime")) for c in conditions) if t is not None]
+            signs += started + ([min(deleted, now)] if deleted else [])
+            later = [t for t in signs if start is None or t > start]
+            end = max(later) if later else None
     elif deleted is not None:
-        end, phase = deleted, "Terminating"
+        phase = "Terminating"
+        running = [cs for cs in statuses if (cs.get("state") or {}).get("running")]
+        if statuses and not running and finished:
+            end = max(finished)
+        elif deleted <= now:
+            end = deleted
+    if end is not None and end > now:
+        end = now
     if start is not None and end is not None and end < start:
         end = start
     return start, end, phase

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -127,8 +128,10 @@ class KubernetesAllocations:
             raise SourceError(SOURCE, f"cluster {self.context.cluster}: cannot load client configuration: "
                               f"{_one_line(str(exc))}") from None
         if not o.verify_tls:
+            # one clear line here, instead of urllib3's multi-line InsecureRequestWarning on every request
             log.warning("kubernetes[%s]: TLS verification of %s is OFF (verify_tls = false)",
                         self.context.cluster, cfg.host)
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
             cfg.verify_ssl = False
         cfg.retries = 0  # the collector polls again; a retry would only multiply the timeout
         self._api = client.ApiClient(cfg)
@@ -151,6 +154,10 @@ class KubernetesAllocations:
             raise self._api_error(exc, "watch" if kw.get("watch") else "list", resource, group,
                                   namespace) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if _tls_failure(exc):  # a bad or unknown certificate does not heal by retrying
+                raise SourceError(SOURCE, f"cluster {self.context.cluster}: TLS certificate of the API server "
+                                  f"not accepted: {_transport(exc)} (set ca_file, or verify_tls = false)",
+                                  transient=False) from None
             raise SourceError(SOURCE, f"cluster {self.context.cluster}: list {resource} failed: "
                               f"{_transport(exc)} (timeout_s={self.options.timeout_s:g})",
                               transient=True) from None
@@ -322,6 +329,21 @@ def _status_message(exc: ApiException) -> str:
         return _one_line(str(body.get("message") or exc.reason))
     except (ValueError, AttributeError):
         return _one_line(str(exc.reason))
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    """Whether a transport error is a certificate verification failure (anywhere in its causes)."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ssl.SSLCertVerificationError | urllib3.exceptions.SSLError | ssl.SSLError):
+            return True
+        stack += [getattr(e, "reason", None), e.__cause__, e.__context__]
+    return False
 
 
 def _transport(exc: Exception) -> str:

@@ -32,6 +32,7 @@ import httpx
 from pydantic import Field, field_validator
 
 from auditor.aliases import (
+    JOB_ID_METRICS,
     LABEL_ALIASES,
     METRIC_ALIASES,
     RATIO_FIELDS,
@@ -262,6 +263,11 @@ class PrometheusTelemetry:
             fn = "max_over_time" if fname == "fb_used_mib" else "avg_over_time"
             for unit, names in by_unit.items():
                 out.append(("value", f"{fname}:{unit}:{names[0]}", self.query(fn, names, bucket_s)))
+        # jobstats: the job holding a GPU is the *value* of nvidia_gpu_jobId; min and max per bucket give
+        # both jobs when the GPU changed hands inside it (comma-joined, like dcgm-exporter's hpc_job)
+        for name in sorted(JOB_ID_METRICS & have):
+            for fn in ("min_over_time", "max_over_time"):
+                out.append(("jobid", f"{fn}:{name}", self.query(fn, [name], bucket_s)))
         # One count per exported name (a GPU exporting two aliases must not count twice). GPU_UTIL is
         # counted only where SM_ACTIVE is absent (``unless``): a profiled fleet pays for one count query.
         sm = [n for n in names_for("sm_active") if n in have]
@@ -290,7 +296,10 @@ class PrometheusTelemetry:
             todo = self.plan(have, window.bucket_seconds)
             self.index_of = self.uuid_index(window, have, problems)
             if not todo:
-                log.warning("%s: no GPU metric of the alias table in this window", self.source)
+                gpuish = sorted(n for n in have if re.search(r"gpu|dcgm|nvidia|nvml", n, re.IGNORECASE))
+                log.warning("%s: no GPU metric of the alias table in this window%s", self.source,
+                            f"; GPU-looking names present: {', '.join(gpuish[:8])}" if gpuish else
+                            f" ({len(have)} metric names present, none GPU-looking)")
             b = window.bucket_seconds
             with ThreadPoolExecutor(self.options.concurrency, "prometheus") as pool:
                 for first, last in self.chunks(window):
@@ -356,6 +365,9 @@ class Merge:
     def add(self, kind: str, what: str, data: Any) -> None:
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
             raise SourceError(self.src.source, f"query_range answered {str(data)[:60]!r}, not a matrix")
+        if kind == "jobid":
+            self.add_jobs(data)
+            return
         if kind == "value":
             fname, unit, metric_name = what.split(":")
         else:
@@ -398,6 +410,22 @@ class Merge:
                 if old is None or v > old:  # copies of one GPU: max, never summed
                     row[fname] = v
 
+    def add_jobs(self, data: dict[str, Any]) -> None:
+        """Job ids from nvidia_gpu_jobId values (0 = no job) onto the GPU's rows of those buckets."""
+        for series in data.get("result") or ():
+            gkey = self.key(series.get("metric") or {})
+            if gkey is None:
+                continue
+            rows = self.rows.setdefault(gkey, {})
+            for t, text in series.get("values") or ():
+                try:
+                    job = int(float(text))
+                except ValueError:
+                    continue
+                if job > 0:
+                    row = rows.setdefault(int(t) - self.bucket_s, {"_meta": (None, None, ())})
+                    row.setdefault("_jobs", set()).add(str(job))
+
     def slow(self, fname: str, unit: str, raw: float, metric_name: str, gkey: tuple[str, int, str],
              start: int) -> float | None:
         """Clamp (counted) or quarantine (one problem per GPU bucket and field) a value off the fast path."""
@@ -432,6 +460,11 @@ class Merge:
             joined: dict[str, set[str]] = {}
             for k, v in labels:
                 joined.setdefault(k, set()).add(v)
+            jobs = row.pop("_jobs", None)
+            if jobs and "hpc_job" not in joined:
+                joined["hpc_job"] = jobs
+            if counts == {0: 0} and not any(k in METRIC_FIELDS for k in row):
+                continue  # a job id without any metric in that bucket is not an observation
             yield GpuBucket(cluster=cluster, host=host, gpu=gpu, gpu_instance=inst, seconds=seconds,
                             start=datetime.fromtimestamp(start, UTC),
                             samples=max(counts.values()), uuid=uuid, model=model,

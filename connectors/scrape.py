@@ -12,7 +12,9 @@ before the bucket mean is taken.
 from __future__ import annotations
 
 import glob
+import logging
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,11 +23,20 @@ from typing import Literal
 
 from pydantic import Field
 
-from auditor.aliases import METRIC_ALIASES, BadValue, host_from_instance, normalise, pick_label
+from auditor.aliases import (
+    JOB_ID_METRICS,
+    METRIC_ALIASES,
+    BadValue,
+    host_from_instance,
+    normalise,
+    pick_label,
+)
 from auditor.errors import SourceError
 from auditor.records import LABEL_FIELDS, GpuBucket
 from connectors._rows import MAX_FILE_BYTES, check_regular, fixed_dir, read_bounded
 from connectors.base import Context, Options, Problems, Window
+
+log = logging.getLogger("gpu_audit.scrape")
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +243,7 @@ class ScrapeFiles:
     def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket]:
         lo, hi = window.since.timestamp(), window.until.timestamp()
         builder = BucketBuilder(self.context.cluster, window.bucket_seconds, problems)
+        self.seen: Counter[str] = Counter()
         for path in self.files():
             try:
                 text = read_bounded(path, self.options.max_bytes).decode("utf-8", errors="replace")
@@ -243,7 +255,13 @@ class ScrapeFiles:
                 raise SourceError(self.name, f"cannot read {path}: {exc.strerror}") from None
             default_ts = self.options.at.timestamp() if self.options.at else mtime
             self._fold(str(path), text, default_ts, lo, hi, builder, problems)
-        return list(builder.buckets())
+        out = list(builder.buckets())
+        if not out and self.seen and not any(n in METRIC_ALIASES for n in self.seen):
+            self.empty_reason = (f"{sum(self.seen.values())} samples but no supported GPU metric; most common "
+                                 f"names: {common_names(self.seen)} (the alias table, docs/telemetry.md, "
+                                 "lists the supported ones)")
+            log.warning("%s: %s", self.options.paths[0], self.empty_reason)
+        return out
 
     def _host(self, labels: dict[str, str]) -> str | None:
         if self.options.host:
@@ -257,9 +275,23 @@ class ScrapeFiles:
             return host_from_instance(host)
         return host
 
+    def _job_ids(self, samples: list[Sample], default_ts: float) -> dict[tuple[str, int, float], str]:
+        """jobstats publishes the job on a GPU as the value of ``nvidia_gpu_jobId`` (0 = none):
+        (host, gpu, instant) -> Slurm job id, so the GPU's other series of that instant carry it."""
+        out: dict[tuple[str, int, float], str] = {}
+        for s in samples:
+            if s.name not in JOB_ID_METRICS or not math.isfinite(s.value) or s.value <= 0:
+                continue
+            host, gpu_text = self._host(s.labels), pick_label(s.labels, "gpu")
+            if host and gpu_text and gpu_text.isdigit():
+                ts = s.ts if s.ts is not None else default_ts
+                out[(host, int(gpu_text), ts)] = str(int(s.value))
+        return out
+
     def _fold(self, source: str, text: str, default_ts: float, lo: float, hi: float,
               builder: BucketBuilder, problems: Problems) -> None:
         samples = list(parse_text(text, source, problems, self.options.format))
+        self.seen.update(s.name for s in samples)
         # nvidia_gpu_exporter labels its series with uuid only: the index comes from nvidia_smi_index
         # or nvidia_smi_gpu_info, the model from nvidia_smi_gpu_info's name label.
         index_of: dict[str, int] = {}
@@ -275,6 +307,7 @@ class ScrapeFiles:
                     index_of.setdefault(uuid, int(s.labels["index"]))
                 if s.labels.get("name"):
                     model_of[uuid] = s.labels["name"]
+        job_of = self._job_ids(samples, default_ts)
         for s in samples:
             if s.name not in METRIC_ALIASES:
                 continue
@@ -297,8 +330,15 @@ class ScrapeFiles:
             if profile:
                 model = f"{model} MIG {profile}" if model else f"MIG {profile}"
             labels = {k: pick_label(s.labels, k) or "" for k in LABEL_FIELDS}
+            if not labels["hpc_job"] and job_of:
+                labels["hpc_job"] = job_of.get((host, gpu, ts), "")
             builder.add(host, gpu, instance, s.name, s.value, ts, (source, where),
                         uuid=uuid, model=model, labels=labels)
+
+
+def common_names(counts: Counter[str], n: int = 5) -> str:
+    """``a (120), b (80)``: the most frequent metric names, for "nothing supported" messages."""
+    return ", ".join(f"{name} ({k})" for name, k in counts.most_common(n))
 
 
 TELEMETRY = ScrapeFiles

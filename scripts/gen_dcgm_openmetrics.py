@@ -16,6 +16,14 @@ Profile ``test`` (six GPUs on three nodes, exact dcgm-exporter label names):
 
 Profile ``bench``: ``gpus`` GPUs (8 per node), the 8 bench metrics, one sample per ``interval``.
 
+Profile ``jobstats`` (Princeton jobstats' exporter names: ``nvidia_gpu_duty_cycle`` 0-100, memory in bytes,
+power in milliwatts, labels ``minor_number``/``uuid``/``name``/``cluster``, and the job on each GPU as the
+*value* of ``nvidia_gpu_jobId``, 0 = none), the schedule in :data:`JOBSTATS_JOBS`:
+
+* della-g01 GPU 0 works (~95 %) for job 5001 in hours 0-3 and job 5003 in hours 3-6.
+* della-g01 GPU 1 idles (0 %) holding 30 GB for job 5001 in hours 0-3, then no job.
+* della-g02 GPU 0 reads 0-4 % (idle by GPU-Util) for job 5002 in hours 1-5.
+
 Usage: python scripts/gen_dcgm_openmetrics.py --out DIR [--profile test|bench] [--start EPOCH]
        [--hours H] [--interval S] [--gpus N] [--seed N]   (writes DIR/data.om and DIR/state.json)
 """
@@ -56,7 +64,22 @@ BEHAVIOURS: dict[str, dict[str, tuple[float, float]]] = {
     "util_only": {"DCGM_FI_DEV_GPU_UTIL": (3, 2), "DCGM_FI_DEV_FB_USED": (500, 0),
                   "DCGM_FI_DEV_POWER_USAGE": (40.0, 2.0)},
 }
-INTEGER_METRICS = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "nvidia_smi_index"})
+INTEGER_METRICS = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "nvidia_smi_index",
+                             "nvidia_gpu_duty_cycle", "nvidia_gpu_power_usage_milliwatts"})
+BEHAVIOURS |= {
+    "js_work": {"nvidia_gpu_duty_cycle": (95, 3), "nvidia_gpu_memory_used_bytes": (4.0e10, 0),
+                "nvidia_gpu_memory_total_bytes": (8.5e10, 0), "nvidia_gpu_power_usage_milliwatts": (250000, 10000)},
+    "js_idle": {"nvidia_gpu_duty_cycle": (0, 0), "nvidia_gpu_memory_used_bytes": (3.0e10, 0),
+                "nvidia_gpu_memory_total_bytes": (8.5e10, 0), "nvidia_gpu_power_usage_milliwatts": (60000, 1000)},
+    "js_low": {"nvidia_gpu_duty_cycle": (2, 2), "nvidia_gpu_memory_used_bytes": (1.0e9, 0),
+               "nvidia_gpu_memory_total_bytes": (8.5e10, 0), "nvidia_gpu_power_usage_milliwatts": (70000, 2000)},
+}
+#: jobstats profile: (host, minor) -> [(from hour, to hour, Slurm job id)]
+JOBSTATS_JOBS: dict[tuple[str, int], list[tuple[float, float, int]]] = {
+    ("della-g01", 0): [(0, 3, 5001), (3, 6, 5003)],
+    ("della-g01", 1): [(0, 3, 5001)],
+    ("della-g02", 0): [(1, 5, 5002)],
+}
 
 
 def gpus(state: dict) -> list[dict]:
@@ -64,6 +87,10 @@ def gpus(state: dict) -> list[dict]:
     if state["profile"] == "bench":
         return [{"host": f"n{i // 8:04d}", "gpu": i % 8, "behaviour": ("work", "idle_mem", "spin")[i % 3],
                  "copies": [{}], "model": "NVIDIA H100 80GB HBM3"} for i in range(state["gpus"])]
+    if state["profile"] == "jobstats":
+        return [{"host": h, "gpu": g, "behaviour": b, "copies": [{}], "model": "NVIDIA A100 80GB PCIe",
+                 "exporter": "jobstats"}
+                for h, g, b in (("della-g01", 0, "js_work"), ("della-g01", 1, "js_idle"), ("della-g02", 0, "js_low"))]
     k8s = {"container": "main", "namespace": "team-a", "pod": "spin-7f9c"}
     return [
         {"host": "node-a", "gpu": 0, "behaviour": "spin", "copies": [k8s], "model": "NVIDIA A100-SXM4-80GB"},
@@ -89,6 +116,9 @@ def _uuid(host: str, gpu: int) -> str:
 def _labels(g: dict, copy: dict, renamed: bool, bench: bool) -> dict[str, str]:
     """dcgm-exporter's label order (gpu, UUID, pci_bus_id, device, modelName, Hostname) + scrape labels;
     nvidia_gpu_exporter's series carry only ``uuid`` (no GPU- prefix) besides the scrape labels."""
+    if g.get("exporter") == "jobstats":
+        return {"cluster": "della", "instance": f"{g['host']}:9445", "job": "jobstats-gpu",
+                "minor_number": str(g["gpu"]), "name": g["model"], "uuid": _uuid(g["host"], g["gpu"])}
     if g.get("exporter") == "nvidia_gpu_exporter":
         return {"uuid": _uuid(g["host"], g["gpu"])[4:], "instance": f"{g['host']}:9835",
                 "job": "nvidia_gpu_exporter"}
@@ -115,7 +145,11 @@ def series(state: dict) -> Iterator[tuple[str, dict[str, str], list[tuple[int, f
     """Every series (metric, labels, [(epoch s, value)]), grouped by metric; gaps already removed."""
     bench = state["profile"] == "bench"
     span = instants(state)
-    metrics = BENCH_METRICS if bench else sorted({m for b in BEHAVIOURS.values() for m in b})
+    if state["profile"] == "jobstats":
+        yield from _jobstats_series(state)
+        return
+    metrics = BENCH_METRICS if bench else sorted({m for b in BEHAVIOURS.values() for m in b
+                                                  if not m.startswith("nvidia_gpu_")})
     for metric in metrics:
         for g in gpus(state):
             shape = BEHAVIOURS[g["behaviour"]].get(metric)
@@ -140,6 +174,28 @@ def series(state: dict) -> Iterator[tuple[str, dict[str, str], list[tuple[int, f
                 for renamed, part in enumerate(parts):
                     if part:
                         yield metric, _labels(g, copy, bool(renamed), bench), part
+
+
+def job_at(host: str, gpu: int, hour: float) -> int:
+    """The Slurm job on a GPU of the jobstats profile at ``hour`` after the start (0 = none)."""
+    return next((j for lo, hi, j in JOBSTATS_JOBS.get((host, gpu), ()) if lo <= hour < hi), 0)
+
+
+def _jobstats_series(state: dict) -> Iterator[tuple[str, dict[str, str], list[tuple[int, float]]]]:
+    span = instants(state)
+    for metric in ("nvidia_gpu_duty_cycle", "nvidia_gpu_memory_used_bytes", "nvidia_gpu_memory_total_bytes",
+                   "nvidia_gpu_power_usage_milliwatts", "nvidia_gpu_jobId"):
+        for g in gpus(state):
+            labels = _labels(g, {}, False, False)
+            if metric == "nvidia_gpu_jobId":
+                yield metric, labels, [(ts, float(job_at(g["host"], g["gpu"], (ts - span.start) / 3600)))
+                                       for ts in span]
+                continue
+            centre, jitter = BEHAVIOURS[g["behaviour"]][metric]
+            rng = random.Random(f"{state['seed']}/{g['host']}/{g['gpu']}/{metric}")
+            values = [max(0.0, centre + rng.uniform(-jitter, jitter)) for _ in span]
+            values = [float(round(v)) if metric in INTEGER_METRICS else round(v, 6) for v in values]
+            yield metric, labels, list(zip(span, values, strict=True))
 
 
 def samples(state: dict) -> Iterator[tuple[str, dict[str, str], float, int]]:
@@ -174,7 +230,7 @@ def write(state: dict, out: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--profile", choices=("test", "bench"), default="test")
+    ap.add_argument("--profile", choices=("test", "bench", "jobstats"), default="test")
     ap.add_argument("--start", type=int, help="first sample, epoch s (default: 3 days ago, whole hour)")
     ap.add_argument("--hours", type=float, default=6.0)
     ap.add_argument("--interval", type=int, default=30)

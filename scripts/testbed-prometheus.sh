@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # A real Prometheus for the tests: Debian's package, backfilled with generated DCGM-shaped OpenMetrics.
 #
-#   scripts/testbed-prometheus.sh up [test|bench]    install, generate, backfill, start, wait until ready
-#   scripts/testbed-prometheus.sh down [test|bench]  stop the instance this script started
+#   scripts/testbed-prometheus.sh up [test|bench|jobstats]    install, generate, backfill, start, wait until ready
+#   scripts/testbed-prometheus.sh down [test|bench|jobstats]  stop the instance this script started
 # A second `up` reuses the backfilled data (set TESTBED_FRESH=1 to generate and backfill it again).
 #
 # test  : 127.0.0.1:19090, 6 h of 30 s samples from 3 days ago (see scripts/gen_dcgm_openmetrics.py)
 # bench : 127.0.0.1:19091, BENCH_GPUS GPUs (default 1024) x 7 days x 8 metrics, one sample per
 #         BENCH_INTERVAL s (default 300: 1024 x 7 d of 30 s samples is 165 M samples, too much to backfill
 #         on a 2-core CI machine; the 5-min buckets the benchmark pulls are the same size either way).
+# jobstats : 127.0.0.1:19092, 6 h of 30 s samples from 3 days ago under Princeton jobstats' exporter names
+#         (nvidia_gpu_duty_cycle, ..._milliwatts, nvidia_gpu_jobId as the job); see the generator.
 # The packaged prometheus service is not used (nothing here starts it); ours runs from its own data dir
 # under $TESTBED_ROOT (default /var/lib/gpu-audit-testbed) with 100 years of retention.
 set -euo pipefail
@@ -20,7 +22,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 case $profile in
   test) port=19090 ;;
   bench) port=19091 ;;
-  *) echo "unknown profile $profile (test|bench)" >&2; exit 2 ;;
+  jobstats) port=19092 ;;
+  *) echo "unknown profile $profile (test|bench|jobstats)" >&2; exit 2 ;;
 esac
 dir=$root/$profile
 url=http://127.0.0.1:$port
@@ -46,7 +49,7 @@ EOF
 }
 
 if [[ $cmd == down ]]; then stop; echo "prometheus ($profile) stopped"; exit 0; fi
-if [[ $cmd != up ]]; then echo "usage: $0 up|down [test|bench]" >&2; exit 2; fi
+if [[ $cmd != up ]]; then echo "usage: $0 up|down [test|bench|jobstats]" >&2; exit 2; fi
 
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends prometheus
@@ -62,8 +65,8 @@ if [[ -f $dir/state.json && -f $dir/backfilled && -z ${TESTBED_FRESH:-} ]]; then
 else
   rm -rf "$dir"
   mkdir -p "$dir/tsdb"
-  if [[ $profile == test ]]; then
-    python3 "$here/gen_dcgm_openmetrics.py" --out "$dir" --profile test --hours 6 --interval 30
+  if [[ $profile == test || $profile == jobstats ]]; then
+    python3 "$here/gen_dcgm_openmetrics.py" --out "$dir" --profile "$profile" --hours 6 --interval 30
   else
     now=$(date +%s)
     start=$(( (now - 8 * 86400) / 86400 * 86400 ))

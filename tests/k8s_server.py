@@ -263,17 +263,20 @@ class _Handler(BaseHTTPRequestHandler):
 class K8sServer:
     """Runs :class:`K8sReplay` on 127.0.0.1 at a random port in a daemon thread."""
 
-    def __init__(self, replay: K8sReplay | None = None) -> None:
+    def __init__(self, replay: K8sReplay | None = None, ssl_context: Any = None) -> None:
         self.replay = replay or K8sReplay()
         handler = type("Handler", (_Handler,), {"replay": self.replay})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
+        self.tls = ssl_context is not None
+        if ssl_context is not None:  # HTTPS with the given (e.g. self-signed) certificate
+            self.httpd.socket = ssl_context.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.httpd.server_address[1]}"
 
     def __enter__(self) -> K8sServer:
         self.thread.start()

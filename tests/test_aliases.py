@@ -49,6 +49,9 @@ def test_every_alias_maps_to_a_bucket_field_and_every_field_has_one() -> None:
     ("DCGM_FI_DEV_BOARD_POWER_WATTS", "power_w", 300.5, 300.5),
     ("DCGM_FI_DEV_FB_USED", "fb_used_mib", 4845, 4845),
     ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bps", 1e9, 1e9),
+    ("nvidia_gpu_duty_cycle", "gpu_util", 37, 0.37),  # jobstats' exporter: percent
+    ("nvidia_gpu_memory_used_bytes", "fb_used_mib", 3 * 1024 * 1024, 3.0),
+    ("nvidia_gpu_power_usage_milliwatts", "power_w", 251500, 251.5),
 ])
 def test_names_and_units(name: str, field: str, raw: float, stored: float) -> None:
     spec = METRIC_ALIASES[name]
@@ -73,6 +76,8 @@ def test_label_aliases_prefer_in_order_and_skip_empty() -> None:
     assert pick_label({"exported_namespace": "ns"}, "namespace") == "ns"
     assert pick_label({"GPU_I_ID": "13", "GPU_I_PROFILE": "1g.5gb"}, "gpu_profile") == "1g.5gb"
     assert pick_label({}, "hpc_job") is None
+    assert pick_label({"jobid": "51234567"}, "hpc_job") == "51234567"  # jobstats' dcgm-exporter rename
+    assert pick_label({"jobId": "7"}, "hpc_job") == "7" and pick_label({"minor_number": "3"}, "gpu") == "3"
 
 
 @pytest.mark.parametrize(("instance", "host"), [

@@ -336,9 +336,30 @@ def test_connector_agrees_with_a_typed_client_reading(target: tuple[Any, client.
     allocs = [r for r in records if isinstance(r, Allocation)]
     assert isinstance(records[-1], RunningSnapshot)
     assert {a.external_id: len(a.gpus) for a in allocs} == typed_reading(core)
+    now = datetime.now(UTC)
     for a in allocs:
         assert a.start is not None and a.start.tzinfo is UTC and a.account and a.gpus
         assert all(0 < g.share <= 1 and g.node for g in a.gpus)
+        # issue 14 §3b, on any cluster: never an end in the future (deletionTimestamp includes the grace
+        # period), never an end before the start, and a Terminating pod still running stays open
+        assert a.end is None or a.start <= a.end <= now, (a.name, a.start, a.end)
+    starts = typed_starts(core)
+    assert {a.external_id: a.start for a in allocs} == {k: v for k, v in starts.items() if k in
+                                                         {a.external_id for a in allocs}}
+
+
+def typed_starts(core: client.CoreV1Api) -> dict[str, datetime | None]:
+    """Independent reading of each pod's start: startTime, else (bound via pods/binding, no startTime
+    yet) the earliest container start."""
+    out: dict[str, datetime | None] = {}
+    for p in core.list_pod_for_all_namespaces().items:
+        st = p.status
+        times = [t for cs in (st.container_statuses or []) + (st.init_container_statuses or [])
+                 for s in (cs.state, cs.last_state) if s
+                 for t in ((s.running.started_at if s.running else None),
+                           (s.terminated.started_at if s.terminated else None)) if t]
+        out[p.metadata.uid] = st.start_time or (min(times) if times else None)
+    return out
 
 
 def test_time_slicing_labels_cronjob_chain_and_terminating_pods(server: K8sServer) -> None:

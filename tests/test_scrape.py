@@ -203,3 +203,27 @@ def test_every_option_is_documented() -> None:
     doc = (Path(__file__).resolve().parent.parent / "docs" / "telemetry.md").read_text()
     for field in ScrapeFiles.Options.model_fields:
         assert f"| `scrape.{field}` |" in doc, field
+
+
+JOBSTATS = Path(__file__).parent / "fixtures" / "jobstats"
+
+
+def test_jobstats_exporter_names_units_and_job_id_metric() -> None:
+    """jobstats' exporter (fixture built from its documented exposition, see fixtures/jobstats/PROVENANCE.md):
+    duty cycle 0-100, memory in bytes, power in milliwatts, GPU index from ``minor_number``, node from
+    ``instance``, and the Slurm job as the *value* of ``nvidia_gpu_jobId`` (0 = none)."""
+    problems = Problems()
+    src = build("scrape", "telemetry", {"paths": ["federate-jobstats-exporter.prom"]}, Context("della", JOBSTATS))
+    t0 = datetime(2025, 11, 29, 8, 0, tzinfo=UTC)
+    buckets = list(src.collect(Window(t0, t0 + timedelta(hours=1), 300), problems))
+    assert problems.total == 0
+    by_gpu = {b.gpu: b for b in buckets}
+    assert sorted(by_gpu) == [0, 1] and all(b.host == "della-l01g1" and b.start == t0 for b in buckets)
+    g0, g1 = by_gpu[0], by_gpu[1]
+    # hand: (97 + 99 + 98) / 3 / 100 = 0.98; power (251 + 255 + 253) / 3 W = 253 W; memory max 4.3e10 B
+    assert g0.gpu_util == pytest.approx(0.98) and g0.power_w == pytest.approx(253.0)
+    assert g0.fb_used_mib == pytest.approx(4.3e10 / 1048576) and g0.samples == 3
+    assert g0.hpc_job == "51234567" and g0.model == "NVIDIA A100 80GB PCIe" and g0.sm_active is None
+    # GPU 1: idle (0 %), 61 W on average, 44,040,192,000 B = 42,000 MiB held; no job at the first sample
+    assert g1.gpu_util == 0.0 and g1.power_w == pytest.approx(61.0) and g1.fb_used_mib == pytest.approx(42000.0)
+    assert g1.hpc_job == "51234568" and g1.uuid == "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"

@@ -428,3 +428,76 @@ def test_every_option_is_documented() -> None:
     rows = {line.split("|")[1].strip() for line in doc.splitlines() if line.startswith("| `slurm.")}
     assert rows == {f"`slurm.{name}`" for name in SlurmOptions.model_fields}
     assert all(f.description for f in SlurmOptions.model_fields.values())
+
+
+def test_older_gres_idx_spelling_reads_like_gres() -> None:
+    """Older slurmctld prints ``GRES_IDX=gpu(IDX:0,2-3,5)`` where 22.05 prints ``GRES=gpu:h100:3(IDX:0-2)``:
+    job 23's real record, respelled, gives the same per-node indices (README §7.2: 0-2 and 1-3)."""
+    job = workload("22.05/2node/workload-jobids.txt")["multinode-2x3"]
+    rec = next(r for r in scontrol_records(text("22.05/2node/running/scontrol-show-job-oneliner.txt"))
+               if r.startswith(f"JobId={job} "))
+    old = rec.replace("GRES=gpu:h100:3(IDX:0-2)", "GRES_IDX=gpu(IDX:0-2)").replace(
+        "GRES=gpu:h100:3(IDX:1-3)", "GRES_IDX=gpu(IDX:1,2-3)")
+    assert old != rec and "GRES_IDX=gpu(IDX:1,2-3)" in old
+    a = jobs.from_scontrol_job(old, C)
+    assert idx(a) == {"gpu-node-01": [0, 1, 2], "gpu-node-02": [1, 2, 3]}
+    assert a.labels["gpu_placement"] == "idx"
+    sparse = jobs.from_scontrol_job(old.replace("GRES_IDX=gpu(IDX:0-2)", "GRES_IDX=gpu(IDX:0,2-3,5)"), C)
+    assert idx(sparse)["gpu-node-01"] == [0, 2, 3, 5]
+
+
+def _respell(job_name: str, gres: str, tres: str) -> str:
+    """A real 22.05 running record (job ``job_name`` of the 2-node workload) with its GRES/TRES respelled."""
+    job = workload("22.05/2node/workload-jobids.txt")[job_name]
+    rec = next(r for r in scontrol_records(text("22.05/2node/running/scontrol-show-job-oneliner.txt"))
+               if r.startswith(f"JobId={job} "))
+    rec = re.sub(r"TRES=\S+", f"TRES={tres}", rec, count=1)
+    return re.sub(r"GRES=gpu:h100:3\(IDX:0-2\)", gres, rec, count=1)
+
+
+def test_mig_typed_gres_and_shards_get_shares() -> None:
+    # MIG slices by index while running: 1g.10gb is 1 of 7 compute slices, 3g.40gb 3 of 7
+    rec = _respell("multinode-2x3", "GRES=gpu:1g.10gb:1(IDX:3),gpu:3g.40gb:1(IDX:7)",
+                   "cpu=2,node=2,billing=2,gres/gpu=4,gres/gpu:1g.10gb=2,gres/gpu:3g.40gb=2")
+    a = jobs.from_scontrol_job(rec, C)
+    node1 = [(g.index, round(g.share, 6), g.mig_profile) for g in a.gpus if g.node == "gpu-node-01"]
+    assert node1 == [(3, round(1 / 7, 6), "1g.10gb"), (7, round(3 / 7, 6), "3g.40gb")]
+    # history (sacct AllocTRES): both MIG types of a single-node job; A30's 2g.12gb is 2 of 4 slices
+    row = {"JobID": "9", "JobIDRaw": "9", "State": "COMPLETED", "Start": "2026-11-29T10:00:00",
+           "End": "2026-11-29T11:00:00", "NodeList": "mig-01",
+           "AllocTRES": "cpu=1,gres/gpu=3,gres/gpu:1g.10gb=2,gres/gpu:3g.40gb=1"}
+    h = jobs.from_sacct_row(row, C)
+    assert sorted((round(g.share, 6), g.mig_profile) for g in h.gpus) == [
+        (round(1 / 7, 6), "1g.10gb"), (round(1 / 7, 6), "1g.10gb"), (round(3 / 7, 6), "3g.40gb")]
+    assert abs(h.gpu_count - 5 / 7) < 1e-9  # billed as 5/7 of a GPU, not 3 GPUs
+    a30 = jobs.from_sacct_row({**row, "AllocTRES": "cpu=1,gres/gpu=1,gres/gpu:2g.12gb=1"}, C)
+    assert [(g.share, g.mig_profile) for g in a30.gpus] == [(0.5, "2g.12gb")]
+    # shards: 2 shards of a node whose GPUs carry 8 shards each -> 2/8 of a GPU, on the GPU IDX names
+    node = "NodeName=gpu-node-01 Arch=x86_64 CoresPerSocket=16 Gres=gpu:h100:8,shard:h100:64 State=MIXED"
+    assert inv.node_shards(node) == ("gpu-node-01", 8)
+    srec = _respell("multinode-2x3", "GRES=shard:h100:2(IDX:0)", "cpu=2,node=2,billing=2,gres/shard=2")
+    s = jobs.from_scontrol_job(srec, C)
+    shard_gpus = [g for g in s.gpus if g.node == "gpu-node-01"]
+    assert [(g.index, g.share, g.mig_profile) for g in shard_gpus] == [(0, 0.5, "shard"), (0, 0.5, "shard")]
+    win = Window(datetime(2026, 11, 29, 14, 0, tzinfo=UTC), datetime(2026, 11, 29, 16, 0, tzinfo=UTC))
+    out = [r for r in assemble(Reading(running=[s], shards={"gpu-node-01": 8}), win, C)
+           if isinstance(r, Allocation)]
+    assert [(g.index, g.share) for g in out[0].gpus if g.node == "gpu-node-01"] == [(0, 0.125), (0, 0.125)]
+    acct = jobs.from_sacct_row({**row, "NodeList": "gpu-node-01", "AllocTRES": "cpu=1,gres/shard=3"}, C)
+    assert [(g.node, g.mig_profile) for g in acct.gpus] == [("gpu-node-01", "shard")] * 3
+
+
+def test_shard_and_mig_json_shapes_seen_on_the_mig_shard_testbed() -> None:
+    """squeue --json fields as the real 22.05 testbed (variant mig-shard) printed them for three jobs."""
+    base = {"job_state": "RUNNING", "start_time": 1795962539, "user_name": "bob", "account": "team-b"}
+    shard = jobs.from_json_job({**base, "job_id": 32, "nodes": "gpu-node-02", "gres_detail": ["shard:2(IDX:0)"],
+                                "tres_alloc_str": "cpu=1,node=1,billing=1,gres/shard=2",
+                                "tres_per_node": "gres:shard:2"}, C)
+    mig = jobs.from_json_job({**base, "job_id": 31, "nodes": "gpu-node-01",
+                              "gres_detail": ["gpu:1g.10gb:2(IDX:0-1)"],
+                              "tres_alloc_str": "cpu=1,node=1,billing=1,gres/gpu=2,gres/gpu:1g.10gb=2"}, C)
+    assert [(g.index, g.share, g.mig_profile) for g in shard.gpus] == [(0, 0.5, "shard")] * 2
+    assert [(g.index, round(g.share * 7, 6), g.mig_profile) for g in mig.gpus] == [(0, 1.0, "1g.10gb"),
+                                                                                  (1, 1.0, "1g.10gb")]
+    assert inv.node_shards({"name": "gpu-node-02", "gres": "gpu:h100:8,shard:h100:64"}) == ("gpu-node-02", 8)
+    assert inv.node_shards({"name": "gpu-node-01", "gres": "gpu:1g.10gb:4,gpu:3g.40gb:2"}) is None

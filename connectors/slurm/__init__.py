@@ -8,7 +8,9 @@ raises before anything of this cluster is half-written."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +21,10 @@ from auditor.config import SecretRef
 from auditor.records import Allocation
 from connectors.base import AllocationRecord, Context, Options, Problems, RunningSnapshot, Window
 from connectors.slurm import jobs
+from connectors.slurm.parse import expand_hostlist
 from connectors.slurm.reading import Reading
+
+log = logging.getLogger("gpu_audit.slurm")
 
 
 class SlurmOptions(Options):
@@ -99,12 +104,32 @@ def assemble(reading: Reading, window: Window, cluster: str,
         else:
             merged[(h.external_id, h.submit or h.start)] = h
     merged.update(((a.external_id, a.submit or a.start), a) for a in running.values())
+    gpu_nodes = {g.host for g in reading.inventory}
+    cpu_only = unknown = 0
     for a in merged.values():
-        if not a.gpus or a.start is None or a.start >= window.until:
+        if reading.shards and any(g.mig_profile == jobs.SHARD for g in a.gpus):
+            a.gpus = [replace(g, share=1.0 / reading.shards[g.node])
+                      if g.mig_profile == jobs.SHARD and g.node in reading.shards else g for g in a.gpus]
+        if a.start is None or a.start >= window.until or (a.end is not None and a.end < window.since):
             continue
-        if a.end is not None and a.end < window.since:
+        if not a.gpus:
+            if reading.gpu_accounted is False and gpu_nodes & set(expand_hostlist(a.labels.get("nodes"))):
+                # AccountingStorageTRES lacks gres/gpu: the row cannot say; keep the job, count unknown
+                # (GPUs recorded while it ran stay in the store: an empty GPU list never deletes them)
+                a.labels["gpu_count"] = "unknown"
+                a.labels["gpu_placement"] = "unknown-count"
+                unknown += 1
+                yield a
+            else:
+                cpu_only += 1
             continue
         yield a
+    if cpu_only or unknown:
+        log.info("%s: %d CPU-only jobs skipped; %d jobs on GPU nodes stored with GPU count unknown "
+                 "(AccountingStorageTRES lacks gres/gpu)", cluster, cpu_only, unknown)
+    if unknown:
+        log.warning("%s: %d finished jobs on GPU nodes have no GPU count in Slurm accounting "
+                    "(add gres/gpu to AccountingStorageTRES); stored with GPU count unknown", cluster, unknown)
     yield from reading.reservations
     yield from reading.inventory
     if reading.running_complete:

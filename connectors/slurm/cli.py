@@ -26,6 +26,15 @@ log = logging.getLogger("gpu_audit.slurm")
 SACCTMGR_FIELDS = ("Name", "ID", "TRES", "TimeStart", "TimeEnd", "NodeNames", "Flags")
 
 
+def accounting_has_gpu(config_text: str) -> bool | None:
+    """``scontrol show config`` -> does ``AccountingStorageTRES`` list ``gres/gpu``? None when absent."""
+    for line in config_text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "AccountingStorageTRES":
+            return any(t.strip().startswith("gres/gpu") for t in value.split(","))
+    return None
+
+
 def _ts(dt: datetime) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
@@ -73,13 +82,25 @@ class CliBackend:
                 continue
             try:
                 reading.inventory.extend(inv.from_scontrol_node(rec, self.cluster, now))
+                if (sh := inv.node_shards(rec)) is not None:
+                    reading.shards[sh[0]] = sh[1]
             except (ValueError, KeyError) as exc:
                 problems.skip(src, f"record {i}", str(exc), rec)
         reading.running_at = datetime.now(UTC)
         reading.running, reading.running_complete = self._running(problems)
         resv_names = self._reservations(window, reading, problems)
         reading.history = self._history(window, problems, resv_names)
+        reading.gpu_accounted = self._gpu_accounted()
         return reading
+
+    def _gpu_accounted(self) -> bool | None:
+        """Whether slurmdbd records GPU counts (AccountingStorageTRES has gres/gpu); None if unreadable."""
+        try:
+            text = self.run(self.o.scontrol, *self._m(), "show", "config")
+        except SourceError as exc:
+            log.info("%s: cannot read AccountingStorageTRES (%s)", self.name, exc.reason)
+            return None
+        return accounting_has_gpu(text)
 
     def _running(self, problems: Problems) -> tuple[list, bool]:
         """Jobs holding GPUs now; ``complete`` stays False when any record could not be read."""

@@ -18,6 +18,7 @@ from connectors.slurm.parse import (
     kv_pairs,
     parse_time,
     parse_tres,
+    shards_per_gpu,
     split_list,
     tres_gpus,
 )
@@ -41,6 +42,19 @@ def from_scontrol_node(record: str, cluster: str, seen_at: datetime | None) -> l
     if "NodeName" not in d:
         raise ValueError("no NodeName")
     return _inventory(cluster, d["NodeName"], d.get("Gres"), seen_at)
+
+
+def node_shards(record: str | dict[str, Any]) -> tuple[str, int] | None:
+    """(node, shards per GPU) of a ``scontrol -o show node`` record or a node object with shards."""
+    if isinstance(record, dict):
+        name, gres = record.get("name"), record.get("gres")
+    else:
+        d: dict[str, str] = {}
+        for k, v in kv_pairs(record):
+            d.setdefault(k, v)
+        name, gres = d.get("NodeName"), d.get("Gres")
+    n = shards_per_gpu(gres) if name else None
+    return (str(name), n) if n else None
 
 
 def from_json_node(node: dict[str, Any], cluster: str, seen_at: datetime | None) -> list[GpuInventory]:

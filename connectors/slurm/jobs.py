@@ -16,14 +16,18 @@ from connectors.slurm.parse import (
     Gres,
     expand_hostlist,
     gpu_items,
+    gpu_or_shard_items,
     is_null,
     kv_pairs,
+    mig_share,
     number,
     parse_duration,
     parse_state,
     parse_time,
     parse_tres,
     tres_gpus,
+    tres_mig,
+    tres_shards,
     user_name,
 )
 
@@ -52,11 +56,30 @@ def external_id(job_id: Any, array_job: Any = None, array_task: Any = None, het_
 MAX_GPUS = 65536  # the largest real jobs hold ~16k GPUs
 
 
+def _gpu(node: str, index: int | None, gtype: str | None, model: str | None) -> AllocatedGpu:
+    """One allocated GPU; a MIG-typed GRES (``gpu:1g.10gb``) is a slice: its share and profile."""
+    share = mig_share(gtype) if gtype else mig_share(model)
+    if share is not None:
+        return AllocatedGpu(node=node, index=index, share=share, mig_profile=gtype or model)
+    return AllocatedGpu(node=node, index=index, model=gtype or model)
+
+
+def _shards(node: str, item: Gres) -> list[AllocatedGpu]:
+    """``shard:k`` on one node: k shares of one GPU (1/k each until the node's shards per GPU are known,
+    see :func:`connectors.slurm.assemble`), on the GPU IDX names when it names exactly one."""
+    index = item.indices[0] if item.indices and len(set(item.indices)) == 1 else None
+    return [AllocatedGpu(node=node, index=index, share=1.0 / item.count, mig_profile=SHARD)
+            for _ in range(item.count)]
+
+
+SHARD = "shard"  # mig_profile of a Slurm GPU shard (its price-card entry is [prices].mig.shard)
+
+
 def place_gpus(nodes: list[str], per_node: list[tuple[str, list[Gres]]] | None, total: int,
-               model: str | None) -> tuple[list[AllocatedGpu], str]:
+               model: str | None, shards: int = 0) -> tuple[list[AllocatedGpu], str]:
     """One AllocatedGpu per GPU, with the node and index when Slurm said; see the module docstring.
     A count above MAX_GPUS is a corrupt or hostile value, not a job: ValueError (the caller quarantines)."""
-    claimed = total + sum(g.count for _, items in (per_node or []) for g in items)
+    claimed = total + shards + sum(g.count for _, items in (per_node or []) for g in items)
     if claimed > MAX_GPUS:
         raise ValueError(f"{claimed} GPUs in one job (more than {MAX_GPUS})")
     if per_node and any(items for _, items in per_node):
@@ -64,21 +87,36 @@ def place_gpus(nodes: list[str], per_node: list[tuple[str, list[Gres]]] | None, 
         with_idx = True
         for node, items in per_node:
             for g in items:
-                if g.indices is not None and len(g.indices) == g.count:
-                    gpus.extend(AllocatedGpu(node=node, index=i, model=g.type or model) for i in g.indices)
+                if g.name == SHARD:
+                    gpus.extend(_shards(node, g))
+                elif g.indices is not None and len(g.indices) == g.count:
+                    gpus.extend(_gpu(node, i, g.type, model) for i in g.indices)
                 else:
                     with_idx = False
-                    gpus.extend(AllocatedGpu(node=node, model=g.type or model) for _ in range(g.count))
+                    gpus.extend(_gpu(node, None, g.type, model) for _ in range(g.count))
         if gpus:
             return gpus, "idx" if with_idx else "per-node"
+    if total <= 0 and shards > 0:
+        where = nodes if len(nodes) == 1 else [""]
+        return _shards(where[0], Gres(SHARD, None, shards)), "node" if len(nodes) == 1 else "unknown-node"
     if total <= 0:
         return [], "none"
     if len(nodes) == 1:
-        return [AllocatedGpu(node=nodes[0], model=model) for _ in range(total)], "node"
+        return [_gpu(nodes[0], None, None, model) for _ in range(total)], "node"
     if nodes and total % len(nodes) == 0:
         each = total // len(nodes)
-        return [AllocatedGpu(node=n, model=model) for n in nodes for _ in range(each)], "even-split"
-    return [AllocatedGpu(node="", model=model) for _ in range(total)], "unknown-node"
+        return [_gpu(n, None, None, model) for n in nodes for _ in range(each)], "even-split"
+    return [_gpu("", None, None, model) for _ in range(total)], "unknown-node"
+
+
+def place_tres(nodes: list[str], tres: dict[str, str]) -> tuple[list[AllocatedGpu], str]:
+    """GPUs of an accounting record (no indices): per MIG type on a single-node job (a job may hold
+    ``1g.10gb`` and ``3g.40gb`` slices at once), else by the untyped count."""
+    total, model = tres_gpus(tres)
+    mig = tres_mig(tres)
+    if mig and len(nodes) == 1 and sum(n for _, n in mig) == total:
+        return [_gpu(nodes[0], None, t, None) for t, n in mig for _ in range(n)], "node"
+    return place_gpus(nodes, None, total, model, tres_shards(tres))
 
 
 def _labels(nodes_text: str, placement: str, **more: Any) -> dict[str, str]:
@@ -116,8 +154,7 @@ def from_sacct_row(row: dict[str, str], cluster: str, resv_names: dict[str, str]
     job_id = row.get("JobID") or row["JobIDRaw"]
     nodes_text = "" if is_null(row.get("NodeList")) else row.get("NodeList", "")
     nodes = expand_hostlist(nodes_text)
-    total, model = tres_gpus(parse_tres(row.get("AllocTRES")))
-    gpus, placement = place_gpus(nodes, None, total, model)
+    gpus, placement = place_tres(nodes, parse_tres(row.get("AllocTRES")))
     resv = row.get("Reservation", "")
     resv_id = row.get("ReservationId", "")
     if is_null(resv) and not is_null(resv_id) and resv_id != "0":
@@ -153,8 +190,8 @@ def from_scontrol_job(record: str, cluster: str) -> Allocation:
     for k, v in pairs:
         if k == "Nodes":
             pending_nodes = v
-        elif k == "GRES" and pending_nodes is not None:
-            items = gpu_items(v)
+        elif k in ("GRES", "GRES_IDX") and pending_nodes is not None:  # GRES_IDX: older Slurm
+            items = gpu_or_shard_items(v)
             per_node.extend((n, items) for n in expand_hostlist(pending_nodes))
             pending_nodes = None
         else:
@@ -163,7 +200,8 @@ def from_scontrol_job(record: str, cluster: str) -> Allocation:
         raise ValueError("no JobId")
     nodes_text = "" if is_null(d.get("NodeList")) else d.get("NodeList", "")
     nodes = expand_hostlist(nodes_text)
-    total, model = tres_gpus(parse_tres(d.get("AllocTRES") or d.get("TRES")))
+    tres = parse_tres(d.get("AllocTRES") or d.get("TRES"))
+    total, model = tres_gpus(tres)
     if total == 0:
         total, model = _tres_per(d.get("TresPerJob"), d.get("TresPerNode"), None, len(nodes), 0, model)
     if model is None:
@@ -171,7 +209,8 @@ def from_scontrol_job(record: str, cluster: str) -> Allocation:
             g.type for g in gpu_items(d.get("JOB_GRES")) if g.type}
         model = typed.pop() if len(typed) == 1 else None
     state = parse_state(d.get("JobState"))
-    gpus, placement = place_gpus(nodes, per_node if state in HOLDING else None, total, model)
+    gpus, placement = place_gpus(nodes, per_node if state in HOLDING else None, total, model,
+                                 tres_shards(tres))
     return Allocation(
         cluster=cluster, source=SOURCE,
         external_id=external_id(int(d["JobId"]), d.get("ArrayJobId"), d.get("ArrayTaskId"),
@@ -206,15 +245,17 @@ def from_json_job(job: dict[str, Any], cluster: str) -> Allocation:
     nodes = expand_hostlist(nodes_text)
     state = parse_state(job.get("job_state"))
     detail = job.get("gres_detail") or []
-    per_node = [(nodes[i], gpu_items(s)) for i, s in enumerate(detail) if i < len(nodes)]
-    total, model = tres_gpus(parse_tres(job.get("tres_alloc_str")))
+    per_node = [(nodes[i], gpu_or_shard_items(s)) for i, s in enumerate(detail) if i < len(nodes)]
+    tres = parse_tres(job.get("tres_alloc_str"))
+    total, model = tres_gpus(tres)
     if per_node and state in HOLDING:
-        total = max(total, sum(g.count for _, items in per_node for g in items))
+        total = max(total, sum(g.count for _, items in per_node for g in items if g.name == "gpu"))
     if total == 0:
         total, model = _tres_per(job.get("tres_per_job"), job.get("tres_per_node"), job.get("tres_per_task"),
                                  len(nodes) or int(number(job.get("node_count")) or 0),
                                  int(number(job.get("tasks")) or 0), model)
-    gpus, placement = place_gpus(nodes, per_node if state in HOLDING else None, total, model)
+    gpus, placement = place_gpus(nodes, per_node if state in HOLDING else None, total, model,
+                                 tres_shards(tres))
     return Allocation(
         cluster=cluster, source=SOURCE,
         external_id=external_id(job["job_id"], job.get("array_job_id"), job.get("array_task_id"),
@@ -242,8 +283,7 @@ def from_json_db_job(job: dict[str, Any], cluster: str,
     for t in (job.get("tres") or {}).get("allocated") or []:
         if t.get("type") == "gres" and t.get("count") is not None:
             tres[f"gres/{t.get('name')}"] = str(t["count"])
-    total, model = tres_gpus(tres)
-    gpus, placement = place_gpus(nodes, None, total, model)
+    gpus, placement = place_tres(nodes, tres)
     t = job.get("time") or {}
     state = parse_state(job.get("state"))
     resv = job.get("reservation") or {}

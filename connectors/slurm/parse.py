@@ -156,6 +156,33 @@ def gpu_items(text: str | None) -> list[Gres]:
     return [g for g in parse_gres(text) if g.name == "gpu"]
 
 
+def gpu_or_shard_items(text: str | None) -> list[Gres]:
+    """The ``gpu`` and ``shard`` items (a shard is 1/N of a GPU, N = the node's shards per GPU)."""
+    return [g for g in parse_gres(text) if g.name in ("gpu", "shard")]
+
+
+_MIG_TYPE = re.compile(r"^(\d)g\.(\d+)gb(?:\+me)?$", re.IGNORECASE)
+
+
+def mig_share(gres_type: str | None) -> float | None:
+    """Share of a whole GPU for a MIG-typed GRES (``1g.10gb`` -> 1/7; A30's 6 GB slices -> 1/4), else None.
+    The slice count is the profile's compute slices over the GPU's: 7 on A100/H100/H200/B200, 4 on A30."""
+    m = _MIG_TYPE.match(gres_type or "")
+    if not m:
+        return None
+    g, mem = int(m.group(1)), int(m.group(2))
+    slices = 4 if mem == 6 * g else 7
+    return min(1.0, g / slices)
+
+
+def shards_per_gpu(gres: str | None) -> int | None:
+    """``gpu:h100:8,shard:h100:64`` -> 8 shards per GPU (None when the node has no shards)."""
+    items = parse_gres(gres)
+    gpus = sum(g.count for g in items if g.name == "gpu")
+    shards = sum(g.count for g in items if g.name == "shard")
+    return max(1, shards // gpus) if gpus and shards else None
+
+
 def parse_tres(text: str | None) -> dict[str, str]:
     """``cpu=1,gres/gpu=2,gres/gpu:h100=2`` -> dict (sacct and squeue order keys differently)."""
     out: dict[str, str] = {}
@@ -166,6 +193,17 @@ def parse_tres(text: str | None) -> dict[str, str]:
         if sep:
             out[k.strip()] = v.strip()
     return out
+
+
+def tres_mig(tres: dict[str, str]) -> list[tuple[str, int]]:
+    """MIG-typed GPU counts of a TRES (``gres/gpu:1g.10gb=2,gres/gpu:3g.40gb=1``), in key order."""
+    return [(k[len("gres/gpu:"):], _int(v)) for k, v in tres.items()
+            if k.startswith("gres/gpu:") and mig_share(k[len("gres/gpu:"):]) is not None and _int(v) > 0]
+
+
+def tres_shards(tres: dict[str, str]) -> int:
+    """``gres/shard=2`` -> 2 (0 when the job holds no shards or the site does not account them)."""
+    return _int(tres["gres/shard"]) if tres.get("gres/shard") else 0
 
 
 def tres_gpus(tres: dict[str, str]) -> tuple[int, str | None]:

@@ -19,3 +19,7 @@ class Reading:
     history: list[Allocation] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     inventory: list[GpuInventory] = field(default_factory=list)
+    shards: dict[str, int] = field(default_factory=dict)  # node -> shards per GPU (nodes with gres shard)
+    #: AccountingStorageTRES lists gres/gpu (None = could not tell): when False, a finished job on a GPU
+    #: node whose accounting row has no GPU count is stored with its GPU count unknown, never dropped
+    gpu_accounted: bool | None = None

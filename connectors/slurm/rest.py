@@ -104,6 +104,8 @@ class RestBackend:
             for i, node in enumerate(nodes.get("nodes") or []):
                 try:
                     reading.inventory.extend(inv.from_json_node(node, self.cluster, now))
+                    if (sh := inv.node_shards(node)) is not None:
+                        reading.shards[sh[0]] = sh[1]
                 except (ValueError, KeyError, TypeError) as exc:
                     problems.skip(f"{self.name}:/slurm/{v}/nodes", f"nodes[{i}]", str(exc), str(node)[:200])
             reading.running_at = datetime.now(UTC)
