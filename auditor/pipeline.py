@@ -1,4 +1,4 @@
-"""One pass of the steps (collect, audit, report, notify, chargeback): what `gpu-audit run` and the daemon
+"""One pass of the steps (collect, audit, report, notify, enforce, chargeback): what `gpu-audit run` and the daemon
 call. Each step's failure is recorded and the later steps that do not depend on it still run."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from auditor.timeutil import utcnow
 
 log = logging.getLogger("gpu_audit.run")
 
-STEPS = ("collect", "audit", "report", "notify", "chargeback")
+STEPS = ("collect", "audit", "report", "notify", "enforce", "chargeback")
 EXIT_OK, EXIT_FAILED, EXIT_PARTIAL = 0, 1, 3
 
 
@@ -111,6 +111,11 @@ def run_steps(store: Store, cfg: Config, steps: Sequence[str], *, base_dir: Path
                     raise GpuAuditError("no audit run to notify about: run the audit step first")
                 res.detail = _call("auditor.notify", "notify", store, cfg, run_id, dry_run=dry_run,
                                    out_dir=Path(out) / "outbox")
+            elif name == "enforce":
+                # --dry-run (or a dry-run daemon) never acts, whatever enforce.apply says
+                run_cfg = cfg.model_copy(update={"enforce": cfg.enforce.model_copy(update={"apply": False})}) \
+                    if dry_run else cfg
+                res.detail = _call("auditor.enforce", "enforce", store, run_cfg, base_dir=base_dir)
             elif name == "chargeback":
                 res.detail = _call("auditor.chargeback", "write_previous_month", store, cfg, Path(out), end)
         except GpuAuditError as exc:
@@ -139,6 +144,10 @@ def step_line(res: StepResult) -> str:
             f" ({', '.join(f'{k} {v}' for k, v in found.items())})" if isinstance(found, dict) and found else "")
     if res.name == "notify" and res.ok:
         return f"{head}: {len(d.get('sent', []))} mails sent, {len(d.get('skipped', []))} skipped"
+    if res.name == "enforce" and res.ok:
+        acts = [x for x in d.get("decisions", []) if x.get("decision") in ("done", "dry_run")]
+        return (f"{head}: {'dry run, ' if d.get('dry_run') else ''}{len(acts)} warnings/actions decided, "
+                f"{d.get('acted', 0)} acted") + (f" ({d['note']})" if d.get("note") else "")
     if res.name in ("report", "chargeback") and res.ok:
         return f"{head}: {len(d.get('files', []))} files written"
     return head + (f": {res.error}" if res.error else "")

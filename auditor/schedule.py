@@ -49,7 +49,7 @@ log = logging.getLogger("gpu_audit.schedule")
 
 JOBS = ("collect", "audit", "report", "chargeback")
 #: Steps each job runs through :func:`auditor.pipeline.run_steps`.
-JOB_STEPS = {"collect": ["collect"], "audit": ["audit"], "report": ["audit", "report", "notify"],
+JOB_STEPS = {"collect": ["collect"], "audit": ["audit", "enforce"], "report": ["audit", "report", "notify"],
              "chargeback": ["chargeback"]}
 #: Marker kinds in ``notifications`` for jobs that must run once per period.
 MARKER_KIND = {"report": "weekly_report_run", "chargeback": "chargeback_run"}

@@ -391,3 +391,18 @@ def test_escalation_goes_to_team_leads_sponsor_and_channel_over_real_smtp(
         again = enforce(store, c, apply=True, backends=lambda cl, s: None, now=now)
         assert [d["decision"] for d in again["decisions"] if d["target"] == "slurm job 201"] == ["throttled"]
         assert len(inbox.envelopes) == 2 and len(sink.requests) == 1
+
+
+def test_run_step_enforce_never_acts_in_a_dry_run(store: Any, tmp_path: Path) -> None:
+    """`gpu-audit run --steps enforce --dry-run` (and a dry-run daemon) must not act even where the config
+    says `enforce.apply = true`; without --dry-run the config's switch holds. The daemon's hourly audit job
+    runs the enforce step after the audit."""
+    from auditor.pipeline import run_steps
+    from auditor.schedule import JOB_STEPS
+
+    c = cfg(apply=True)
+    dry = run_steps(store, c, ["enforce"], base_dir=tmp_path, dry_run=True)
+    assert [(s.name, s.ok) for s in dry.steps] == [("enforce", True)] and dry.steps[0].detail["dry_run"] is True
+    real = run_steps(store, c, ["enforce"], base_dir=tmp_path, dry_run=False)
+    assert real.steps[0].detail["dry_run"] is False
+    assert JOB_STEPS["audit"] == ["audit", "enforce"]
