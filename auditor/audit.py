@@ -21,7 +21,7 @@ from sqlalchemy import Connection, insert, select, text, update
 
 from auditor import schema
 from auditor.config import Config, Thresholds
-from auditor.judge import JOB_KEY, LOOKBACK, SUMS, job_match, judged_rows, usage_columns
+from auditor.judge import JOB_KEY, LOOKBACK, SUMS, job_match, judged_rows, sqlite_rows, usage_columns
 from auditor.money import Pricing
 from auditor.store import Store
 from auditor.timeutil import to_epoch, utcnow
@@ -115,13 +115,10 @@ JUDGE_SQLITE_DDL = "CREATE TEMPORARY TABLE _judged (allocated_gpu_id INTEGER PRI
 
 
 def _sqlite_scan(th: Thresholds, grouped: bool) -> str:
-    keys = [("t.a_s", "a_s"), ("t.a_e", "a_e")]
-    rows = judged_rows("sqlite", th, keys, _FRM.format(t="t") + " AND t.a_e > t.a_s", "t.jkey",
-                       grouped=grouped, working_first=True, correlated=True)
+    rows = sqlite_rows(th, _FRM.format(t="t") + " AND t.a_e > t.a_s", "t.jkey", grouped=grouped)
     arr = ", ".join(f"CASE WHEN {a} IS NOT NULL THEN printf('%!.17g', {a}) END" for a in SUMS.values())
-    return (f"INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array({arr}) FROM ({rows}"
-            f"{'' if grouped else ' LIMIT -1'}) j) FROM _attr t WHERE t.lab = {1 if grouped else 0}"
-            " ORDER BY t.gpu_id, t.a_s")
+    return (f"INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array({arr}) FROM ({rows}) j) "
+            f"FROM _attr t WHERE t.lab = {1 if grouped else 0} ORDER BY t.gpu_id, t.a_s")
 
 
 def _sqlite_write() -> str:

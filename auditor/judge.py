@@ -107,7 +107,9 @@ def judged_rows(dialect: str, th: Thresholds, keys: list[tuple[str, str]], frm: 
 
 
 _V = verdict
-#: Per allocated GPU: the sums over its judged rows ``j`` (seconds not yet times share).
+#: Per allocated GPU: the sums over its judged rows ``j`` (seconds not yet times share). A row without
+#: samples has obs = 0, so it adds nothing to any sum; SM-verified rows are exactly those with SM activity,
+#: so effective seconds (SM-verified obs x SM activity) and the SM sum are one aggregate.
 SUMS: dict[str, str] = {
     "idle": f"SUM(CASE WHEN j.v = {_V.IDLE} THEN j.obs END)",
     "idle_by_util": f"SUM(CASE WHEN j.v = {_V.IDLE_BY_UTIL} THEN j.obs END)",
@@ -115,14 +117,14 @@ SUMS: dict[str, str] = {
     "low": f"SUM(CASE WHEN j.v = {_V.LOW} THEN j.obs END)",
     "working": f"SUM(CASE WHEN j.v = {_V.WORKING} THEN j.obs END)",
     "busy_unverified": f"SUM(CASE WHEN j.v = {_V.BUSY_UNVERIFIED} THEN j.obs END)",
-    "effective": f"SUM(CASE WHEN {_V.in_codes('j.v', _V.VERIFIED_CODES)} THEN j.obs * j.sm_active END)",
-    "gpu_util": "SUM(CASE WHEN j.v > 0 THEN j.obs * j.gpu_util END)",
-    "util_observed": "SUM(CASE WHEN j.v > 0 AND j.gpu_util IS NOT NULL THEN j.obs END)",
-    "sm": "SUM(CASE WHEN j.v > 0 THEN j.obs * j.sm_active END)",
-    "sm_observed": f"SUM(CASE WHEN {_V.in_codes('j.v', _V.VERIFIED_CODES)} THEN j.obs END)",
-    "tensor": "SUM(CASE WHEN j.v > 0 THEN j.obs * j.tensor_active END)",
-    "dram": "SUM(CASE WHEN j.v > 0 THEN j.obs * j.dram_active END)",
-    "io_bps": "SUM(CASE WHEN j.v > 0 THEN j.obs * j.io_bps END)",
+    "effective": "SUM(j.obs * j.sm_active)",
+    "gpu_util": "SUM(j.obs * j.gpu_util)",
+    "util_observed": "SUM(CASE WHEN j.gpu_util IS NOT NULL THEN j.obs END)",
+    "sm": "SUM(j.obs * j.sm_active)",
+    "sm_observed": "SUM(CASE WHEN j.sm_active IS NOT NULL THEN j.obs END)",
+    "tensor": "SUM(j.obs * j.tensor_active)",
+    "dram": "SUM(j.obs * j.dram_active)",
+    "io_bps": "SUM(j.obs * j.io_bps)",
     "peak_fb": "MAX(CASE WHEN j.obs > 0 THEN j.fb_used_mib END)",
 }
 OBSERVED = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
@@ -142,3 +144,48 @@ def usage_columns(get: dict[str, str], share: str, reserved: str) -> dict[str, s
     out["signal"] = (f"CASE WHEN {get['sm_observed']} > 0 THEN 'sm_active' WHEN {get['util_observed']} > 0 "
                      "THEN 'gpu_util' ELSE 'none' END")
     return out
+
+
+def _obs(c: verdict.Col, a_s: str, a_e: str, g: str, le: str) -> str:
+    """Observed seconds of one (combined) row inside [a_s, a_e): min(reserved seconds inside its span,
+    observed_s); a row without a span inside the interval is simply its observed seconds."""
+    sp_s = f"COALESCE({c('span_start')}, {c('bucket_ts')})"
+    sp_e = f"COALESCE({c('span_end')}, {c('bucket_ts')} + {c('bucket_s')})"
+    return (f"CASE WHEN {c('samples')} <= 0 THEN 0 WHEN {c('span_start')} IS NULL AND {c('span_end')} IS NULL "
+            f"AND {c('bucket_ts')} >= {a_s} AND {c('bucket_ts')} + {c('bucket_s')} <= {a_e} THEN {c('observed_s')} "
+            f"ELSE {le}({g}(0, {le}({sp_e}, {a_e}) - {g}({sp_s}, {a_s})), {c('observed_s')}) END")
+
+
+def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, io: str) -> str:
+    g, le = fns("sqlite")
+    metrics = [f"{c(m)} AS {m}" for m in METRICS if m != "io_bps"] + [f"{io} AS io_bps"]
+    return (f"{_obs(c, a_s, a_e, g, le)} AS obs, {', '.join(metrics)}, "
+            f"{verdict.case(th, c, working_first=True)} AS v")
+
+
+def sqlite_rows(th: Thresholds, frm: str, jkey: str, *, grouped: bool) -> str:
+    """SQLite's per-bucket rows (obs, metrics, v) of one allocated GPU ``t`` (correlated: ``frm`` binds
+    ``b`` and refers to ``t.a_s``/``t.a_e``). The fast path (``grouped=False``) reads the unlabelled rows
+    of a GPU whose telemetry never carried a job label. Otherwise: the unlabelled row of each bucket that
+    has no labelled sibling, plus the rows naming the allocation, combined per bucket (rarely more than
+    one). Same result as :func:`judged_rows`; tests/test_simulate.py compares them."""
+    b = verdict.prefixed("b")
+    plain = f"SELECT {_judged_cols(th, b, 't.a_s', 't.a_e', _IO)} {frm} AND b.job = ''"
+    if not grouped:
+        return plain + " LIMIT -1"
+    _g, le = fns("sqlite")
+    m = job_match("sqlite", "b.job", jkey)
+    agg = ["b.bucket_ts AS bucket_ts", "MAX(b.bucket_s) AS bucket_s", "SUM(b.samples) AS samples",
+           f"{le}(MAX(b.bucket_s), SUM(b.observed_s)) AS observed_s",
+           "MIN(COALESCE(b.span_start, b.bucket_ts)) AS span_start",
+           "MAX(COALESCE(b.span_end, b.bucket_ts + b.bucket_s)) AS span_end"]
+    for x in METRICS:
+        r = _raw(x)
+        agg.append(f"CASE WHEN COUNT(*) = 1 THEN MAX({r}) ELSE SUM(b.observed_s * {r}) / NULLIF(SUM(CASE WHEN {r} "
+                   f"IS NOT NULL THEN b.observed_s END), 0) END AS {x}")
+    x = verdict.prefixed("x")
+    matched = (f"SELECT {_judged_cols(th, x, 't.a_s', 't.a_e', 'x.io_bps')} FROM (SELECT {', '.join(agg)} {frm}"
+               f" AND {m} GROUP BY b.bucket_ts) x")
+    alone = (" AND NOT EXISTS (SELECT 1 FROM gpu_buckets s WHERE s.gpu_id = b.gpu_id AND s.bucket_ts = b.bucket_ts"
+             " AND s.job > '')")
+    return f"{plain}{alone} UNION ALL {matched}"
