@@ -99,7 +99,7 @@ def judge_sql(dialect: str, th: Thresholds) -> str:
     keys = [("t.allocated_gpu_id", "gid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
     frm = "FROM _attr t JOIN gpu_buckets b ON " + _FRM.format(t="t").removeprefix(
         "FROM gpu_buckets b WHERE ")
-    rows = judged_rows(dialect, th, keys, frm, "t.jkey", grouped=True)
+    rows = judged_rows(dialect, th, keys, frm, "t.jkey", lab="t.lab")
     sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
     cols = usage_columns({k: f"COALESCE(j.{k}, 0)" for k in SUMS}, "at.share", _RESERVED)
     return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb\nFROM _attr at LEFT JOIN ("

@@ -45,65 +45,46 @@ def _raw(name: str) -> str:
     return _IO if name == "io_bps" else f"b.{name}"
 
 
-def combined(dialect: str, keys: list[tuple[str, str]], frm: str, jkey: str, *, grouped: bool,
-             correlated: bool = False) -> str:
-    """One row per (keys, bucket_ts): the applicable sub-rows of ``frm`` (which binds ``b`` to
-    gpu_buckets) combined. ``grouped=False`` is the fast path for GPUs known to have only unlabelled rows
-    (one row per bucket, nothing to combine). ``correlated``: the keys come from an outer query (constants
-    here; SQLite cannot group by them)."""
-    k = [f"{e} AS {a}" for e, a in keys]
-    if not grouped:
-        cols = [*k, "b.bucket_ts AS bucket_ts", "b.bucket_s AS bucket_s", "b.samples AS samples",
-                "b.observed_s AS observed_s", "COALESCE(b.span_start, b.bucket_ts) AS sp_s",
-                "COALESCE(b.span_end, b.bucket_ts + b.bucket_s) AS sp_e",
-                *(f"{_raw(m)} AS {m}" for m in METRICS)]
-        return f"SELECT {', '.join(cols)} {frm} AND b.job = ''"
+def judged_rows(dialect: str, th: Thresholds, keys: list[tuple[str, str]], frm: str, jkey: str, *,
+                lab: str = "1", correlated: bool = False) -> str:
+    """Per (keys, bucket): ``bucket_ts``, ``bucket_s``, ``obs``, the metrics and the verdict ``v`` of the
+    applicable rows, for buckets of ``frm`` (which binds ``b`` to gpu_buckets and must keep only buckets
+    that overlap [a_s, a_e); ``keys`` name the output columns ``a_s`` and ``a_e`` among others).
+
+    Two parts: the unlabelled row of each bucket that has no labelled sibling (``lab`` = 0 says the GPU
+    never had one, skipping the check), and the rows naming the allocation (``jkey``) combined per bucket
+    (rarely more than one). ``correlated``: ``keys`` come from an outer query (SQLite cannot group by
+    them)."""
+    g, le = fns(dialect)
+    ks = dict((a, e) for e, a in keys)
+    a_s, a_e = ks["a_s"], ks["a_e"]
+    k = ", ".join(f"{e} AS {a}" for e, a in keys)
+    alone = (f" AND ({lab} = 0 OR NOT EXISTS (SELECT 1 FROM gpu_buckets s WHERE s.gpu_id = b.gpu_id"
+             " AND s.bucket_ts = b.bucket_ts AND s.job <> ''))")
+    plain = (f"SELECT {k}, b.bucket_ts AS bucket_ts, b.bucket_s AS bucket_s, "
+             f"{_judged_cols(th, verdict.prefixed('b'), a_s, a_e, _IO, dialect)} {frm} AND b.job = ''{alone}")
+    group = ", ".join(([] if correlated else [e for e, _a in keys]) + ["b.bucket_ts"])
+    x = verdict.prefixed("x")
+    matched = (f"SELECT {', '.join(f'x.{a} AS {a}' for _e, a in keys)}, x.bucket_ts AS bucket_ts, x.bucket_s AS "
+               f"bucket_s, {_judged_cols(th, x, 'x.a_s', 'x.a_e', 'x.io_bps', dialect)} FROM (SELECT {k}, "
+               f"{', '.join(_combine(dialect))} {frm} AND {lab} = 1 AND {job_match(dialect, 'b.job', jkey)} "
+               f"GROUP BY {group}) x")
+    return f"{plain} UNION ALL {matched}"
+
+
+def _combine(dialect: str) -> list[str]:
+    """Aggregates that combine the applicable rows of one bucket (definitions.md): observed seconds summed
+    up to the bucket width, metrics weighted by observed seconds (one row: its own values), span hull."""
     _g, le = fns(dialect)
-    m = job_match(dialect, "b.job", jkey)
-    u = "b.job = ''"
-    inner = [*k, "b.bucket_ts AS bucket_ts", "MAX(b.bucket_s) AS bucket_s",
-             "MAX(CASE WHEN b.job <> '' THEN 1 ELSE 0 END) AS has_lab",
-             f"SUM(CASE WHEN {m} THEN 1 ELSE 0 END) AS n_m",
-             f"MAX(CASE WHEN {u} THEN b.samples END) AS u_samples",
-             f"SUM(CASE WHEN {m} THEN b.samples END) AS m_samples",
-             f"MAX(CASE WHEN {u} THEN b.observed_s END) AS u_obs",
-             f"SUM(CASE WHEN {m} THEN b.observed_s END) AS m_obs",
-             f"MAX(CASE WHEN {u} THEN COALESCE(b.span_start, b.bucket_ts) END) AS u_sps",
-             f"MIN(CASE WHEN {m} THEN COALESCE(b.span_start, b.bucket_ts) END) AS m_sps",
-             f"MAX(CASE WHEN {u} THEN COALESCE(b.span_end, b.bucket_ts + b.bucket_s) END) AS u_spe",
-             f"MAX(CASE WHEN {m} THEN COALESCE(b.span_end, b.bucket_ts + b.bucket_s) END) AS m_spe"]
+    agg = ["b.bucket_ts AS bucket_ts", "MAX(b.bucket_s) AS bucket_s", "SUM(b.samples) AS samples",
+           f"{le}(MAX(b.bucket_s), SUM(b.observed_s)) AS observed_s",
+           "MIN(COALESCE(b.span_start, b.bucket_ts)) AS span_start",
+           "MAX(COALESCE(b.span_end, b.bucket_ts + b.bucket_s)) AS span_end"]
     for x in METRICS:
         r = _raw(x)
-        inner += [f"MAX(CASE WHEN {u} THEN {r} END) AS u_{x}", f"MAX(CASE WHEN {m} THEN {r} END) AS m1_{x}",
-                  f"SUM(CASE WHEN {m} THEN b.observed_s * {r} END) / NULLIF(SUM(CASE WHEN {m} AND {r} IS NOT NULL"
-                  f" THEN b.observed_s END), 0) AS mw_{x}"]
-    group = ", ".join(([] if correlated else [e for e, _a in keys]) + ["b.bucket_ts"])
-    pick = "CASE WHEN c.has_lab = 1 THEN {m} ELSE {u} END"
-    outer = [*(f"c.{a} AS {a}" for _e, a in keys), "c.bucket_ts AS bucket_ts", "c.bucket_s AS bucket_s",
-             pick.format(m="COALESCE(c.m_samples, 0)", u="COALESCE(c.u_samples, 0)") + " AS samples",
-             pick.format(m=f"{le}(c.bucket_s, COALESCE(c.m_obs, 0))", u="COALESCE(c.u_obs, 0)") + " AS observed_s",
-             pick.format(m="c.m_sps", u="c.u_sps") + " AS sp_s", pick.format(m="c.m_spe", u="c.u_spe") + " AS sp_e",
-             *(pick.format(m=f"CASE WHEN c.n_m = 1 THEN c.m1_{x} ELSE c.mw_{x} END", u=f"c.u_{x}") + f" AS {x}"
-               for x in METRICS)]
-    return (f"SELECT {', '.join(outer)} FROM (SELECT {', '.join(inner)} {frm} GROUP BY {group}) c")
-
-
-def judged_rows(dialect: str, th: Thresholds, keys: list[tuple[str, str]], frm: str, jkey: str, *,
-                grouped: bool, working_first: bool = False, correlated: bool = False) -> str:
-    """``combined`` plus ``ov``, ``obs`` and the verdict ``v``, for buckets that overlap the interval
-    [a_s, a_e) (``keys`` must name those two)."""
-    g, le = fns(dialect)
-    ov = f"{le}(x.bucket_ts + x.bucket_s, x.a_e) - {g}(x.bucket_ts, x.a_s)"
-    obs = (f"CASE WHEN x.samples > 0 THEN {le}({g}(0, {le}(x.sp_e, x.a_e) - {g}(x.sp_s, x.a_s)), x.observed_s)"
-           " ELSE 0 END")
-    metrics = ", ".join(f"x.{m} AS {m}" for m in METRICS)
-    names = [a for _e, a in keys]
-    y = (f"SELECT {', '.join('x.' + a for _e, a in keys)}, x.bucket_ts, x.bucket_s, x.samples, {metrics}, {ov} AS ov,"
-         f" {obs} AS obs FROM ({combined(dialect, keys, frm, jkey, grouped=grouped, correlated=correlated)}) x")
-    # zero observed seconds add nothing to any sum, so "samples > 0" is enough to tell unknown apart
-    v = verdict.case(th, verdict.prefixed("y"), observed="y.samples > 0", working_first=working_first)
-    return (f"SELECT {', '.join('y.' + a for a in names)}, y.bucket_ts, y.bucket_s, y.ov, y.obs,"
-            f" {', '.join('y.' + m for m in METRICS)}, {v} AS v FROM ({y}) y WHERE y.ov > 0")
+        agg.append(f"CASE WHEN COUNT(*) = 1 THEN MAX({r}) ELSE SUM(b.observed_s * {r}) / NULLIF(SUM(CASE WHEN {r} "
+                   f"IS NOT NULL THEN b.observed_s END), 0) END AS {x}")
+    return agg
 
 
 _V = verdict
@@ -156,8 +137,8 @@ def _obs(c: verdict.Col, a_s: str, a_e: str, g: str, le: str) -> str:
             f"ELSE {le}({g}(0, {le}({sp_e}, {a_e}) - {g}({sp_s}, {a_s})), {c('observed_s')}) END")
 
 
-def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, io: str) -> str:
-    g, le = fns("sqlite")
+def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, io: str, dialect: str = "sqlite") -> str:
+    g, le = fns(dialect)
     metrics = [f"{c(m)} AS {m}" for m in METRICS if m != "io_bps"] + [f"{io} AS io_bps"]
     return (f"{_obs(c, a_s, a_e, g, le)} AS obs, {', '.join(metrics)}, "
             f"{verdict.case(th, c, working_first=True)} AS v")
@@ -166,26 +147,10 @@ def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, io: str) ->
 def sqlite_rows(th: Thresholds, frm: str, jkey: str, *, grouped: bool) -> str:
     """SQLite's per-bucket rows (obs, metrics, v) of one allocated GPU ``t`` (correlated: ``frm`` binds
     ``b`` and refers to ``t.a_s``/``t.a_e``). The fast path (``grouped=False``) reads the unlabelled rows
-    of a GPU whose telemetry never carried a job label. Otherwise: the unlabelled row of each bucket that
-    has no labelled sibling, plus the rows naming the allocation, combined per bucket (rarely more than
-    one). Same result as :func:`judged_rows`; tests/test_simulate.py compares them."""
+    of a GPU whose telemetry never carried a job label, in one level SQLite does not materialise;
+    otherwise :func:`judged_rows`. tests/test_simulate.py compares both with :func:`judged_rows` run
+    set-based."""
     b = verdict.prefixed("b")
-    plain = f"SELECT {_judged_cols(th, b, 't.a_s', 't.a_e', _IO)} {frm} AND b.job = ''"
     if not grouped:
-        return plain + " LIMIT -1"
-    _g, le = fns("sqlite")
-    m = job_match("sqlite", "b.job", jkey)
-    agg = ["b.bucket_ts AS bucket_ts", "MAX(b.bucket_s) AS bucket_s", "SUM(b.samples) AS samples",
-           f"{le}(MAX(b.bucket_s), SUM(b.observed_s)) AS observed_s",
-           "MIN(COALESCE(b.span_start, b.bucket_ts)) AS span_start",
-           "MAX(COALESCE(b.span_end, b.bucket_ts + b.bucket_s)) AS span_end"]
-    for x in METRICS:
-        r = _raw(x)
-        agg.append(f"CASE WHEN COUNT(*) = 1 THEN MAX({r}) ELSE SUM(b.observed_s * {r}) / NULLIF(SUM(CASE WHEN {r} "
-                   f"IS NOT NULL THEN b.observed_s END), 0) END AS {x}")
-    x = verdict.prefixed("x")
-    matched = (f"SELECT {_judged_cols(th, x, 't.a_s', 't.a_e', 'x.io_bps')} FROM (SELECT {', '.join(agg)} {frm}"
-               f" AND {m} GROUP BY b.bucket_ts) x")
-    alone = (" AND NOT EXISTS (SELECT 1 FROM gpu_buckets s WHERE s.gpu_id = b.gpu_id AND s.bucket_ts = b.bucket_ts"
-             " AND s.job > '')")
-    return f"{plain}{alone} UNION ALL {matched}"
+        return f"SELECT {_judged_cols(th, b, 't.a_s', 't.a_e', _IO)} {frm} AND b.job = '' LIMIT -1"
+    return judged_rows("sqlite", th, [("t.a_s", "a_s"), ("t.a_e", "a_e")], frm, jkey, correlated=True)

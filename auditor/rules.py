@@ -14,6 +14,7 @@ from sqlalchemy import Connection, insert, text
 
 from auditor import schema
 from auditor.config import Config, Thresholds
+from auditor.judge import JOB_KEY, job_match
 
 SPARK_BINS = 48
 H = 3600.0
@@ -138,11 +139,11 @@ def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizo
          SELECT u.allocation_id AS aid,
           CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER) AS bin,
           AVG(b.sm_active) AS sm, AVG(b.gpu_util) AS util
-         FROM (SELECT id, {g}(start_ts, :since) AS s0, {le}(COALESCE(end_ts, :horizon), :horizon) AS e0
-               FROM allocations WHERE id IN ({marks})) w
+         FROM (SELECT a.id, {g}(a.start_ts, :since) AS s0, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS e0,
+                {JOB_KEY} AS jkey FROM allocations a WHERE a.id IN ({marks})) w
          JOIN usage_gpu u ON u.run_id = :run AND u.allocation_id = w.id
          JOIN gpu_buckets b ON b.gpu_id = u.gpu_id AND b.bucket_ts >= w.s0 AND b.bucket_ts < w.e0
-         WHERE b.samples > 0 AND w.e0 > w.s0
+         WHERE b.samples > 0 AND w.e0 > w.s0 AND (b.job = '' OR {job_match(conn.dialect.name, "b.job", "w.jkey")})
          GROUP BY u.allocation_id, CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER)) bins
         GROUP BY aid"""
         for aid, packed in conn.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}):
