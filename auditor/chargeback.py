@@ -2,7 +2,8 @@
 
 The schema is stable and documented in docs/chargeback.md (``SCHEMA`` names its version). Hours are
 rounded to 6 decimals and costs to 4 with decimal arithmetic; unknown GPU-hours take the rounding residue,
-so ``reserved = idle + mirage + low + working + busy_unverified + unknown`` holds exactly in every row and in the totals.
+so ``reserved = idle + mirage + low + working + busy_unverified + unknown`` holds exactly in every row and
+in the totals.
 Reservation GPU-hours no job used are not charged here (they belong to no allocation); the audit reports
 them as ``idle_reservation`` findings.
 """
