@@ -107,6 +107,7 @@ SUMS: dict[str, str] = {
     "dram": "SUM(j.obs * j.dram_active)",
     "io_bps": "SUM(j.obs * j.io_bps)",
     "peak_fb": "MAX(CASE WHEN j.obs > 0 THEN j.fb_used_mib END)",
+    "idle_fb": f"MAX(CASE WHEN j.obs > 0 AND {_V.in_codes('j.v', _V.IDLE_CODES)} THEN j.fb_used_mib END)",
 }
 OBSERVED = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
 

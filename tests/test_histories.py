@@ -243,3 +243,40 @@ def test_util_only_boundary_and_busy_unverified(store: Store, util: float, verdi
     u = usage(store, r.run_id)["1"]
     assert u[verdict] == pytest.approx(7200) and u["unknown_s"] == 0 and u["observed_s"] == pytest.approx(7200)
     assert "unmonitored" not in r.summary["findings"]
+
+
+# -- small things users hit (issue 14 section 4, audit side) -------------------------------------------
+
+def test_idle_gpus_names_node_and_index_and_memory_held(store: Store) -> None:
+    """Job across two nodes, each with a GPU 2: n01 GPU 2 works (SM 0.9), n02 GPU 2 is idle (SM 0.0) and
+    holds 41 GiB (41,984 MiB), n02 GPU 3 works. The finding names "n02 GPU 2 idle 100%, held 41 GiB while
+    idle" in its evidence and in every report format; idle GPU-hours 2.0 (one GPU x 2 h)."""
+    from auditor import render, report
+
+    gpus = [AllocatedGpu("n01", 2), AllocatedGpu("n02", 2), AllocatedGpu("n02", 3)]
+    recs: list = [job("ddp", gpus)]
+    for host, idx, sm in (("n01", 2, 0.9), ("n02", 2, 0.0), ("n02", 3, 0.9)):
+        recs += [b5(host, idx, T0 + i * 5 * M, 10, sm_active=sm, fb_used_mib=41984.0 if sm == 0 else 70000.0)
+                 for i in range(24)]
+    store.ingest(recs)
+    r = run_audit(store, Config(), W0, W1)
+    with store.engine.connect() as conn:
+        (f,) = conn.execute(text("SELECT idle_gpu_hours, evidence FROM findings WHERE run_id = :r AND kind = "
+                                 "'idle_gpus'"), {"r": r.run_id}).all()
+    ev = f.evidence if isinstance(f.evidence, dict) else __import__("json").loads(f.evidence)
+    want = "n02 GPU 2 idle 100%, held 41 GiB while idle"
+    assert ev["idle_gpu_names"] == [want] and f.idle_gpu_hours == pytest.approx(2.0)
+    assert ev["idle_gpu_list"][0]["held_while_idle_mib"] == 41984.0
+    ctx = report.build_context(Store(store.engine), Config(), r.run_id)
+    for body in (render.render_html(ctx)[0], render.render_text(ctx), render.render_md(ctx)):
+        assert want in body
+
+
+@pytest.mark.parametrize("minimum, listed", [(0.1, False), (0.0, True)])
+def test_findings_below_the_minimum_size_are_not_listed(store: Store, minimum: float, listed: bool) -> None:
+    """A 9-second array task without telemetry: 9 / 3600 = 0.0025 reserved GPU-hours, coverage 0 ->
+    unmonitored, but below min_finding_gpu_hours 0.1 it is not listed (listed with a minimum of 0)."""
+    store.ingest([job("5_1", [AllocatedGpu("n1", 0)], minutes=9 / 60)])
+    r = run_audit(store, Config(thresholds=Thresholds(min_finding_gpu_hours=minimum)), W0, W1)
+    assert (r.summary["findings"].get("unmonitored") == 1) is listed
+    assert usage(store, r.run_id)["5_1"]["reserved_s"] == pytest.approx(9)
