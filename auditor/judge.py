@@ -90,7 +90,7 @@ def _combine(dialect: str) -> list[str]:
 _V = verdict
 #: Per allocated GPU: the sums over its judged rows ``j`` (seconds not yet times share). A row without
 #: samples has obs = 0, so it adds nothing to any sum; SM-verified rows are exactly those with SM activity,
-#: so effective seconds (SM-verified obs x SM activity) and the SM sum are one aggregate.
+#: so effective seconds (SM-verified obs x SM activity) are the SM sum (one aggregate, see usage_columns).
 SUMS: dict[str, str] = {
     "idle": f"SUM(CASE WHEN j.v = {_V.IDLE} THEN j.obs END)",
     "idle_by_util": f"SUM(CASE WHEN j.v = {_V.IDLE_BY_UTIL} THEN j.obs END)",
@@ -98,7 +98,6 @@ SUMS: dict[str, str] = {
     "low": f"SUM(CASE WHEN j.v = {_V.LOW} THEN j.obs END)",
     "working": f"SUM(CASE WHEN j.v = {_V.WORKING} THEN j.obs END)",
     "busy_unverified": f"SUM(CASE WHEN j.v = {_V.BUSY_UNVERIFIED} THEN j.obs END)",
-    "effective": "SUM(j.obs * j.sm_active)",
     "gpu_util": "SUM(j.obs * j.gpu_util)",
     "util_observed": "SUM(CASE WHEN j.gpu_util IS NOT NULL THEN j.obs END)",
     "sm": "SUM(j.obs * j.sm_active)",
@@ -120,8 +119,9 @@ def usage_columns(get: dict[str, str], share: str, reserved: str) -> dict[str, s
     for k in ("idle_by_util", "mirage", "low", "working", "busy_unverified"):
         out[f"{k}_s"] = f"{share} * {get[k]}"
     out["unknown_s"] = f"{share} * ({reserved} - {observed})"
-    for k in ("effective", "gpu_util", "util_observed", "sm", "sm_observed", "tensor", "dram", "io_bps"):
+    for k in ("gpu_util", "util_observed", "sm", "sm_observed", "tensor", "dram", "io_bps"):
         out[f"{k}_s"] = f"{share} * {get[k]}"
+    out["effective_s"] = f"{share} * {get['sm']}"
     out["max_gpu_mirage_s"] = get["mirage"]
     out["signal"] = (f"CASE WHEN {get['sm_observed']} > 0 THEN 'sm_active' WHEN {get['util_observed']} > 0 "
                      "THEN 'gpu_util' ELSE 'none' END")

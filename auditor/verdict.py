@@ -70,9 +70,10 @@ def idle_ish(th: Thresholds, c: Col) -> str:
 
 
 def mirage_reading(th: Thresholds, c: Col) -> str:
-    """GPU-Util or GR engine reads busy (a missing reading counts as not busy)."""
-    return (f"(({c('gpu_util')} IS NOT NULL AND {at_least(c('gpu_util'), th.mirage_gpu_util)})"
-            f" OR ({c('gr_engine')} IS NOT NULL AND {at_least(c('gr_engine'), th.mirage_gr_engine)}))")
+    """GPU-Util or GR engine reads busy (a missing reading counts as not busy: NULL >= t is not true, and
+    this is only ever used as a WHEN condition)."""
+    return (f"({at_least(c('gpu_util'), th.mirage_gpu_util)}"
+            f" OR {at_least(c('gr_engine'), th.mirage_gr_engine)})")
 
 
 def idle_by_util(th: Thresholds, c: Col) -> str:
@@ -93,7 +94,7 @@ def case(th: Thresholds, c: Col, *, observed: str | None = None, working_first: 
     sm = c("sm_active")
     first = ""
     if working_first and th.working_sm >= th.idle_sm:
-        first = f" WHEN {sm} IS NOT NULL AND {at_least(sm, th.working_sm)} THEN {WORKING}"
+        first = f" WHEN {at_least(sm, th.working_sm)} THEN {WORKING}"  # NULL: not taken
     return (f"CASE WHEN NOT ({observed}) THEN {UNKNOWN}{first}"
             f" WHEN {sm} IS NOT NULL THEN"
             f" CASE WHEN {idle_ish(th, c)} THEN CASE WHEN {mirage_reading(th, c)} THEN {MIRAGE} ELSE {IDLE} END"
