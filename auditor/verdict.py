@@ -104,26 +104,3 @@ def case(th: Thresholds, c: Col, *, observed: str | None = None, working_first: 
 
 def in_codes(expr: str, codes: tuple[int, ...]) -> str:
     return f"{expr} IN ({', '.join(str(x) for x in codes)})"
-
-
-def verdict_of(th: Thresholds, samples: int, *, sm_active: float | None = None,
-               dram_active: float | None = None, tensor_active: float | None = None,
-               gpu_util: float | None = None, gr_engine: float | None = None,
-               power_w: float | None = None) -> str:
-    """The same rule in Python, for one bucket (explanations and the CLI; the audit uses :func:`case`)."""
-    def lt(v: float, t: float) -> bool:
-        return v < t - EPS
-
-    if samples <= 0:
-        return NAMES[UNKNOWN]
-    if sm_active is not None:
-        if (lt(sm_active, th.idle_sm) and (dram_active is None or lt(dram_active, th.idle_dram))
-                and (tensor_active is None or lt(tensor_active, th.idle_tensor))):
-            busy = ((gpu_util is not None and not lt(gpu_util, th.mirage_gpu_util))
-                    or (gr_engine is not None and not lt(gr_engine, th.mirage_gr_engine)))
-            return NAMES[MIRAGE if busy else IDLE]
-        return NAMES[LOW if lt(sm_active, th.working_sm) else WORKING]
-    if (th.util_fallback and gpu_util is not None and lt(gpu_util, th.idle_util)
-            and (th.idle_power_w is None or (power_w is not None and lt(power_w, th.idle_power_w)))):
-        return NAMES[IDLE_BY_UTIL]
-    return NAMES[BUSY_UNVERIFIED]
