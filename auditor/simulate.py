@@ -239,7 +239,8 @@ def _gpu_buckets(spec: FleetSpec, host: str, g: int, jobs: list[Job], starts: li
                             pod=pod, namespace=ns)
         else:
             yield GpuBucket(cluster, host, g, start, bs, samples, uuid, model, gpu_util=m["gpu_util"] / 100.0,
-                            observed_s=float(bs), fb_used_mib=m["fb_used_mib"], power_w=m["power_w"], pod=pod, namespace=ns)
+                            observed_s=float(bs), fb_used_mib=m["fb_used_mib"], power_w=m["power_w"], pod=pod,
+                            namespace=ns)
 
 
 def fleet_records(spec: FleetSpec) -> Iterator[Record]:
