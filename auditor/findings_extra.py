@@ -118,7 +118,7 @@ def idle_episodes(conn: Connection, run_id: int, working: list[dict[str, Any]], 
 
     ep_s = th.episode_hours * H
     cands = {r["allocation_id"]: r for r in working
-             if r["low_s"] + r["working_s"] > 0 and r["idle_s"] + r["mirage_s"] > 0}
+             if r["low_s"] + r["working_s"] + r["busy_unverified_s"] > 0 and r["idle_s"] + r["mirage_s"] > 0}
     spans: dict[int, list[Any]] = defaultdict(list)
     ids = sorted(cands)
     for i in range(0, len(ids), CHUNK):
