@@ -6,9 +6,10 @@ Which telemetry rows apply: a bucket of one telemetry GPU may hold several sub-r
 applicable rows are combined first (observed seconds summed up to the bucket width, metrics weighted by
 observed seconds, spans joined). Then, per (allocated GPU, bucket):
 
-- ``ov`` = reserved seconds inside the bucket (the row's own width: 300 s fine, 3600 s rolled up);
-- ``obs`` = min(reserved seconds inside the sampled span, observed seconds) when there were samples;
-- ``v`` = the verdict code of :mod:`auditor.verdict` (``obs`` = 0 is unknown).
+- the bucket counts when it overlaps the reserved interval by its own width (300 s fine, 3600 s rolled up);
+- ``obs`` = min(reserved seconds inside the sampled span, observed seconds) when there were samples, else 0;
+- ``v`` = the verdict code of :mod:`auditor.verdict` (no samples: unknown). Reserved time without ``obs``
+  is unknown: the audit's unknown = reserved - observed.
 
 Used by the audit on both engines, idle episodes and idle reservations, so all read the same rows.
 """
@@ -57,7 +58,6 @@ def judged_rows(dialect: str, th: Thresholds, keys: list[tuple[str, str]], frm: 
     never had one, skipping the check), and the rows naming the allocation (``jkey``) combined per bucket
     (rarely more than one). ``correlated``: ``keys`` come from an outer query (SQLite cannot group by
     them)."""
-    g, le = fns(dialect)
     ks = dict((a, e) for e, a in keys)
     a_s, a_e = ks["a_s"], ks["a_e"]
     k = ", ".join(f"{e} AS {a}" for e, a in keys)
