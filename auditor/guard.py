@@ -108,6 +108,10 @@ def clean(rec: Any) -> Any:
     elif isinstance(rec, GpuBucket):
         rec.host = _text(rec.host, "host", key=True)
         rec.gpu_instance = _text(rec.gpu_instance, "gpu_instance", key=True)
+        rec.job = _text(rec.job, "job", key=True, optional=True)  # part of the sub-row's primary key
+        _float(rec.observed_s, "observed_s", optional=True)
+        _time(rec.span_start, "span_start")
+        _time(rec.span_end, "span_end")
         _int(rec.gpu, "gpu")
         _int(rec.seconds, "bucket seconds")
         _int(rec.samples, "samples")
@@ -118,6 +122,7 @@ def clean(rec: Any) -> Any:
             _float(getattr(rec, f), f, optional=True)
         for f in LABEL_FIELDS:
             setattr(rec, f, _text(getattr(rec, f), f, optional=True))
+        _text(rec.job_key(), "job key (hpc_job, or namespace/pod)", key=True)  # in gpu_buckets' primary key
     elif isinstance(rec, Reservation):
         rec.name = _text(rec.name, "name", key=True)
         _time(rec.start, "start", optional=False)

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from auditor import verdict
 from auditor.config import Config, Thresholds
 from auditor.errors import GpuAuditError
 from auditor.report import ADVICE, _tz, _when, load_run
@@ -22,10 +23,10 @@ from auditor.timeutil import utcnow
 H = 3600.0
 BINS = 48
 METRICS = ("sm_active", "tensor_active", "dram_active", "gpu_util", "fb_used_mib", "power_w")
-# verdict codes as the audit's SQL numbers them (audit._VERDICT), and how a terminal draws them
-VERDICTS = {-1: "unknown", 0: "unknown", 1: "idle", 2: "idle_by_util", 3: "mirage", 4: "low", 5: "working"}
-GLYPH = {"working": "\u2588", "low": "\u2584", "idle": "_", "mirage": "!", "idle_by_util": "f", "unknown": "?",
-         None: " "}
+# verdict codes as the one verdict definition numbers them (auditor.verdict), and how a terminal draws them
+VERDICTS = verdict.NAMES
+GLYPH = {"working": "\u2588", "low": "\u2584", "idle": "_", "mirage": "!", "idle_by_util": "f",
+         "busy_unverified": "~", "unknown": "?", None: " "}
 SPARK = "\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"
 
 
@@ -104,11 +105,8 @@ def _gpus(conn: Connection, a: dict[str, Any], run_id: int | None) -> list[dict[
 
 
 def _verdict_sql(th: Thresholds) -> str:
-    """The audit's own per-bucket verdict expression (audit._VERDICT): one definition of the verdict."""
-    from auditor.audit import _VERDICT
-
-    return _VERDICT.format(working_first="WHEN b.sm_active >= :working_sm THEN 5" if th.working_sm >= th.idle_sm
-                           else "")
+    """The audit's own per-bucket verdict expression (auditor.verdict): one definition of the verdict."""
+    return verdict.case(th, verdict.prefixed("b"), working_first=True)
 
 
 def gpu_series(conn: Connection, gpu_ids: list[int], s: int, e: int, th: Thresholds, bucket_s: int
@@ -116,13 +114,14 @@ def gpu_series(conn: Connection, gpu_ids: list[int], s: int, e: int, th: Thresho
     """Per telemetry GPU over [s, e): the time line (verdict seconds per time bin, in SQL) and the mean and
     peak of each metric. Two grouped queries for all GPUs at once, so a 64-GPU job stays fast."""
     from auditor.audit import _fn, _params
+    from auditor.judge import LOOKBACK
 
     ids = sorted({int(g) for g in gpu_ids})
     if not ids or e <= s:
         return {}
     bins = max(1, min(BINS, -(-(e - s) // max(1, bucket_s))))
     fn = _fn(conn)
-    p = {**_params(th, s, e, e, bucket_s), "s": s, "e": e, "bins": bins}
+    p = {**_params(s, e, e), "bucket": max(bucket_s, LOOKBACK), "s": s, "e": e, "bins": bins}  # hourly roll-ups too
     marks = ", ".join(str(i) for i in ids)
     where = (f"b.gpu_id IN ({marks}) AND b.bucket_ts >= :s - :bucket AND b.bucket_ts < :e "
              "AND b.bucket_ts + b.bucket_s > :s")

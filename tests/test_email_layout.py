@@ -50,7 +50,7 @@ def hostile_week(tmp_path: Path):  # noqa: ANN201 - (store, cfg, run_id)
     run = T0 + timedelta(days=5)
     recs.append(Allocation("c1", "slurm", "204", name="notebook", user="alice", account="acct-ml", start=run,
                            end=None, gpus=[AllocatedGpu("n5", 0)]))
-    recs += buckets("n5", 0, run, 48, 0.0, 0.0, step=1800)
+    recs += buckets("n5", 0, run, 48, 0.0, 0.0)  # one bucket width per store (auditor.meta)
     store.ingest(recs)
     return store, cfg, run_audit(store, cfg, T0, T0 + WEEK).run_id
 

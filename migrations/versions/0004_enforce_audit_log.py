@@ -1,13 +1,13 @@
 """enforcement: exemptions and the enforcement audit log
 
-Revision ID: 0003_enforce
-Revises: 0002
+Revision ID: 0004_enforce
+Revises: 0003_ledger
 Create Date: 2026-11-30
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_enforce"
+revision = "0004_enforce"
 down_revision = "0003_ledger"
 branch_labels = None
 depends_on = None

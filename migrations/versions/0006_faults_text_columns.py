@@ -1,15 +1,15 @@
 """faults: user-controlled text columns become TEXT (no 255-character limit PostgreSQL enforces and SQLite
 does not), so one long user, account, label or host name is stored the same on both engines
 
-Revision ID: 0003_faults
-Revises: 0003_enforce
+Revision ID: 0006_faults
+Revises: 0005_verdict
 Create Date: 2026-11-30
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_faults"
-down_revision = "0003_enforce"
+revision = "0006_faults"
+down_revision = "0005_verdict"
 branch_labels = None
 depends_on = None
 
