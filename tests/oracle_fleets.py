@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -89,15 +89,13 @@ class Job:
         return a.external_id if a.source == "slurm" else f"{a.account}/{a.name}"
 
 
-@dataclass
 class Fleet:
-    ops: list[tuple[Any, ...]]  # ("ingest", records) | ("prune", now, keep_weeks)
-    th: Thresholds
-    since: int
-    until: int
-    now: int
-    features: frozenset[str]
-    notes: list[str] = field(default_factory=list)
+    """What the store sees (``ops``: ("ingest", records) | ("prune", now, keep_weeks)) and the audit window.
+    A plain class, so hypothesis prints a falsifying fleet with the short :meth:`__repr__`."""
+
+    def __init__(self, ops: list[tuple[Any, ...]], th: Thresholds, since: int, until: int, now: int,
+                 features: frozenset[str]) -> None:
+        self.ops, self.th, self.since, self.until, self.now, self.features = ops, th, since, until, now, features
 
     def __repr__(self) -> str:
         lines = [f"Fleet(since=T0{self.since - T0:+d}s until=T0{self.until - T0:+d}s now=T0{self.now - T0:+d}s "

@@ -170,7 +170,7 @@ def check(store: Store, fleet: Fleet) -> None:
     want = run_oracle(fleet)
     got = run_code(store, fleet)
     bad = compare(fleet, got, want)
-    assert not bad, "code and oracle differ:\n" + "\n".join(bad[:40])
+    assert not bad, "code and oracle differ:\n" + "\n".join(bad[:40]) + f"\non\n{fleet!r}"
     STATS["fleets"] = STATS.get("fleets", 0) + 1
     STATS["allocations"] = STATS.get("allocations", 0) + len(want)
     STATS["findings"] = STATS.get("findings", 0) + sum(len(r.findings) for r in want.values())
