@@ -168,6 +168,10 @@ def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | 
     now = now or utcnow()
     summary = CollectSummary()
     bucket = cfg.store.bucket_seconds
+    from auditor import meta
+
+    with store.engine.connect() as conn:
+        meta.check_config_width(conn, bucket)  # a changed width would double count: refuse up front
     known = {c.name for c in cfg.clusters}
     for name in clusters or []:
         if name not in known:

@@ -99,6 +99,10 @@ class ClusterConfig(Strict):
 
 
 class Thresholds(Strict):
+    """Verdict and finding rules (docs/definitions.md). Comparisons use a 1e-9 tolerance: a value exactly at
+    a threshold is not below it, even after a unit conversion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     idle_sm: float = Field(0.05, ge=0, le=1, description="SM activity below this is idle.")
     idle_dram: float = Field(0.05, ge=0, le=1, description="...and DRAM activity below this.")
     idle_tensor: float = Field(0.01, ge=0, le=1, description="...and Tensor activity below this.")
@@ -108,7 +112,8 @@ class Thresholds(Strict):
     working_sm: float = Field(0.5, ge=0, le=1, description="SM activity at or above this is working; "
                               "between idle_sm and this is low.")
     util_fallback: bool = Field(True, description="Judge GPUs without profiling fields by GPU-Util "
-                                "(low-confidence verdict idle-by-util). Off: such buckets are unknown.")
+                                "(low-confidence verdict idle-by-util). Off: such buckets are "
+                                "busy_unverified (observed, never idle).")
     idle_util: float = Field(0.05, ge=0, le=1, description="Fallback: GPU-Util below this is idle-by-util.")
     idle_power_w: float | None = Field(None, ge=0, description="Fallback: and power below this (W); "
                                        "unset = power not required.")
@@ -118,6 +123,9 @@ class Thresholds(Strict):
                                                  "reserved GPU-hours.")
     idle_gpus_fraction: float = Field(0.8, ge=0, le=1, description="idle_gpus: a GPU idle this share of "
                                       "its observed time while another GPU of the allocation works.")
+    idle_gpus_worked_fraction: float = Field(0.5, ge=0, le=1, description="idle_gpus: a GPU counts as "
+                                             "busy when low, working or busy-unverified this share of its "
+                                             "observed time.")
     mirage_min_minutes: float = Field(30, ge=0, description="util_mirage: minimum mirage minutes.")
     unmonitored_coverage: float = Field(0.5, ge=0, le=1, description="unmonitored: observed share of "
                                         "reserved time below this.")
@@ -126,6 +134,20 @@ class Thresholds(Strict):
                                      "below this.")
     low_efficiency_min_gpu_hours: float = Field(4.0, ge=0, description="low_efficiency: minimum observed "
                                                 "GPU-hours.")
+    min_finding_gpu_hours: float = Field(0.1, ge=0, description="Findings about fewer reserved GPU-hours "
+                                         "than this are not listed (e.g. unmonitored 9-second array tasks).")
+    hint_dram_high: float = Field(0.4, ge=0, le=1, description="low_efficiency hint memory-bound: mean DRAM "
+                                  "activity at least this.")
+    hint_tensor_share: float = Field(0.5, ge=0, description="...compute-bound (tensor): mean Tensor activity "
+                                     "at least this share of mean SM activity.")
+    hint_io_bps: float = Field(1e9, ge=0, description="...input/communication wait: PCIe + NVLink bytes/s at "
+                               "least this while DRAM is below hint_dram_low.")
+    hint_dram_low: float = Field(0.1, ge=0, le=1, description="...DRAM activity below this counts as low.")
+    hint_util_pulse_low: float = Field(0.1, ge=0, le=1, description="...input wait: mean GPU-Util at least "
+                                       "this (kernels in bursts)...")
+    hint_util_pulse_high: float = Field(0.9, ge=0, le=1, description="...and below this.")
+    hint_held_mib: float = Field(1024.0, ge=0, description="...memory held, no compute: peak memory at least "
+                                 "this (MiB) while GPU-Util is below hint_util_pulse_low.")
 
 
 class PriceCard(Strict):

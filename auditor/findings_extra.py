@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from auditor import judge, verdict
 from auditor.config import Config, Thresholds
 from auditor.money import Pricing
 from auditor.timeutil import utcnow
@@ -21,45 +22,38 @@ from auditor.timeutil import utcnow
 H = 3600.0
 CHUNK = 500
 
-# Bottleneck hint thresholds (means over the allocation's observed time). Documented in docs/chargeback.md.
-HINT_DRAM_HIGH = 0.4  # DRAM busy while SMs are not: memory-bound
-HINT_TENSOR_SHARE = 0.5  # Tensor activity at least half of SM activity: the little work done is tensor math
-HINT_IO_BPS = 1e9  # PCIe + NVLink >= 1 GB/s while SM and DRAM are low: input or communication wait
-HINT_DRAM_LOW = 0.1
-HINT_UTIL_PULSE = (0.1, 0.9)  # GPU-Util duty cycle neither off nor on: kernels in bursts, waiting between
-HINT_HELD_MIB = 1024.0  # memory held (>= 1 GiB) with GPU-Util near zero: memory held, no compute
+_IDLE = verdict.in_codes("j.v", verdict.IDLE_CODES)
 
-# The per-bucket idle verdict of auditor.audit.JUDGE (idle, idle-by-util or mirage: anything but work).
-IDLE_COND = """b.samples > 0 AND (
- (b.sm_active IS NOT NULL AND b.sm_active < :idle_sm AND COALESCE(b.dram_active, 0) < :idle_dram
-  AND COALESCE(b.tensor_active, 0) < :idle_tensor)
- OR (b.sm_active IS NULL AND :fallback = 1 AND b.gpu_util IS NOT NULL AND b.gpu_util < :idle_util
-  AND (:idle_power < 0 OR COALESCE(b.power_w, :idle_power + 1) < :idle_power)))"""
-MIRAGE = ("CASE WHEN b.sm_active IS NOT NULL AND (COALESCE(b.gpu_util, 0) >= :mirage_util "
-          "OR COALESCE(b.gr_engine, 0) >= :mirage_gr) THEN 1 ELSE 0 END")
 
-# Gaps and islands over the idle buckets of the candidate GPUs: a new island starts where the previous
-# idle bucket of the same GPU ended before this one began (a working bucket or a missing one in between).
-EPISODES = """WITH c AS (
+def episodes_sql(dialect: str, th: Thresholds, ids: str) -> str:
+    """Gaps and islands over the idle buckets (idle, idle-by-util or mirage, :mod:`auditor.verdict`) of the
+    candidate GPUs: a new island starts where the previous idle bucket of the same GPU ended before this
+    one began (a working or missing bucket in between). Seconds are observed seconds."""
+    g, le = judge.fns(dialect)
+    keys = [(f"c.{k}", k) for k in ("gid", "aid", "gpu_index", "share", "a_s", "a_e")]
+    frm = (f"FROM c JOIN gpu_buckets b ON b.gpu_id = c.gpu_id AND b.bucket_ts >= c.a_s - {judge.LOOKBACK}"
+           " AND b.bucket_ts < c.a_e AND b.bucket_ts + b.bucket_s > c.a_s")
+    rows = judge.judged_rows(dialect, th, keys, frm, "c.jkey", grouped=True)
+    return f"""WITH c AS (
   SELECT u.allocated_gpu_id AS gid, u.allocation_id AS aid, u.gpu_id, u.gpu_index, ag.share,
-   {G}(a.start_ts, :since) AS a_s, {L}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e
+   {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey
   FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id
   JOIN allocations a ON a.id = u.allocation_id
   WHERE u.run_id = :run AND u.gpu_id IS NOT NULL AND u.allocation_id IN ({ids})
    AND u.idle_s + u.mirage_s >= ag.share * :episode_s
-   AND u.idle_s + u.mirage_s < :gpu_frac * (u.idle_s + u.mirage_s + u.low_s + u.working_s)),
+   AND u.idle_s + u.mirage_s < :gpu_frac * u.observed_s),
  i AS (
-  SELECT c.gid, c.aid, c.gpu_index, c.share, c.a_s, c.a_e, b.bucket_ts AS t0, b.bucket_ts + b.bucket_s AS t1,
-   {L}(b.bucket_ts + b.bucket_s, c.a_e) - {G}(b.bucket_ts, c.a_s) AS ov, """ + MIRAGE + """ AS m
-  FROM c JOIN gpu_buckets b ON b.gpu_id = c.gpu_id AND b.bucket_ts >= c.a_s - :bucket AND b.bucket_ts < c.a_e
-  WHERE {L}(b.bucket_ts + b.bucket_s, c.a_e) > {G}(b.bucket_ts, c.a_s) AND """ + IDLE_COND + """),
+  SELECT j.gid, j.aid, j.gpu_index, j.share, j.a_s, j.a_e, j.bucket_ts AS t0, j.bucket_ts + j.bucket_s AS t1,
+   j.obs AS ov, CASE WHEN j.v = {verdict.MIRAGE} THEN 1 ELSE 0 END AS m
+  FROM ({rows}) j WHERE {_IDLE}),
  f AS (SELECT i.*, CASE WHEN LAG(i.t1) OVER (PARTITION BY i.gid ORDER BY i.t0) >= i.t0 THEN 0 ELSE 1 END
         AS brk FROM i),
  g AS (SELECT f.*, SUM(f.brk) OVER (PARTITION BY f.gid ORDER BY f.t0 ROWS UNBOUNDED PRECEDING) AS isl
        FROM f)
-SELECT gid, aid, gpu_index, share, {G}(MIN(t0), MIN(a_s)) AS s, {L}(MAX(t1), MIN(a_e)) AS e,
+SELECT gid, aid, gpu_index, share, {g}(MIN(t0), MIN(a_s)) AS s, {le}(MAX(t1), MIN(a_e)) AS e,
  SUM(ov) AS ov, SUM(m * ov) AS mirage_ov
 FROM g GROUP BY gid, aid, gpu_index, share, isl HAVING SUM(ov) >= :episode_s ORDER BY aid, s, gid"""
+
 
 RESERVATIONS = """SELECT r.id, r.cluster, r.name, r.gpu_count, r.nodes, r.users, r.accounts, r.flags,
  r.start_ts, r.end_ts, {G}(r.start_ts, :since) AS r_s, {L}(r.end_ts, :horizon) AS r_e
@@ -75,15 +69,20 @@ RESV_USED = """SELECT r.id AS rid, COUNT(*) AS jobs,
                     - {G}(a.start_ts, r.start_ts, :since))) AS used_s
 """ + _RESV_JOBS + " GROUP BY r.id"
 
-RESV_IDLE = """SELECT x.rid, SUM(x.share * ({L}(b.bucket_ts + b.bucket_s, x.w_e) - {G}(b.bucket_ts, x.w_s)))
- AS idle_s
-FROM (SELECT r.id AS rid, u.gpu_id, ag.share, {G}(a.start_ts, r.start_ts, :since) AS w_s,
-       {L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon) AS w_e
-      """ + _RESV_JOBS.replace("WHERE", """JOIN usage_gpu u ON u.allocation_id = a.id AND u.run_id = :run
-       AND u.gpu_id IS NOT NULL JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id WHERE""") + """) x
-JOIN gpu_buckets b ON b.gpu_id = x.gpu_id AND b.bucket_ts >= x.w_s - :bucket AND b.bucket_ts < x.w_e
-WHERE {L}(b.bucket_ts + b.bucket_s, x.w_e) > {G}(b.bucket_ts, x.w_s) AND """ + IDLE_COND + """
-GROUP BY x.rid"""
+
+
+def resv_idle_sql(dialect: str, th: Thresholds) -> str:
+    """Idle (observed, :mod:`auditor.verdict`) GPU-seconds of the jobs inside each reservation."""
+    fn = dict(zip(("G", "L"), judge.fns(dialect), strict=True))
+    x = ("""SELECT r.id AS rid, u.allocated_gpu_id AS gid, u.gpu_id, ag.share, {G}(a.start_ts, r.start_ts, :since)
+       AS w_s, {L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon) AS w_e, """ + judge.JOB_KEY + " AS jkey "
+         + _RESV_JOBS.replace("WHERE", """JOIN usage_gpu u ON u.allocation_id = a.id AND u.run_id = :run
+       AND u.gpu_id IS NOT NULL JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id WHERE""")).format(**fn)
+    keys = [("x.rid", "rid"), ("x.gid", "gid"), ("x.share", "share"), ("x.w_s", "a_s"), ("x.w_e", "a_e")]
+    frm = (f"FROM ({x}) x JOIN gpu_buckets b ON b.gpu_id = x.gpu_id AND b.bucket_ts >= x.w_s - {judge.LOOKBACK}"
+           " AND b.bucket_ts < x.w_e AND b.bucket_ts + b.bucket_s > x.w_s")
+    rows = judge.judged_rows(dialect, th, keys, frm, "x.jkey", grouped=True)
+    return f"SELECT j.rid, SUM(j.share * j.obs) AS idle_s FROM ({rows}) j WHERE {_IDLE} GROUP BY j.rid"
 
 
 def _fn(conn: Connection) -> dict[str, str]:
@@ -91,23 +90,12 @@ def _fn(conn: Connection) -> dict[str, str]:
     return {"G": "GREATEST" if pg else "max", "L": "LEAST" if pg else "min"}
 
 
-def _verdict_params(th: Thresholds) -> dict[str, Any]:
-    return {"idle_sm": th.idle_sm, "idle_dram": th.idle_dram, "idle_tensor": th.idle_tensor,
-            "mirage_util": th.mirage_gpu_util, "mirage_gr": th.mirage_gr_engine,
-            "fallback": 1 if th.util_fallback else 0, "idle_util": th.idle_util,
-            "idle_power": th.idle_power_w if th.idle_power_w is not None else -1.0}
-
-
 def whole_idle(r: dict[str, Any], th: Thresholds) -> bool:
     """True when :func:`auditor.rules.classify` already reports the whole allocation (unmonitored, or
     idle/mirage for most of its observed time): an episode or low efficiency would say it twice."""
-    if r["reserved_s"] <= 0:
-        return True
-    if r["observed_s"] / r["reserved_s"] < th.unmonitored_coverage:
-        return True
-    judged = r["idle_s"] + r["mirage_s"] + r["low_s"] + r["working_s"]
-    idle_frac = (r["idle_s"] + r["mirage_s"]) / judged if judged > 0 else 0.0
-    return idle_frac >= th.idle_allocation_fraction and r["reserved_s"] / H >= th.idle_allocation_min_gpu_hours
+    from auditor.rules import whole_allocation_finding
+
+    return r["reserved_s"] <= 0 or whole_allocation_finding(r, th) is not None
 
 
 def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]],
@@ -116,13 +104,11 @@ def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]
                    clusters: list[str] | None = None) -> list[dict[str, Any]]:
     """idle_episode, low_efficiency and idle_reservation findings of one run (finding-table rows).
     ``flagged``: allocations a core rule already reported (idle GPUs explain a low mean: no low_efficiency)."""
-    bucket = cfg.store.bucket_seconds
-    p = {"since": since, "until": until, "horizon": horizon, "bucket": bucket, "run": run_id,
-         **_verdict_params(th)}
+    p = {"since": since, "until": until, "horizon": horizon, "run": run_id}
     working = [r for r in per_alloc if not whole_idle(r, th)]
     out = idle_episodes(conn, run_id, working, th, p)
     out += low_efficiency(run_id, [r for r in working if r["allocation_id"] not in flagged], th, since, horizon)
-    out += idle_reservations(conn, run_id, cfg, p, clusters)
+    out += idle_reservations(conn, run_id, cfg, p, clusters, th)
     return out
 
 
@@ -139,7 +125,7 @@ def idle_episodes(conn: Connection, run_id: int, working: list[dict[str, Any]], 
     spans: dict[int, list[Any]] = defaultdict(list)
     ids = sorted(cands)
     for i in range(0, len(ids), CHUNK):
-        sql = EPISODES.format(**_fn(conn), ids=", ".join(str(int(x)) for x in ids[i:i + CHUNK]))
+        sql = episodes_sql(conn.dialect.name, th, ", ".join(str(int(x)) for x in ids[i:i + CHUNK]))
         for s in conn.execute(text(sql), {**p, "episode_s": ep_s, "gpu_frac": th.idle_gpus_fraction}):
             spans[s.aid].append(s)
     out = []
@@ -176,7 +162,7 @@ def _merge(rows: list[Any]) -> list[list[Any]]:
     return groups
 
 
-def bottleneck(r: dict[str, Any]) -> tuple[str, str]:
+def bottleneck(r: dict[str, Any], th: Thresholds | None = None) -> tuple[str, str]:
     """(hint, why) for a low-efficiency allocation, from the means of the other signals."""
     sm_obs = r["sm_observed_s"]
     sm = r["sm_s"] / sm_obs if sm_obs > 0 else 0.0
@@ -185,18 +171,20 @@ def bottleneck(r: dict[str, Any]) -> tuple[str, str]:
     io = r["io_bps_s"] / r["observed_s"] if r["observed_s"] > 0 else 0.0
     util = r["gpu_util_s"] / r["util_observed_s"] if r["util_observed_s"] > 0 else None
     fb = r.get("peak_fb_mib") or 0.0
-    if dram >= HINT_DRAM_HIGH:
+    th = th or Thresholds()
+    pulse = (th.hint_util_pulse_low, th.hint_util_pulse_high)
+    if dram >= th.hint_dram_high:
         return "memory-bound", f"DRAM activity {dram:.0%} while SM activity is {sm:.0%}"
-    if sm > 0 and tensor >= HINT_TENSOR_SHARE * sm and tensor > 0:
+    if sm > 0 and tensor >= th.hint_tensor_share * sm and tensor > 0:
         return "compute-bound (tensor)", (f"Tensor activity {tensor:.0%} is most of SM activity {sm:.0%}: "
                                           "small kernels or batches on a big GPU")
-    if io >= HINT_IO_BPS and dram < HINT_DRAM_LOW:
+    if io >= th.hint_io_bps and dram < th.hint_dram_low:
         return "input/communication wait", (f"PCIe/NVLink {io / 1e9:.1f} GB/s while SM {sm:.0%} and DRAM "
                                             f"{dram:.0%} are low")
-    if util is not None and HINT_UTIL_PULSE[0] <= util < HINT_UTIL_PULSE[1] and dram < HINT_DRAM_LOW:
+    if util is not None and pulse[0] <= util < pulse[1] and dram < th.hint_dram_low:
         return "input wait", (f"all low, GPU-Util pulsing at {util:.0%} duty cycle: the GPU waits for "
                               "input (data loader, host) between bursts")
-    if fb >= HINT_HELD_MIB and (util is None or util < HINT_UTIL_PULSE[0]):
+    if fb >= th.hint_held_mib and (util is None or util < pulse[0]):
         return "memory held, no compute", f"{fb:.0f} MiB held with GPU-Util {util or 0:.0%}"
     return "undetermined", f"SM {sm:.0%}, DRAM {dram:.0%}, Tensor {tensor:.0%}: no signal stands out"
 
@@ -214,7 +202,7 @@ def low_efficiency(run_id: int, working: list[dict[str, Any]], th: Thresholds, s
         mean_sm = r["sm_s"] / r["sm_observed_s"]
         if mean_sm >= th.low_efficiency_sm:
             continue
-        hint, why = bottleneck(r)
+        hint, why = bottleneck(r, th)
         ev = {"rule": f"mean SM activity {mean_sm:.0%} < {th.low_efficiency_sm:.0%} over {obs_h:.1f} "
                       f"observed GPU-hours", "hint": hint, "hint_reason": why,
               "unused_sm_gpu_hours": (r["sm_observed_s"] - r["sm_s"]) / H,
@@ -231,7 +219,7 @@ def _json_list(v: Any) -> list[str]:
 
 
 def idle_reservations(conn: Connection, run_id: int, cfg: Config, p: dict[str, Any],
-                      clusters: list[str] | None = None) -> list[dict[str, Any]]:
+                      clusters: list[str] | None = None, th: Thresholds | None = None) -> list[dict[str, Any]]:
     """Per advance reservation overlapping the window: reserved GPU-hours no job used, plus the idle
     GPU-hours of the jobs that ran inside it (sreport counts those as "allocated")."""
     fn = _fn(conn)
@@ -240,7 +228,8 @@ def idle_reservations(conn: Connection, run_id: int, cfg: Config, p: dict[str, A
     if not resv:
         return []
     used = {r.rid: r for r in conn.execute(text(RESV_USED.format(**fn)), p)}
-    idle = {r.rid: r.idle_s or 0.0 for r in conn.execute(text(RESV_IDLE.format(**fn)), p)}
+    sql = resv_idle_sql(conn.dialect.name, th or cfg.thresholds)
+    idle = {r.rid: r.idle_s or 0.0 for r in conn.execute(text(sql), p)}
     models = _host_models(conn)
     pricing = Pricing(cfg)
     out = []

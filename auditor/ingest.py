@@ -7,6 +7,7 @@ more samples beats a partial one; an end time once known stays).
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
@@ -31,6 +32,7 @@ from auditor.timeutil import to_epoch
 if TYPE_CHECKING:
     from auditor.store import IngestStats, Store
 
+log = logging.getLogger("gpu_audit.ingest")
 Merge = Callable[[Table, Any], Any]
 ALLOC_BATCH = 2000
 
@@ -171,18 +173,30 @@ def ingest_inventory(conn: Connection, items: list[GpuInventory], seen: int) -> 
     return len(rows)
 
 
-BUCKET_COLS = ("gpu_id", "bucket_ts", "bucket_s", "samples", *METRIC_FIELDS, *LABEL_FIELDS)
+BUCKET_COLS = ("gpu_id", "bucket_ts", "job", "bucket_s", "samples", "observed_s", "span_start", "span_end",
+               *METRIC_FIELDS, *LABEL_FIELDS)
 _BUCKET_KEY = attrgetter("cluster", "host", "gpu", "gpu_instance")  # C-level getters: the per-row cost
-_BUCKET_VALUES = attrgetter("seconds", "samples", *METRIC_FIELDS, *LABEL_FIELDS)
+_BUCKET_VALUES = attrgetter(*METRIC_FIELDS, *LABEL_FIELDS)
+HOUR = 3600
 
 
 def _bucket_sql(dialect: str) -> str:
+    """Upsert that merges a row with the stored one FIELD BY FIELD (docs/definitions.md): each metric and
+    label from the row that has it, from the one with more samples if both do (tie: the stored one);
+    samples and observed seconds the maximum; the span of the row with more samples. Ingesting the same
+    rows again changes nothing; one source's row never blanks another source's fields."""
     ph = "%s" if dialect == "postgresql" else "?"
+    big = "GREATEST" if dialect == "postgresql" else "max"
     cols = ", ".join(BUCKET_COLS)
-    sets = ", ".join(f"{c} = excluded.{c}" for c in BUCKET_COLS[2:])
+    more = "excluded.samples > gpu_buckets.samples"
+    sets = [f"samples = {big}(gpu_buckets.samples, excluded.samples)",
+            f"observed_s = {big}(gpu_buckets.observed_s, excluded.observed_s)",
+            *(f"{c} = CASE WHEN {more} THEN excluded.{c} ELSE gpu_buckets.{c} END" for c in ("span_start",
+                                                                                             "span_end")),
+            *(f"{c} = CASE WHEN excluded.{c} IS NULL THEN gpu_buckets.{c} WHEN gpu_buckets.{c} IS NULL OR {more} "
+              f"THEN excluded.{c} ELSE gpu_buckets.{c} END" for c in (*METRIC_FIELDS, *LABEL_FIELDS))]
     return (f"INSERT INTO gpu_buckets ({cols}) VALUES ({', '.join([ph] * len(BUCKET_COLS))}) "
-            f"ON CONFLICT (gpu_id, bucket_ts) DO UPDATE SET {sets} "
-            f"WHERE excluded.samples >= gpu_buckets.samples")
+            f"ON CONFLICT (gpu_id, bucket_ts, job) DO UPDATE SET {', '.join(sets)}")
 
 
 def telemetry_gpu_ids(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int]) -> None:
@@ -202,12 +216,59 @@ def telemetry_gpu_ids(conn: Connection, buckets: list[GpuBucket], cache: dict[tu
             cache[(cluster, r.host, r.gpu_index, r.gpu_instance)] = r.id
 
 
-def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int]) -> int:
+def _row(gid: int, b: GpuBucket) -> tuple:
+    seconds, samples = int(b.seconds), int(b.samples)
+    obs = b.observed_s
+    obs = (float(seconds) if samples > 0 else 0.0) if obs is None else min(float(seconds), max(0.0, float(obs)))
+    if samples <= 0:
+        obs = 0.0
+    ts = int(b.start.timestamp())
+    sp_s = sp_e = None
+    if b.span_start is not None or b.span_end is not None:
+        sp_s = max(ts, int(b.span_start.timestamp())) if b.span_start is not None else ts
+        sp_e = min(ts + seconds, int(b.span_end.timestamp())) if b.span_end is not None else ts + seconds
+        sp_e = max(sp_e, sp_s)
+    return (gid, ts, b.job_key(), seconds, samples, obs, sp_s, sp_e, *_BUCKET_VALUES(b))
+
+
+def _drop_rolled_up(conn: Connection, rows: list[tuple], before: int | None) -> list[tuple]:
+    """Fine rows for an hour that a roll-up already folded into an hourly row are dropped (logged): the
+    hourly row holds that hour's data, so adding them again would count it twice."""
+    if before is None:
+        return rows
+    old = [r for r in rows if r[3] < HOUR and r[1] < before]
+    if not old:
+        return rows
+    g = schema.gpu_buckets
+    hours = {(r[0], r[1] // HOUR * HOUR) for r in old}
+    have: set[tuple[int, int]] = set()
+    for gid in {h[0] for h in hours}:
+        ts = [h[1] for h in hours if h[0] == gid]
+        have |= {(gid, x) for (x,) in conn.execute(select(g.c.bucket_ts).where(
+            g.c.gpu_id == gid, g.c.bucket_s >= HOUR, g.c.bucket_ts.in_(ts)))}
+    if not have:
+        return rows
+    kept = [r for r in rows if not (r[3] < HOUR and r[1] < before and (r[0], r[1] // HOUR * HOUR) in have)]
+    log.warning("dropped %d telemetry buckets for hours already rolled up (gpu-audit db prune): the hourly "
+                "rows keep those hours", len(rows) - len(kept))
+    return kept
+
+
+def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int],
+                   rolled_up_before: int | None = None) -> int:
     """The hot path: plain DBAPI executemany of one prepared upsert (no ORM objects per row)."""
     telemetry_gpu_ids(conn, buckets, cache)
-    key, values = _BUCKET_KEY, _BUCKET_VALUES
-    rows = [(cache[key(b)], int(b.start.timestamp()), *values(b)) for b in buckets]
+    key = _BUCKET_KEY
+    rows = [_row(cache[key(b)], b) for b in buckets]
+    from auditor import meta
+
+    meta.check_width(conn, {r[3] for r in rows})
+    rows = _drop_rolled_up(conn, rows, rolled_up_before)
     conn.exec_driver_sql(_bucket_sql(conn.dialect.name), rows)
+    labelled = {r[0] for r in rows if r[2]}
+    if labelled:
+        t = schema.telemetry_gpus
+        conn.execute(update(t).where(t.c.id.in_(sorted(labelled)), t.c.has_jobs == 0).values(has_jobs=1))
     return len(rows)
 
 
@@ -223,6 +284,7 @@ def close_unseen(conn: Connection, cluster: str, source: str, seen: int, account
 
 
 def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> IngestStats:
+    from auditor import meta
     from auditor.store import IngestStats
     from connectors.base import RunningSnapshot
 
@@ -246,7 +308,7 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int) -> Inges
             if inv:
                 stats.inventory += ingest_inventory(conn, inv, seen_at_ts)
             if buckets:
-                stats.buckets += ingest_buckets(conn, buckets, cache)
+                stats.buckets += ingest_buckets(conn, buckets, cache, meta.rolled_up_before(conn))
             if final:
                 for s in snapshots:
                     stats.closed += close_unseen(conn, s.cluster, s.source, seen_at_ts, s.accounts)

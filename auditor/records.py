@@ -111,6 +111,24 @@ class GpuBucket:
     pod: str | None = None
     namespace: str | None = None
     container: str | None = None
+    #: seconds of the bucket the samples cover (0..seconds); None = the source cannot tell (stored as
+    #: ``seconds`` when samples > 0, else 0)
+    observed_s: float | None = None
+    #: first sample time .. last sample time + interval, inside the bucket; None = the whole bucket
+    span_start: datetime | None = None
+    span_end: datetime | None = None
+    #: job key of the series (hpc_job as given, or "namespace/pod"); None = derive it from the labels
+    job: str | None = None
+
+    def job_key(self) -> str:
+        """The telemetry job key: ``job`` if set, else hpc_job, else namespace/pod, else "" (no label)."""
+        if self.job is not None:
+            return self.job
+        if self.hpc_job:
+            return self.hpc_job
+        if self.pod:
+            return f"{self.namespace or ''}/{self.pod}"
+        return ""
 
 
 @dataclass(slots=True)

@@ -35,15 +35,17 @@ ADVICE = {
     "idle_episode": "Checkpoint and release the GPUs during long pauses instead of holding them.",
     "low_efficiency": "Use a MIG slice or fewer GPUs, or profile the input pipeline.",
     "idle_reservation": "Shrink or cancel the reservation, or let other jobs use it.",
-    "unmonitored": "Fix the GPU exporter on these nodes: without telemetry the time cannot be judged.",
+    "unmonitored": "Fix the GPU exporter on these nodes: without samples the time cannot be judged.",
 }
 
 DEFINITIONS = {
     "idle": "A reserved GPU is idle in a time bucket when DCGM SM activity is below {idle_sm:.0%}, DRAM "
             "activity below {idle_dram:.0%} and Tensor activity below {idle_tensor:.0%}. When GPU-Util "
             "still reads {mirage_gpu_util:.0%} or more it is a mirage: the dashboard says busy, the chip "
-            "does no work. Idle GPU-hours count idle and mirage time. Time without telemetry is unknown, "
-            "never idle, and never billed as idle.",
+            "does no work. Idle GPU-hours count idle and mirage time. Without profiling fields GPU-Util judges: "
+            "below {idle_util:.0%} is idle-by-util (low confidence), otherwise busy-unverified (observed, "
+            "work not verifiable, never idle). Time without samples is unknown, never idle, and never billed "
+            "as idle.",
     "effective": "Effective GPU-hours are the reserved GPU-hours weighted by SM activity (an hour at 30% "
                  "SM activity is 0.3 effective GPU-hours): the work actually done. Cost per effective "
                  "GPU-hour is the reserved cost divided by them; with perfect use it equals the price.",
@@ -285,12 +287,22 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
             "coverage": coverage_section(conn, run, cfg, full=full),
             "trend": trend(conn, run, tz), "thresholds": th,
             "capacity": list(summary.get("capacity") or []),
+            "verification": verification_section(summary),
             "definitions": {k: v.format(**{**cfg.thresholds.model_dump(), **th}) for k, v in DEFINITIONS.items()},
             "files": {"json": f"report-{run_id}.json", "csv": f"findings-{run_id}.csv"},
         }
         for key, kinds in SECTION_KINDS.items():
             ctx[key] = findings_table(conn, run_id, kinds, tz, full=full, top_n=n)
     return ctx
+
+
+def verification_section(s: dict[str, Any]) -> dict[str, Any]:
+    """Reserved time verified by SM activity vs judged by GPU-Util only, per cluster and node group, with
+    the advice to enable the profiling fields where only GPU-Util was there (issue 14)."""
+    groups = list(s.get("verification_by_node_group") or [])
+    missing = [g for g in groups if g.get("util_only_gpu_hours")]
+    return {"clusters": list(s.get("verification_by_cluster") or []), "node_groups": groups,
+            "missing": missing, "advice": s.get("advice")}
 
 
 def headline(s: dict[str, Any]) -> dict[str, Any]:
@@ -301,6 +313,9 @@ def headline(s: dict[str, Any]) -> dict[str, Any]:
             "idle_gpu_hours": s.get("idle_gpu_hours") or 0.0, "mirage_gpu_hours": s.get("mirage_gpu_hours") or 0.0,
             "unknown_gpu_hours": s.get("unknown_gpu_hours") or 0.0,
             "idle_by_util_gpu_hours": s.get("idle_by_util_gpu_hours") or 0.0,
+            "verified_gpu_hours": s.get("verified_gpu_hours") or 0.0,
+            "util_only_gpu_hours": s.get("util_only_gpu_hours") or 0.0,
+            "busy_unverified_gpu_hours": s.get("busy_unverified_gpu_hours") or 0.0,
             "reserved_cost": s.get("reserved_cost") or 0.0, "idle_cost": s.get("idle_cost") or 0.0,
             "cost_per_effective_gpu_hour": s.get("cost_per_effective_gpu_hour"),
             "dashboard_busy": s.get("mean_gpu_util"), "sm_active": s.get("mean_sm_active"),

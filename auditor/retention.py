@@ -1,10 +1,14 @@
 """Retention (``gpu-audit db prune``): keep fine buckets for N weeks, hourly roll-ups after; drop old runs.
 
 Telemetry older than the cutoff (now - ``keep_weeks``, floored to the hour) is rolled up into hourly
-buckets (``bucket_s`` = 3600): samples summed, every metric the sample-weighted mean of the buckets that
-had it, ``fb_used_mib`` the maximum, labels the greatest value seen. An hourly row that already exists for
-the same GPU and hour (late data, a second prune) is folded in with its own sample weight, so pruning twice
-changes nothing. Work goes a day at a time, one transaction per day, so memory and locks stay bounded.
+buckets (``bucket_s`` = 3600), one per GPU, hour and job (per-job sub-rows stay apart): samples and observed
+seconds summed (observed seconds at most 3600: an hour with 5 minutes of samples stays 5 minutes observed),
+the span the hull of the spans, every metric the observed-seconds-weighted mean of the buckets that had it,
+``fb_used_mib`` the maximum, labels the greatest value seen. Pruning twice changes nothing. The store
+records how far it is rolled up (``store_meta.rolled_up_before``); a fine bucket ingested later for an hour
+that already has an hourly row is DROPPED at ingest (logged with a count): the hourly row holds that hour,
+and folding a re-collected copy in would count it twice. Work goes a day at a time, one transaction per
+day, so memory and locks stay bounded.
 
 Audit runs older than ``keep_runs_days`` are deleted with their usage and findings; the newest official
 (non what-if) run is always kept so reports and chargeback keep a base.
@@ -17,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from auditor import meta
 from auditor.records import LABEL_FIELDS, METRIC_FIELDS
 from auditor.store import Store
 
@@ -25,20 +30,26 @@ DAY = 86400
 WEEK = 7 * DAY
 _MEANS = [m for m in METRIC_FIELDS if m != "fb_used_mib"]
 
-ROLLUP = ("INSERT INTO _rollup SELECT b.gpu_id, (b.bucket_ts / 3600) * 3600, SUM(b.samples), "
-          + ", ".join(f"SUM(b.{m} * b.samples) / NULLIF(SUM(CASE WHEN b.{m} IS NOT NULL THEN b.samples END), 0)"
-                      for m in _MEANS)
+_W = "b.observed_s"
+ROLLUP = ("INSERT INTO _rollup SELECT b.gpu_id, (b.bucket_ts / 3600) * 3600, b.job, SUM(b.samples), "
+          "{least}(3600, SUM(b.observed_s)), MIN(COALESCE(b.span_start, b.bucket_ts)), "
+          "MAX(COALESCE(b.span_end, b.bucket_ts + b.bucket_s)), "
+          + ", ".join(f"SUM(CASE WHEN b.{m} IS NOT NULL THEN {_W} * b.{m} END) / NULLIF(SUM(CASE WHEN b.{m} IS NOT "
+                      f"NULL THEN {_W} END), 0)" for m in _MEANS)
           + ", MAX(b.fb_used_mib), " + ", ".join(f"MAX(b.{label})" for label in LABEL_FIELDS)
           + " FROM telemetry_gpus tg JOIN gpu_buckets b ON b.gpu_id = tg.id"
             " AND b.bucket_ts >= :lo AND b.bucket_ts < :hi"
-            " GROUP BY b.gpu_id, (b.bucket_ts / 3600) * 3600 HAVING MIN(b.bucket_s) < 3600")
+            " GROUP BY b.gpu_id, (b.bucket_ts / 3600) * 3600, b.job HAVING MIN(b.bucket_s) < 3600")
 ROLLUP_DDL = ("CREATE TEMPORARY TABLE _rollup (gpu_id INTEGER NOT NULL, bucket_ts INTEGER NOT NULL, "
-              "samples INTEGER NOT NULL, " + ", ".join(f"{m} FLOAT" for m in _MEANS) + ", fb_used_mib FLOAT, "
-              + ", ".join(f"{label} VARCHAR(255)" for label in LABEL_FIELDS) + ", PRIMARY KEY (gpu_id, bucket_ts))")
+              "job VARCHAR(512) NOT NULL, samples INTEGER NOT NULL, observed_s FLOAT NOT NULL, span_start INTEGER, "
+              "span_end INTEGER, " + ", ".join(f"{m} FLOAT" for m in _MEANS) + ", fb_used_mib FLOAT, "
+              + ", ".join(f"{label} VARCHAR(255)" for label in LABEL_FIELDS)
+              + ", PRIMARY KEY (gpu_id, bucket_ts, job))")
 DELETE_ROLLED = ("DELETE FROM gpu_buckets WHERE gpu_id IN (SELECT DISTINCT gpu_id FROM _rollup) "
                  "AND bucket_ts >= :lo AND bucket_ts < :hi AND EXISTS (SELECT 1 FROM _rollup r "
                  "WHERE r.gpu_id = gpu_buckets.gpu_id AND r.bucket_ts = (gpu_buckets.bucket_ts / 3600) * 3600)")
-_COLS = ["gpu_id", "bucket_ts", "samples", *_MEANS, "fb_used_mib", *LABEL_FIELDS]
+_COLS = ["gpu_id", "bucket_ts", "job", "samples", "observed_s", "span_start", "span_end", *_MEANS, "fb_used_mib",
+         *LABEL_FIELDS]
 INSERT_ROLLED = (f"INSERT INTO gpu_buckets (bucket_s, {', '.join(_COLS)}) "
                  f"SELECT 3600, {', '.join(_COLS)} FROM _rollup")
 
@@ -88,6 +99,9 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
             hi = min(lo + DAY, cutoff)
             with store.begin() as conn:
                 rolled, written = _roll(conn, lo, hi)
+                before = meta.rolled_up_before(conn)
+                if before is None or hi > before:
+                    meta.put(conn, "rolled_up_before", str(hi))
             res.fine_rows_rolled += rolled
             res.hourly_rows_written += written
             lo = hi
@@ -107,7 +121,7 @@ def _roll(conn: Connection, lo: int, hi: int) -> tuple[int, int]:
     conn.execute(text("DROP TABLE IF EXISTS _rollup"))
     conn.execute(text(ROLLUP_DDL))
     p = {"lo": lo, "hi": hi}
-    conn.execute(text(ROLLUP), p)
+    conn.execute(text(ROLLUP.format(least="LEAST" if conn.dialect.name == "postgresql" else "min")), p)
     fine = conn.execute(text(
         "SELECT COUNT(*) FROM gpu_buckets WHERE gpu_id IN (SELECT DISTINCT gpu_id FROM _rollup) "
         "AND bucket_ts >= :lo AND bucket_ts < :hi AND bucket_s < 3600"), p).scalar() or 0

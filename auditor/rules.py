@@ -6,6 +6,7 @@ to the store, in set-based queries over the flagged allocations.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -23,7 +24,18 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def judged(r: dict[str, Any]) -> float:
-    return r["idle_s"] + r["mirage_s"] + r["low_s"] + r["working_s"]
+    """Observed seconds with a verdict: idle (incl. idle-by-util), mirage, low, working, busy-unverified."""
+    return r["idle_s"] + r["mirage_s"] + r["low_s"] + r["working_s"] + r["busy_unverified_s"]
+
+
+def verified(r: dict[str, Any]) -> float:
+    """Observed seconds verified by SM activity (idle + mirage + low + working, idle-by-util excluded)."""
+    return r["idle_s"] - r["idle_by_util_s"] + r["mirage_s"] + r["low_s"] + r["working_s"]
+
+
+def util_only(r: dict[str, Any]) -> float:
+    """Observed seconds judged by GPU-Util alone (no profiling fields): idle-by-util + busy-unverified."""
+    return r["idle_by_util_s"] + r["busy_unverified_s"]
 
 
 def metrics(r: dict[str, Any]) -> dict[str, Any]:
@@ -32,8 +44,9 @@ def metrics(r: dict[str, Any]) -> dict[str, Any]:
             "coverage": _ratio(r["observed_s"], r["reserved_s"]),
             "idle_gpu_hours": r["idle_s"] / H, "idle_by_util_gpu_hours": r["idle_by_util_s"] / H,
             "mirage_gpu_hours": r["mirage_s"] / H, "low_gpu_hours": r["low_s"] / H,
-            "working_gpu_hours": r["working_s"] / H, "unknown_gpu_hours": r["unknown_s"] / H,
-            "effective_gpu_hours": r["effective_s"] / H,
+            "working_gpu_hours": r["working_s"] / H, "busy_unverified_gpu_hours": r["busy_unverified_s"] / H,
+            "unknown_gpu_hours": r["unknown_s"] / H, "verified_gpu_hours": verified(r) / H,
+            "util_only_gpu_hours": util_only(r) / H, "effective_gpu_hours": r["effective_s"] / H,
             "mean_gpu_util": _ratio(r["gpu_util_s"], r["util_observed_s"]),
             "mean_sm_active": _ratio(r["sm_s"], r["sm_observed_s"]),
             "mean_tensor_active": _ratio(r["tensor_s"], r["sm_observed_s"]),
@@ -42,23 +55,43 @@ def metrics(r: dict[str, Any]) -> dict[str, Any]:
             "low_confidence": r["idle_by_util_s"] > 0 and r["sm_observed_s"] == 0}
 
 
-def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -> list[tuple[str, dict]]:
-    """The allocation-level findings of one allocation, most specific first."""
-    out: list[tuple[str, dict]] = []
+def whole_allocation_finding(r: dict[str, Any], th: Thresholds) -> tuple[str, str] | None:
+    """The finding about the whole allocation, if any: ("unmonitored", why) when too little of its reserved
+    time had samples, or ("idle", why) when it was idle or mirage most of its observed time. Idle episodes
+    and low efficiency skip these allocations (they are already reported)."""
     coverage = _ratio(r["observed_s"], r["reserved_s"]) or 0.0
+    if coverage < th.unmonitored_coverage:
+        return "unmonitored", f"coverage {coverage:.0%} < {th.unmonitored_coverage:.0%} (reserved time with samples)"
+    idle_frac = _ratio(r["idle_s"] + r["mirage_s"], judged(r)) or 0.0
+    if idle_frac >= th.idle_allocation_fraction and r["reserved_s"] / H >= th.idle_allocation_min_gpu_hours:
+        return "idle", f"{idle_frac:.0%}"
+    return None
+
+
+def _gpu_name(g: dict[str, Any]) -> str:
+    idx = g.get("gpu_index")
+    node = g.get("node")
+    where = f"{node} " if node else ""
+    return f"{where}GPU {idx if idx is not None else '?'}"
+
+
+def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -> list[tuple[str, dict]]:
+    """The allocation-level findings of one allocation, most specific first. Shares are over all observed
+    time (GPU-Util-only time included)."""
+    out: list[tuple[str, dict]] = []
     if r["reserved_s"] <= 0:
         return out
-    if coverage < th.unmonitored_coverage:
-        return [("unmonitored", {"rule": f"coverage {coverage:.0%} < {th.unmonitored_coverage:.0%}"})]
-    j = judged(r)
-    idle_frac = _ratio(r["idle_s"] + r["mirage_s"], j) or 0.0
+    whole = whole_allocation_finding(r, th)
+    if whole is not None and whole[0] == "unmonitored":
+        return [("unmonitored", {"rule": whole[1]})]
     mirage_long = r["max_gpu_mirage_s_max"] >= th.mirage_min_minutes * 60
-    if idle_frac >= th.idle_allocation_fraction and r["reserved_s"] / H >= th.idle_allocation_min_gpu_hours:
+    if whole is not None:
+        idle_frac = whole[1]
         if mirage_long and r["mirage_s"] > r["idle_s"]:
-            out.append(("util_mirage", {"rule": f"idle by SM activity {idle_frac:.0%} of observed time, "
+            out.append(("util_mirage", {"rule": f"idle by SM activity {idle_frac} of observed time, "
                                         "mostly while GPU-Util read busy"}))
         else:
-            out.append(("idle_allocation", {"rule": f"idle {idle_frac:.0%} of observed time >= "
+            out.append(("idle_allocation", {"rule": f"idle {idle_frac} of observed time >= "
                                             f"{th.idle_allocation_fraction:.0%}"}))
         return out
     if mirage_long:
@@ -72,14 +105,19 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
                 continue
             if (g["idle_s"] + g["mirage_s"]) / gj >= th.idle_gpus_fraction:
                 idle.append(g)
-            elif (g["low_s"] + g["working_s"]) / gj >= 0.5:
+            elif (g["low_s"] + g["working_s"] + g["busy_unverified_s"]) / gj >= th.idle_gpus_worked_fraction:
                 busy.append(g)
         if idle and busy:
+            named = [f"{_gpu_name(g)} idle {(g['idle_s'] + g['mirage_s']) / judged(g):.0%}" for g in idle]
             out.append(("idle_gpus", {
                 "rule": f"{len(idle)} of {len(per_gpu)} GPUs idle >= {th.idle_gpus_fraction:.0%} while "
-                        f"{len(busy)} worked",
+                        f"{len(busy)} worked: " + ", ".join(named),
                 "idle_gpus": len(idle), "total_gpus": len(per_gpu),
                 "idle_gpu_indices": [g["gpu_index"] for g in idle],
+                "idle_gpu_names": named,
+                "idle_gpu_list": [{"node": g.get("node"), "gpu_index": g["gpu_index"],
+                                   "idle_share": (g["idle_s"] + g["mirage_s"]) / judged(g),
+                                   "peak_fb_mib": g.get("peak_fb_mib")} for g in idle],
                 "partial_idle_gpu_hours": sum(g["idle_s"] + g["mirage_s"] for g in idle) / H}))
     return out
 
@@ -123,10 +161,12 @@ def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizo
 def per_gpu_rows(conn: Connection, run_id: int) -> dict[int, list[dict[str, Any]]]:
     """Per-GPU seconds of the multi-GPU allocations of a run (only the columns the idle_gpus rule reads:
     a fleet has hundreds of thousands of these rows)."""
-    cols = ("gpu_index", "reserved_s", "observed_s", "idle_s", "mirage_s", "low_s", "working_s")
-    sql = (f"SELECT u.allocation_id, {', '.join('u.' + c for c in cols)} FROM usage_gpu u JOIN "
+    cols = ("gpu_index", "reserved_s", "observed_s", "idle_s", "mirage_s", "low_s", "working_s",
+            "busy_unverified_s", "peak_fb_mib", "node")
+    sql = (f"SELECT u.allocation_id, {', '.join('u.' + c for c in cols[:-1])}, ag.node FROM usage_gpu u JOIN "
            "(SELECT allocation_id FROM usage_gpu WHERE run_id = :run GROUP BY allocation_id HAVING COUNT(*) >= 2) m "
-           "ON m.allocation_id = u.allocation_id WHERE u.run_id = :run")
+           "ON m.allocation_id = u.allocation_id JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
+           "WHERE u.run_id = :run")
     out: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in conn.execute(text(sql), {"run": run_id}):
         out[r[0]].append(dict(zip(cols, r[1:], strict=True)))
@@ -150,6 +190,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     flagged = frozenset(f["allocation_id"] for f in rows)
     rows += extra_findings(conn, run_id, per_alloc, gpus, th, cfg, since=since, until=until, horizon=horizon,
                            flagged=flagged, clusters=clusters)
+    rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
     thresholds = th.model_dump()
     rows.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
     for i in range(0, len(rows), 5000):  # sparklines per chunk: never all of them in memory at once
@@ -164,6 +205,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
         for f in chunk:
             f["evidence"] = None  # stored; only the kind is still needed (summary)
     summary = summarise(per_alloc, rows, cfg)
+    summary["verification_by_node_group"] = verification(conn, run_id)
     summary["capacity"] = capacity(conn, since, until, horizon=horizon)
     return summary
 
@@ -180,26 +222,77 @@ def _finding(run_id: int, kind: str, r: dict[str, Any], ev: dict[str, Any], idle
                                                      "source": r["source"]}}}
 
 
+COUNTERS_ADVICE = ("enable the DCGM profiling fields (DCGM_FI_PROF_SM_ACTIVE, ..._DRAM_ACTIVE, "
+                   "..._PIPE_TENSOR_ACTIVE) in dcgm-exporter with deploy/dcgm-counters.csv, so busy time "
+                   "can be verified")
+_GROUP = re.compile(r"[-_.]?\d+$")
+
+
+def node_group(node: str) -> str:
+    """Nodes named alike (gpu-a001, gpu-a002) form a group: the name without its trailing number."""
+    return _GROUP.sub("", node) or node
+
+
+def verification(conn: Connection, run_id: int) -> list[dict[str, Any]]:
+    """Per cluster and node group: reserved GPU-hours verified by SM activity, judged by GPU-Util only, and
+    unknown; advice where GPU-Util-only time shows the profiling fields are missing."""
+    sql = ("SELECT a.cluster, ag.node, SUM(u.reserved_s) AS reserved_s, SUM(u.sm_observed_s) AS verified_s, "
+           "SUM(u.idle_by_util_s + u.busy_unverified_s) AS util_only_s, SUM(u.unknown_s) AS unknown_s "
+           "FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
+           "JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run GROUP BY a.cluster, ag.node")
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in conn.execute(text(sql), {"run": run_id}):
+        g = groups.setdefault((r.cluster, node_group(r.node)), {"nodes": 0, "reserved_s": 0.0, "verified_s": 0.0,
+                                                                 "util_only_s": 0.0, "unknown_s": 0.0})
+        g["nodes"] += 1
+        for k in ("reserved_s", "verified_s", "util_only_s", "unknown_s"):
+            g[k] += float(getattr(r, k) or 0.0)
+    out = []
+    for (cluster, group), g in sorted(groups.items()):
+        out.append({"cluster": cluster, "node_group": group, "nodes": g["nodes"],
+                    "reserved_gpu_hours": g["reserved_s"] / H, "verified_gpu_hours": g["verified_s"] / H,
+                    "util_only_gpu_hours": g["util_only_s"] / H, "unknown_gpu_hours": g["unknown_s"] / H,
+                    "advice": COUNTERS_ADVICE if g["util_only_s"] > 0 else None})
+    return out
+
+
 def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
+    """Headline numbers of a run; observed = verified by SM activity + GPU-Util only."""
     tot: dict[str, float] = defaultdict(float)
+    clusters: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for r in per_alloc:
         for c in ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
-                  "unknown_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s", "sm_observed_s"):
+                  "busy_unverified_s", "unknown_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s",
+                  "sm_observed_s"):
             tot[c] += r[c]
+        k = clusters[r["cluster"]]
+        k["reserved_s"] += r["reserved_s"]
+        k["verified_s"] += verified(r)
+        k["util_only_s"] += util_only(r)
+        k["unknown_s"] += r["unknown_s"]
         tot["reserved_cost"] += r["reserved_s"] / H * r["price"]
         tot["idle_cost"] += (r["idle_s"] + r["mirage_s"]) / H * r["price"]
     kinds: dict[str, int] = defaultdict(int)
     for f in findings:
         kinds[f["kind"]] += 1
     eff_h = tot["effective_s"] / H
+    util_only_h = (tot["idle_by_util_s"] + tot["busy_unverified_s"]) / H
     return {"allocations": len(per_alloc), "currency": cfg.prices.currency,
             "reserved_gpu_hours": tot["reserved_s"] / H, "observed_gpu_hours": tot["observed_s"] / H,
+            "coverage": _ratio(tot["observed_s"], tot["reserved_s"]),
+            "verified_gpu_hours": tot["sm_observed_s"] / H, "util_only_gpu_hours": util_only_h,
             "effective_gpu_hours": eff_h, "idle_gpu_hours": (tot["idle_s"] + tot["mirage_s"]) / H,
             "idle_only_gpu_hours": tot["idle_s"] / H, "idle_by_util_gpu_hours": tot["idle_by_util_s"] / H,
             "mirage_gpu_hours": tot["mirage_s"] / H, "low_gpu_hours": tot["low_s"] / H,
-            "working_gpu_hours": tot["working_s"] / H, "unknown_gpu_hours": tot["unknown_s"] / H,
+            "working_gpu_hours": tot["working_s"] / H, "busy_unverified_gpu_hours": tot["busy_unverified_s"] / H,
+            "unknown_gpu_hours": tot["unknown_s"] / H,
             "mean_gpu_util": _ratio(tot["gpu_util_s"], tot["util_observed_s"]),
             "mean_sm_active": _ratio(tot["sm_s"], tot["sm_observed_s"]),
             "reserved_cost": tot["reserved_cost"], "idle_cost": tot["idle_cost"],
             "cost_per_effective_gpu_hour": tot["reserved_cost"] / eff_h if eff_h > 0 else None,
+            "verification_by_cluster": [
+                {"cluster": c, "reserved_gpu_hours": k["reserved_s"] / H, "verified_gpu_hours": k["verified_s"] / H,
+                 "util_only_gpu_hours": k["util_only_s"] / H, "unknown_gpu_hours": k["unknown_s"] / H,
+                 "advice": COUNTERS_ADVICE if k["util_only_s"] > 0 else None} for c, k in sorted(clusters.items())],
+            "advice": COUNTERS_ADVICE if util_only_h > 0 else None,
             "findings": dict(sorted(kinds.items()))}

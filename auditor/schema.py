@@ -146,6 +146,8 @@ telemetry_gpus = Table(
            "the whole GPU."),
     Column("uuid", String(128), comment="Latest UUID seen."),
     Column("model", String(128), comment="Latest model seen."),
+    Column("has_jobs", Integer, nullable=False, default=0, server_default="0",
+           comment="1 once a bucket row with a job label was stored for it (its rows may need combining)."),
     UniqueConstraint("cluster", "host", "gpu_index", "gpu_instance"),
     comment="Each GPU (or MIG instance) telemetry has reported; gpu_buckets refer to it.",
 )
@@ -156,15 +158,29 @@ gpu_buckets = Table(
            comment="telemetry_gpus.id."),
     Column("bucket_ts", Integer, primary_key=True, autoincrement=False,
            comment="Bucket start (UTC epoch seconds), aligned to bucket_s."),
-    Column("bucket_s", Integer, nullable=False, comment="Bucket length in seconds."),
+    Column("job", String(512), primary_key=True, default="", server_default="",
+           comment="Job key of the series: hpc_job label (comma-joined if several) or namespace/pod; '' = no "
+           "job label. Series of one GPU with different jobs are separate rows (sub-rows), never merged."),
+    Column("bucket_s", Integer, nullable=False, comment="Bucket length in seconds (300 fine, 3600 rolled up)."),
     Column("samples", Integer, nullable=False, comment="Raw samples behind the bucket; 0 = not observed."),
+    Column("observed_s", Float, nullable=False, comment="Seconds of the bucket the samples cover "
+           "(0..bucket_s; bucket_s when the source cannot tell)."),
+    Column("span_start", Integer, comment="First sample time; NULL = the whole bucket."),
+    Column("span_end", Integer, comment="Last sample time + sample interval; NULL = the whole bucket."),
     *[Column(name, Float, comment=text) for name, text in METRIC_COMMENTS.items()],
     Column("hpc_job", String(255), comment="dcgm-exporter hpc_job label(s), comma-joined."),
     Column("pod", String(255), comment="Pod label from telemetry."),
     Column("namespace", String(255), comment="Namespace label from telemetry."),
     Column("container", String(255), comment="Container label from telemetry."),
     sqlite_with_rowid=False,
-    comment="Normalised per-GPU telemetry buckets (never raw samples).",
+    comment="Normalised per-GPU telemetry buckets (never raw samples), one row per GPU, bucket and job.",
+)
+
+store_meta = Table(
+    "store_meta", metadata,
+    Column("key", String(64), primary_key=True, comment="Setting, e.g. bucket_seconds or rolled_up_before."),
+    Column("value", String(255), nullable=False, comment="Its value."),
+    comment="Facts about the stored data: the bucket width it was collected at, how far it is rolled up.",
 )
 
 watermarks = Table(
@@ -205,21 +221,24 @@ audit_runs = Table(
 
 _HOURS = {
     "reserved_s": "Reserved GPU-seconds in the window (times share).",
-    "observed_s": "Reserved GPU-seconds covered by telemetry that could be judged (coverage = observed/reserved).",
+    "observed_s": "Reserved GPU-seconds covered by samples (coverage = observed/reserved); SM-verified "
+                  "(sm_observed_s) plus GPU-Util-only (idle_by_util_s + busy_unverified_s).",
     "idle_s": "GPU-seconds judged idle (idle-by-util included).",
     "idle_by_util_s": "Of idle_s, judged by the low-confidence GPU-Util fallback.",
     "mirage_s": "GPU-seconds judged mirage: GPU-Util busy, SM activity idle.",
     "low_s": "GPU-seconds judged low (idle_sm <= SM activity < working_sm).",
     "working_s": "GPU-seconds judged working.",
-    "unknown_s": "GPU-seconds not judged: no samples, unattributed, or no usable signal.",
-    "effective_s": "Sum of overlap x SM activity x share: GPU-seconds of real work.",
-    "gpu_util_s": "Sum of overlap x GPU-Util (for the mean the dashboard shows).",
-    "util_observed_s": "Overlap seconds of buckets that had GPU-Util.",
-    "sm_s": "Sum of overlap x SM activity over buckets that had it.",
-    "sm_observed_s": "Overlap seconds of buckets that had SM activity.",
-    "tensor_s": "Sum of overlap x Tensor activity.",
-    "dram_s": "Sum of overlap x DRAM activity.",
-    "io_bps_s": "Sum of overlap x (PCIe + NVLink bytes/s), for the input/communication-wait hint.",
+    "busy_unverified_s": "Observed GPU-seconds without SM activity that GPU-Util does not call idle: busy by "
+                         "GPU-Util (or no utilization field), work not verifiable.",
+    "unknown_s": "GPU-seconds without samples (or unattributed): reserved - observed. Never idle.",
+    "effective_s": "Sum of observed seconds x SM activity x share: GPU-seconds of real work.",
+    "gpu_util_s": "Sum of observed seconds x GPU-Util (for the mean the dashboard shows).",
+    "util_observed_s": "Observed seconds of buckets that had GPU-Util.",
+    "sm_s": "Sum of observed seconds x SM activity over buckets that had it.",
+    "sm_observed_s": "Observed seconds verified by SM activity (idle + mirage + low + working).",
+    "tensor_s": "Sum of observed seconds x Tensor activity.",
+    "dram_s": "Sum of observed seconds x DRAM activity.",
+    "io_bps_s": "Sum of observed seconds x (PCIe + NVLink bytes/s), for the input/communication-wait hint.",
     "max_gpu_mirage_s": "Longest mirage time of any single GPU (seconds, not share-weighted).",
 }
 

@@ -42,7 +42,8 @@ def measure(gpus: int, days: float, batch_rows: int = 50_000) -> dict[str, float
             ddl = [r[0] for r in conn.exec_driver_sql(
                 "SELECT sql FROM sqlite_master WHERE name IN ('telemetry_gpus', 'gpu_buckets') ORDER BY name DESC")]
         store.engine.dispose()
-        rows = [(ids[(b.cluster, b.host, b.gpu, b.gpu_instance)], int(b.start.timestamp()), b.seconds, b.samples,
+        rows = [(ids[(b.cluster, b.host, b.gpu, b.gpu_instance)], int(b.start.timestamp()), b.job_key(), b.seconds,
+                 b.samples, float(b.seconds) if b.samples > 0 else 0.0, None, None,
                  *[getattr(b, f) for f in METRIC_FIELDS], *[getattr(b, f) for f in LABEL_FIELDS])
                 for b in buckets]
         raw = sqlite3.connect(Path(tmp) / "raw.db")

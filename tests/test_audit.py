@@ -67,8 +67,8 @@ def sqlite_store(tmp_path) -> Store:
     ({"sm_active": 0.49}, "low_s"),
     ({"sm_active": 0.5}, "working_s"),
     ({"gpu_util": 0.02}, "idle_s"),             # fallback: idle-by-util
-    ({"gpu_util": 0.9}, "unknown_s"),           # fallback cannot prove work
-    ({"fb_used_mib": 100.0}, "unknown_s"),      # no usable signal
+    ({"gpu_util": 0.9}, "busy_unverified_s"),   # observed; GPU-Util cannot prove work (issue 14)
+    ({"fb_used_mib": 100.0}, "busy_unverified_s"),  # samples, no utilization field: observed
     ({"sm_active": 0.0, "samples": 0}, "unknown_s"),  # no samples: unknown, never idle
 ])
 def test_bucket_verdicts(sqlite_store: Store, metrics: dict, verdict: str) -> None:
@@ -77,14 +77,17 @@ def test_bucket_verdicts(sqlite_store: Store, metrics: dict, verdict: str) -> No
     u = usage(sqlite_store, r.run_id)["1"]
     assert u["reserved_s"] == 7200
     assert u[verdict] == pytest.approx(7200)
-    assert u["idle_s"] + u["mirage_s"] + u["low_s"] + u["working_s"] + u["unknown_s"] == pytest.approx(7200)
+    assert (u["idle_s"] + u["mirage_s"] + u["low_s"] + u["working_s"] + u["busy_unverified_s"]
+            + u["unknown_s"]) == pytest.approx(7200)
 
 
-def test_fallback_off_makes_util_only_buckets_unknown(sqlite_store: Store) -> None:
+def test_fallback_off_makes_util_only_buckets_busy_unverified(sqlite_store: Store) -> None:
+    # definitions.md: with the fallback off a GPU-Util-only bucket is observed but never idle
+    # (busy_unverified), not unknown: 24 buckets x 300 s = 7200 s observed, 0 unknown
     sqlite_store.ingest([job("1", [AllocatedGpu("n1", 0)]), *series("n1", 0, gpu_util=0.0)])
     cfg = Config(thresholds=Thresholds(util_fallback=False))
     u = usage(sqlite_store, run_audit(sqlite_store, cfg, W0, W1).run_id)["1"]
-    assert u["unknown_s"] == 7200 and u["idle_s"] == 0
+    assert u["busy_unverified_s"] == 7200 and u["unknown_s"] == 0 and u["idle_s"] == 0
 
 
 def test_telemetry_gap_is_unknown_and_never_idle(sqlite_store: Store) -> None:

@@ -115,10 +115,11 @@ def test_idle_episode_merges_gpus_and_weights_share(store: Store) -> None:
     two = job("two", [AllocatedGpu("n1", 0), AllocatedGpu("n1", 1)], hours=5)
     half = job("half", [AllocatedGpu("n2", 0, share=0.5)], hours=5)
     recs: list[Any] = [two, half]
-    for host, idx in (("n1", 0), ("n1", 1), ("n2", 0)):
+    for host, idx in (("n1", 0), ("n2", 0)):
         recs += run(host, idx, 0, 12, **WORK) + run(host, idx, 12, 30, **IDLE) + run(host, idx, 42, 18, **WORK)
-    # the second GPU's idle span starts 10 minutes later: one merged episode, GPU-hours summed
-    recs += run("n1", 1, 12, 2, **WORK)
+    # the second GPU's idle span starts 10 minutes later: one merged episode, GPU-hours summed (written
+    # as its own series: a re-ingested bucket with as many samples no longer replaces the stored one)
+    recs += run("n1", 1, 0, 14, **WORK) + run("n1", 1, 14, 28, **IDLE) + run("n1", 1, 42, 18, **WORK)
     store.ingest(recs)
     r = run_audit(store, Config(), W0, W1)
     eps = findings(store, r.run_id, "idle_episode")

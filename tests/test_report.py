@@ -194,7 +194,12 @@ def test_week_with_only_unknown_telemetry(tmp_path: Path) -> None:
     store = new_store(tmp_path)
     recs: list = [Allocation("c1", "slurm", str(i), name=f"j{i}", user="u", account="acct-ml", start=T0,
                              end=T0 + timedelta(hours=3), gpus=[AllocatedGpu(f"n{i}", 0)]) for i in range(3)]
+    # buckets that exist but hold no samples: 3 jobs x 3 h = 9.0 GPU-h unknown (issue 14: a bucket WITH
+    # samples but no utilization field would be observed, busy-unverified; see the next test)
     recs += [b for i in range(3) for b in buckets(f"n{i}", 0, T0, 3, None, None)]
+    for b in recs:
+        if isinstance(b, GpuBucket):
+            b.samples = 0
     store.ingest(recs)
     run_id = run_audit(store, cfg.model_copy(update={"thresholds": cfg.thresholds.model_copy(
         update={"util_fallback": False})}), T0, T0 + WEEK).run_id
@@ -204,6 +209,30 @@ def test_week_with_only_unknown_telemetry(tmp_path: Path) -> None:
     assert h["sm_active"] is None and h["dashboard_busy"] is None
     for body in (render.render_html(ctx)[0], render.render_text(ctx), render.render_md(ctx)):
         assert "n/a" in body and "9.0" in body
+
+
+def test_util_only_site_is_observed_and_advised(tmp_path: Path) -> None:
+    """Issue 14: GPU-Util-only telemetry is observed. n0 reads GPU-Util 90 % for 3 h (busy-unverified 3.0
+    GPU-h), n1 reads 1 % (idle-by-util 3.0), n2 has SM activity 0.7 (verified working 3.0): verified 3.0,
+    GPU-Util only 6.0, unknown 0, coverage 100 %; the report names the GPU-Util-only node group and advises
+    the counters file."""
+    cfg = make_cfg()
+    store = new_store(tmp_path)
+    recs: list = [Allocation("c1", "slurm", str(i), name=f"j{i}", user="u", account="acct-ml", start=T0,
+                             end=T0 + timedelta(hours=3), gpus=[AllocatedGpu(f"n{i}", 0)]) for i in range(3)]
+    recs += buckets("n0", 0, T0, 3, None, 0.9) + buckets("n1", 0, T0, 3, None, 0.01) + buckets("n2", 0, T0, 3, 0.7, 0.9)
+    store.ingest(recs)
+    run = run_audit(store, cfg, T0, T0 + WEEK)
+    s = run.summary
+    assert s["verified_gpu_hours"] == pytest.approx(3.0) and s["util_only_gpu_hours"] == pytest.approx(6.0)
+    assert s["busy_unverified_gpu_hours"] == pytest.approx(3.0) and s["idle_by_util_gpu_hours"] == pytest.approx(3.0)
+    assert s["unknown_gpu_hours"] == pytest.approx(0.0) and s["coverage"] == pytest.approx(1.0)
+    assert "unmonitored" not in s["findings"]
+    ctx = report.build_context(store, cfg, run.run_id)
+    (g,) = ctx["verification"]["node_groups"]
+    assert (g["node_group"], g["nodes"], g["util_only_gpu_hours"]) == ("n", 3, pytest.approx(6.0))
+    for body in (render.render_html(ctx)[0], render.render_text(ctx), render.render_md(ctx)):
+        assert "dcgm-counters.csv" in body and "GPU-Util only" in body and "6.0" in body
 
 
 def test_ten_thousand_allocations_render_fast(tmp_path: Path) -> None:

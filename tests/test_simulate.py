@@ -1,5 +1,5 @@
 """The fleet simulator (deterministic, streaming, a realistic mix), the SQLite judge's agreement with the
-reference JUDGE query, and retention (``gpu-audit db prune``) on SQLite and PostgreSQL."""
+reference judge_sql query, and retention (``gpu-audit db prune``) on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def sim_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
 
 
 def _reference_judge(conn, fn, params, th) -> None:  # noqa: ANN001 - same signature as audit.judge
-    conn.execute(text(audit.JUDGE.format(**fn)), params)
+    conn.execute(text(audit.judge_sql(conn.dialect.name, th)), params)
 
 
 def _usage(store: Store, run_id: int) -> list[tuple]:
