@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -46,7 +46,7 @@ def epoch(v: Any) -> float | None:
 def bucket_job(b: GpuBucket) -> str:
     """The telemetry job key: ``job`` when the record has it, else hpc_job, else namespace/pod, else ""."""
     j = getattr(b, "job", None)
-    if j:
+    if j is not None:
         return j
     if b.hpc_job:
         return b.hpc_job
@@ -224,6 +224,7 @@ class Oracle:
         self.rows: dict[tuple, Row] = {}
         self.inventory: set[tuple[str, str, int]] = set()
         self.tgpus: set[tuple[str, str, int, str]] = set()
+        self.seen: Counter[str] = Counter()  # which rules this fleet exercised (coverage of the generator)
 
     # -- store ------------------------------------------------------------------------------------
     def ingest(self, records: list[Any]) -> None:
@@ -232,6 +233,8 @@ class Oracle:
                 row = row_of(r)
                 self.tgpus.add((row.cluster, row.host, row.gpu, row.instance))
                 old = self.rows.get(row.key)
+                if old is not None and old != row:
+                    self.seen["merge of differing rows"] += 1
                 self.rows[row.key] = row if old is None else merge(old, row)
             elif isinstance(r, Allocation):
                 k = alloc_key(r)
@@ -244,9 +247,10 @@ class Oracle:
 
     def prune(self, now: float, keep_weeks: float) -> None:
         """Roll fine rows older than the cutoff into hourly rows per (GPU, hour, job): samples and observed
-        seconds add up (at most the hour), metrics are sample-weighted means (CHOICE: the roll-up's weight
-        is samples; the generator keeps samples proportional to observed seconds), fb_used_mib the maximum,
-        span the hull of the sampled rows' spans. An hourly row already there is folded in."""
+        seconds add up (at most the hour), metrics are observed-seconds-weighted means (CHOICE: the
+        definitions do not say; time-weighted like the combination of sub-rows), fb_used_mib the maximum,
+        span the hull of the sampled rows' spans ("first sample time to last sample time + interval": a row
+        without samples has no sample times). An hourly row already there is folded in."""
         cutoff = int(now - keep_weeks * WEEK) // HOUR * HOUR
         groups: dict[tuple, list[Row]] = defaultdict(list)
         for r in list(self.rows.values()):
@@ -263,13 +267,14 @@ class Oracle:
                     have = [r for r in rows if r.metrics[m] is not None]
                     metrics[m] = max(r.metrics[m] for r in have) if have else None  # type: ignore
                     continue
-                n = sum(r.samples for r in have)
-                metrics[m] = sum(r.samples * r.metrics[m] for r in have) / n if n else None  # type: ignore
+                n = sum(r.observed_s for r in have)
+                metrics[m] = sum(r.observed_s * r.metrics[m] for r in have) / n if n else None  # type: ignore
             sampled = [r for r in rows if r.samples > 0]
             span = (min(r.span[0] for r in sampled), max(r.span[1] for r in sampled)) if sampled \
                 else (hk[4], hk[4] + HOUR)
             for r in rows:
                 del self.rows[r.key]
+            self.seen["hourly roll-up rows"] += 1
             new = Row(hk[0], hk[1], hk[2], hk[3], hk[4], hk[5], HOUR, sum(r.samples for r in rows),
                       min(float(HOUR), sum(r.observed_s for r in rows)), span, metrics)
             self.rows[new.key] = new
@@ -303,6 +308,7 @@ class Oracle:
                     t = (a.cluster, node, r.slot, "")
                     if t in self.tgpus:
                         r.attribution, r.tied = "node", t
+                        self.seen["attributed: whole node"] += 1
         for node in {g.node for g in gs}:  # 3. labels: slot k takes the k-th GPU (by index) naming the job
             cands = sorted(t[2] for t in self.tgpus if t[:2] == (a.cluster, node) and t[3] == "" and any(
                 overlap(ts, ts + row.bucket_s, a_s, a_e) > 0 and names(row.job, a)
@@ -310,6 +316,7 @@ class Oracle:
             for r, g in zip(res, gs, strict=True):
                 if g.node == node and g.index is None and r.attribution == "unattributed" and r.slot < len(cands):
                     r.attribution, r.tied = "label", (a.cluster, node, cands[r.slot], "")
+                    self.seen["attributed: label"] += 1
         return res
 
     def judge(self, a: Allocation, r: GpuResult, a_s: float, a_e: float, th: Thresholds,
@@ -327,12 +334,28 @@ class Oracle:
             if not apply:
                 continue
             row = combine(apply)
+            self.seen["bucket judged"] += 1
+            if labelled and len(apply) < len(sub):
+                self.seen["sub-rows of other jobs/unlabelled left out"] += 1
+            if len(apply) > 1:
+                self.seen["several sub-rows combined"] += 1
+            if w != 300:
+                self.seen["hourly bucket judged"] += 1
+                if ts + 300 <= a_s:
+                    self.seen["hourly bucket starting > 5 min before the reservation"] += 1
             covered.append((ts, ts + w))
             obs = min(overlap(row.span[0], row.span[1], a_s, a_e), row.observed_s) if row.samples > 0 else 0.0
             unobserved += ov - obs
+            if 0 < obs < ov:
+                self.seen["partially observed bucket"] += 1
             if obs <= 0:
                 continue
             v = verdict(row.metrics, th)
+            self.seen[f"verdict {v}"] += 1
+            if any(row.metrics[m] is not None and 0 < abs(row.metrics[m] - t) < 1e-6 for m, t in (  # type: ignore
+                    ("sm_active", th.idle_sm), ("sm_active", th.working_sm), ("gpu_util", th.idle_util),
+                    ("gpu_util", th.mirage_gpu_util), ("dram_active", th.idle_dram))):
+                self.seen["value a rounding step off a threshold"] += 1
             r.cls[v] += r.share * obs
             r.observed += r.share * obs
             if v == "mirage":

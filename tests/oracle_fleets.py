@@ -38,6 +38,7 @@ ALL_FEATURES = {
     "rollup": "db prune roll-ups to hourly buckets before the audit",
     "min_finding": "findings below min_finding_gpu_hours are not listed",
     "id_reuse": "a job id reused by a later job",
+    "rollup_unsampled": "rows without samples in an hour that is rolled up (the hourly span must not cover them)",
 }
 
 
@@ -164,6 +165,10 @@ PROFILING = ("sm_active", "dram_active", "tensor_active", "gr_engine")
 
 @st.composite
 def profiles(draw: st.DrawFn, features: frozenset[str]) -> dict[str, float | None]:
+    if draw(st.integers(0, 2)) == 0:  # an idle job (mirage when GPU-Util or GR engine read busy)
+        return {"sm_active": draw(st.sampled_from([0.0, 0.03])), "dram_active": draw(st.sampled_from([None, 0.0])),
+                "tensor_active": None, "gpu_util": draw(st.sampled_from([None, 0.0, 0.9])),
+                "gr_engine": draw(st.sampled_from([None, 0.7])), "power_w": 60.0, "fb_used_mib": 1024.0}
     p = {"sm_active": draw(st.sampled_from(SM)), "dram_active": draw(st.sampled_from(DRAM)),
          "tensor_active": draw(st.sampled_from(TENSOR)), "gpu_util": draw(st.sampled_from(UTIL)),
          "gr_engine": draw(st.sampled_from(GR)), "power_w": draw(st.sampled_from(POWER)),
@@ -213,7 +218,7 @@ def jobs(draw: st.DrawFn, nodes: list[dict[str, Any]], features: frozenset[str])
     out: list[Job] = []
     busy: dict[tuple[str, int], list[tuple[int, int, bool]]] = {}
     for i in range(draw(st.integers(2, 8))):
-        kind = draw(st.sampled_from(["index", "index", "shared", "count", "whole", "multi"]))
+        kind = draw(st.sampled_from(["index", "index", "shared", "count", "count", "whole", "multi"]))
         node = draw(st.sampled_from(nodes))
         n = node["gpus"]
         start = T0 + draw(st.integers(-1800, HOURS * 3600 - 300))
@@ -241,7 +246,7 @@ def jobs(draw: st.DrawFn, nodes: list[dict[str, Any]], features: frozenset[str])
             place = [(node["name"], 0)] + ([(other["name"], 0)] if other is not node else [])
             gpus = [AllocatedGpu(h, x, model=model) for h, x in place]
         else:
-            k = n if kind == "whole" else draw(st.integers(1, n))
+            k = n if kind == "whole" else draw(st.integers(1, max(1, n - 1)))
             place = [(node["name"], x) for x in sorted(draw(st.permutations(range(n)))[:k])]
             gpus = [AllocatedGpu(node["name"], None, model=model) for _ in place]
         clash = [e for p in place for s, e, sh in busy.get(p, []) if s < end and start < e and not (shared and sh)]
@@ -282,7 +287,8 @@ def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
     cutoff = T0 + 3600 * draw(st.integers(1, HOURS - 1)) if "rollup" in features and draw(st.booleans()) else None
 
     def old(rs: list[Any]) -> list[Any]:
-        return [r for r in rs if cutoff is None or not isinstance(r, GpuBucket) or r.start.timestamp() < cutoff]
+        return [r for r in rs if cutoff is None or not isinstance(r, GpuBucket) or (
+            r.start.timestamp() < cutoff and (r.samples > 0 or "rollup_unsampled" in features))]
 
     def new(rs: list[Any]) -> list[Any]:
         return [r for r in rs if cutoff is not None and isinstance(r, GpuBucket) and r.start.timestamp() >= cutoff]
@@ -317,7 +323,7 @@ def gpu_rows(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: Thr
     host, iv = nd["name"], nd["interval"]
     segs: list[tuple[str, dict[str, Any] | None]] = []
     for _ in range(draw(st.integers(1, 4))):
-        mode = draw(st.sampled_from(["ok", "ok", "ok", "ok", "ok", "gap", "zero", "partial", "partial"]))
+        mode = draw(st.sampled_from(["ok"] * 6 + ["gap", "zero", "partial", "partial"]))
         own = draw(profiles(features)) if draw(st.booleans()) else None
         segs += [(mode, own)] * draw(st.integers(1, NB))
     segs = (segs * (NB // len(segs) + 1))[:NB]
@@ -342,7 +348,8 @@ def gpu_rows(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: Thr
             slurm = [j for j in occ if j.alloc.source == "slurm"]
             if len(slurm) >= 2 and draw(st.booleans()):  # time-sliced: the exporter lists both jobs
                 sub.append((slurm, own or slurm[-1].profile, None, None))
-                occ = [j for j in occ if j not in slurm]
+                # ... and sometimes one of them also on its own replica series: two sub-rows apply to it
+                occ = [j for j in occ if j not in slurm] + ([slurm[0]] if draw(st.booleans()) else [])
             for j in occ:
                 sp = (max(ts, j.start), min(ts + B, j.end)) if draw(st.integers(0, 3)) else None
                 sub.append(([j], own if own and draw(st.booleans()) else j.profile, sp, None))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,6 +105,9 @@ def run_code(store: Store, fleet: Fleet) -> dict[str, Any]:
     return out
 
 
+SEEN: Counter[str] = Counter()
+
+
 def run_oracle(fleet: Fleet) -> dict:
     o = Oracle()
     for op in fleet.ops:
@@ -113,7 +117,15 @@ def run_oracle(fleet: Fleet) -> dict:
             o.prune(op[1], op[2])
     # the definitions' default 0.1 where the code has no such setting yet; 0 while the feature is off
     min_h = getattr(fleet.th, "min_finding_gpu_hours", 0.1) if "min_finding" in fleet.features else 0.0
-    return o.audit(fleet.th, PRICES, fleet.since, fleet.until, fleet.now, min_finding_gpu_hours=min_h)
+    res = o.audit(fleet.th, PRICES, fleet.since, fleet.until, fleet.now, min_finding_gpu_hours=min_h)
+    SEEN.update(o.seen)
+    for r in res.values():
+        SEEN.update(f"finding {k}" for k in r.findings)
+        if "_" in r.key[2] or "+" in r.key[2]:
+            SEEN["array/het job audited"] += 1
+        if r.alloc.end is None:
+            SEEN["running allocation audited"] += 1
+    return res
 
 
 def _col(row: dict[str, Any], name: str) -> float | None:
@@ -180,6 +192,7 @@ def check(store: Store, fleet: Fleet) -> None:
 def test_audit_equals_oracle(oracle_store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     """At least EXAMPLES generated fleets per engine, reproducibly (derandomized, no example database)."""
     STATS.clear()
+    SEEN.clear()
 
     @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None, print_blob=False,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -195,6 +208,7 @@ def test_audit_equals_oracle(oracle_store: Store, capsys: pytest.CaptureFixture[
               f"{STATS.get('findings', 0)} findings) equal on {oracle_store.dialect} in "
               f"{time.monotonic() - t0:.0f} s; features: {', '.join(sorted(FEATURES)) or 'none'}; off: "
               f"{', '.join(sorted(set(ALL_FEATURES) - FEATURES)) or 'none'}")
+        print("oracle: exercised " + "; ".join(f"{k}: {v}" for k, v in sorted(SEEN.items())))
     assert STATS["fleets"] >= EXAMPLES * 0.9, STATS
 
 
