@@ -166,7 +166,8 @@ PROFILING = ("sm_active", "dram_active", "tensor_active", "gr_engine")
 @st.composite
 def profiles(draw: st.DrawFn, features: frozenset[str]) -> dict[str, float | None]:
     if draw(st.integers(0, 2)) == 0:  # an idle job (mirage when GPU-Util or GR engine read busy)
-        return {"sm_active": draw(st.sampled_from([0.0, 0.03])), "dram_active": draw(st.sampled_from([None, 0.0])),
+        return {"sm_active": draw(st.sampled_from([0.0, 0.03, None])),
+                "dram_active": draw(st.sampled_from([None, 0.0])),
                 "tensor_active": None, "gpu_util": draw(st.sampled_from([None, 0.0, 0.9])),
                 "gr_engine": draw(st.sampled_from([None, 0.7])), "power_w": 60.0, "fb_used_mib": 1024.0}
     p = {"sm_active": draw(st.sampled_from(SM)), "dram_active": draw(st.sampled_from(DRAM)),
@@ -219,7 +220,7 @@ def jobs(draw: st.DrawFn, nodes: list[dict[str, Any]], features: frozenset[str])
     busy: dict[tuple[str, int], list[tuple[int, int, bool]]] = {}
     for i in range(draw(st.integers(2, 8))):
         kind = draw(st.sampled_from(["index", "index", "shared", "count", "count", "whole", "multi"]))
-        node = draw(st.sampled_from(nodes))
+        node = nodes[0] if kind == "shared" else draw(st.sampled_from(nodes))  # shared GPUs meet more often
         n = node["gpus"]
         start = T0 + draw(st.integers(-1800, HOURS * 3600 - 300))
         dur = draw(st.integers(120, 3 * 3600))
@@ -236,9 +237,13 @@ def jobs(draw: st.DrawFn, nodes: list[dict[str, Any]], features: frozenset[str])
         if kind == "shared":
             share, mig = draw(st.sampled_from([(0.5, None), (1 / 7, "1g.10gb"), (2 / 7, "2g.20gb")]))
             shared = True
+            prev = [j for j in out if j.shared]
+            if prev and draw(st.booleans()):  # time-sliced with the previous one: overlapping on one GPU
+                start = prev[-1].start + draw(st.integers(0, max(0, min(prev[-1].end, END) - prev[-1].start - 60)))
+                end = END + 600 if running else start + dur
         if kind in ("index", "shared"):
             k = 1 if kind == "shared" else draw(st.integers(1, n))
-            idx = sorted(draw(st.permutations(range(n)))[:k])
+            idx = [0] if kind == "shared" else sorted(draw(st.permutations(range(n)))[:k])
             place = [(node["name"], x) for x in idx]
             gpus = [AllocatedGpu(node["name"], x, model=model, share=share, mig_profile=mig) for x in idx]
         elif kind == "multi":
