@@ -158,3 +158,24 @@ def test_make_bucket_builds_the_record_fields_this_version_has() -> None:
                     observed_s=45.0, span=(T0, T0 + 45), label="9_1")
     assert b.sm_active == 0.5 and b.gpu_util is None and b.hpc_job == "9_1" and b.samples == 3
     assert getattr(b, "observed_s", 45.0) == 45.0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13 §3 'Job id reuse': allocations are keyed by (cluster, source, "
+                   "external_id) in auditor/schema.py and auditor/ingest.py, so a later job with a recycled id "
+                   "overwrites the earlier one. When this passes: drop the xfail; tests/oracle_fleets.py detect() "
+                   "then switches 'id_reuse' on by itself (a unique key with start_ts or submit_ts).")
+def test_reused_job_id_keeps_both_jobs(store: Store) -> None:
+    # Slurm job 1000 ran [0, 120) and, after an id wrap-around, another job 1000 ran [304, 560), both on
+    # n0:0 without telemetry: two allocations, 120 + 256 = 376 reserved GPU-seconds, all unknown.
+    recs = [job("1000", [AllocatedGpu("n0", 0)], 0, 120, name="job0"),
+            job("1000", [AllocatedGpu("n0", 0)], 304, 560, name="job2")]
+    o = Oracle()
+    o.ingest(recs)
+    assert sorted(r.totals["reserved"] for r in o.audit(Thresholds(), PRICES, T0, T0 + 1801, T0 + 10 ** 6).values()) \
+        == [120.0, 256.0]
+    from sqlalchemy import text
+
+    _audit(store, recs, None, 0, 1801)
+    with store.engine.connect() as conn:
+        got = sorted(r[0] for r in conn.execute(text("SELECT reserved_s FROM usage_allocation")))
+    assert got == [120.0, 256.0]
