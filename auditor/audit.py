@@ -21,7 +21,7 @@ from sqlalchemy import Connection, insert, select, text, update
 
 from auditor import schema
 from auditor.config import Config, Thresholds
-from auditor.judge import JOB_KEY, LOOKBACK, SUMS, job_match, judged_rows, usage_columns
+from auditor.judge import JOB_KEY, LOOKBACK, SUMS, job_match, judged_rows, sqlite_rows, usage_columns
 from auditor.money import Pricing
 from auditor.store import Store
 from auditor.timeutil import to_epoch, utcnow
@@ -86,8 +86,8 @@ USAGE_COLS = ("signal", "reserved_s", "observed_s", "idle_s", "idle_by_util_s", 
               "busy_unverified_s", "unknown_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s",
               "sm_observed_s", "tensor_s", "dram_s", "io_bps_s", "max_gpu_mirage_s")
 _INSERT = ("INSERT INTO usage_gpu (run_id, allocated_gpu_id, allocation_id, attribution, gpu_index, gpu_id, "
-           + ", ".join(USAGE_COLS) + ", peak_fb_mib)\nSELECT :run_id, at.allocated_gpu_id, at.allocation_id, "
-           "at.attribution, at.gpu_index, at.gpu_id, ")
+           + ", ".join(USAGE_COLS) + ", peak_fb_mib, idle_peak_fb_mib)\nSELECT :run_id, at.allocated_gpu_id, "
+           "at.allocation_id, at.attribution, at.gpu_index, at.gpu_id, ")
 _RESERVED = "(at.a_e - at.a_s)"
 _FRM = ("FROM gpu_buckets b WHERE b.gpu_id = {t}.gpu_id AND b.bucket_ts >= {t}.a_s - " + str(LOOKBACK)
         + " AND b.bucket_ts < {t}.a_e AND b.bucket_ts + b.bucket_s > {t}.a_s AND b.bucket_s > 0")
@@ -99,10 +99,10 @@ def judge_sql(dialect: str, th: Thresholds) -> str:
     keys = [("t.allocated_gpu_id", "gid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
     frm = "FROM _attr t JOIN gpu_buckets b ON " + _FRM.format(t="t").removeprefix(
         "FROM gpu_buckets b WHERE ")
-    rows = judged_rows(dialect, th, keys, frm, "t.jkey", grouped=True)
+    rows = judged_rows(dialect, th, keys, frm, "t.jkey", lab="t.lab")
     sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
     cols = usage_columns({k: f"COALESCE(j.{k}, 0)" for k in SUMS}, "at.share", _RESERVED)
-    return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb\nFROM _attr at LEFT JOIN ("
+    return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb, j.idle_fb\nFROM _attr at LEFT JOIN ("
             f"SELECT j.gid, {sums} FROM ({rows}) j GROUP BY j.gid) j ON j.gid = at.allocated_gpu_id")
 
 
@@ -115,13 +115,10 @@ JUDGE_SQLITE_DDL = "CREATE TEMPORARY TABLE _judged (allocated_gpu_id INTEGER PRI
 
 
 def _sqlite_scan(th: Thresholds, grouped: bool) -> str:
-    keys = [("t.a_s", "a_s"), ("t.a_e", "a_e")]
-    rows = judged_rows("sqlite", th, keys, _FRM.format(t="t") + " AND t.a_e > t.a_s", "t.jkey",
-                       grouped=grouped, working_first=True, correlated=True)
+    rows = sqlite_rows(th, _FRM.format(t="t") + " AND t.a_e > t.a_s", "t.jkey", grouped=grouped)
     arr = ", ".join(f"CASE WHEN {a} IS NOT NULL THEN printf('%!.17g', {a}) END" for a in SUMS.values())
-    return (f"INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array({arr}) FROM ({rows}"
-            f"{'' if grouped else ' LIMIT -1'}) j) FROM _attr t WHERE t.lab = {1 if grouped else 0}"
-            " ORDER BY t.gpu_id, t.a_s")
+    return (f"INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array({arr}) FROM ({rows}) j) "
+            f"FROM _attr t WHERE t.lab = {1 if grouped else 0} ORDER BY t.gpu_id, t.a_s")
 
 
 def _sqlite_write() -> str:
@@ -129,7 +126,8 @@ def _sqlite_write() -> str:
     cols = usage_columns({k: f"COALESCE(CAST(json_extract(j.r, '$[{i}]') AS REAL), 0)" for k, i in idx.items()},
                          "at.share", _RESERVED)
     return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS)
-            + f", CAST(json_extract(j.r, '$[{idx['peak_fb']}]') AS REAL)\n"
+            + f", CAST(json_extract(j.r, '$[{idx['peak_fb']}]') AS REAL)"
+            + f", CAST(json_extract(j.r, '$[{idx['idle_fb']}]') AS REAL)\n"
             "FROM _attr at JOIN _judged j ON j.allocated_gpu_id = at.allocated_gpu_id")
 
 
@@ -152,7 +150,8 @@ SUM_COLS = [c for c in schema.usage_allocation.c.keys() if c.endswith("_s")]
 
 PER_ALLOCATION = ("SELECT g.*, a.cluster, a.source, a.external_id, a.name, a.user_name, a.account, a.labels, "
                   "a.gpu_count, a.start_ts, a.end_ts FROM (SELECT u.allocation_id, COUNT(*) AS gpus, "
-                  "MAX(u.peak_fb_mib) AS peak_fb_mib, MAX(u.max_gpu_mirage_s) AS max_gpu_mirage_s_max, "
+                  "MAX(u.peak_fb_mib) AS peak_fb_mib, MAX(u.idle_peak_fb_mib) AS idle_peak_fb_mib, "
+                  "MAX(u.max_gpu_mirage_s) AS max_gpu_mirage_s_max, "
                   + ", ".join(f"SUM(u.{c}) AS {c}" for c in SUM_COLS if c != "max_gpu_mirage_s")
                   + ", MIN(ag.model) AS gpu_model, MIN(ag.mig_profile) AS mig_profile "
                   "FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
@@ -244,6 +243,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                                  "gpu_model": r["gpu_model"], "price_per_gpu_hour": r["price"],
                                  **{c: r[c] for c in SUM_COLS if c != "max_gpu_mirage_s"},
                                  "max_gpu_mirage_s": r["max_gpu_mirage_s_max"], "peak_fb_mib": r["peak_fb_mib"],
+                                 "idle_peak_fb_mib": r["idle_peak_fb_mib"],
                                  "gpus": r["gpus"], "reserved_cost": r["reserved_s"] / 3600 * r["price"],
                                  "idle_cost": (r["idle_s"] + r["mirage_s"]) / 3600 * r["price"]})
                 conn.execute(insert(schema.usage_allocation), rows)

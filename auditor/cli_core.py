@@ -46,6 +46,11 @@ def headline(summary: dict[str, Any]) -> str:
         f"Idle GPU-hours:       {_hours(summary['idle_gpu_hours'])}  (of which mirage "
         f"{_hours(summary['mirage_gpu_hours'])}; cost {summary['idle_cost']:,.2f} {cur})",
         f"Unknown GPU-hours:    {_hours(summary['unknown_gpu_hours'])}  (no telemetry: never counted as idle)",
+        f"Verified by SM activity: {_hours(summary.get('verified_gpu_hours'))} GPU-h; GPU-Util only: "
+        f"{_hours(summary.get('util_only_gpu_hours'))} GPU-h (busy-unverified "
+        f"{_hours(summary.get('busy_unverified_gpu_hours'))}, idle-by-util "
+        f"{_hours(summary.get('idle_by_util_gpu_hours'))}); coverage {_pct(summary.get('coverage'))}",
+        *([f"Advice: {summary['advice']}."] if summary.get("advice") else []),
         f"The dashboard said {_pct(summary['mean_gpu_util'])} busy (GPU-Util); SM activity says "
         f"{_pct(summary['mean_sm_active'])}.",
         "Findings: " + (", ".join(f"{k} {v}" for k, v in summary.get("findings", {}).items()) or "none"),
@@ -132,8 +137,11 @@ def register(main: click.Group) -> None:
     @click.option("--store", "store_url", default=None, help="Store URL (default: SQLite file in --out).")
     @time_option("--now", "Pretend it is this time (the week ends here).")
     @click.option("--seed", default=7, show_default=True, help="Random seed of the simulated telemetry.")
+    @click.option("--telemetry", default="dcgm", show_default=True, type=click.Choice(["dcgm", "util-only"]),
+                  help="dcgm: profiling fields on; util-only: the same week as a site whose exporter has only "
+                       "GPU-Util, memory and power (busy time then shows as busy-unverified).")
     @pass_app
-    def demo(app: App, out: str, store_url: str | None, now: str | None, seed: int) -> None:
+    def demo(app: App, out: str, store_url: str | None, now: str | None, seed: int, telemetry: str) -> None:
         """Simulate a week of a small mixed fleet, collect it through the file connectors, audit, report."""
         from auditor import config as config_mod
         from auditor.audit import run_audit
@@ -145,7 +153,7 @@ def register(main: click.Group) -> None:
         t0 = time.monotonic()
         out_dir = Path(out)
         cfg_path, start, end = generate(out_dir, now=parse_time(now) if now else None, seed=seed,
-                                        store_url=store_url)
+                                        store_url=store_url, telemetry=telemetry)
         cfg = config_mod.load(cfg_path)
         store = Store.open(cfg.store.resolved_url(), cfg.store.batch_rows)
         store.upgrade()

@@ -170,7 +170,14 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
     return paths
 
 
-def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random) -> Iterator[list[str]]:
+#: What the demo's exporter exports: "dcgm" (profiling fields on) or "util-only" (a site whose exporter has
+#: GPU-Util, memory and power only, as dcgm-exporter's default, nvidia_gpu_exporter or jobstats give)
+TELEMETRY_KINDS = ("dcgm", "util-only")
+UTIL_ONLY_FIELDS = ("gpu_util", "fb_used_mib", "power_w")
+
+
+def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random,
+                    telemetry: str = "dcgm") -> Iterator[list[str]]:
     placed: dict[tuple[str, int], list[Workload]] = {}
     for w in fleet():
         if w.cluster == cluster:
@@ -195,10 +202,12 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random) -> Ite
                     pod, ns = w.name, w.account
                 sample_ts = _iso(ts + 150)
                 for fld, metric in TELEMETRY_FIELDS.items():
+                    if telemetry == "util-only" and fld not in UTIL_ONLY_FIELDS:
+                        continue
                     yield [sample_ts, node, str(g), uuid, metric, f"{values[fld]:.4f}", model, pod, ns]
 
 
-def write_telemetry(out: Path, t0: int, days: int, seed: int) -> list[Path]:
+def write_telemetry(out: Path, t0: int, days: int, seed: int, telemetry: str = "dcgm") -> list[Path]:
     rng = random.Random(seed)
     paths = []
     for cluster in NODES:
@@ -206,7 +215,7 @@ def write_telemetry(out: Path, t0: int, days: int, seed: int) -> list[Path]:
         with p.open("w", newline="", encoding="utf-8") as f:
             wr = csv.writer(f)
             wr.writerow(["timestamp", "host", "gpu", "uuid", "metric", "value", "model", "pod", "namespace"])
-            wr.writerows(_telemetry_rows(cluster, t0, days, rng))
+            wr.writerows(_telemetry_rows(cluster, t0, days, rng, telemetry))
         paths.append(p)
     return paths
 
@@ -271,13 +280,16 @@ out_dir = "reports"
 
 
 def generate(out: Path, *, now: datetime | None = None, days: int = 7, seed: int = 7,
-             store_url: str | None = None) -> tuple[Path, datetime, datetime]:
-    """Write the demo files and config into ``out``; returns (config path, week start, week end)."""
+             store_url: str | None = None, telemetry: str = "dcgm") -> tuple[Path, datetime, datetime]:
+    """Write the demo files and config into ``out``; returns (config path, week start, week end).
+    ``telemetry="util-only"`` writes the same week as a GPU-Util-only site (no profiling fields)."""
+    if telemetry not in TELEMETRY_KINDS:
+        raise ValueError(f"telemetry {telemetry!r}: expected one of {', '.join(TELEMETRY_KINDS)}")
     out.mkdir(parents=True, exist_ok=True)
     end = floor_to(now or utcnow(), 3600)
     start = end - timedelta(days=days)
     t0 = int(start.timestamp())
     write_allocations(out, t0)
-    write_telemetry(out, t0, days, seed)
+    write_telemetry(out, t0, days, seed, telemetry)
     url = store_url or f"sqlite:///{(out / 'gpu-audit-demo.db').resolve()}"
     return write_config(out, url), start, end

@@ -33,11 +33,12 @@ def episodes_sql(dialect: str, th: Thresholds, ids: str) -> str:
     keys = [(f"c.{k}", k) for k in ("gid", "aid", "gpu_index", "share", "a_s", "a_e")]
     frm = (f"FROM c JOIN gpu_buckets b ON b.gpu_id = c.gpu_id AND b.bucket_ts >= c.a_s - {judge.LOOKBACK}"
            " AND b.bucket_ts < c.a_e AND b.bucket_ts + b.bucket_s > c.a_s")
-    rows = judge.judged_rows(dialect, th, keys, frm, "c.jkey", grouped=True)
+    rows = judge.judged_rows(dialect, th, keys, frm, "c.jkey", lab="c.lab")
     return f"""WITH c AS (
   SELECT u.allocated_gpu_id AS gid, u.allocation_id AS aid, u.gpu_id, u.gpu_index, ag.share,
-   {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey
-  FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id
+   {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey,
+   tg.has_jobs AS lab
+  FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN telemetry_gpus tg ON tg.id = u.gpu_id
   JOIN allocations a ON a.id = u.allocation_id
   WHERE u.run_id = :run AND u.gpu_id IS NOT NULL AND u.allocation_id IN ({ids})
    AND u.idle_s + u.mirage_s >= ag.share * :episode_s
@@ -75,13 +76,15 @@ def resv_idle_sql(dialect: str, th: Thresholds) -> str:
     """Idle (observed, :mod:`auditor.verdict`) GPU-seconds of the jobs inside each reservation."""
     fn = dict(zip(("G", "L"), judge.fns(dialect), strict=True))
     x = ("""SELECT r.id AS rid, u.allocated_gpu_id AS gid, u.gpu_id, ag.share, {G}(a.start_ts, r.start_ts, :since)
-       AS w_s, {L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon) AS w_e, """ + judge.JOB_KEY + " AS jkey "
+       AS w_s, {L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon) AS w_e, tg.has_jobs AS lab, """
+         + judge.JOB_KEY + " AS jkey "
          + _RESV_JOBS.replace("WHERE", """JOIN usage_gpu u ON u.allocation_id = a.id AND u.run_id = :run
-       AND u.gpu_id IS NOT NULL JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id WHERE""")).format(**fn)
+       AND u.gpu_id IS NOT NULL JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id
+       JOIN telemetry_gpus tg ON tg.id = u.gpu_id WHERE""")).format(**fn)
     keys = [("x.rid", "rid"), ("x.gid", "gid"), ("x.share", "share"), ("x.w_s", "a_s"), ("x.w_e", "a_e")]
     frm = (f"FROM ({x}) x JOIN gpu_buckets b ON b.gpu_id = x.gpu_id AND b.bucket_ts >= x.w_s - {judge.LOOKBACK}"
            " AND b.bucket_ts < x.w_e AND b.bucket_ts + b.bucket_s > x.w_s")
-    rows = judge.judged_rows(dialect, th, keys, frm, "x.jkey", grouped=True)
+    rows = judge.judged_rows(dialect, th, keys, frm, "x.jkey", lab="x.lab")
     return f"SELECT j.rid, SUM(j.share * j.obs) AS idle_s FROM ({rows}) j WHERE {_IDLE} GROUP BY j.rid"
 
 

@@ -264,6 +264,8 @@ def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple
 
     meta.check_width(conn, {r[3] for r in rows})
     rows = _drop_rolled_up(conn, rows, rolled_up_before)
+    if not rows:
+        return 0
     conn.exec_driver_sql(_bucket_sql(conn.dialect.name), rows)
     labelled = {r[0] for r in rows if r[2]}
     if labelled:

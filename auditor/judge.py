@@ -45,69 +45,52 @@ def _raw(name: str) -> str:
     return _IO if name == "io_bps" else f"b.{name}"
 
 
-def combined(dialect: str, keys: list[tuple[str, str]], frm: str, jkey: str, *, grouped: bool,
-             correlated: bool = False) -> str:
-    """One row per (keys, bucket_ts): the applicable sub-rows of ``frm`` (which binds ``b`` to
-    gpu_buckets) combined. ``grouped=False`` is the fast path for GPUs known to have only unlabelled rows
-    (one row per bucket, nothing to combine). ``correlated``: the keys come from an outer query (constants
-    here; SQLite cannot group by them)."""
-    k = [f"{e} AS {a}" for e, a in keys]
-    if not grouped:
-        cols = [*k, "b.bucket_ts AS bucket_ts", "b.bucket_s AS bucket_s", "b.samples AS samples",
-                "b.observed_s AS observed_s", "COALESCE(b.span_start, b.bucket_ts) AS sp_s",
-                "COALESCE(b.span_end, b.bucket_ts + b.bucket_s) AS sp_e",
-                *(f"{_raw(m)} AS {m}" for m in METRICS)]
-        return f"SELECT {', '.join(cols)} {frm} AND b.job = ''"
+def judged_rows(dialect: str, th: Thresholds, keys: list[tuple[str, str]], frm: str, jkey: str, *,
+                lab: str = "1", correlated: bool = False) -> str:
+    """Per (keys, bucket): ``bucket_ts``, ``bucket_s``, ``obs``, the metrics and the verdict ``v`` of the
+    applicable rows, for buckets of ``frm`` (which binds ``b`` to gpu_buckets and must keep only buckets
+    that overlap [a_s, a_e); ``keys`` name the output columns ``a_s`` and ``a_e`` among others).
+
+    Two parts: the unlabelled row of each bucket that has no labelled sibling (``lab`` = 0 says the GPU
+    never had one, skipping the check), and the rows naming the allocation (``jkey``) combined per bucket
+    (rarely more than one). ``correlated``: ``keys`` come from an outer query (SQLite cannot group by
+    them)."""
+    g, le = fns(dialect)
+    ks = dict((a, e) for e, a in keys)
+    a_s, a_e = ks["a_s"], ks["a_e"]
+    k = ", ".join(f"{e} AS {a}" for e, a in keys)
+    alone = (f" AND ({lab} = 0 OR NOT EXISTS (SELECT 1 FROM gpu_buckets s WHERE s.gpu_id = b.gpu_id"
+             " AND s.bucket_ts = b.bucket_ts AND s.job <> ''))")
+    plain = (f"SELECT {k}, b.bucket_ts AS bucket_ts, b.bucket_s AS bucket_s, "
+             f"{_judged_cols(th, verdict.prefixed('b'), a_s, a_e, _IO, dialect)} {frm} AND b.job = ''{alone}")
+    group = ", ".join(([] if correlated else [e for e, _a in keys]) + ["b.bucket_ts"])
+    x = verdict.prefixed("x")
+    matched = (f"SELECT {', '.join(f'x.{a} AS {a}' for _e, a in keys)}, x.bucket_ts AS bucket_ts, x.bucket_s AS "
+               f"bucket_s, {_judged_cols(th, x, 'x.a_s', 'x.a_e', 'x.io_bps', dialect)} FROM (SELECT {k}, "
+               f"{', '.join(_combine(dialect))} {frm} AND {lab} = 1 AND {job_match(dialect, 'b.job', jkey)} "
+               f"GROUP BY {group}) x")
+    return f"{plain} UNION ALL {matched}"
+
+
+def _combine(dialect: str) -> list[str]:
+    """Aggregates that combine the applicable rows of one bucket (definitions.md): observed seconds summed
+    up to the bucket width, metrics weighted by observed seconds (one row: its own values), span hull."""
     _g, le = fns(dialect)
-    m = job_match(dialect, "b.job", jkey)
-    u = "b.job = ''"
-    inner = [*k, "b.bucket_ts AS bucket_ts", "MAX(b.bucket_s) AS bucket_s",
-             "MAX(CASE WHEN b.job <> '' THEN 1 ELSE 0 END) AS has_lab",
-             f"SUM(CASE WHEN {m} THEN 1 ELSE 0 END) AS n_m",
-             f"MAX(CASE WHEN {u} THEN b.samples END) AS u_samples",
-             f"SUM(CASE WHEN {m} THEN b.samples END) AS m_samples",
-             f"MAX(CASE WHEN {u} THEN b.observed_s END) AS u_obs",
-             f"SUM(CASE WHEN {m} THEN b.observed_s END) AS m_obs",
-             f"MAX(CASE WHEN {u} THEN COALESCE(b.span_start, b.bucket_ts) END) AS u_sps",
-             f"MIN(CASE WHEN {m} THEN COALESCE(b.span_start, b.bucket_ts) END) AS m_sps",
-             f"MAX(CASE WHEN {u} THEN COALESCE(b.span_end, b.bucket_ts + b.bucket_s) END) AS u_spe",
-             f"MAX(CASE WHEN {m} THEN COALESCE(b.span_end, b.bucket_ts + b.bucket_s) END) AS m_spe"]
+    agg = ["b.bucket_ts AS bucket_ts", "MAX(b.bucket_s) AS bucket_s", "SUM(b.samples) AS samples",
+           f"{le}(MAX(b.bucket_s), SUM(b.observed_s)) AS observed_s",
+           "MIN(COALESCE(b.span_start, b.bucket_ts)) AS span_start",
+           "MAX(COALESCE(b.span_end, b.bucket_ts + b.bucket_s)) AS span_end"]
     for x in METRICS:
         r = _raw(x)
-        inner += [f"MAX(CASE WHEN {u} THEN {r} END) AS u_{x}", f"MAX(CASE WHEN {m} THEN {r} END) AS m1_{x}",
-                  f"SUM(CASE WHEN {m} THEN b.observed_s * {r} END) / NULLIF(SUM(CASE WHEN {m} AND {r} IS NOT NULL"
-                  f" THEN b.observed_s END), 0) AS mw_{x}"]
-    group = ", ".join(([] if correlated else [e for e, _a in keys]) + ["b.bucket_ts"])
-    pick = "CASE WHEN c.has_lab = 1 THEN {m} ELSE {u} END"
-    outer = [*(f"c.{a} AS {a}" for _e, a in keys), "c.bucket_ts AS bucket_ts", "c.bucket_s AS bucket_s",
-             pick.format(m="COALESCE(c.m_samples, 0)", u="COALESCE(c.u_samples, 0)") + " AS samples",
-             pick.format(m=f"{le}(c.bucket_s, COALESCE(c.m_obs, 0))", u="COALESCE(c.u_obs, 0)") + " AS observed_s",
-             pick.format(m="c.m_sps", u="c.u_sps") + " AS sp_s", pick.format(m="c.m_spe", u="c.u_spe") + " AS sp_e",
-             *(pick.format(m=f"CASE WHEN c.n_m = 1 THEN c.m1_{x} ELSE c.mw_{x} END", u=f"c.u_{x}") + f" AS {x}"
-               for x in METRICS)]
-    return (f"SELECT {', '.join(outer)} FROM (SELECT {', '.join(inner)} {frm} GROUP BY {group}) c")
-
-
-def judged_rows(dialect: str, th: Thresholds, keys: list[tuple[str, str]], frm: str, jkey: str, *,
-                grouped: bool, working_first: bool = False, correlated: bool = False) -> str:
-    """``combined`` plus ``ov``, ``obs`` and the verdict ``v``, for buckets that overlap the interval
-    [a_s, a_e) (``keys`` must name those two)."""
-    g, le = fns(dialect)
-    ov = f"{le}(x.bucket_ts + x.bucket_s, x.a_e) - {g}(x.bucket_ts, x.a_s)"
-    obs = (f"CASE WHEN x.samples > 0 THEN {le}({g}(0, {le}(x.sp_e, x.a_e) - {g}(x.sp_s, x.a_s)), x.observed_s)"
-           " ELSE 0 END")
-    metrics = ", ".join(f"x.{m} AS {m}" for m in METRICS)
-    names = [a for _e, a in keys]
-    y = (f"SELECT {', '.join('x.' + a for _e, a in keys)}, x.bucket_ts, x.bucket_s, x.samples, {metrics}, {ov} AS ov,"
-         f" {obs} AS obs FROM ({combined(dialect, keys, frm, jkey, grouped=grouped, correlated=correlated)}) x")
-    # zero observed seconds add nothing to any sum, so "samples > 0" is enough to tell unknown apart
-    v = verdict.case(th, verdict.prefixed("y"), observed="y.samples > 0", working_first=working_first)
-    return (f"SELECT {', '.join('y.' + a for a in names)}, y.bucket_ts, y.bucket_s, y.ov, y.obs,"
-            f" {', '.join('y.' + m for m in METRICS)}, {v} AS v FROM ({y}) y WHERE y.ov > 0")
+        agg.append(f"CASE WHEN COUNT(*) = 1 THEN MAX({r}) ELSE SUM(b.observed_s * {r}) / NULLIF(SUM(CASE WHEN {r} "
+                   f"IS NOT NULL THEN b.observed_s END), 0) END AS {x}")
+    return agg
 
 
 _V = verdict
-#: Per allocated GPU: the sums over its judged rows ``j`` (seconds not yet times share).
+#: Per allocated GPU: the sums over its judged rows ``j`` (seconds not yet times share). A row without
+#: samples has obs = 0, so it adds nothing to any sum; SM-verified rows are exactly those with SM activity,
+#: so effective seconds (SM-verified obs x SM activity) are the SM sum (one aggregate, see usage_columns).
 SUMS: dict[str, str] = {
     "idle": f"SUM(CASE WHEN j.v = {_V.IDLE} THEN j.obs END)",
     "idle_by_util": f"SUM(CASE WHEN j.v = {_V.IDLE_BY_UTIL} THEN j.obs END)",
@@ -115,15 +98,15 @@ SUMS: dict[str, str] = {
     "low": f"SUM(CASE WHEN j.v = {_V.LOW} THEN j.obs END)",
     "working": f"SUM(CASE WHEN j.v = {_V.WORKING} THEN j.obs END)",
     "busy_unverified": f"SUM(CASE WHEN j.v = {_V.BUSY_UNVERIFIED} THEN j.obs END)",
-    "effective": f"SUM(CASE WHEN {_V.in_codes('j.v', _V.VERIFIED_CODES)} THEN j.obs * j.sm_active END)",
-    "gpu_util": "SUM(CASE WHEN j.v > 0 THEN j.obs * j.gpu_util END)",
-    "util_observed": "SUM(CASE WHEN j.v > 0 AND j.gpu_util IS NOT NULL THEN j.obs END)",
-    "sm": "SUM(CASE WHEN j.v > 0 THEN j.obs * j.sm_active END)",
-    "sm_observed": f"SUM(CASE WHEN {_V.in_codes('j.v', _V.VERIFIED_CODES)} THEN j.obs END)",
-    "tensor": "SUM(CASE WHEN j.v > 0 THEN j.obs * j.tensor_active END)",
-    "dram": "SUM(CASE WHEN j.v > 0 THEN j.obs * j.dram_active END)",
-    "io_bps": "SUM(CASE WHEN j.v > 0 THEN j.obs * j.io_bps END)",
+    "gpu_util": "SUM(j.obs * j.gpu_util)",
+    "util_observed": "SUM(CASE WHEN j.gpu_util IS NOT NULL THEN j.obs END)",
+    "sm": "SUM(j.obs * j.sm_active)",
+    "sm_observed": "SUM(CASE WHEN j.sm_active IS NOT NULL THEN j.obs END)",
+    "tensor": "SUM(j.obs * j.tensor_active)",
+    "dram": "SUM(j.obs * j.dram_active)",
+    "io_bps": "SUM(j.obs * j.io_bps)",
     "peak_fb": "MAX(CASE WHEN j.obs > 0 THEN j.fb_used_mib END)",
+    "idle_fb": f"MAX(CASE WHEN j.obs > 0 AND {_V.in_codes('j.v', _V.IDLE_CODES)} THEN j.fb_used_mib END)",
 }
 OBSERVED = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
 
@@ -136,9 +119,39 @@ def usage_columns(get: dict[str, str], share: str, reserved: str) -> dict[str, s
     for k in ("idle_by_util", "mirage", "low", "working", "busy_unverified"):
         out[f"{k}_s"] = f"{share} * {get[k]}"
     out["unknown_s"] = f"{share} * ({reserved} - {observed})"
-    for k in ("effective", "gpu_util", "util_observed", "sm", "sm_observed", "tensor", "dram", "io_bps"):
+    for k in ("gpu_util", "util_observed", "sm", "sm_observed", "tensor", "dram", "io_bps"):
         out[f"{k}_s"] = f"{share} * {get[k]}"
+    out["effective_s"] = f"{share} * {get['sm']}"
     out["max_gpu_mirage_s"] = get["mirage"]
     out["signal"] = (f"CASE WHEN {get['sm_observed']} > 0 THEN 'sm_active' WHEN {get['util_observed']} > 0 "
                      "THEN 'gpu_util' ELSE 'none' END")
     return out
+
+
+def _obs(c: verdict.Col, a_s: str, a_e: str, g: str, le: str) -> str:
+    """Observed seconds of one (combined) row inside [a_s, a_e): min(reserved seconds inside its span,
+    observed_s); a row without a span inside the interval is simply its observed seconds."""
+    sp_s = f"COALESCE({c('span_start')}, {c('bucket_ts')})"
+    sp_e = f"COALESCE({c('span_end')}, {c('bucket_ts')} + {c('bucket_s')})"
+    return (f"CASE WHEN {c('samples')} <= 0 THEN 0 WHEN {c('span_start')} IS NULL AND {c('span_end')} IS NULL "
+            f"AND {c('bucket_ts')} >= {a_s} AND {c('bucket_ts')} + {c('bucket_s')} <= {a_e} THEN {c('observed_s')} "
+            f"ELSE {le}({g}(0, {le}({sp_e}, {a_e}) - {g}({sp_s}, {a_s})), {c('observed_s')}) END")
+
+
+def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, io: str, dialect: str = "sqlite") -> str:
+    g, le = fns(dialect)
+    metrics = [f"{c(m)} AS {m}" for m in METRICS if m != "io_bps"] + [f"{io} AS io_bps"]
+    return (f"{_obs(c, a_s, a_e, g, le)} AS obs, {', '.join(metrics)}, "
+            f"{verdict.case(th, c, working_first=True)} AS v")
+
+
+def sqlite_rows(th: Thresholds, frm: str, jkey: str, *, grouped: bool) -> str:
+    """SQLite's per-bucket rows (obs, metrics, v) of one allocated GPU ``t`` (correlated: ``frm`` binds
+    ``b`` and refers to ``t.a_s``/``t.a_e``). The fast path (``grouped=False``) reads the unlabelled rows
+    of a GPU whose telemetry never carried a job label, in one level SQLite does not materialise;
+    otherwise :func:`judged_rows`. tests/test_simulate.py compares both with :func:`judged_rows` run
+    set-based."""
+    b = verdict.prefixed("b")
+    if not grouped:
+        return f"SELECT {_judged_cols(th, b, 't.a_s', 't.a_e', _IO)} {frm} AND b.job = '' LIMIT -1"
+    return judged_rows("sqlite", th, [("t.a_s", "a_s"), ("t.a_e", "a_e")], frm, jkey, correlated=True)

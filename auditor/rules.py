@@ -14,6 +14,7 @@ from sqlalchemy import Connection, insert, text
 
 from auditor import schema
 from auditor.config import Config, Thresholds
+from auditor.judge import JOB_KEY, job_match
 
 SPARK_BINS = 48
 H = 3600.0
@@ -51,7 +52,8 @@ def metrics(r: dict[str, Any]) -> dict[str, Any]:
             "mean_sm_active": _ratio(r["sm_s"], r["sm_observed_s"]),
             "mean_tensor_active": _ratio(r["tensor_s"], r["sm_observed_s"]),
             "mean_dram_active": _ratio(r["dram_s"], r["sm_observed_s"]),
-            "peak_fb_mib": r["peak_fb_mib"], "gpus": r["gpus"], "gpu_count": r["gpu_count"],
+            "peak_fb_mib": r["peak_fb_mib"], "held_while_idle_mib": r.get("idle_peak_fb_mib"),
+            "gpus": r["gpus"], "gpu_count": r["gpu_count"],
             "low_confidence": r["idle_by_util_s"] > 0 and r["sm_observed_s"] == 0}
 
 
@@ -66,6 +68,12 @@ def whole_allocation_finding(r: dict[str, Any], th: Thresholds) -> tuple[str, st
     if idle_frac >= th.idle_allocation_fraction and r["reserved_s"] / H >= th.idle_allocation_min_gpu_hours:
         return "idle", f"{idle_frac:.0%}"
     return None
+
+
+def _held(r: dict[str, Any]) -> str:
+    """", held 41 GiB while idle" when memory was held (>= 1 GiB) in idle buckets: a live process."""
+    mib = r.get("idle_peak_fb_mib") or 0.0
+    return f", held {mib / 1024:.0f} GiB while idle" if mib >= 1024 else ""
 
 
 def _gpu_name(g: dict[str, Any]) -> str:
@@ -92,7 +100,7 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
                                         "mostly while GPU-Util read busy"}))
         else:
             out.append(("idle_allocation", {"rule": f"idle {idle_frac} of observed time >= "
-                                            f"{th.idle_allocation_fraction:.0%}"}))
+                                            f"{th.idle_allocation_fraction:.0%}{_held(r)}"}))
         return out
     if mirage_long:
         out.append(("util_mirage", {"rule": f"a GPU read busy while idle for "
@@ -108,7 +116,7 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
             elif (g["low_s"] + g["working_s"] + g["busy_unverified_s"]) / gj >= th.idle_gpus_worked_fraction:
                 busy.append(g)
         if idle and busy:
-            named = [f"{_gpu_name(g)} idle {(g['idle_s'] + g['mirage_s']) / judged(g):.0%}" for g in idle]
+            named = [f"{_gpu_name(g)} idle {(g['idle_s'] + g['mirage_s']) / judged(g):.0%}{_held(g)}" for g in idle]
             out.append(("idle_gpus", {
                 "rule": f"{len(idle)} of {len(per_gpu)} GPUs idle >= {th.idle_gpus_fraction:.0%} while "
                         f"{len(busy)} worked: " + ", ".join(named),
@@ -117,7 +125,7 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
                 "idle_gpu_names": named,
                 "idle_gpu_list": [{"node": g.get("node"), "gpu_index": g["gpu_index"],
                                    "idle_share": (g["idle_s"] + g["mirage_s"]) / judged(g),
-                                   "peak_fb_mib": g.get("peak_fb_mib")} for g in idle],
+                                   "held_while_idle_mib": g.get("idle_peak_fb_mib")} for g in idle],
                 "partial_idle_gpu_hours": sum(g["idle_s"] + g["mirage_s"] for g in idle) / H}))
     return out
 
@@ -138,11 +146,11 @@ def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizo
          SELECT u.allocation_id AS aid,
           CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER) AS bin,
           AVG(b.sm_active) AS sm, AVG(b.gpu_util) AS util
-         FROM (SELECT id, {g}(start_ts, :since) AS s0, {le}(COALESCE(end_ts, :horizon), :horizon) AS e0
-               FROM allocations WHERE id IN ({marks})) w
+         FROM (SELECT a.id, {g}(a.start_ts, :since) AS s0, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS e0,
+                {JOB_KEY} AS jkey FROM allocations a WHERE a.id IN ({marks})) w
          JOIN usage_gpu u ON u.run_id = :run AND u.allocation_id = w.id
          JOIN gpu_buckets b ON b.gpu_id = u.gpu_id AND b.bucket_ts >= w.s0 AND b.bucket_ts < w.e0
-         WHERE b.samples > 0 AND w.e0 > w.s0
+         WHERE b.samples > 0 AND w.e0 > w.s0 AND (b.job = '' OR {job_match(conn.dialect.name, "b.job", "w.jkey")})
          GROUP BY u.allocation_id, CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER)) bins
         GROUP BY aid"""
         for aid, packed in conn.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}):
@@ -162,7 +170,7 @@ def per_gpu_rows(conn: Connection, run_id: int) -> dict[int, list[dict[str, Any]
     """Per-GPU seconds of the multi-GPU allocations of a run (only the columns the idle_gpus rule reads:
     a fleet has hundreds of thousands of these rows)."""
     cols = ("gpu_index", "reserved_s", "observed_s", "idle_s", "mirage_s", "low_s", "working_s",
-            "busy_unverified_s", "peak_fb_mib", "node")
+            "busy_unverified_s", "idle_peak_fb_mib", "node")
     sql = (f"SELECT u.allocation_id, {', '.join('u.' + c for c in cols[:-1])}, ag.node FROM usage_gpu u JOIN "
            "(SELECT allocation_id FROM usage_gpu WHERE run_id = :run GROUP BY allocation_id HAVING COUNT(*) >= 2) m "
            "ON m.allocation_id = u.allocation_id JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "

@@ -257,6 +257,8 @@ usage_gpu = Table(
     Column("signal", String(16), comment="What judged it: sm_active, gpu_util (low confidence) or none."),
     *[Column(name, Float, nullable=False, default=0.0, comment=text) for name, text in _HOURS.items()],
     Column("peak_fb_mib", Float, comment="Peak frame buffer used, MiB."),
+    Column("idle_peak_fb_mib", Float, comment="Peak frame buffer held in idle or mirage buckets, MiB (a live "
+           "process holding the GPU while idle)."),
     Index(None, "run_id", "allocation_id"),
     comment="Per allocated GPU and audit run: how its reserved time was judged.",
 )
@@ -272,6 +274,8 @@ usage_allocation = Table(
     Column("price_per_gpu_hour", Float, nullable=False, default=0.0, comment="Price card rate applied."),
     *[Column(name, Float, nullable=False, default=0.0, comment=text) for name, text in _HOURS.items()],
     Column("peak_fb_mib", Float, comment="Peak frame buffer used on any of its GPUs, MiB."),
+    Column("idle_peak_fb_mib", Float, comment="Peak frame buffer held on any of its GPUs while idle or mirage, "
+           "MiB."),
     Column("gpus", Integer, nullable=False, default=0, comment="Allocated GPU rows."),
     Column("reserved_cost", Float, nullable=False, default=0.0, comment="Reserved GPU-hours x price."),
     Column("idle_cost", Float, nullable=False, default=0.0, comment="(idle + mirage) GPU-hours x price."),

@@ -70,9 +70,10 @@ def idle_ish(th: Thresholds, c: Col) -> str:
 
 
 def mirage_reading(th: Thresholds, c: Col) -> str:
-    """GPU-Util or GR engine reads busy (a missing reading counts as not busy)."""
-    return (f"(({c('gpu_util')} IS NOT NULL AND {at_least(c('gpu_util'), th.mirage_gpu_util)})"
-            f" OR ({c('gr_engine')} IS NOT NULL AND {at_least(c('gr_engine'), th.mirage_gr_engine)}))")
+    """GPU-Util or GR engine reads busy (a missing reading counts as not busy: NULL >= t is not true, and
+    this is only ever used as a WHEN condition)."""
+    return (f"({at_least(c('gpu_util'), th.mirage_gpu_util)}"
+            f" OR {at_least(c('gr_engine'), th.mirage_gr_engine)})")
 
 
 def idle_by_util(th: Thresholds, c: Col) -> str:
@@ -93,7 +94,7 @@ def case(th: Thresholds, c: Col, *, observed: str | None = None, working_first: 
     sm = c("sm_active")
     first = ""
     if working_first and th.working_sm >= th.idle_sm:
-        first = f" WHEN {sm} IS NOT NULL AND {at_least(sm, th.working_sm)} THEN {WORKING}"
+        first = f" WHEN {at_least(sm, th.working_sm)} THEN {WORKING}"  # NULL: not taken
     return (f"CASE WHEN NOT ({observed}) THEN {UNKNOWN}{first}"
             f" WHEN {sm} IS NOT NULL THEN"
             f" CASE WHEN {idle_ish(th, c)} THEN CASE WHEN {mirage_reading(th, c)} THEN {MIRAGE} ELSE {IDLE} END"
@@ -103,26 +104,3 @@ def case(th: Thresholds, c: Col, *, observed: str | None = None, working_first: 
 
 def in_codes(expr: str, codes: tuple[int, ...]) -> str:
     return f"{expr} IN ({', '.join(str(x) for x in codes)})"
-
-
-def verdict_of(th: Thresholds, samples: int, *, sm_active: float | None = None,
-               dram_active: float | None = None, tensor_active: float | None = None,
-               gpu_util: float | None = None, gr_engine: float | None = None,
-               power_w: float | None = None) -> str:
-    """The same rule in Python, for one bucket (explanations and the CLI; the audit uses :func:`case`)."""
-    def lt(v: float, t: float) -> bool:
-        return v < t - EPS
-
-    if samples <= 0:
-        return NAMES[UNKNOWN]
-    if sm_active is not None:
-        if (lt(sm_active, th.idle_sm) and (dram_active is None or lt(dram_active, th.idle_dram))
-                and (tensor_active is None or lt(tensor_active, th.idle_tensor))):
-            busy = ((gpu_util is not None and not lt(gpu_util, th.mirage_gpu_util))
-                    or (gr_engine is not None and not lt(gr_engine, th.mirage_gr_engine)))
-            return NAMES[MIRAGE if busy else IDLE]
-        return NAMES[LOW if lt(sm_active, th.working_sm) else WORKING]
-    if (th.util_fallback and gpu_util is not None and lt(gpu_util, th.idle_util)
-            and (th.idle_power_w is None or (power_w is not None and lt(power_w, th.idle_power_w)))):
-        return NAMES[IDLE_BY_UTIL]
-    return NAMES[BUSY_UNVERIFIED]

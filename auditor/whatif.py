@@ -26,12 +26,13 @@ ALIASES = {
     "idle_gpus": "idle_gpus_fraction", "mirage_min": "mirage_min_minutes", "coverage": "unmonitored_coverage",
     "episode": "episode_hours", "low": "low_efficiency_sm", "low_sm": "low_efficiency_sm",
     "low_hours": "low_efficiency_min_gpu_hours", "low_min": "low_efficiency_min_gpu_hours",
+    "worked": "idle_gpus_worked_fraction", "min_finding": "min_finding_gpu_hours",
 }
 _DUR = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hours?|d|days?)$")
 _DUR_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "hours": 3600, "d": 86400,
           "day": 86400, "days": 86400}
 SUMMARY_KEYS = ("reserved_gpu_hours", "effective_gpu_hours", "idle_gpu_hours", "mirage_gpu_hours",
-                "low_gpu_hours", "working_gpu_hours", "unknown_gpu_hours", "idle_cost")
+                "low_gpu_hours", "working_gpu_hours", "busy_unverified_gpu_hours", "unknown_gpu_hours", "idle_cost")
 LIST_MAX = 50
 
 

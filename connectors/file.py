@@ -21,6 +21,7 @@ from auditor.aliases import METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normal
 from auditor.errors import SourceError
 from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory, Reservation
 from auditor.timeutil import parse_time
+from connectors._coverage import coverage, interval, job_key
 from connectors._rows import read_rows, read_sacct_file
 from connectors.base import Context, Options, Problems, Window
 
@@ -262,7 +263,9 @@ LABEL_COLUMNS = ("pod", "namespace", "container", "hpc_job")
 
 class FileTelemetry:
     """Telemetry from a long CSV: timestamp, host, gpu, uuid, metric, value[, model, gpu_instance, pod,
-    namespace, container, hpc_job]. Metric names are canonical fields (stored units) or any alias."""
+    namespace, container, hpc_job]. Metric names are canonical fields (stored units) or any alias. Rows
+    with different job labels (hpc_job, or namespace/pod) are separate sub-rows; observed seconds and spans
+    come from the sample timestamps (:mod:`connectors._coverage`)."""
 
     class Options(Options):
         paths: list[str] = Field(description="Long-CSV files or glob patterns, relative to the config file.")
@@ -313,22 +316,27 @@ class FileTelemetry:
                 problems.clamp(str(path), field)
             if not lo <= ts < hi:
                 continue
-            key = (host, gpu, (row.get("gpu_instance") or "").strip(), ts - ts % size)
+            labels = {lab: row[lab] for lab in LABEL_COLUMNS if row.get(lab)}
+            key = (host, gpu, (row.get("gpu_instance") or "").strip(), ts - ts % size, job_key(labels))
             acc = accs.get(key)
             if acc is None:
                 acc = accs[key] = _Acc()
             acc.add(field, value, ts)
             acc.uuid = acc.uuid or (row.get("uuid") or None)
             acc.model = acc.model or (row.get("model") or None)
-            for lab in LABEL_COLUMNS:
-                if row.get(lab):
-                    acc.labels[lab] = row[lab]
-        for (host, gpu, inst, start), acc in sorted(accs.items()):
+            acc.labels.update(labels)
+        steps: dict[tuple[str, int, str], set[int]] = {}
+        for (host, gpu, inst, _start, _job), acc in accs.items():
+            steps.setdefault((host, gpu, inst), set()).update(acc.instants)
+        step = {k: interval(v) for k, v in steps.items()}
+        for (host, gpu, inst, start, job), acc in sorted(accs.items()):
             values = {f: acc.sums[f] / acc.counts[f] for f in acc.sums}
+            obs, sp_s, sp_e = coverage(acc.instants, start, size, step[(host, gpu, inst)])
             yield GpuBucket(cluster=self.ctx.cluster, host=host, gpu=gpu, gpu_instance=inst,
                             start=datetime.fromtimestamp(start, window.since.tzinfo), seconds=size,
                             samples=len(acc.instants), uuid=acc.uuid, model=acc.model, **values,
-                            **{k: acc.labels.get(k) for k in LABEL_COLUMNS})
+                            **{k: acc.labels.get(k) for k in LABEL_COLUMNS}, observed_s=obs, span_start=sp_s,
+                            span_end=sp_e, job=job)
 
 
 ALLOCATIONS = FileAllocations

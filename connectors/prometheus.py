@@ -6,9 +6,12 @@ bucket's samples [start, start + 300 s); raw 30 s samples are never pulled. ``sa
 ``count_over_time`` of SM_ACTIVE (GPU_UTIL where a GPU has no profiling fields). Gaps return no points,
 so they produce no bucket: the audit calls them unknown.
 
-One value per GPU: dcgm-exporter repeats a GPU's series per ``hpc_job`` and per time-sliced pod; those
-copies are device-wide values, so they are combined with ``max``, never summed. That fold (and the
-``Hostname``/``hostname`` rename) is done here, per series, not with ``max by (...)`` in PromQL:
+One row per GPU, bucket and job: dcgm-exporter repeats a GPU's series per ``hpc_job`` and per time-sliced
+pod; series with different job labels stay separate rows (the audit takes the rows that name the
+allocation, so the next job's minutes in a shared bucket are never credited to the one before). Copies of
+one job's series (aliases, the ``Hostname``/``hostname`` rename) are combined with ``max``, never summed.
+A row's observed seconds are its samples times the scrape interval (``sample_interval_s``, else estimated).
+That fold is done here, per series, not with ``max by (...)`` in PromQL:
 Prometheus 2.x evaluates an aggregation per step, which made each query ~8x slower on 1,024 GPUs
 (measured, bench/bench_prometheus.py) for answers of the same size.
 """
@@ -93,6 +96,11 @@ class PrometheusTelemetry:
         retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed with a "
                              "connection error, timeout, 429 or 5xx.")
         backoff_s: float = Field(1.0, ge=0, le=60, description="First retry delay; doubles each retry.")
+        sample_interval_s: float | None = Field(None, gt=0, description="Scrape interval of the exporter, in "
+                                                "seconds: a bucket's observed seconds are its samples times this "
+                                                "(a job that ran 1 minute of a bucket is 1 minute observed). "
+                                                "Unset = estimated per GPU as the bucket length divided by the "
+                                                "most samples any bucket of it had in the chunk.")
         metrics: list[str] | None = Field(None, description="Bucket fields to pull (e.g. `[\"sm_active\", "
                                           "\"gpu_util\"]`); unset = every field.")
         host_label: str | None = Field(None, description="Take the node name from this label only (e.g. "
@@ -305,7 +313,7 @@ class Merge:
 
     def __init__(self, src: PrometheusTelemetry, bucket_s: int, problems: Problems) -> None:
         self.src, self.bucket_s, self.problems = src, bucket_s, problems
-        self.rows: dict[tuple[str, int, str], dict[int, dict[str, Any]]] = {}
+        self.rows: dict[tuple[str, int, str], dict[tuple[int, str], dict[str, Any]]] = {}
         self._dropped: set[object] = set()  # problems already reported (one line per series/bucket)
 
     def key(self, metric: dict[str, str]) -> tuple[str, int, str] | None:
@@ -357,11 +365,12 @@ class Merge:
             rows = self.rows.setdefault(gkey, {})
             meta = self.meta(metric)
             copy = (metric_name, meta[2])
+            job = job_of(meta[2])
             for t, text in series.get("values") or ():
                 start = int(t) - back
-                row = rows.get(start)
+                row = rows.get((start, job))
                 if row is None:
-                    row = rows[start] = {"_meta": meta}
+                    row = rows[(start, job)] = {"_meta": meta}
                 elif row["_meta"] is not meta and row["_meta"] != meta:
                     row["_meta"] = _merge_meta(row["_meta"], meta)
                 v = float(text)
@@ -404,23 +413,40 @@ class Merge:
 
     def buckets(self) -> Iterator[GpuBucket]:
         cluster, seconds = self.src.context.cluster, self.bucket_s
+        interval = self.src.options.sample_interval_s
         for (host, gpu, inst), rows in sorted(self.rows.items()):
-            yield from self._gpu(cluster, seconds, host, gpu, inst, rows)
+            yield from self._gpu(cluster, seconds, host, gpu, inst, rows, interval)
 
     @staticmethod
     def _gpu(cluster: str, seconds: int, host: str, gpu: int, inst: str,
-             rows: dict[int, dict[str, Any]]) -> Iterator[GpuBucket]:
-        for start, row in sorted(rows.items()):
+             rows: dict[tuple[int, str], dict[str, Any]], interval: float | None = None) -> Iterator[GpuBucket]:
+        counted = []
+        for (start, job), row in sorted(rows.items()):
             uuid, model, labels = row.pop("_meta")
             counts = row.pop("_count_sm_active", None) or row.pop("_count_gpu_util", None) or {0: 0}
             row.pop("_count_gpu_util", None)
+            counted.append((start, job, row, uuid, model, labels, max(counts.values())))
+        most = max((c[-1] for c in counted), default=0)
+        step = interval or (seconds / most if most > 0 else None)
+        for start, job, row, uuid, model, labels, samples in counted:
             joined: dict[str, set[str]] = {}
             for k, v in labels:
                 joined.setdefault(k, set()).add(v)
+            observed = min(float(seconds), samples * step) if step else None
             yield GpuBucket(cluster=cluster, host=host, gpu=gpu, gpu_instance=inst, seconds=seconds,
-                            start=datetime.fromtimestamp(start, UTC),
-                            samples=max(counts.values()), uuid=uuid, model=model,
+                            start=datetime.fromtimestamp(start, UTC), samples=samples, uuid=uuid, model=model,
+                            observed_s=observed, job=job,
                             **row, **{k: ",".join(sorted(vs)) for k, vs in joined.items()})
+
+
+def job_of(labels: tuple[tuple[str, str], ...]) -> str:
+    """The job key of a series: its hpc_job label, else namespace/pod, else "" (no job label)."""
+    d = dict(labels)
+    if d.get("hpc_job"):
+        return d["hpc_job"]
+    if d.get("pod"):
+        return f"{d.get('namespace', '')}/{d['pod']}"
+    return ""
 
 
 def _merge_meta(a: tuple, b: tuple) -> tuple:

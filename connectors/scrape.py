@@ -4,9 +4,10 @@ Sites without a Prometheus, and tests, can point gpu-audit at files written by `
 (dcgm-exporter, nvidia_gpu_exporter, ...). Every metric in :data:`auditor.aliases.METRIC_ALIASES` is
 normalised and folded into per-GPU buckets aligned to ``window.bucket_seconds``.
 
-One value per GPU per instant: dcgm-exporter repeats a GPU's series once per ``hpc_job`` and once per
-time-sliced pod; those copies are device-wide values, so they are collapsed with ``max`` (never summed)
-before the bucket mean is taken.
+One row per GPU, bucket and job: dcgm-exporter repeats a GPU's series once per ``hpc_job`` and once per
+time-sliced pod; series with different job labels stay separate rows (the audit picks the rows naming the
+allocation). Copies of one job's series are collapsed with ``max`` (never summed) before the bucket mean.
+Observed seconds and spans come from the sample instants (:mod:`connectors._coverage`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pydantic import Field
 from auditor.aliases import METRIC_ALIASES, BadValue, host_from_instance, normalise, pick_label
 from auditor.errors import SourceError
 from auditor.records import LABEL_FIELDS, GpuBucket
+from connectors._coverage import coverage, interval, job_key
 from connectors.base import Context, Options, Problems, Window
 
 
@@ -144,11 +146,13 @@ class _Acc:
 
 
 class BucketBuilder:
-    """Folds normalised samples into per-GPU buckets (mean per bucket; fb_used: max; copies: max)."""
+    """Folds normalised samples into per-GPU, per-job buckets (mean per bucket; fb_used: max; copies of one
+    job's series: max). Series with different job labels stay separate rows; each row's observed seconds
+    and span come from its sample instants (:mod:`connectors._coverage`)."""
 
     def __init__(self, cluster: str, bucket_seconds: int, problems: Problems) -> None:
         self.cluster, self.bucket_s, self.problems = cluster, bucket_seconds, problems
-        self._accs: dict[tuple[str, int, str, int], _Acc] = {}
+        self._accs: dict[tuple[str, int, str, int, str], _Acc] = {}
 
     def add(self, host: str, gpu: int, instance: str, metric: str, value: float, ts: float,
             where: tuple[str, str], *, uuid: str | None = None, model: str | None = None,
@@ -162,9 +166,10 @@ class BucketBuilder:
         if clamped:
             self.problems.clamp(where[0], f"{metric}>1")
         start = int(ts // self.bucket_s) * self.bucket_s
-        acc = self._accs.get((host, gpu, instance, start))
+        key = (host, gpu, instance, start, job_key(labels or {}))
+        acc = self._accs.get(key)
         if acc is None:
-            acc = self._accs[(host, gpu, instance, start)] = _Acc()
+            acc = self._accs[key] = _Acc()
         acc.uuid = uuid or acc.uuid
         acc.model = model or acc.model
         acc.instants.add(ts)
@@ -176,10 +181,16 @@ class BucketBuilder:
                 acc.labels.setdefault(k, set()).add(lv)
 
     def buckets(self) -> Iterator[GpuBucket]:
-        for (host, gpu, instance, start), acc in sorted(self._accs.items()):
+        steps: dict[tuple[str, int, str], set[float]] = {}
+        for (host, gpu, instance, _start, _job), acc in self._accs.items():
+            steps.setdefault((host, gpu, instance), set()).update(acc.instants)
+        step = {k: interval(v) for k, v in steps.items()}
+        for (host, gpu, instance, start, job), acc in sorted(self._accs.items()):
+            obs, sp_s, sp_e = coverage(acc.instants, start, self.bucket_s, step[(host, gpu, instance)])
             b = GpuBucket(cluster=self.cluster, host=host, gpu=gpu, gpu_instance=instance,
                           start=datetime.fromtimestamp(start, UTC), seconds=self.bucket_s,
-                          samples=len(acc.instants), uuid=acc.uuid, model=acc.model)
+                          samples=len(acc.instants), uuid=acc.uuid, model=acc.model, observed_s=obs,
+                          span_start=sp_s, span_end=sp_e, job=job)
             for fname, per_ts in acc.values.items():
                 vals = list(per_ts.values())
                 setattr(b, fname, max(vals) if fname == "fb_used_mib" else math.fsum(vals) / len(vals))

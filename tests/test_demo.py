@@ -94,3 +94,25 @@ def test_demo_capacity_and_reports(demo: tuple[dict, Path]) -> None:
     text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
     assert "CAPACITY" in text_report and "934.0" in text_report
     assert {Path(p).suffix for p in data["reports"]} == {".html", ".txt", ".md", ".json", ".csv"}
+
+
+def test_demo_util_only_site_is_observed_not_unknown(demo: tuple[dict, Path],
+                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 14: the same week from an exporter without profiling fields. The samples are the same, so
+    observed and unknown time are the same as with DCGM (unknown = the 6-hour exporter gap of job 1030 and
+    the no-telemetry job); none of it is SM-verified, all of it is GPU-Util only, and the report advises
+    the counters file."""
+    out = tmp_path_factory.mktemp("demo-util")
+    res = CliRunner().invoke(main, ["--json", "demo", "--out", str(out), "--now", "2026-11-29T00:00",
+                                    "--telemetry", "util-only"])
+    assert res.exit_code == 0, res.output
+    u, d = json.loads(res.stdout), demo[0]
+    assert d["util_only_gpu_hours"] == 0 and d["verified_gpu_hours"] == pytest.approx(d["observed_gpu_hours"])
+    assert u["verified_gpu_hours"] == 0 and u["effective_gpu_hours"] == 0
+    assert u["util_only_gpu_hours"] == pytest.approx(d["observed_gpu_hours"])
+    assert u["util_only_gpu_hours"] == pytest.approx(u["busy_unverified_gpu_hours"] + u["idle_by_util_gpu_hours"])
+    assert u["unknown_gpu_hours"] == pytest.approx(d["unknown_gpu_hours"]) and u["coverage"] == pytest.approx(
+        d["coverage"])
+    assert u["busy_unverified_gpu_hours"] > 0 and u["findings"].get("unmonitored") == d["findings"]["unmonitored"]
+    assert "dcgm-counters.csv" in (u["advice"] or "") and d["advice"] is None
+    assert "dcgm-counters.csv" in (out / "reports" / f"report-{u['run_id']}.txt").read_text()

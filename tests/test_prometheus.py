@@ -52,7 +52,8 @@ def generator() -> Any:
 
 
 def expected_buckets(state: dict, bucket_s: int, nan: str) -> dict[tuple, dict[str, Any]]:
-    """Buckets from the raw samples: per instant the max over series copies, then the bucket mean (fb: max);
+    """Buckets from the raw samples, one per GPU, bucket and job label: per instant the max over series copies,
+    then the bucket mean (fb: max);
     ratios clamped at 1; ``nan="bucket"``: a NaN spoils its bucket's value (server-side avg), ``"sample"``:
     only the sample is dropped (scrape files). samples = SM_ACTIVE instants, else GPU_UTIL instants."""
     per: dict[tuple, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -64,7 +65,9 @@ def expected_buckets(state: dict, bucket_s: int, nan: str) -> dict[tuple, dict[s
             continue
         host = lab.get("Hostname") or lab.get("hostname") or lab["instance"].split(":")[0]
         gpu = int(lab["gpu"]) if "gpu" in lab else index[lab["uuid"]]
-        key = (host, gpu, lab.get("GPU_I_ID", ""), ts - ts % bucket_s)
+        # series of one GPU with different job labels are separate rows (definitions.md "sub-rows")
+        job = lab.get("hpc_job") or (f"{lab.get('namespace', '')}/{lab['pod']}" if lab.get("pod") else "")
+        key = (host, gpu, lab.get("GPU_I_ID", ""), ts - ts % bucket_s, job)
         fname, div = FIELDS[metric]
         old = per[key][fname].get(ts)
         v = value / div
@@ -90,7 +93,7 @@ def expected_buckets(state: dict, bucket_s: int, nan: str) -> dict[tuple, dict[s
 
 
 def compare(buckets: list, expected: dict[tuple, dict[str, Any]]) -> None:
-    got = {(b.host, b.gpu, b.gpu_instance, int(b.start.timestamp())): b for b in buckets}
+    got = {(b.host, b.gpu, b.gpu_instance, int(b.start.timestamp()), b.job_key()): b for b in buckets}
     assert len(got) == len(buckets), "duplicate buckets"
     assert set(got) == set(expected)
     for key, row in expected.items():
@@ -145,7 +148,11 @@ def test_labels_aliases_rename_gap_mig_and_fallback(state: dict) -> None:
     assert all(b.gpu_util > 0.95 and b.sm_active < 0.05 for b in spin)  # the util mirage
     assert {(b.pod, b.namespace, b.container) for b in spin} == {("spin-7f9c", "team-a", "main")}
     idle = by_gpu[("node-a", 1, "")]
-    assert {b.hpc_job for b in idle} == {"101,102"} and {b.fb_used_mib for b in idle} == {30000.0}
+    # two job series of one GPU: two sub-rows per bucket (never merged), same device-wide values;
+    # 10 samples at 30 s in a full 300 s bucket -> observed 300 s (interval estimated as 300 / 10)
+    assert {b.hpc_job for b in idle} == {"101", "102"} and {b.fb_used_mib for b in idle} == {30000.0}
+    assert {b.job for b in idle} == {"101", "102"} and len(idle) == 2 * len({b.start for b in idle})
+    assert {b.observed_s for b in idle if b.samples == 10} == {300.0}
     work = sorted(by_gpu[("node-b", 0, "")], key=lambda b: b.start)
     start = state["start"]
     hours = {int((b.start.timestamp() - start) // 3600) for b in work}
@@ -166,9 +173,9 @@ def test_labels_aliases_rename_gap_mig_and_fallback(state: dict) -> None:
 def test_chunking_gives_the_same_buckets_without_duplicates(state: dict) -> None:
     whole, _ = pull(state)
     chunked, _ = pull(state, max_points_per_query=7)
-    key = [(b.host, b.gpu, b.gpu_instance, b.start) for b in chunked]
+    key = [(b.host, b.gpu, b.gpu_instance, b.start, b.job) for b in chunked]
     assert len(key) == len(set(key)) and sorted(key) == sorted(
-        (b.host, b.gpu, b.gpu_instance, b.start) for b in whole)
+        (b.host, b.gpu, b.gpu_instance, b.start, b.job) for b in whole)
     hourly, _ = pull(state, chunk_hours=1)
     assert {(b.host, b.gpu, b.start, b.sm_active, b.samples) for b in hourly} == \
         {(b.host, b.gpu, b.start, b.sm_active, b.samples) for b in whole}

@@ -263,9 +263,9 @@ from auditor import config
 from auditor.collect import collect
 from auditor.store import Store
 calls, real = [], ingest.ingest_buckets
-def killing(conn, buckets, cache):
+def killing(conn, buckets, cache, *rest):
     calls.append([[b.gpu, int(b.start.timestamp())] for b in buckets])
-    n = real(conn, buckets, cache)
+    n = real(conn, buckets, cache, *rest)
     if len(calls) == 3:  # the third batch is written inside its transaction, not committed
         Path(sys.argv[2]).write_text(json.dumps(calls))
         os.kill(os.getpid(), signal.SIGKILL)

@@ -136,7 +136,7 @@ def test_timestamps_prometheus_ms_and_openmetrics_seconds(tmp_path: Path) -> Non
     assert second.sm_active == pytest.approx(0.9) and second.samples == 1
 
 
-def test_copies_per_hpc_job_are_not_summed_and_labels_merge(tmp_path: Path) -> None:
+def test_copies_per_hpc_job_are_not_summed_and_stay_separate_rows(tmp_path: Path) -> None:
     base = 'gpu="1",UUID="GPU-2",hostname="n2",instance="10.0.0.2:9400"'
     lines = []
     for job in ("7", "8"):
@@ -145,10 +145,15 @@ def test_copies_per_hpc_job_are_not_summed_and_labels_merge(tmp_path: Path) -> N
                   f'DCGM_FI_DEV_POWER_USAGE{{{base},hpc_job="{job}"}} 100 {T0 * 1000}']
     (tmp_path / "jobs.prom").write_text("\n".join(lines) + "\n")
     buckets, _ = collect(["jobs.prom"], base=tmp_path)
-    b = one(buckets, gpu=1)
-    assert b.host == "n2" and b.hpc_job == "7,8"
-    assert b.fb_used_mib == 3000  # max over the bucket, not 1000+3000 nor the copies summed
-    assert b.power_w == 100 and b.samples == 2
+    # one sub-row per job label (definitions.md: never merged); each: 2 instants 30 s apart -> interval
+    # 30 s, observed 2 x 30 = 60 s, span [T0, T0 + 60)
+    for job in ("7", "8"):
+        b = one(buckets, gpu=1, job=job)
+        assert b.host == "n2" and b.hpc_job == job
+        assert b.fb_used_mib == 3000  # max over the bucket, not 1000+3000 nor the copies summed
+        assert b.power_w == 100 and b.samples == 2
+        assert b.observed_s == 60.0
+        assert (int(b.span_start.timestamp()), int(b.span_end.timestamp())) == (T0, T0 + 60)
 
 
 def test_bad_values_quarantined_with_file_and_line_and_mig_clamped(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 gpu_buckets gains ``job`` (in the primary key: series of one GPU with different job labels stay apart),
 ``observed_s`` (seconds the samples cover; existing rows: bucket_s when they had samples, else 0) and
 ``span_start``/``span_end``. telemetry_gpus gains ``has_jobs``; usage_gpu/usage_allocation gain
-``busy_unverified_s``; ``store_meta`` records the bucket width the data was collected at.
+``busy_unverified_s`` and ``idle_peak_fb_mib``; ``store_meta`` records the bucket width the data was collected at.
 
 Revision ID: 0003_verdict
 Revises: 0002
@@ -86,10 +86,13 @@ def upgrade() -> None:
                                       "may need combining)."))
     op.execute("UPDATE telemetry_gpus SET has_jobs = 1 WHERE id IN (SELECT DISTINCT gpu_id FROM gpu_buckets "
                "WHERE job <> '')")
-    for table in ("usage_gpu", "usage_allocation"):
+    for table, held in (("usage_gpu", "Peak frame buffer held in idle or mirage buckets, MiB (a live process "
+                                      "holding the GPU while idle)."),
+                        ("usage_allocation", "Peak frame buffer held on any of its GPUs while idle or mirage, MiB.")):
         with op.batch_alter_table(table, schema=None) as batch_op:
             batch_op.add_column(sa.Column("busy_unverified_s", sa.Float(), server_default="0", nullable=False,
                                           comment=BUSY))
+            batch_op.add_column(sa.Column("idle_peak_fb_mib", sa.Float(), nullable=True, comment=held))
     op.create_table(
         "store_meta",
         sa.Column("key", sa.String(length=64), nullable=False, comment="Setting, e.g. bucket_seconds or "
@@ -105,6 +108,7 @@ def downgrade() -> None:
     op.drop_table("store_meta")
     for table in ("usage_allocation", "usage_gpu"):
         with op.batch_alter_table(table, schema=None) as batch_op:
+            batch_op.drop_column("idle_peak_fb_mib")
             batch_op.drop_column("busy_unverified_s")
     with op.batch_alter_table("telemetry_gpus", schema=None) as batch_op:
         batch_op.drop_column("has_jobs")
