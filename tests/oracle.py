@@ -225,6 +225,8 @@ class Oracle:
         self.inventory: set[tuple[str, str, int]] = set()
         self.tgpus: set[tuple[str, str, int, str]] = set()
         self.seen: Counter[str] = Counter()  # which rules this fleet exercised (coverage of the generator)
+        self.rolled_before: float | None = None  # cutoff of the latest roll-up
+        self.hourly: set[tuple] = set()  # (cluster, host, gpu, instance, hour) holding a rolled-up row
 
     # -- store ------------------------------------------------------------------------------------
     def ingest(self, records: list[Any]) -> None:
@@ -232,6 +234,12 @@ class Oracle:
             if isinstance(r, GpuBucket):
                 row = row_of(r)
                 self.tgpus.add((row.cluster, row.host, row.gpu, row.instance))
+                # CHOICE (issue 13 "a backfill after a prune double counts"): a fine row re-collected for a GPU
+                # hour that a roll-up already holds is dropped; the hourly row keeps that hour
+                if row.bucket_s < HOUR and self.rolled_before is not None and row.ts < self.rolled_before and \
+                        (row.cluster, row.host, row.gpu, row.instance, row.ts // HOUR * HOUR) in self.hourly:
+                    self.seen["re-collected fine row for a rolled-up hour dropped"] += 1
+                    continue
                 old = self.rows.get(row.key)
                 if old is not None and old != row:
                     self.seen["merge of differing rows"] += 1
@@ -252,6 +260,7 @@ class Oracle:
         span the hull of the sampled rows' spans ("first sample time to last sample time + interval": a row
         without samples has no sample times). An hourly row already there is folded in."""
         cutoff = int(now - keep_weeks * WEEK) // HOUR * HOUR
+        self.rolled_before = max(cutoff, self.rolled_before or cutoff)
         groups: dict[tuple, list[Row]] = defaultdict(list)
         for r in list(self.rows.values()):
             if r.ts < cutoff:
@@ -278,6 +287,7 @@ class Oracle:
             new = Row(hk[0], hk[1], hk[2], hk[3], hk[4], hk[5], HOUR, sum(r.samples for r in rows),
                       min(float(HOUR), sum(r.observed_s for r in rows)), span, metrics)
             self.rows[new.key] = new
+            self.hourly.add(hk[:5])
 
     # -- audit ------------------------------------------------------------------------------------
     def _by_gpu(self) -> dict[tuple, dict[float, list[Row]]]:

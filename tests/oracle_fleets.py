@@ -11,6 +11,8 @@ compared with the code today.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ ALL_FEATURES = {
     "rollup": "db prune roll-ups to hourly buckets before the audit",
     "min_finding": "findings below min_finding_gpu_hours are not listed",
     "id_reuse": "a job id reused by a later job",
+    "backfill": "telemetry re-collected after a prune for hours already rolled up (dropped, never counted twice)",
     "rollup_unsampled": "rows without samples in an hour that is rolled up (the hourly span must not cover them)",
 }
 
@@ -56,6 +59,9 @@ def detect() -> frozenset[str]:
         on |= {"subrows", "exact_labels"}
     if "observed_s" in schema.gpu_buckets.c:
         on |= {"merge", "rollup"}
+    if hasattr(importlib.import_module("auditor.meta") if importlib.util.find_spec("auditor.meta") else None,
+               "rolled_up_before"):
+        on.add("backfill")
     if "min_finding_gpu_hours" in Thresholds.model_fields:
         on.add("min_finding")
     uniq = [c for c in schema.allocations.constraints if c.__class__.__name__ == "UniqueConstraint"]
@@ -307,6 +313,9 @@ def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
         later = [("ingest", new(tele))]
         later.insert(draw(st.integers(0, 1)), ("ingest", new(second)))
         ops += later
+        if "backfill" in features and draw(st.integers(0, 2)) == 0:  # an overlapping re-collection
+            back = [r for r in old(tele) if isinstance(r, GpuBucket)]
+            ops.insert(len(ops) - draw(st.integers(0, 2)), ("ingest", back[draw(st.integers(0, len(back))):]))
     if draw(st.integers(0, 3)) == 0:  # re-collection: the same rows again change nothing
         again = [r for r in tele if isinstance(r, GpuBucket)]
         again = new(again) if cutoff is not None else again

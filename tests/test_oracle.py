@@ -38,7 +38,7 @@ SECONDS = ("reserved", "observed", "idle", "idle_by_util", "mirage", "low", "wor
            "unknown", "effective")
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.service)])
 def oracle_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """One migrated store per engine for all examples (tables are emptied between fleets)."""
     if request.param == "sqlite":
@@ -188,7 +188,7 @@ def check(store: Store, fleet: Fleet) -> None:
     STATS["findings"] = STATS.get("findings", 0) + sum(len(r.findings) for r in want.values())
 
 
-@pytest.mark.service
+@pytest.mark.slow
 def test_audit_equals_oracle(oracle_store: Store, capsys: pytest.CaptureFixture[str]) -> None:
     """At least EXAMPLES generated fleets per engine, reproducibly (derandomized, no example database)."""
     STATS.clear()
