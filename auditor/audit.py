@@ -63,15 +63,29 @@ JOIN telemetry_gpus tg ON tg.cluster = a.cluster AND tg.host = ag.node AND tg.gp
  AND tg.gpu_index = ag.slot
 WHERE ag.gpu_index IS NULL AND ag.share >= 1 AND """ + _IN_WINDOW
 
-# telemetry GPUs of the node whose rows overlapping the reserved interval name the allocation exactly
-LABEL_CANDIDATES = """SELECT DISTINCT ag.allocation_id, ag.node, tg.id AS gpu_id, tg.gpu_index
-FROM allocations a JOIN allocated_gpus ag ON ag.allocation_id = a.id
-JOIN telemetry_gpus tg ON tg.cluster = a.cluster AND tg.host = ag.node AND tg.has_jobs = 1
-JOIN gpu_buckets b ON b.gpu_id = tg.id AND b.bucket_ts >= {GREATEST}(a.start_ts, :since) - """ + str(LOOKBACK) + """
+# telemetry GPUs of the node whose rows overlapping the reserved interval name the allocation exactly: rows
+# labelled with the job alone (an equality the engine can hash), plus comma-joined labels that list it
+# (CROSS JOIN: SQLite keeps this order, from the few count-only GPUs to their node's buckets; left to itself
+# it started from the labelled telemetry GPUs and paired each with every allocation of the cluster)
+_LABEL_PART = """SELECT DISTINCT ag.allocation_id, ag.node, tg.id AS gpu_id, tg.gpu_index
+FROM allocated_gpus ag CROSS JOIN allocations a CROSS JOIN telemetry_gpus tg CROSS JOIN gpu_buckets b
+WHERE ag.gpu_index IS NULL AND ag.id NOT IN (SELECT allocated_gpu_id FROM _attr) AND a.id = ag.allocation_id
+ AND tg.cluster = a.cluster AND tg.host = ag.node AND tg.has_jobs = 1
+ AND b.gpu_id = tg.id AND b.bucket_ts >= {GREATEST}(a.start_ts, :since) - """ + str(LOOKBACK) + """
  AND b.bucket_ts < {LEAST}(COALESCE(a.end_ts, :horizon), :horizon)
- AND b.bucket_ts + b.bucket_s > {GREATEST}(a.start_ts, :since)
-WHERE ag.gpu_index IS NULL AND ag.id NOT IN (SELECT allocated_gpu_id FROM _attr) AND {MATCH}
- AND """ + _IN_WINDOW + " ORDER BY ag.allocation_id, ag.node, tg.gpu_index, tg.id"
+ AND b.bucket_ts + b.bucket_s > {GREATEST}(a.start_ts, :since) AND {COND} AND """ + _IN_WINDOW
+
+
+def label_candidates(dialect: str) -> str:
+    """PostgreSQL: the exact-label rows by an equality it can hash, plus the comma-joined labels; SQLite
+    (nested loops either way): one pass with the full match."""
+    match = job_match(dialect, "b.job", JOB_KEY)
+    if dialect != "postgresql":
+        return _LABEL_PART.replace("{COND}", match) + " ORDER BY ag.allocation_id, ag.node, tg.gpu_index, tg.id"
+    return ("SELECT * FROM (" + _LABEL_PART.replace("{COND}", "b.job = " + JOB_KEY) + " UNION "
+            + _LABEL_PART.replace("{COND}", "b.job LIKE '%,%' AND " + match)
+            + ") c ORDER BY allocation_id, node, gpu_index, gpu_id")
+
 
 UNRESOLVED = """SELECT ag.id, a.id AS allocation_id, ag.node, ag.slot FROM allocations a
 JOIN allocated_gpus ag ON ag.allocation_id = a.id
@@ -225,8 +239,9 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             p = {k: v for k, v in params.items() if not k.startswith("_")}
             conn.execute(text(ATTR_BY_INDEX.format(**fn)), p)
             conn.execute(text(ATTR_BY_NODE.format(**fn)), p)
-            match = job_match(conn.dialect.name, "b.job", JOB_KEY)
-            attribute_by_labels(conn, LABEL_CANDIDATES.format(**fn, MATCH=match), {**p, "_cf": cluster_filter})
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("ANALYZE _attr"))  # a temporary table has no statistics: plans go wrong
+            attribute_by_labels(conn, label_candidates(conn.dialect.name).format(**fn), {**p, "_cf": cluster_filter})
             conn.execute(text(ATTR_REST.format(**fn)), p)
             judge(conn, fn, {**p, "run_id": run_id}, th)
             # fresh statistics, so the findings' per-allocation lookups use (run_id, allocation_id) and do not

@@ -30,10 +30,7 @@ def episodes_sql(dialect: str, th: Thresholds, ids: str) -> str:
     candidate GPUs: a new island starts where the previous idle bucket of the same GPU ended before this
     one began (a working or missing bucket in between). Seconds are observed seconds."""
     g, le = judge.fns(dialect)
-    keys = [(f"c.{k}", k) for k in ("gid", "aid", "gpu_index", "share", "a_s", "a_e")]
-    frm = (f"FROM c JOIN gpu_buckets b ON b.gpu_id = c.gpu_id AND b.bucket_ts >= c.a_s - {judge.LOOKBACK}"
-           " AND b.bucket_ts < c.a_e AND b.bucket_ts + b.bucket_s > c.a_s")
-    rows = judge.judged_rows(dialect, th, keys, frm, "c.jkey", lab="c.lab")
+    rows = judge.rows_of(dialect, th, "c", "cc", ["gid", "aid", "gpu_index", "share"])
     return f"""WITH c AS (
   SELECT u.allocated_gpu_id AS gid, u.allocation_id AS aid, u.gpu_id, u.gpu_index, ag.share,
    {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey,
@@ -46,7 +43,7 @@ def episodes_sql(dialect: str, th: Thresholds, ids: str) -> str:
  i AS (
   SELECT j.gid, j.aid, j.gpu_index, j.share, j.a_s, j.a_e, j.bucket_ts AS t0, j.bucket_ts + j.bucket_s AS t1,
    j.obs AS ov, CASE WHEN j.v = {verdict.MIRAGE} THEN 1 ELSE 0 END AS m
-  FROM ({rows}) j WHERE {_IDLE}),
+  FROM {rows} WHERE {_IDLE}),
  f AS (SELECT i.*, CASE WHEN LAG(i.t1) OVER (PARTITION BY i.gid ORDER BY i.t0) >= i.t0 THEN 0 ELSE 1 END
         AS brk FROM i),
  g AS (SELECT f.*, SUM(f.brk) OVER (PARTITION BY f.gid ORDER BY f.t0 ROWS UNBOUNDED PRECEDING) AS isl
@@ -76,16 +73,13 @@ def resv_idle_sql(dialect: str, th: Thresholds) -> str:
     """Idle (observed, :mod:`auditor.verdict`) GPU-seconds of the jobs inside each reservation."""
     fn = dict(zip(("G", "L"), judge.fns(dialect), strict=True))
     x = ("""SELECT r.id AS rid, u.allocated_gpu_id AS gid, u.gpu_id, ag.share, {G}(a.start_ts, r.start_ts, :since)
-       AS w_s, {L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon) AS w_e, tg.has_jobs AS lab, """
+       AS a_s, {L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon) AS a_e, tg.has_jobs AS lab, """
          + judge.JOB_KEY + " AS jkey "
          + _RESV_JOBS.replace("WHERE", """JOIN usage_gpu u ON u.allocation_id = a.id AND u.run_id = :run
        AND u.gpu_id IS NOT NULL JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id
        JOIN telemetry_gpus tg ON tg.id = u.gpu_id WHERE""")).format(**fn)
-    keys = [("x.rid", "rid"), ("x.gid", "gid"), ("x.share", "share"), ("x.w_s", "a_s"), ("x.w_e", "a_e")]
-    frm = (f"FROM ({x}) x JOIN gpu_buckets b ON b.gpu_id = x.gpu_id AND b.bucket_ts >= x.w_s - {judge.LOOKBACK}"
-           " AND b.bucket_ts < x.w_e AND b.bucket_ts + b.bucket_s > x.w_s")
-    rows = judge.judged_rows(dialect, th, keys, frm, "x.jkey", lab="x.lab")
-    return f"SELECT j.rid, SUM(j.share * j.obs) AS idle_s FROM ({rows}) j WHERE {_IDLE} GROUP BY j.rid"
+    rows = judge.rows_of(dialect, th, f"({x})", "x", ["rid", "gid", "share"])
+    return f"SELECT j.rid, SUM(j.share * j.obs) AS idle_s FROM {rows} WHERE {_IDLE} GROUP BY j.rid"
 
 
 def _fn(conn: Connection) -> dict[str, str]:
@@ -124,7 +118,7 @@ def idle_episodes(conn: Connection, run_id: int, working: list[dict[str, Any]], 
 
     ep_s = th.episode_hours * H
     cands = {r["allocation_id"]: r for r in working
-             if r["low_s"] + r["working_s"] > 0 and r["idle_s"] + r["mirage_s"] > 0}
+             if r["low_s"] + r["working_s"] + r["busy_unverified_s"] > 0 and r["idle_s"] + r["mirage_s"] > 0}
     spans: dict[int, list[Any]] = defaultdict(list)
     ids = sorted(cands)
     for i in range(0, len(ids), CHUNK):

@@ -6,9 +6,10 @@ Which telemetry rows apply: a bucket of one telemetry GPU may hold several sub-r
 applicable rows are combined first (observed seconds summed up to the bucket width, metrics weighted by
 observed seconds, spans joined). Then, per (allocated GPU, bucket):
 
-- ``ov`` = reserved seconds inside the bucket (the row's own width: 300 s fine, 3600 s rolled up);
-- ``obs`` = min(reserved seconds inside the sampled span, observed seconds) when there were samples;
-- ``v`` = the verdict code of :mod:`auditor.verdict` (``obs`` = 0 is unknown).
+- the bucket counts when it overlaps the reserved interval by its own width (300 s fine, 3600 s rolled up);
+- ``obs`` = min(reserved seconds inside the sampled span, observed seconds) when there were samples, else 0;
+- ``v`` = the verdict code of :mod:`auditor.verdict` (no samples: unknown). Reserved time without ``obs``
+  is unknown: the audit's unknown = reserved - observed.
 
 Used by the audit on both engines, idle episodes and idle reservations, so all read the same rows.
 """
@@ -38,7 +39,9 @@ def fns(dialect: str) -> tuple[str, str]:
 def job_match(dialect: str, job: str, key: str) -> str:
     """The comma-separated job list ``job`` names ``key`` exactly (``123_4`` never matches ``12314``)."""
     pos = "strpos" if dialect == "postgresql" else "instr"
-    return f"({job} <> '' AND {pos}(',' || {job} || ',', ',' || {key} || ',') > 0)"
+    # equality first (the common single-job label), the list search only for comma-joined labels
+    return (f"({job} <> '' AND ({job} = {key} OR ({job} LIKE '%,%' AND "
+            f"{pos}(',' || {job} || ',', ',' || {key} || ',') > 0)))")
 
 
 def _raw(name: str) -> str:
@@ -55,7 +58,6 @@ def judged_rows(dialect: str, th: Thresholds, keys: list[tuple[str, str]], frm: 
     never had one, skipping the check), and the rows naming the allocation (``jkey``) combined per bucket
     (rarely more than one). ``correlated``: ``keys`` come from an outer query (SQLite cannot group by
     them)."""
-    g, le = fns(dialect)
     ks = dict((a, e) for e, a in keys)
     a_s, a_e = ks["a_s"], ks["a_e"]
     k = ", ".join(f"{e} AS {a}" for e, a in keys)
@@ -155,3 +157,21 @@ def sqlite_rows(th: Thresholds, frm: str, jkey: str, *, grouped: bool) -> str:
     if not grouped:
         return f"SELECT {_judged_cols(th, b, 't.a_s', 't.a_e', _IO)} {frm} AND b.job = '' LIMIT -1"
     return judged_rows("sqlite", th, [("t.a_s", "a_s"), ("t.a_e", "a_e")], frm, jkey, correlated=True)
+
+
+def rows_of(dialect: str, th: Thresholds, src: str, alias: str, names: list[str]) -> str:
+    """A FROM item ``j``: the judged rows of every candidate row of ``src`` (aliased ``alias``, with
+    columns gpu_id, a_s, a_e, jkey, lab and ``names``, which j carries along). PostgreSQL reads each
+    candidate's buckets through a LATERAL index scan (a join of a handful of candidates was planned as a
+    scan of the whole bucket table); SQLite's planner walks the index by itself."""
+    a = alias
+    cond = (f"b.gpu_id = {a}.gpu_id AND b.bucket_ts >= {a}.a_s - {LOOKBACK} AND b.bucket_ts < {a}.a_e"
+            f" AND b.bucket_ts + b.bucket_s > {a}.a_s")
+    keys = [(f"{a}.{k}", k) for k in (*names, "a_s", "a_e")]
+    if dialect == "postgresql":
+        rows = judged_rows(dialect, th, keys, f"FROM gpu_buckets b WHERE {cond}", f"{a}.jkey", lab=f"{a}.lab",
+                           correlated=True)
+        return f"{src} {a} CROSS JOIN LATERAL ({rows}) j"
+    rows = judged_rows(dialect, th, keys, f"FROM {src} {a} JOIN gpu_buckets b ON {cond}", f"{a}.jkey",
+                       lab=f"{a}.lab")
+    return f"({rows}) j"

@@ -234,12 +234,13 @@ def _gpu_buckets(spec: FleetSpec, host: str, g: int, jobs: list[Job], starts: li
             pod, ns = f"{job.behaviour}-{job.ext_id}", job.account
         if profiling:
             yield GpuBucket(cluster, host, g, start, bs, samples, uuid, model, gpu_util=m["gpu_util"] / 100.0,
-                            sm_active=m["sm_active"], tensor_active=m["tensor_active"],
+                            observed_s=float(bs), sm_active=m["sm_active"], tensor_active=m["tensor_active"],
                             dram_active=m["dram_active"], fb_used_mib=m["fb_used_mib"], power_w=m["power_w"],
                             pod=pod, namespace=ns)
         else:
             yield GpuBucket(cluster, host, g, start, bs, samples, uuid, model, gpu_util=m["gpu_util"] / 100.0,
-                            fb_used_mib=m["fb_used_mib"], power_w=m["power_w"], pod=pod, namespace=ns)
+                            observed_s=float(bs), fb_used_mib=m["fb_used_mib"], power_w=m["power_w"], pod=pod,
+                            namespace=ns)
 
 
 def fleet_records(spec: FleetSpec) -> Iterator[Record]:

@@ -128,6 +128,21 @@ def test_rollup_keeps_observed_seconds_and_backfill_does_not_double_count(store:
     assert {k: u[k] for k in want} == pytest.approx(want)
 
 
+def test_rolled_up_span_starts_at_the_first_sample(store: Store) -> None:
+    """(Found by the reference oracle.) 10:00 and 10:05 rows have no samples, 10:10-10:55 ten idle rows do.
+    Job 10:00-10:10: before the roll-up 600 s unknown. The hourly row: observed 10 x 300 = 3000 s, span
+    [10:10, 11:00) (rows without samples have no sample times), so the job's [10:00, 10:10) meets no span:
+    still 600 s unknown and 0 idle (before: the hull started at 10:00 and 600 s read idle)."""
+    recs = [job("1", [AllocatedGpu("n1", 0)], minutes=10), b5("n1", 0, T0, 0), b5("n1", 0, T0 + 5 * M, 0),
+            *(b5("n1", 0, T0 + k * 5 * M, 10, sm_active=0.0) for k in range(2, 12))]
+    store.ingest(recs)
+    u = audit(store)["1"]
+    assert (u["idle_s"], u["unknown_s"]) == (0, pytest.approx(600))
+    _prune(store)
+    u = audit(store)["1"]
+    assert (u["idle_s"], u["unknown_s"]) == (0, pytest.approx(600))
+
+
 def test_hourly_rows_found_by_their_own_width(store: Store) -> None:
     """Fully sampled working hours 10:00-12:00, rolled up; job 10:30-11:30. Hour 10 overlaps 1800 s, hour
     11 1800 s, both fully observed: working 3600 = reserved, unknown 0 (before: the 10:00 hourly row

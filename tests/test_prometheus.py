@@ -344,3 +344,21 @@ def test_options_refuse_unknown_fields_and_braced_matchers() -> None:
         PrometheusTelemetry.Options(url="http://x", metrics=["sm_util"])
     with pytest.raises(ValueError, match="without braces"):
         PrometheusTelemetry.Options(url="http://x", matchers='{cluster="a"}')
+
+
+def test_job_rows_get_observed_seconds_from_their_samples() -> None:
+    """Merge output for one GPU: job A's series fills bucket 0 (10 samples), job B's series starts late in
+    bucket 1 (2 samples). Interval estimated as 300 / 10 = 30 s: A observed 300 s, B 2 x 30 = 60 s, each
+    its own row. With sample_interval_s = 15: A min(300, 150) = 150 s, B 30 s."""
+    from connectors.prometheus import Merge
+
+    def rows() -> dict:
+        return {(0, "A"): {"_meta": (None, None, (("hpc_job", "A"),)), "_count_sm_active": {"c": 10},
+                           "sm_active": 0.0},
+                (300, "B"): {"_meta": (None, None, (("hpc_job", "B"),)), "_count_sm_active": {"c": 2},
+                             "sm_active": 0.9}}
+
+    got = [(b.job, b.hpc_job, b.samples, b.observed_s) for b in Merge._gpu("c", 300, "n1", 0, "", rows())]
+    assert got == [("A", "A", 10, 300.0), ("B", "B", 2, 60.0)]
+    got = [(b.job, b.observed_s) for b in Merge._gpu("c", 300, "n1", 0, "", rows(), 15.0)]
+    assert got == [("A", 150.0), ("B", 30.0)]

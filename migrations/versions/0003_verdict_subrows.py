@@ -105,20 +105,24 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Back to one row per GPU and bucket: of several job rows the one with the smallest job key stays."""
     op.drop_table("store_meta")
     for table in ("usage_allocation", "usage_gpu"):
-        with op.batch_alter_table(table, schema=None) as batch_op:
-            batch_op.drop_column("idle_peak_fb_mib")
-            batch_op.drop_column("busy_unverified_s")
-    with op.batch_alter_table("telemetry_gpus", schema=None) as batch_op:
-        batch_op.drop_column("has_jobs")
-    op.execute("DELETE FROM gpu_buckets WHERE job <> '' AND EXISTS (SELECT 1 FROM gpu_buckets o WHERE "
-               "o.gpu_id = gpu_buckets.gpu_id AND o.bucket_ts = gpu_buckets.bucket_ts AND o.job < gpu_buckets.job)")
-    with op.batch_alter_table("gpu_buckets", schema=None, recreate="always",
-                              table_kwargs={"sqlite_with_rowid": False}) as batch_op:
-        batch_op.drop_constraint("pk_gpu_buckets", type_="primary")
-        batch_op.drop_column("job")
-        batch_op.drop_column("observed_s")
-        batch_op.drop_column("span_start")
-        batch_op.drop_column("span_end")
-        batch_op.create_primary_key("pk_gpu_buckets", ["gpu_id", "bucket_ts"])
+        op.execute(f"ALTER TABLE {table} DROP COLUMN idle_peak_fb_mib")
+        op.execute(f"ALTER TABLE {table} DROP COLUMN busy_unverified_s")
+    op.execute("ALTER TABLE telemetry_gpus DROP COLUMN has_jobs")
+    old = [c for c in _bucket_columns() if c.name not in ("job", "observed_s", "span_start", "span_end")]
+    op.create_table(
+        "gpu_buckets_v2", *old,
+        sa.ForeignKeyConstraint(["gpu_id"], ["telemetry_gpus.id"], name="fk_gpu_buckets_v2_gpu_id"),
+        sa.PrimaryKeyConstraint("gpu_id", "bucket_ts", name="pk_gpu_buckets_v2"),
+        comment="Normalised per-GPU telemetry buckets (never raw samples).", sqlite_with_rowid=False)
+    cols = ", ".join(OLD_COLS)
+    op.execute(f"INSERT INTO gpu_buckets_v2 ({cols}) SELECT {cols} FROM gpu_buckets b WHERE NOT EXISTS (SELECT 1 "
+               "FROM gpu_buckets o WHERE o.gpu_id = b.gpu_id AND o.bucket_ts = b.bucket_ts AND o.job < b.job)")
+    op.drop_table("gpu_buckets")
+    op.rename_table("gpu_buckets_v2", "gpu_buckets")
+    if op.get_context().dialect.name == "postgresql":
+        op.execute("ALTER TABLE gpu_buckets RENAME CONSTRAINT pk_gpu_buckets_v2 TO pk_gpu_buckets")
+        op.execute("ALTER TABLE gpu_buckets RENAME CONSTRAINT fk_gpu_buckets_v2_gpu_id "
+                   "TO fk_gpu_buckets_gpu_id_telemetry_gpus")

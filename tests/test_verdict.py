@@ -1,0 +1,68 @@
+"""The one verdict definition (auditor/verdict.py), executed as SQL on SQLite and PostgreSQL against a table
+of hand-written expectations (docs/definitions.md), and a check that no other module judges on its own."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from auditor import verdict
+from auditor.config import Thresholds
+from auditor.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+U, I, F, M, L, W, B = (verdict.UNKNOWN, verdict.IDLE, verdict.IDLE_BY_UTIL, verdict.MIRAGE, verdict.LOW,  # noqa: E741 - verdict initials
+                       verdict.WORKING, verdict.BUSY_UNVERIFIED)
+COLS = ("samples", "sm_active", "dram_active", "tensor_active", "gpu_util", "gr_engine", "power_w")
+
+# (thresholds, samples, sm, dram, tensor, gpu_util, gr_engine, power_w) -> verdict; defaults: idle_sm 0.05,
+# idle_dram 0.05, idle_tensor 0.01, mirage 0.5 / 0.5, working_sm 0.5, idle_util 0.05
+CASES = [
+    ({}, 0, 0.0, None, None, None, None, None, U),          # no samples: unknown, never idle
+    ({}, 10, 0.01, None, None, None, None, None, I),        # missing DRAM/Tensor do not prevent idle
+    ({}, 10, 0.01, 0.0, 0.0, 0.2, None, None, I),
+    ({}, 10, 0.05, 0.0, 0.0, None, None, None, L),          # exactly at idle_sm: not below it
+    ({}, 10, 0.05 - 1e-10, None, None, None, None, None, L),  # within 1e-9: still at the threshold
+    ({}, 10, 0.049, 0.05, None, None, None, None, L),       # DRAM at its threshold: busy memory
+    ({}, 10, 0.049, None, 0.01, None, None, None, L),       # Tensor at its threshold
+    ({}, 10, 0.01, None, None, 0.5, None, None, M),         # GPU-Util exactly 50 % is "at least"
+    ({}, 10, 0.01, None, None, 0.5 - 1e-10, None, None, M),
+    ({}, 10, 0.01, None, None, None, 0.6, None, M),         # GR engine alone makes a mirage
+    ({}, 10, 0.01, None, None, 0.49, 0.49, None, I),
+    ({}, 10, 0.5, None, None, 0.0, None, None, W),          # working_sm is "at least"
+    ({}, 10, 0.49, None, None, 1.0, None, None, L),
+    ({}, 10, None, None, None, 0.04, None, None, F),        # GPU-Util only: idle-by-util
+    ({}, 10, None, None, None, 0.05, None, None, B),        # 5 % GPU-Util is not "< 5 %"
+    ({}, 10, None, None, None, 0.9, None, None, B),         # busy by GPU-Util: observed, unverifiable
+    ({}, 10, None, None, None, None, None, 300.0, B),       # no utilization field at all: observed
+    ({"util_fallback": False}, 10, None, None, None, 0.0, None, None, B),
+    ({"idle_power_w": 100.0}, 10, None, None, None, 0.01, None, None, B),   # power required, missing
+    ({"idle_power_w": 100.0}, 10, None, None, None, 0.01, None, 50.0, F),
+    ({"idle_power_w": 100.0}, 10, None, None, None, 0.01, None, 100.0, B),  # at the power threshold
+    ({"working_sm": 0.03}, 10, 0.04, None, None, None, None, None, I),      # idle test comes first
+]
+
+
+@pytest.mark.parametrize("working_first", [False, True])
+def test_verdict_sql_on_both_engines(store: Store, working_first: bool) -> None:
+    sel = ", ".join(f"CAST(:{c} AS {'INTEGER' if c == 'samples' else 'DOUBLE PRECISION'}) AS {c}" for c in COLS)
+    got, want = [], []
+    with store.engine.connect() as conn:
+        for th, *values, expected in CASES:
+            sql = (f"SELECT {verdict.case(Thresholds(**th), verdict.prefixed('b'), working_first=working_first)}"
+                   f" FROM (SELECT {sel}) b")
+            got.append(conn.execute(text(sql), dict(zip(COLS, values, strict=True))).scalar())
+            want.append(expected)
+    assert got == want
+
+
+def test_no_other_module_judges_on_its_own() -> None:
+    """Only auditor/verdict.py compares a metric with a threshold (issue 13 section 2: one definition)."""
+    pattern = re.compile(r"(sm_active|gpu_util|dram_active|tensor_active|gr_engine)\s*[<>]=?\s*:|:(idle_sm|"
+                         r"idle_dram|idle_tensor|idle_util|working_sm|mirage_util|mirage_gr|idle_power)\b")
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "auditor").glob("*.py")
+                 if p.name != "verdict.py" and pattern.search(p.read_text())]
+    assert offenders == []
