@@ -58,7 +58,7 @@ def detect() -> frozenset[str]:
     if "job" in bucket_fields or "job" in schema.gpu_buckets.c:
         on |= {"subrows", "exact_labels"}
     if "observed_s" in schema.gpu_buckets.c:
-        on |= {"merge", "rollup"}
+        on |= {"merge", "rollup", "rollup_unsampled"}
     if hasattr(importlib.import_module("auditor.meta") if importlib.util.find_spec("auditor.meta") else None,
                "rolled_up_before"):
         on.add("backfill")

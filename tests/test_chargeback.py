@@ -240,11 +240,6 @@ def test_write_previous_month(sqlite_store: Store, tmp_path: Path) -> None:
     assert not list((tmp_path / "out").glob("*.tmp"))
 
 
-@pytest.mark.xfail(strict=True, reason="auditor/chargeback.py computes unknown_gpu_hours as reserved - (idle + mirage "
-                   "+ low + working), so busy_unverified time (observed: GPU-Util only, not verifiable) is billed as "
-                   "unknown, and there is no busy_unverified column; definitions: reserved = idle + mirage + low + "
-                   "working + busy_unverified + unknown. When this passes: drop the xfail (and add the new column "
-                   "to tests/golden/chargeback_columns.txt).")
 def test_busy_unverified_time_is_not_charged_as_unknown(sqlite_store: Store) -> None:
     # job 1 holds n1:0 for 2 h; 24 five-minute buckets with GPU-Util 0.9 and no SM activity: observed, work
     # not verifiable -> busy_unverified 2 h, unknown 0 h (the oracle says the same)
@@ -253,4 +248,4 @@ def test_busy_unverified_time_is_not_charged_as_unknown(sqlite_store: Store) -> 
     (want,) = oracle_rows(recs, cfg(), W0, W1, "account").values()
     assert (want["busy_unverified"], want["unknown"]) == (2.0, 0.0)
     (row,) = cb.chargeback(sqlite_store, cfg(), W0, W1, "account")
-    assert row["unknown_gpu_hours"] == Decimal("0")
+    assert row["unknown_gpu_hours"] == Decimal("0") and row["busy_unverified_gpu_hours"] == Decimal("2")

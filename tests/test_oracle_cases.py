@@ -1,6 +1,6 @@
 """The oracle on hand-computed cases (so the reference itself is checked against arithmetic in comments),
-and the minimal examples where the differential test found the code wrong (xfail, strict: when the code is
-fixed they pass, and the xfail must go)."""
+and the minimal examples where the differential test found the code wrong, as regression tests (xfail,
+strict, while the code is still wrong: when it is fixed they pass, and the xfail must go)."""
 
 from __future__ import annotations
 
@@ -135,11 +135,6 @@ def _audit(store: Store, records: list, prune_at: float | None, since: float, un
             "WHERE u.run_id = :r"), {"r": rid})}
 
 
-@pytest.mark.xfail(strict=True, reason="auditor/retention.py ROLLUP takes the hull of the spans of ALL rows of the "
-                   "hour, also rows without samples (span None -> whole bucket), so a rolled-up hour claims "
-                   "samples where there were none; definitions: span = first sample time .. last sample + "
-                   "interval. When this passes: drop the xfail and switch on 'rollup_unsampled' in "
-                   "tests/oracle_fleets.py detect().")
 def test_rolled_up_hour_span_starts_at_its_first_sample(store: Store) -> None:
     # n1:0 has no samples in [0, 600) (two rows with samples 0), then 10 idle buckets of 20 samples.
     # Job 1000 holds it [0, 600). Before the roll-up: 600 s unknown. Rolled up (cutoff T0+3600): the hour's
