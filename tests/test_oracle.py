@@ -169,7 +169,9 @@ def compare(fleet: Fleet, code: dict[str, Any], want: dict) -> list[str]:
             for name, exp in g.sums().items():
                 num(where, name, _col(grow, name), exp)
             num(where, "max_gpu_mirage", float(grow["max_gpu_mirage_s"]), g.mirage_raw)
-        if not res.near_boundary and code["findings"].get(key, set()) != res.findings:
+        if res.near_boundary:
+            SEEN["findings not compared (a ratio within 1e-7 of its threshold)"] += 1
+        elif code["findings"].get(key, set()) != res.findings:
             bad.append(f"alloc {key[2]} findings: code {sorted(code['findings'].get(key, set()))} "
                        f"oracle {sorted(res.findings)}")
     return bad

@@ -174,3 +174,55 @@ def test_reused_job_id_keeps_both_jobs(store: Store) -> None:
     with store.engine.connect() as conn:
         got = sorted(r[0] for r in conn.execute(text("SELECT reserved_s FROM usage_allocation")))
     assert got == [120.0, 256.0]
+
+
+def test_attribution_order_whole_node_before_labels_and_slots_by_index() -> None:
+    # n0 has 2 GPUs (inventory). Job W holds 2 count-only GPUs on n0 [0, 300): whole node, slot k -> GPU k,
+    # even though GPU 0 carries W's label only on GPU 1 (exact attribution first). Job L holds 1 count-only
+    # GPU on n1 (3 GPUs) [0, 300); its label is on GPUs 2 and 1 -> candidates by index [1, 2], slot 0 -> 1.
+    # Job U holds 1 count-only GPU on n2 (2 GPUs report) with no label anywhere: not the whole node, no label:
+    # unattributed, all 300 s unknown.
+    from auditor.records import GpuInventory
+
+    recs = [job("W", [AllocatedGpu("n0", None), AllocatedGpu("n0", None)], 0, 300),
+            job("L", [AllocatedGpu("n1", None)], 0, 300), job("U", [AllocatedGpu("n2", None)], 0, 300),
+            GpuInventory("c", "n0", 0), GpuInventory("c", "n0", 1),
+            bucket("n0", 0, 0, sm_active=0.9), bucket("n0", 1, 0, hpc_job="W", job="W", sm_active=0.0),
+            bucket("n1", 0, 0, sm_active=0.9), bucket("n1", 1, 0, hpc_job="L", job="L", sm_active=0.0),
+            bucket("n1", 2, 0, hpc_job="L", job="L", sm_active=0.0), bucket("n2", 0, 0, sm_active=0.0),
+            bucket("n2", 1, 0, sm_active=0.0)]
+    r = oracle(recs)
+    assert [(g.attribution, g.tied) for g in r["W"].gpus] == [("node", ("c", "n0", 0, "")),
+                                                             ("node", ("c", "n0", 1, ""))]
+    # GPU 0's unlabelled row judges slot 0 (working 300 s); GPU 1's labelled row names W (idle 300 s)
+    assert r["W"].totals["working"] == 300 and r["W"].totals["idle"] == 300
+    assert [(g.attribution, g.tied) for g in r["L"].gpus] == [("label", ("c", "n1", 1, ""))]
+    assert [(g.attribution, g.tied) for g in r["U"].gpus] == [("unattributed", None)]
+    assert r["U"].totals["unknown"] == 300 and r["U"].findings == set()  # 300 s < 0.1 GPU-h: not listed
+
+
+def test_finding_rules_with_their_thresholds() -> None:
+    # 2 GPUs for 2 h (4 GPU-h): GPU 0 idle (SM 0), GPU 1 working. idle share 2/4 = 0.5 < 0.8: no
+    # idle_allocation; GPU 0 idle 100 % >= 0.8 and GPU 1 worked 100 % >= 0.5: idle_gpus.
+    gpus = [AllocatedGpu("n0", 0), AllocatedGpu("n0", 1)]
+    recs = [job("G", gpus, 0, 7200), *(bucket("n0", 0, 300 * k, sm_active=0.0) for k in range(24)),
+            *(bucket("n0", 1, 300 * k, sm_active=0.9) for k in range(24))]
+    assert oracle(recs)["G"].findings == {"idle_gpus"}
+    # 1 GPU for 2 h, SM 0 with GPU-Util 0.9 for 40 min (mirage) and SM 0 plain for 80 min: idle share 1.0
+    # >= 0.8 and 2 GPU-h >= 1: idle_allocation (mirage 40 min >= 30 but mirage 40 < idle 80: not util_mirage)
+    recs = [job("M", [AllocatedGpu("n0", 0)], 0, 7200),
+            *(bucket("n0", 0, 300 * k, sm_active=0.0, gpu_util=0.9 if k < 8 else 0.0) for k in range(24))]
+    assert oracle(recs)["M"].findings == {"idle_allocation"}
+    # the same with 80 min mirage and 40 min idle: util_mirage
+    recs = [job("M", [AllocatedGpu("n0", 0)], 0, 7200),
+            *(bucket("n0", 0, 300 * k, sm_active=0.0, gpu_util=0.9 if k < 16 else 0.0) for k in range(24))]
+    assert oracle(recs)["M"].findings == {"util_mirage"}
+    # 1 h with samples in only 25 min of it: coverage 25/60 < 0.5: unmonitored (only that)
+    recs = [job("D", [AllocatedGpu("n0", 0)], 0, 3600), *(bucket("n0", 0, 300 * k, sm_active=0.0) for k in range(5))]
+    assert oracle(recs)["D"].findings == {"unmonitored"}
+
+
+def test_window_cut_and_running_allocation_stop_at_the_horizon() -> None:
+    # running job from -1 h; window [0, 2 h), now = 30 min: reserved [0, 1800) only; no telemetry: unknown.
+    r = oracle([job("R", [AllocatedGpu("n0", 0)], -3600, None)], since=0, until=7200, now=1800)["R"]
+    assert r.totals["reserved"] == 1800 and r.totals["unknown"] == 1800
