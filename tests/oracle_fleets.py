@@ -11,6 +11,7 @@ compared with the code today.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import math
@@ -122,7 +123,7 @@ def short(r: Any) -> str:
         end = "running" if r.end is None else f"T0{int(r.end.timestamp()) - T0:+d}"
         gs = ", ".join(f"{g.node}:{g.index}x{g.share:.3g}{'/' + g.mig_profile if g.mig_profile else ''}"
                        for g in r.gpus)
-        return (f"Allocation {r.source} {r.external_id} {r.account}/{r.name} "
+        return (f"Allocation {r.cluster}/{r.source} {r.external_id} {r.account}/{r.name} "
                 f"[T0{int(r.start.timestamp()) - T0:+d}, {end}) [{gs}] model={r.gpus[0].model}")
     if isinstance(r, GpuBucket):
         m = {k: getattr(r, k) for k in ("sm_active", "dram_active", "tensor_active", "gpu_util", "gr_engine",
@@ -132,14 +133,15 @@ def short(r: Any) -> str:
         for k in ("span_start", "span_end"):
             if k in extra and isinstance(extra[k], datetime):
                 extra[k] = f"T0{int(extra[k].timestamp()) - T0:+d}"
-        return (f"Bucket {r.host}:{r.gpu}{r.gpu_instance and '/' + r.gpu_instance} T0{int(r.start.timestamp()) - T0:+d}"
+        return (f"Bucket {r.cluster}/{r.host}:{r.gpu}{r.gpu_instance and '/' + r.gpu_instance} "
+                f"T0{int(r.start.timestamp()) - T0:+d}"
                 f" w={r.seconds} n={r.samples} {m} {extra}")
     return repr(r)
 
 
 def make_bucket(host: str, gpu: int, ts: int, *, samples: int, metrics: dict[str, Any], jobs: list[Job],
                 observed_s: float | None = None, span: tuple[int, int] | None = None,
-                instance: str = "", width: int = B, label: str | None = None) -> GpuBucket:
+                instance: str = "", width: int = B, label: str | None = None, cluster: str = "c") -> GpuBucket:
     """A GpuBucket with the fields this version of the record type has (job, observed_s, span). ``jobs``
     label it (Slurm ids comma-joined, or one pod); ``label`` is a raw hpc_job value instead."""
     names = {f.name: f for f in dataclasses.fields(GpuBucket)}
@@ -157,7 +159,7 @@ def make_bucket(host: str, gpu: int, ts: int, *, samples: int, metrics: dict[str
     if span is not None and "span_start" in names:
         as_dt = "datetime" in str(names["span_start"].type)
         kw["span_start"], kw["span_end"] = (dt(span[0]), dt(span[1])) if as_dt else span
-    return GpuBucket("c", host, gpu, dt(ts), width, samples, gpu_instance=instance, **kw)
+    return GpuBucket(cluster, host, gpu, dt(ts), width, samples, gpu_instance=instance, **kw)
 
 
 SM = [None, 0.0, 0.03, 0.05, 0.2, 0.5, 0.9]
@@ -250,15 +252,16 @@ def jobs(draw: st.DrawFn, nodes: list[dict[str, Any]], features: frozenset[str])
         if kind in ("index", "shared"):
             k = 1 if kind == "shared" else draw(st.integers(1, n))
             idx = [0] if kind == "shared" else sorted(draw(st.permutations(range(n)))[:k])
-            place = [(node["name"], x) for x in idx]
+            place = [(node["cluster"], node["name"], x) for x in idx]
             gpus = [AllocatedGpu(node["name"], x, model=model, share=share, mig_profile=mig) for x in idx]
         elif kind == "multi":
-            other = draw(st.sampled_from(nodes))
-            place = [(node["name"], 0)] + ([(other["name"], 0)] if other is not node else [])
-            gpus = [AllocatedGpu(h, x, model=model) for h, x in place]
+            other = draw(st.sampled_from([nd for nd in nodes if nd["cluster"] == node["cluster"]]))
+            place = [(node["cluster"], node["name"], 0)] + (
+                [(other["cluster"], other["name"], 0)] if other is not node else [])
+            gpus = [AllocatedGpu(h, x, model=model) for _, h, x in place]
         else:
             k = n if kind == "whole" else draw(st.integers(1, max(1, n - 1)))
-            place = [(node["name"], x) for x in sorted(draw(st.permutations(range(n)))[:k])]
+            place = [(node["cluster"], node["name"], x) for x in sorted(draw(st.permutations(range(n)))[:k])]
             gpus = [AllocatedGpu(node["name"], None, model=model) for _ in place]
         clash = [e for p in place for s, e, sh in busy.get(p, []) if s < end and start < e and not (shared and sh)]
         if clash:  # start after the jobs in the way instead (once)
@@ -269,7 +272,9 @@ def jobs(draw: st.DrawFn, nodes: list[dict[str, Any]], features: frozenset[str])
                 continue
         for p in place:
             busy.setdefault(p, []).append((start, end, shared))
-        a = Allocation("c", source, ext, name=f"job{i}", user=f"u{i % 3}", account=f"acct{i % 2}",
+        if node["cluster"] == "d" and out and out[-1].alloc.cluster == "c" and out[-1].alloc.source == source:
+            ext = out[-1].alloc.external_id  # the same job id in another cluster: a different job
+        a = Allocation(node["cluster"], source, ext, name=f"job{i}", user=f"u{i % 3}", account=f"acct{i % 2}",
                        start=dt(start), end=None if running else dt(end), gpus=gpus)
         out.append(Job(a, place, draw(profiles(features)), shared, start, end))
     return out
@@ -278,12 +283,17 @@ def jobs(draw: st.DrawFn, nodes: list[dict[str, Any]], features: frozenset[str])
 @st.composite
 def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
     th = draw(thresholds(features))
-    nodes = [{"name": f"n{k}", "gpus": draw(st.integers(1, 4)), "labels": draw(st.booleans()),
-              "interval": draw(st.sampled_from([15, 30, 60])), "inventory": draw(st.booleans())}
-             for k in range(draw(st.integers(1, 3)))]
+    nodes = []
+    for k in range(draw(st.integers(1, 3))):
+        # a second cluster "d" whose node and job names repeat cluster c's: nothing may cross clusters
+        cl = "d" if k and draw(st.integers(0, 2)) == 0 else "c"
+        nodes.append({"cluster": cl, "name": f"n{k}" if cl == "c" else f"n{k - 1}", "gpus": draw(st.integers(1, 4)),
+                      "labels": draw(st.booleans()), "interval": draw(st.sampled_from([15, 30, 60])),
+                      "inventory": draw(st.booleans())})
     js = draw(jobs(nodes, features))
     records: list[Any] = [j.alloc for j in js]
-    records += [GpuInventory("c", nd["name"], g) for nd in nodes if nd["inventory"] for g in range(nd["gpus"])]
+    records += [GpuInventory(nd["cluster"], nd["name"], g) for nd in nodes if nd["inventory"]
+                for g in range(nd["gpus"])]
     second: list[Any] = []  # a second telemetry source (other fields, other interval)
     for nd in nodes:
         for g in range(nd["gpus"]):
@@ -335,6 +345,7 @@ def gpu_rows(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: Thr
              features: frozenset[str]) -> tuple[list[GpuBucket], list[GpuBucket]]:
     """The buckets one GPU's exporter(s) would emit: segments of ok / gap / no-sample / partial buckets."""
     host, iv = nd["name"], nd["interval"]
+    mk = functools.partial(make_bucket, cluster=nd["cluster"])
     segs: list[tuple[str, dict[str, Any] | None]] = []
     for _ in range(draw(st.integers(1, 4))):
         mode = draw(st.sampled_from(["ok"] * 6 + ["gap", "zero", "partial", "partial"]))
@@ -347,12 +358,12 @@ def gpu_rows(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: Thr
     extra: list[GpuBucket] = []
     for b, (mode, own) in enumerate(segs):
         ts = T0 + b * B
-        occ = [j for j in js if (host, g) in j.place and j.start < ts + B and ts < j.end]
+        occ = [j for j in js if (nd["cluster"], host, g) in j.place and j.start < ts + B and ts < j.end]
         if mode == "gap":
             continue
         if mode == "zero":
             p = own or (occ[-1].profile if occ else {})
-            rows.append(make_bucket(host, g, ts, samples=0, metrics=p if draw(st.booleans()) else {}, jobs=[]))
+            rows.append(mk(host, g, ts, samples=0, metrics=p if draw(st.booleans()) else {}, jobs=[]))
             continue
         partial = mode == "partial" and "partial" in features
         sub: list[tuple[list[Job], dict[str, Any], tuple[int, int] | None, str | None]] = []
@@ -393,18 +404,18 @@ def gpu_rows(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: Thr
                 rest = {k: v for k, v in p.items() if k not in PROFILING}
                 if draw(st.booleans()):
                     rest["sm_active"] = draw(st.sampled_from(SM))  # the other source also says something
-                rows.append(make_bucket(host, g, ts, samples=n, metrics=prof, jobs=jobs_, observed_s=obs, span=sp,
+                rows.append(mk(host, g, ts, samples=n, metrics=prof, jobs=jobs_, observed_s=obs, span=sp,
                                         label=label))
                 iv2 = draw(st.sampled_from([10, 30, 60]))
                 n2 = max(1, int((obs or B) // iv2))
-                extra.append(make_bucket(host, g, ts, samples=n2, metrics=compat(rest, th, features), jobs=jobs_,
+                extra.append(mk(host, g, ts, samples=n2, metrics=compat(rest, th, features), jobs=jobs_,
                                          observed_s=None if obs is None else float(min(B, n2 * iv2)), span=sp,
                                          label=label))
             else:
-                rows.append(make_bucket(host, g, ts, samples=n, metrics=p, jobs=jobs_, observed_s=obs, span=sp,
+                rows.append(mk(host, g, ts, samples=n, metrics=p, jobs=jobs_, observed_s=obs, span=sp,
                                         label=label))
         if mig:  # MIG instance rows: never tied to an allocation (attribution uses the whole GPU's rows)
-            rows.append(make_bucket(host, g, ts, samples=10, metrics={"sm_active": 0.99}, jobs=[], instance="1"))
+            rows.append(mk(host, g, ts, samples=10, metrics={"sm_active": 0.99}, jobs=[], instance="1"))
     return rows, extra
 
 

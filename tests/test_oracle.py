@@ -83,9 +83,10 @@ def run_code(store: Store, fleet: Fleet) -> dict[str, Any]:
                         datetime.fromtimestamp(fleet.until, UTC)).run_id
     with store.engine.connect() as conn:
         gpus = [dict(r._mapping) for r in conn.execute(text(
-            "SELECT a.cluster, a.source, a.external_id, a.start_ts, ag.node, ag.slot, tg.host, tg.gpu_index, "
-            "tg.gpu_instance, u.* FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
-            "JOIN allocations a ON a.id = u.allocation_id LEFT JOIN telemetry_gpus tg ON tg.id = u.gpu_id "
+            "SELECT a.cluster, a.source, a.external_id, a.start_ts, ag.node, ag.slot, tg.cluster AS tg_cluster, "
+            "tg.host, tg.gpu_index, tg.gpu_instance, u.* FROM usage_gpu u "
+            "JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN allocations a ON a.id = u.allocation_id "
+            "LEFT JOIN telemetry_gpus tg ON tg.id = u.gpu_id "
             "WHERE u.run_id = :r"), {"r": rid})]
         allocs = [dict(r._mapping) for r in conn.execute(text(
             "SELECT a.cluster, a.source, a.external_id, a.start_ts, u.* FROM usage_allocation u "
@@ -125,6 +126,10 @@ def run_oracle(fleet: Fleet) -> dict:
             SEEN["array/het job audited"] += 1
         if r.alloc.end is None:
             SEEN["running allocation audited"] += 1
+        if r.key[0] != "c":
+            SEEN["allocation of cluster d"] += 1
+            if any(k[0] == "c" and k[2] == r.key[2] for k in res):
+                SEEN["same job id in two clusters"] += 1
     return res
 
 
@@ -163,7 +168,8 @@ def compare(fleet: Fleet, code: dict[str, Any], want: dict) -> list[str]:
             if grow is None:
                 bad.append(f"{where}: missing in usage_gpu")
                 continue
-            tied = None if grow["gpu_id"] is None else ("c", grow["host"], grow["gpu_index"], grow["gpu_instance"])
+            tied = None if grow["gpu_id"] is None else (grow["tg_cluster"], grow["host"], grow["gpu_index"],
+                                                         grow["gpu_instance"])
             if tied != g.tied:
                 bad.append(f"{where} attributed to {tied} ({grow['attribution']}), oracle {g.tied} ({g.attribution})")
             for name, exp in g.sums().items():
