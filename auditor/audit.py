@@ -233,6 +233,11 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             thresholds=th.model_dump())).inserted_primary_key[0]
     try:
         with store.begin() as conn:
+            if conn.dialect.name == "postgresql" and (conn.dialect.server_version_info or (0,)) >= (11,):
+                # JIT compiling the judging statement cost more than it ran (0.7 s of 1.5 s at 512 GPUs), and
+                # its per-GPU sort spilled to disk with the default work_mem
+                conn.execute(text("SET LOCAL jit = off"))
+                conn.execute(text("SET LOCAL work_mem = '64MB'"))
             fn = {**_fn(conn), "cluster_filter": cluster_filter}
             conn.execute(text("DROP TABLE IF EXISTS _attr"))
             conn.execute(text(ATTR_DDL))
