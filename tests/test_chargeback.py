@@ -1,5 +1,6 @@
-"""Chargeback: rows reconcile exactly (reserved = idle + mirage + low + working + unknown, per row and in
-total) and their totals equal the audit summary, on SQLite and PostgreSQL; files are spreadsheet-safe."""
+"""Chargeback: every row's GPU-hours (unknown included, computed on its own) equal the reference oracle's
+(tests/oracle.py), totals equal the audit summary, on SQLite and PostgreSQL; the columns are the checked-in
+golden list (tests/golden/); files are spreadsheet-safe."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
+from oracle import Oracle
 from test_findings_extra import IDLE, WORK, job, pg_store, run
 
 from auditor import chargeback as cb
@@ -26,6 +28,30 @@ from auditor.store import Store
 T0 = datetime(2026, 11, 16, tzinfo=UTC)
 W0, W1 = T0 - timedelta(hours=1), T0 + timedelta(hours=7)
 PARTS = ("idle", "mirage", "low", "working", "unknown")
+GOLDEN = Path(__file__).parent / "golden"
+OWNER = {"account": lambda a: a.account, "namespace": lambda a: a.account, "user": lambda a: a.user,
+         "cluster": lambda a: a.cluster}
+
+
+def golden(name: str) -> list[str]:
+    lines = (GOLDEN / name).read_text(encoding="utf-8").splitlines()
+    return [x for x in lines if x and not x.startswith("#")]
+
+
+def oracle_rows(records: list[Any], c: Config, since: datetime, until: datetime, by: str) -> dict[str, dict]:
+    """GPU-hours per owner from the oracle: unknown is reserved time no sample covers, not a remainder."""
+    o = Oracle()
+    o.ingest(records)
+    out: dict[str, dict[str, float]] = {}
+    now = datetime.now(UTC).timestamp()
+    for r in o.audit(c.thresholds, c.prices, since.timestamp(), until.timestamp(), now).values():
+        row = out.setdefault(OWNER[by](r.alloc), {"allocations": 0})
+        row["allocations"] += 1
+        for k, v in r.totals.items():
+            row[k] = row.get(k, 0.0) + v / 3600
+        for k in ("reserved_cost", "idle_cost"):
+            row[k] = row.get(k, 0.0) + getattr(r, k)
+    return out
 
 
 def cfg() -> Config:
@@ -58,16 +84,24 @@ def mixed() -> list[Any]:
     return recs
 
 
-def check_reconciles(store: Store, c: Config) -> None:
+def check_reconciles(store: Store, c: Config, records: list[Any]) -> None:
     summary = run_audit(store, c, W0, W1).summary
     for by in cb.BY:
         rows = cb.chargeback(store, c, W0, W1, by)
         assert rows, by
         for r in rows:
-            assert r["reserved_gpu_hours"] == sum(r[f"{p}_gpu_hours"] for p in PARTS), (by, r)
             assert r["unknown_gpu_hours"] >= 0 and r["currency"] == "USD"
+        if by in OWNER:  # every hours column, unknown included, equals the oracle (6-decimal rounding)
+            want = oracle_rows(records, c, W0, W1, by)
+            assert {r["owner"] for r in rows} == set(want), by
+            for r in rows:
+                w = want[r["owner"]]
+                assert r["allocations"] == w["allocations"], (by, r["owner"])
+                for h in cb.HOURS:
+                    assert abs(float(r[f"{h}_gpu_hours"]) - w[h]) <= 1e-5, (by, r["owner"], h, r, w)
+                for k in ("reserved_cost", "idle_cost"):
+                    assert abs(float(r[k]) - w[k]) <= 1e-4, (by, r["owner"], k)
         t = cb.totals(rows)
-        assert t["reserved_gpu_hours"] == sum(t[f"{p}_gpu_hours"] for p in PARTS)
         # totals equal the audit summary (to the 6-decimal rounding of each row)
         tol = Decimal("0.000001") * len(rows)
         for key, parts in (("reserved_gpu_hours", ("reserved",)), ("effective_gpu_hours", ("effective",)),
@@ -108,7 +142,7 @@ def sqlite_store(tmp_path) -> Store:
 
 def test_reconciles_on_sqlite(sqlite_store: Store) -> None:
     sqlite_store.ingest(mixed())
-    check_reconciles(sqlite_store, cfg())
+    check_reconciles(sqlite_store, cfg(), mixed())
     hand_checked(sqlite_store, cfg())
 
 
@@ -116,23 +150,25 @@ def test_reconciles_on_sqlite(sqlite_store: Store) -> None:
 def test_reconciles_on_postgresql(pg_url: str) -> None:
     with pg_store(pg_url) as store:
         store.ingest(mixed())
-        check_reconciles(store, cfg())
+        check_reconciles(store, cfg(), mixed())
         hand_checked(store, cfg())
 
 
-def test_csv_is_spreadsheet_safe_and_json_schema_is_stable(sqlite_store: Store) -> None:
+def test_csv_is_spreadsheet_safe_and_columns_are_the_golden_list(sqlite_store: Store) -> None:
     evil = ["=cmd|' /C calc'!A0", "+1+1", "-2", "@SUM(A1)", "\tx", "\rx", "plain"]
     sqlite_store.ingest([job(f"e{i}", [AllocatedGpu("n1", i)], hours=1, account=a) for i, a in enumerate(evil)])
     rows = cb.chargeback(sqlite_store, cfg(), W0, W1, "account")
     parsed = list(csv.DictReader(io.StringIO(cb.to_csv(rows), newline="")))
-    assert list(parsed[0]) == list(cb.COLUMNS)
+    columns = golden("chargeback_columns.txt")  # checked in: dropping a finance column fails here
+    assert list(parsed[0]) == columns
     owners = sorted(r["owner"] for r in parsed)
     assert owners == sorted(("'" + a if a[0] in "=+-@\t\r" else a) for a in evil)
     assert all(r["reserved_gpu_hours"] == "1.000000" and r["unknown_gpu_hours"] == "1.000000" for r in parsed)
     doc = json.loads(cb.to_json(rows, since=W0, until=W1, by="account", period=None, currency="USD"),
                      parse_float=Decimal)
-    assert doc["schema"] == cb.SCHEMA and doc["columns"] == list(cb.COLUMNS)
-    assert all(list(r) == list(cb.COLUMNS) for r in doc["rows"])
+    assert doc["schema"] == "gpu-audit.chargeback/1" and doc["columns"] == columns
+    assert all(list(r) == columns for r in doc["rows"])
+    assert sorted([*doc, *(f"totals.{k}" for k in doc["totals"])]) == golden("chargeback_json_keys.txt")
     assert doc["totals"]["reserved_gpu_hours"] == Decimal("7") == sum(r["reserved_gpu_hours"] for r in doc["rows"])
     assert {r["owner"] for r in doc["rows"]} == set(evil)  # JSON keeps the raw text
 
@@ -197,5 +233,19 @@ def test_write_previous_month(sqlite_store: Store, tmp_path: Path) -> None:
     done = cb.write_previous_month(sqlite_store, cfg(), tmp_path / "out", datetime(2026, 12, 3, tzinfo=UTC))
     assert done["period"] == "2026-11" and len(done["files"]) == 4
     doc = json.loads((tmp_path / "out" / "chargeback-2026-11-by-team.json").read_text(), parse_float=Decimal)
-    assert doc["totals"]["reserved_gpu_hours"] == sum(doc["totals"][f"{p}_gpu_hours"] for p in PARTS)
+    s, u = cb.month_window("2026-11", cb.report_tz(cfg()))
+    (want,) = oracle_rows(mixed(), cfg(), s, u, "cluster").values()  # all of November, unknown on its own
+    for h in cb.HOURS:
+        assert abs(float(doc["totals"][f"{h}_gpu_hours"]) - want[h]) <= 1e-5 * len(doc["rows"]), h
     assert not list((tmp_path / "out").glob("*.tmp"))
+
+
+def test_busy_unverified_time_is_not_charged_as_unknown(sqlite_store: Store) -> None:
+    # job 1 holds n1:0 for 2 h; 24 five-minute buckets with GPU-Util 0.9 and no SM activity: observed, work
+    # not verifiable -> busy_unverified 2 h, unknown 0 h (the oracle says the same)
+    recs = [job("1", [AllocatedGpu("n1", 0)], hours=2, account="physics"), *run("n1", 0, 0, 24, gpu_util=0.9)]
+    sqlite_store.ingest(recs)
+    (want,) = oracle_rows(recs, cfg(), W0, W1, "account").values()
+    assert (want["busy_unverified"], want["unknown"]) == (2.0, 0.0)
+    (row,) = cb.chargeback(sqlite_store, cfg(), W0, W1, "account")
+    assert row["unknown_gpu_hours"] == Decimal("0") and row["busy_unverified_gpu_hours"] == Decimal("2")

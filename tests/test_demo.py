@@ -55,8 +55,10 @@ def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:
     assert data["idle_gpu_hours"] == pytest.approx(96 + 108 + 120 + 24)
     # the 6 h gap on 8 GPUs of job 1001, and job 1030 during the exporter outage
     assert data["unknown_gpu_hours"] == pytest.approx(48 + 10)
-    assert data["reserved_gpu_hours"] == pytest.approx(
-        data["idle_gpu_hours"] + data["low_gpu_hours"] + data["working_gpu_hours"] + data["unknown_gpu_hours"])
+    # everything else was planted as work (low or working), by hand: 2218 reserved - 348 idle - 58 unknown
+    # = 1812 (not the code's remainder identity: unknown is checked on its own above)
+    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1812)
+    assert data.get("busy_unverified_gpu_hours", 0.0) == 0
     assert data["mean_gpu_util"] > 0.75 and data["mean_sm_active"] < 0.65
 
 

@@ -133,7 +133,7 @@ def test_every_format_escapes_user_text(world: tuple[Store, Config, int], tmp_pa
     txt = by_ext[".txt"]
     assert "\r" not in txt and "evil Bcc: x@y" in txt
     data = json.loads(by_ext[".json"])
-    assert data["schema"] == report.SCHEMA and data["full"] is True
+    assert data["schema"] == "gpu-audit.report/1" and data["full"] is True  # keys: test_golden_report.py
     assert EVIL_USER in {f["user"] for f in data["top_idle"]["rows"]}
     assert by_ext[".csv"].splitlines()[0].startswith("id,kind,cluster")
     h = data["headline"]

@@ -1,0 +1,403 @@
+"""Reference oracle of /work/spec/definitions.md v2 (README "Definitions"): slow, plain and obviously correct.
+
+Plain Python over plain lists and dicts: no SQL and nothing from ``auditor`` but the record types and the
+config models (thresholds, price card). It models the store (ingest merges, the hourly roll-up of
+``db prune``) and the audit (attribution, applicable sub-rows, per-bucket verdicts, seconds per allocated
+GPU and per allocation, money, findings). Unknown time is computed on its own (reserved time no applicable
+row covers, plus the unobserved part of the covered buckets), never as the remainder of the other classes;
+:meth:`Oracle.audit` checks the identity ``reserved = classes + unknown`` itself.
+
+Where the definitions leave a choice open the oracle says which one it takes (search "CHOICE").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from oracle_rules import findings, price
+
+from auditor.config import PriceCard, Thresholds
+from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory
+
+EPS = 1e-9  # definitions: "v < t means v < t - 1e-9; v >= t means v >= t - 1e-9"
+HOUR = 3600
+WEEK = 7 * 86400
+CLASSES = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
+CORE_FINDINGS = ("unmonitored", "idle_allocation", "util_mirage", "idle_gpus")
+
+
+def lt(v: float, t: float) -> bool:
+    return v < t - EPS
+
+
+def ge(v: float, t: float) -> bool:
+    return v >= t - EPS
+
+
+def epoch(v: Any) -> float | None:
+    if v is None:
+        return None
+    return v.timestamp() if isinstance(v, datetime) else float(v)
+
+
+def bucket_job(b: GpuBucket) -> str:
+    """The telemetry job key: ``job`` when the record has it, else hpc_job, else namespace/pod, else ""."""
+    j = getattr(b, "job", None)
+    if j is not None:
+        return j
+    if b.hpc_job:
+        return b.hpc_job
+    if b.pod:
+        return f"{b.namespace or ''}/{b.pod}"
+    return ""
+
+
+@dataclass
+class Row:
+    """One stored telemetry sub-row, normalised (observed_s and span never None)."""
+
+    cluster: str
+    host: str
+    gpu: int
+    instance: str
+    ts: float
+    job: str
+    bucket_s: float
+    samples: int
+    observed_s: float
+    span: tuple[float, float]
+    metrics: dict[str, float | None]
+
+    @property
+    def key(self) -> tuple:
+        return (self.cluster, self.host, self.gpu, self.instance, self.ts, self.job)
+
+
+def row_of(b: GpuBucket) -> Row:
+    ts, w = epoch(b.start), float(b.seconds)
+    assert ts is not None
+    obs = getattr(b, "observed_s", None)
+    if obs is None:  # a connector that cannot tell: the whole bucket when sampled, else nothing
+        obs = w if b.samples > 0 else 0.0
+    s0, s1 = epoch(getattr(b, "span_start", None)), epoch(getattr(b, "span_end", None))
+    span = (ts if s0 is None else s0, ts + w if s1 is None else s1)
+    return Row(b.cluster, b.host, b.gpu, b.gpu_instance, ts, bucket_job(b), w, b.samples, float(obs), span,
+               {m: getattr(b, m) for m in METRIC_FIELDS})
+
+
+def merge(stored: Row, new: Row) -> Row:
+    """Same key: field by field; both have a metric -> the row with more samples (tie: the stored one)."""
+    newer = new.samples > stored.samples
+    metrics = {}
+    for m in METRIC_FIELDS:
+        a, b = stored.metrics[m], new.metrics[m]
+        metrics[m] = b if a is None else a if b is None else (b if newer else a)
+    win = new if newer else stored
+    return Row(stored.cluster, stored.host, stored.gpu, stored.instance, stored.ts, stored.job, win.bucket_s,
+               max(stored.samples, new.samples), max(stored.observed_s, new.observed_s), win.span, metrics)
+
+
+def names(job: str, alloc: Allocation) -> bool:
+    """Does a telemetry job key name the allocation? Exact match of one comma-separated part."""
+    want = alloc.external_id if alloc.source == "slurm" else f"{alloc.account}/{alloc.name}"
+    return want in job.split(",")
+
+
+def overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of ``intervals`` clipped to [lo, hi)."""
+    total, end = 0.0, lo
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
+        if e <= s:
+            continue
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def combine(rows: list[Row]) -> Row:
+    """Several applicable sub-rows of one bucket: observed_s = min(bucket_s, sum), metrics = observed_s-weighted
+    mean over the rows that have them, span = hull, samples = sum."""
+    if len(rows) == 1:
+        return rows[0]
+    w = rows[0].bucket_s
+    assert all(r.bucket_s == w for r in rows), "sub-rows of one bucket with different widths"
+    metrics: dict[str, float | None] = {}
+    for m in METRIC_FIELDS:
+        have = [r for r in rows if r.metrics[m] is not None]
+        den = sum(r.observed_s for r in have)
+        # CHOICE: a metric only rows without observed seconds carry has no weight: None
+        metrics[m] = sum(r.observed_s * r.metrics[m] for r in have) / den if den > 0 else None  # type: ignore
+    r0 = rows[0]
+    return Row(r0.cluster, r0.host, r0.gpu, r0.instance, r0.ts, "+".join(r.job for r in rows), w,
+               sum(r.samples for r in rows), min(w, sum(r.observed_s for r in rows)),
+               (min(r.span[0] for r in rows), max(r.span[1] for r in rows)), metrics)
+
+
+def verdict(m: dict[str, float | None], th: Thresholds) -> str:
+    sm, util = m["sm_active"], m["gpu_util"]
+    if sm is not None:
+        dram, tensor, gr = m["dram_active"], m["tensor_active"], m["gr_engine"]
+        if lt(sm, th.idle_sm) and (dram is None or lt(dram, th.idle_dram)) and \
+                (tensor is None or lt(tensor, th.idle_tensor)):
+            busy = (util is not None and ge(util, th.mirage_gpu_util)) or \
+                (gr is not None and ge(gr, th.mirage_gr_engine))
+            return "mirage" if busy else "idle"
+        return "working" if ge(sm, th.working_sm) else "low"
+    power = m["power_w"]
+    if th.util_fallback and util is not None and lt(util, th.idle_util) and \
+            (th.idle_power_w is None or (power is not None and lt(power, th.idle_power_w))):
+        return "idle_by_util"
+    return "busy_unverified"
+
+
+@dataclass
+class GpuResult:
+    """One allocated GPU: seconds x share; ``tied`` is the telemetry GPU it was attributed to."""
+
+    node: str
+    slot: int
+    share: float
+    attribution: str = "unattributed"
+    tied: tuple[str, str, int, str] | None = None
+    reserved: float = 0.0
+    observed: float = 0.0
+    unknown: float = 0.0
+    effective: float = 0.0
+    mirage_raw: float = 0.0  # mirage wall seconds, not share-weighted (util_mirage's "single GPU" minutes)
+    cls: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0.0))
+
+    def sums(self) -> dict[str, float]:
+        """The audit's columns: idle includes idle_by_util."""
+        c = self.cls
+        return {"reserved": self.reserved, "observed": self.observed,
+                "idle": c["idle"] + c["idle_by_util"], "idle_by_util": c["idle_by_util"],
+                "mirage": c["mirage"], "low": c["low"], "working": c["working"],
+                "busy_unverified": c["busy_unverified"], "unknown": self.unknown, "effective": self.effective}
+
+
+@dataclass
+class AllocResult:
+    key: tuple
+    alloc: Allocation
+    gpus: list[GpuResult]
+    totals: dict[str, float]
+    price: float
+    reserved_cost: float
+    idle_cost: float
+    findings: set[str]
+    near_boundary: bool  # a finding rule compared a value within rounding of its threshold
+
+
+def alloc_key(a: Allocation) -> tuple:
+    # CHOICE: jobs are keyed by cluster, source, id and start time (issue 13: job ids are reused)
+    return (a.cluster, a.source, a.external_id, epoch(a.start))
+
+
+def slots(a: Allocation) -> list[tuple[AllocatedGpu, int]]:
+    """Each allocated GPU with its slot: ordinal on its node, GPUs with an index first (by index)."""
+    out: list[tuple[AllocatedGpu, int]] = []
+    by_node: dict[str, list[AllocatedGpu]] = defaultdict(list)
+    for g in a.gpus:
+        by_node[g.node].append(g)
+    for node in sorted(by_node):
+        gs = sorted(by_node[node], key=lambda g: (g.index is None, g.index if g.index is not None else 0))
+        out += [(g, k) for k, g in enumerate(gs)]
+    return out
+
+
+class Oracle:
+    """The store and the audit in plain Python."""
+
+    def __init__(self) -> None:
+        self.allocs: dict[tuple, Allocation] = {}
+        self.rows: dict[tuple, Row] = {}
+        self.inventory: set[tuple[str, str, int]] = set()
+        self.tgpus: set[tuple[str, str, int, str]] = set()
+        self.seen: Counter[str] = Counter()  # which rules this fleet exercised (coverage of the generator)
+        self.rolled_before: float | None = None  # cutoff of the latest roll-up
+        self.hourly: set[tuple] = set()  # (cluster, host, gpu, instance, hour) holding a rolled-up row
+
+    # -- store ------------------------------------------------------------------------------------
+    def ingest(self, records: list[Any]) -> None:
+        for r in records:
+            if isinstance(r, GpuBucket):
+                row = row_of(r)
+                self.tgpus.add((row.cluster, row.host, row.gpu, row.instance))
+                # CHOICE (issue 13 "a backfill after a prune double counts"): a fine row re-collected for a GPU
+                # hour that a roll-up already holds is dropped; the hourly row keeps that hour
+                if row.bucket_s < HOUR and self.rolled_before is not None and row.ts < self.rolled_before and \
+                        (row.cluster, row.host, row.gpu, row.instance, row.ts // HOUR * HOUR) in self.hourly:
+                    self.seen["re-collected fine row for a rolled-up hour dropped"] += 1
+                    continue
+                old = self.rows.get(row.key)
+                if old is not None and old != row:
+                    self.seen["merge of differing rows"] += 1
+                self.rows[row.key] = row if old is None else merge(old, row)
+            elif isinstance(r, Allocation):
+                k = alloc_key(r)
+                old = self.allocs.get(k)
+                if old is not None and r.end is None and old.end is not None:
+                    r = dataclasses.replace(r, end=old.end)  # an end once known stays
+                self.allocs[k] = r
+            elif isinstance(r, GpuInventory):
+                self.inventory.add((r.cluster, r.host, r.gpu))
+
+    def prune(self, now: float, keep_weeks: float) -> None:
+        """Roll fine rows older than the cutoff into hourly rows per (GPU, hour, job): samples and observed
+        seconds add up (at most the hour), metrics are observed-seconds-weighted means (CHOICE: the
+        definitions do not say; time-weighted like the combination of sub-rows), fb_used_mib the maximum,
+        span the hull of the sampled rows' spans ("first sample time to last sample time + interval": a row
+        without samples has no sample times). An hourly row already there is folded in."""
+        cutoff = int(now - keep_weeks * WEEK) // HOUR * HOUR
+        self.rolled_before = max(cutoff, self.rolled_before or cutoff)
+        groups: dict[tuple, list[Row]] = defaultdict(list)
+        for r in list(self.rows.values()):
+            if r.ts < cutoff:
+                hk = (r.cluster, r.host, r.gpu, r.instance, r.ts // HOUR * HOUR, r.job)
+                groups[hk].append(r)
+        for hk, rows in groups.items():
+            if all(r.bucket_s >= HOUR for r in rows):
+                continue
+            metrics: dict[str, float | None] = {}
+            for m in METRIC_FIELDS:
+                have = [r for r in rows if r.metrics[m] is not None and r.samples > 0]
+                if m == "fb_used_mib":
+                    have = [r for r in rows if r.metrics[m] is not None]
+                    metrics[m] = max(r.metrics[m] for r in have) if have else None  # type: ignore
+                    continue
+                n = sum(r.observed_s for r in have)
+                metrics[m] = sum(r.observed_s * r.metrics[m] for r in have) / n if n else None  # type: ignore
+            sampled = [r for r in rows if r.samples > 0]
+            span = (min(r.span[0] for r in sampled), max(r.span[1] for r in sampled)) if sampled \
+                else (hk[4], hk[4] + HOUR)
+            for r in rows:
+                del self.rows[r.key]
+            self.seen["hourly roll-up rows"] += 1
+            new = Row(hk[0], hk[1], hk[2], hk[3], hk[4], hk[5], HOUR, sum(r.samples for r in rows),
+                      min(float(HOUR), sum(r.observed_s for r in rows)), span, metrics)
+            self.rows[new.key] = new
+            self.hourly.add(hk[:5])
+
+    # -- audit ------------------------------------------------------------------------------------
+    def _by_gpu(self) -> dict[tuple, dict[float, list[Row]]]:
+        out: dict[tuple, dict[float, list[Row]]] = defaultdict(lambda: defaultdict(list))
+        for r in self.rows.values():
+            out[(r.cluster, r.host, r.gpu, r.instance)][r.ts].append(r)
+        return out
+
+    def _node_gpus(self, cluster: str, node: str) -> int:
+        inv = sum(1 for c, h, _ in self.inventory if (c, h) == (cluster, node))
+        tel = sum(1 for c, h, _, i in self.tgpus if (c, h, i) == (cluster, node, ""))
+        return max(inv, tel)
+
+    def attribute(self, a: Allocation, a_s: float, a_e: float, by_gpu: dict) -> list[GpuResult]:
+        """Index, whole node, labels, else unattributed (definitions "Attribution")."""
+        res = [GpuResult(g.node, k, g.share) for g, k in slots(a)]
+        gs = [g for g, _ in slots(a)]
+        for r, g in zip(res, gs, strict=True):  # 1. index
+            if g.index is not None:
+                r.attribution = "index"
+                t = (a.cluster, g.node, g.index, "")
+                r.tied = t if t in self.tgpus else None
+        for node in {g.node for g in gs}:  # 2. whole node
+            held = [(r, g) for r, g in zip(res, gs, strict=True)
+                    if g.node == node and g.index is None and g.share >= 1]
+            if held and len(held) >= self._node_gpus(a.cluster, node):
+                for r, _ in held:
+                    t = (a.cluster, node, r.slot, "")
+                    if t in self.tgpus:
+                        r.attribution, r.tied = "node", t
+                        self.seen["attributed: whole node"] += 1
+        for node in {g.node for g in gs}:  # 3. labels: slot k takes the k-th GPU (by index) naming the job
+            cands = sorted(t[2] for t in self.tgpus if t[:2] == (a.cluster, node) and t[3] == "" and any(
+                overlap(ts, ts + row.bucket_s, a_s, a_e) > 0 and names(row.job, a)
+                for ts, rows in by_gpu.get(t, {}).items() for row in rows))
+            for r, g in zip(res, gs, strict=True):
+                if g.node == node and g.index is None and r.attribution == "unattributed" and r.slot < len(cands):
+                    r.attribution, r.tied = "label", (a.cluster, node, cands[r.slot], "")
+                    self.seen["attributed: label"] += 1
+        return res
+
+    def judge(self, a: Allocation, r: GpuResult, a_s: float, a_e: float, th: Thresholds,
+              by_gpu: dict) -> None:
+        r.reserved = r.share * (a_e - a_s)
+        covered: list[tuple[float, float]] = []
+        unobserved = 0.0
+        for ts, sub in sorted(by_gpu.get(r.tied, {}).items()) if r.tied else []:
+            w = sub[0].bucket_s
+            ov = overlap(ts, ts + w, a_s, a_e)
+            if ov <= 0:
+                continue
+            labelled = any(x.job for x in sub)
+            apply = [x for x in sub if names(x.job, a)] if labelled else [x for x in sub if not x.job]
+            if not apply:
+                continue
+            row = combine(apply)
+            self.seen["bucket judged"] += 1
+            if labelled and len(apply) < len(sub):
+                self.seen["sub-rows of other jobs/unlabelled left out"] += 1
+            if len(apply) > 1:
+                self.seen["several sub-rows combined"] += 1
+            if w != 300:
+                self.seen["hourly bucket judged"] += 1
+                if ts + 300 <= a_s:
+                    self.seen["hourly bucket starting > 5 min before the reservation"] += 1
+            covered.append((ts, ts + w))
+            obs = min(overlap(row.span[0], row.span[1], a_s, a_e), row.observed_s) if row.samples > 0 else 0.0
+            unobserved += ov - obs
+            if 0 < obs < ov:
+                self.seen["partially observed bucket"] += 1
+            if obs <= 0:
+                continue
+            v = verdict(row.metrics, th)
+            self.seen[f"verdict {v}"] += 1
+            if any(row.metrics[m] is not None and 0 < abs(row.metrics[m] - t) < 1e-6 for m, t in (  # type: ignore
+                    ("sm_active", th.idle_sm), ("sm_active", th.working_sm), ("gpu_util", th.idle_util),
+                    ("gpu_util", th.mirage_gpu_util), ("dram_active", th.idle_dram))):
+                self.seen["value a rounding step off a threshold"] += 1
+            r.cls[v] += r.share * obs
+            r.observed += r.share * obs
+            if v == "mirage":
+                r.mirage_raw += obs
+            if row.metrics["sm_active"] is not None:
+                r.effective += r.share * obs * row.metrics["sm_active"]
+        untouched = (a_e - a_s) - union_length(covered, a_s, a_e)
+        r.unknown = r.share * (unobserved + untouched)
+        parts = sum(r.cls.values()) + r.unknown
+        assert math.isclose(parts, r.reserved, rel_tol=1e-9, abs_tol=1e-6), \
+            f"oracle identity broken (overlapping buckets?): {parts} != {r.reserved}"
+
+    def audit(self, th: Thresholds, prices: PriceCard, since: float, until: float, now: float,
+              min_finding_gpu_hours: float = 0.1) -> dict[tuple, AllocResult]:
+        horizon = min(until, now)
+        by_gpu = self._by_gpu()
+        out: dict[tuple, AllocResult] = {}
+        for key, a in self.allocs.items():
+            start, end = epoch(a.start), epoch(a.end)
+            if start is None or not a.gpus:
+                continue
+            a_s, a_e = max(start, since), min(horizon if end is None else end, horizon)
+            if a_e <= a_s:
+                continue
+            gpus = self.attribute(a, a_s, a_e, by_gpu)
+            for r in gpus:
+                self.judge(a, r, a_s, a_e, th, by_gpu)
+            tot = {k: sum(g.sums()[k] for g in gpus) for k in gpus[0].sums()}
+            p = price(prices, a)
+            kinds, near = findings(tot, gpus, th, min_finding_gpu_hours)
+            out[key] = AllocResult(key, a, gpus, tot, p, tot["reserved"] / HOUR * p,
+                                   (tot["idle"] + tot["mirage"]) / HOUR * p, kinds, near)
+        return out

@@ -1,0 +1,104 @@
+"""The oracle's money and finding rules (definitions "Money" and "Findings"), plain Python; see tests/oracle.py."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from auditor.config import PriceCard, Thresholds
+from auditor.records import Allocation
+
+if TYPE_CHECKING:
+    from oracle import GpuResult
+
+EPS = 1e-9
+HOUR = 3600
+
+
+def lt(v: float, t: float) -> bool:
+    return v < t - EPS
+
+
+def ge(v: float, t: float) -> bool:
+    return v >= t - EPS
+
+
+def price(card: PriceCard, a: Allocation) -> float:
+    """Per full-GPU-hour: a listed MIG profile's slice price / share, else the model's price (longest
+    case-insensitive substring key), else the default. The generator gives one model/profile/share per job."""
+    g = a.gpus[0]
+    share = sum(x.share for x in a.gpus) / len(a.gpus)
+    mig = {k.lower(): v for k, v in card.mig.items()}
+    if g.mig_profile and g.mig_profile.lower() in mig and share > 0:
+        return mig[g.mig_profile.lower()] / share
+    model = (g.model or "").lower()
+    for k, v in sorted(card.models.items(), key=lambda kv: -len(kv[0])):
+        if k and k.lower() in model:
+            return v
+    return card.default
+
+
+class _Cmp:
+    """Threshold comparisons of the finding rules; remembers a value within rounding of its threshold."""
+
+    def __init__(self) -> None:
+        self.near = False
+
+    def _n(self, v: float, t: float) -> None:
+        if abs(v - t) <= 1e-7 * max(1.0, abs(t)):
+            self.near = True
+
+    def ge(self, v: float, t: float) -> bool:
+        self._n(v, t)
+        return ge(v, t)
+
+    def lt(self, v: float, t: float) -> bool:
+        self._n(v, t)
+        return lt(v, t)
+
+
+def findings(tot: dict[str, float], gpus: list[GpuResult], th: Thresholds,
+             min_h: float) -> tuple[set[str], bool]:
+    """The core finding kinds of one allocation (definitions "Findings"). CHOICE (as the code today):
+    unmonitored, idle_allocation (or its util_mirage form) are the only finding when they apply."""
+    c = _Cmp()
+    kinds = _findings(tot, gpus, th, c)
+    if kinds and c.lt(tot["reserved"] / HOUR, min_h):
+        kinds = set()
+    return kinds, c.near
+
+
+def _judged(t: dict[str, float]) -> float:
+    return t["idle"] + t["mirage"] + t["low"] + t["working"] + t["busy_unverified"]
+
+
+def _findings(tot: dict[str, float], gpus: list[GpuResult], th: Thresholds, c: _Cmp) -> set[str]:
+    if tot["reserved"] <= 0:
+        return set()
+    if c.lt(tot["observed"] / tot["reserved"], th.unmonitored_coverage):
+        return {"unmonitored"}
+    j = _judged(tot)
+    idle_share = (tot["idle"] + tot["mirage"]) / j if j > 0 else 0.0
+    max_mirage = max(g.mirage_raw for g in gpus)
+    mirage_long = c.ge(max_mirage, th.mirage_min_minutes * 60)
+    if c.ge(idle_share, th.idle_allocation_fraction) and c.ge(tot["reserved"] / HOUR,
+                                                             th.idle_allocation_min_gpu_hours):
+        if mirage_long and tot["mirage"] > tot["idle"]:
+            return {"util_mirage"}
+        return {"idle_allocation"}
+    out = {"util_mirage"} if mirage_long else set()
+    if len(gpus) >= 2:
+        worked = getattr(th, "idle_gpus_worked_fraction", 0.5)
+        idle = busy = 0
+        for g in gpus:
+            s = g.sums()
+            gj = _judged(s)
+            if gj <= 0 or c.lt(s["observed"] / s["reserved"] if s["reserved"] > 0 else 0.0,
+                               th.unmonitored_coverage):
+                continue
+            if c.ge((s["idle"] + s["mirage"]) / gj, th.idle_gpus_fraction):
+                idle += 1
+            elif c.ge((s["low"] + s["working"] + s["busy_unverified"]) / gj, worked):
+                busy += 1
+        if idle and busy:
+            out.add("idle_gpus")
+    return out
