@@ -66,7 +66,7 @@ def detect() -> frozenset[str]:
     if "min_finding_gpu_hours" in Thresholds.model_fields:
         on.add("min_finding")
     uniq = [c for c in schema.allocations.constraints if c.__class__.__name__ == "UniqueConstraint"]
-    if any({"start_ts", "submit_ts"} & {col.name for col in c.columns} for c in uniq):
+    if any({"start_ts", "submit_ts", "instance_ts"} & {col.name for col in c.columns} for c in uniq):
         on.add("id_reuse")
     for item in filter(None, (x.strip() for x in os.environ.get("GPU_AUDIT_ORACLE_FEATURES", "").split(","))):
         if item == "all":

@@ -155,10 +155,6 @@ def test_make_bucket_builds_the_record_fields_this_version_has() -> None:
     assert getattr(b, "observed_s", 45.0) == 45.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 §3 'Job id reuse': allocations are keyed by (cluster, source, "
-                   "external_id) in auditor/schema.py and auditor/ingest.py, so a later job with a recycled id "
-                   "overwrites the earlier one. When this passes: drop the xfail; tests/oracle_fleets.py detect() "
-                   "then switches 'id_reuse' on by itself (a unique key with start_ts or submit_ts).")
 def test_reused_job_id_keeps_both_jobs(store: Store) -> None:
     # Slurm job 1000 ran [0, 120) and, after an id wrap-around, another job 1000 ran [304, 560), both on
     # n0:0 without telemetry: two allocations, 120 + 256 = 376 reserved GPU-seconds, all unknown.
