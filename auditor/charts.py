@@ -13,6 +13,8 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import markupsafe
+
 RGB = tuple[int, int, int]
 SM_COLOUR: RGB = (37, 99, 235)      # blue: SM activity (real work)
 UTIL_COLOUR: RGB = (234, 88, 12)    # orange: GPU-Util (what the dashboard shows)
@@ -64,8 +66,9 @@ class Image:
     height: int
 
     @property
-    def data_uri(self) -> str:
-        return "data:image/png;base64," + base64.b64encode(self.png).decode("ascii")
+    def data_uri(self) -> markupsafe.Markup:
+        """Markup: base64 needs no escaping, and the cap on shown values (render.cap_shown) must not cut it."""
+        return markupsafe.Markup("data:image/png;base64," + base64.b64encode(self.png).decode("ascii"))
 
 
 def _clamp(v: float | None) -> float | None:

@@ -388,3 +388,39 @@ def test_report_on_postgresql(pg_url: str, tmp_path: Path) -> None:
         with admin.connect() as c:
             c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def test_inline_sparklines_are_whole_pngs(world: tuple[Store, Config, int], tmp_path: Path) -> None:
+    """Every data: URI image in the HTML report decodes to a PNG whose chunks pass their CRCs. The cap on
+    shown values (render.cap_shown, 256 characters) once cut a long sparkline's base64 in the middle, and
+    the browser drew the alt text instead of the chart."""
+    import base64
+    import re
+    import struct
+    import zlib
+
+    import random
+
+    store, cfg, _run = world
+    # a mirage job whose SM activity and GPU-Util jump around: its sparkline PNG compresses badly (long base64)
+    rnd, t = random.Random(7), T0 + timedelta(days=3)
+    store.ingest([Allocation("c1", "slurm", "301", name="jumpy", user="bob", account="acct-vis", start=t,
+                             end=t + timedelta(hours=48), gpus=[AllocatedGpu("n9", 0)])]
+                 + [GpuBucket("c1", "n9", 0, t + timedelta(minutes=5 * i), 300, 10, sm_active=rnd.random() * 0.04,
+                              gpu_util=rnd.random()) for i in range(48 * 12)])
+    run_id = run_audit(store, cfg, T0, T0 + timedelta(days=7)).run_id
+    html = next(p for p in render.write_reports(store, cfg, run_id, tmp_path / "out", ["html"])
+                if p.suffix == ".html").read_text()
+    uris = re.findall(r'src="data:image/png;base64,([^"]*)"', html)
+    assert uris
+    for b64 in uris:
+        png = base64.b64decode(b64.encode("ascii"), validate=True)
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        pos = 8
+        while pos < len(png):
+            (n,), kind = struct.unpack(">I", png[pos:pos + 4]), png[pos + 4:pos + 8]
+            assert zlib.crc32(kind + png[pos + 8:pos + 8 + n]) == struct.unpack(">I", png[pos + 8 + n:pos + 12 + n])[0]
+            pos += 12 + n
+        assert kind == b"IEND"
+    longest = max(len(u) for u in uris)
+    assert longest > render.SHOWN_MAX, f"no image longer than the cap ({longest}): the test would prove nothing"
