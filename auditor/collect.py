@@ -92,24 +92,19 @@ def plan_window(store: Store, cluster: ClusterConfig, key: str, bucket: int, now
     Allocation windows end *now* (not at the last bucket boundary): jobs that started minutes ago are
     read on the first run, and "last seen" is the real sighting time, so a vanished job or pod is closed
     at its last sighting, never at a boundary before it (issue 14)."""
+    def start_for(end: datetime) -> datetime:  # --since, else the watermark less the overlap, else initial_days
+        if since is not None:
+            return floor_to(since, bucket)
+        wm = store.watermark(cluster.name, key)
+        return floor_to((from_epoch(wm) - timedelta(minutes=cluster.overlap_minutes)) if wm is not None
+                        else end - timedelta(days=cluster.initial_days), bucket)
+
     if role == "allocations":
         end = min(until or now, now)
-        if since is not None:
-            start = since
-        else:
-            wm = store.watermark(cluster.name, key)
-            start = (from_epoch(wm) - timedelta(minutes=cluster.overlap_minutes)) if wm is not None \
-                else end - timedelta(days=cluster.initial_days)
-        start = floor_to(start, bucket)
+        start = start_for(end)
         return Window(start, max(end, start + timedelta(seconds=1)), bucket)
     end = floor_to(min(until or now, now), bucket)
-    if since is not None:
-        start = since
-    else:
-        wm = store.watermark(cluster.name, key)
-        start = (from_epoch(wm) - timedelta(minutes=cluster.overlap_minutes)) if wm is not None \
-            else end - timedelta(days=cluster.initial_days)
-    start = floor_to(start, bucket)
+    start = start_for(end)
     if start >= end:
         start = end - timedelta(seconds=bucket)
     return Window(start, ceil_to(end, bucket), bucket)
