@@ -19,6 +19,8 @@ STAGE = "_gpu_bucket_stage"
 
 def rounds(rows: Sequence[tuple]) -> list[list[tuple]]:
     """Split rows so no round repeats a (gpu_id, bucket_ts, job) key; each key's rows keep their order."""
+    if len({(r[0], r[1], r[2]) for r in rows}) == len(rows):
+        return [list(rows)]  # the usual batch: every key once
     seen: dict[tuple, int] = {}
     out: list[list[tuple]] = [[]]
     for r in rows:
@@ -47,7 +49,7 @@ def copy_merge(conn: Connection, rows: Sequence[tuple], cols: Sequence[str], set
     conn.exec_driver_sql(f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGE} "
                          "(LIKE gpu_buckets INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
     names = ", ".join(cols)
-    merge = (f"INSERT INTO gpu_buckets ({names}) SELECT {names} FROM {STAGE} "
+    merge = (f"INSERT INTO gpu_buckets ({names}) SELECT {names} FROM {STAGE} ORDER BY gpu_id, bucket_ts, job "
              f"ON CONFLICT (gpu_id, bucket_ts, job) DO UPDATE SET {', '.join(sets)}")
     for part in rounds(rows):
         conn.exec_driver_sql(f"TRUNCATE {STAGE}")
