@@ -33,9 +33,41 @@ def rounds(rows: Sequence[tuple]) -> list[list[tuple]]:
     return out
 
 
-def copy_rows(dbapi_conn: Any, table: str, cols: Sequence[str], rows: Sequence[tuple]) -> None:
-    """COPY ``rows`` into ``table`` through psycopg 3's copy protocol (text format, C dumpers)."""
-    with dbapi_conn.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(cols)}) FROM STDIN") as cp:
+INT4 = (-(2**31), 2**31 - 1)
+
+
+def _stage_types(conn: Connection, cols: Sequence[str]) -> list[str]:
+    """PostgreSQL type names of the staging table's ``cols`` (for binary COPY), read once per connection."""
+    info = conn.connection.info
+    key = ("_gpu_bucket_stage_types", tuple(cols))
+    if key not in info:
+        got = dict(conn.exec_driver_sql(
+            "SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+            f"WHERE a.attrelid = '{STAGE}'::regclass AND a.attnum > 0 AND NOT a.attisdropped").all())
+        info[key] = [got[c] for c in cols]
+    return info[key]
+
+
+def _ints_fit(rows: Sequence[tuple], types: Sequence[str]) -> bool:
+    """Binary COPY writes an int4 from the low 32 bits of a Python int (silently wrapping): only rows whose
+    integers all fit go binary; otherwise text COPY lets PostgreSQL refuse them, as the upsert would."""
+    lo, hi = INT4
+    for i, t in enumerate(types):
+        if t == "int4":
+            vals = [v for r in rows if (v := r[i]) is not None]
+            if vals and (min(vals) < lo or max(vals) > hi):
+                return False
+    return True
+
+
+def copy_rows(dbapi_conn: Any, table: str, cols: Sequence[str], rows: Sequence[tuple],
+              types: Sequence[str] | None = None) -> None:
+    """COPY ``rows`` into ``table`` through psycopg 3's copy protocol: binary with ``types`` (about 3x
+    cheaper to encode than text), else text."""
+    fmt = " (FORMAT BINARY)" if types else ""
+    with dbapi_conn.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(cols)}) FROM STDIN{fmt}") as cp:
+        if types:
+            cp.set_types(list(types))
         write = cp.write_row
         for r in rows:
             write(r)
@@ -48,11 +80,12 @@ def copy_merge(conn: Connection, rows: Sequence[tuple], cols: Sequence[str], set
     # (the row-by-row retry) takes a table created inside it away again
     conn.exec_driver_sql(f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGE} "
                          "(LIKE gpu_buckets INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+    types = _stage_types(conn, cols)
     names = ", ".join(cols)
     merge = (f"INSERT INTO gpu_buckets ({names}) SELECT {names} FROM {STAGE} ORDER BY gpu_id, bucket_ts, job "
              f"ON CONFLICT (gpu_id, bucket_ts, job) DO UPDATE SET {', '.join(sets)}")
     for part in rounds(rows):
         conn.exec_driver_sql(f"TRUNCATE {STAGE}")
-        copy_rows(dbapi, STAGE, cols, part)
+        copy_rows(dbapi, STAGE, cols, part, types if _ints_fit(part, types) else None)
         conn.exec_driver_sql(merge)
     conn.exec_driver_sql(f"TRUNCATE {STAGE}")

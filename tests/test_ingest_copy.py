@@ -104,3 +104,22 @@ def test_pg_ingest_bench_smoke(pg_url: str) -> None:
     for k in ("copy_rows_s", "executemany_rows_s", "raw_copy_rows_s", "merge_only_rows_s"):
         assert r[k] > 0
     assert "raw COPY" in pg_ingest.report(r)
+
+
+@pytest.mark.parametrize("copy_min", [1, 10**9], ids=["copy", "executemany"])
+def test_out_of_range_integer_is_refused_not_wrapped(pg_schema_url: str, copy_min: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Binary COPY would store an int4 from the low 32 bits of a Python int: a bucket starting after 2038
+    (bucket_ts > 2**31 - 1) must be refused by PostgreSQL like the upsert refuses it, and the good bucket
+    of the same batch kept."""
+    monkeypatch.setattr(ingest, "COPY_MIN_ROWS", copy_min)
+    store = Store.open(pg_schema_url)
+    store.upgrade()
+    bad = replace(_b(10, sm_active=0.5), start=datetime(2040, 1, 1, tzinfo=UTC))
+    refused: list[str] = []
+    stats = store.ingest([_b(10, sm_active=0.5), bad], seen_at_ts=1, on_bad=lambda r, why: refused.append(why))
+    with store.engine.connect() as conn:
+        stored = conn.execute(text("SELECT bucket_ts FROM gpu_buckets")).scalars().all()
+    store.engine.dispose()
+    assert stored == [int(T0.timestamp())] and stats.buckets == 1
+    assert len(refused) == 1 and "out of range" in refused[0]
