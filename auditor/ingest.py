@@ -247,25 +247,42 @@ BUCKET_COLS = ("gpu_id", "bucket_ts", "job", "bucket_s", "samples", "observed_s"
 _BUCKET_KEY = attrgetter("cluster", "host", "gpu", "gpu_instance")  # C-level getters: the per-row cost
 _BUCKET_VALUES = attrgetter(*METRIC_FIELDS, *LABEL_FIELDS)
 HOUR = 3600
+COPY_MIN_ROWS = 1  # PostgreSQL: every batch through COPY (tests may raise it to force executemany)
 
 
-def _bucket_sql(dialect: str) -> str:
-    """Upsert that merges a row with the stored one FIELD BY FIELD (docs/definitions.md): each metric and
-    label from the row that has it, from the one with more samples if both do (tie: the stored one);
-    samples and observed seconds the maximum; the span of the row with more samples. Ingesting the same
-    rows again changes nothing; one source's row never blanks another source's fields."""
-    ph = "%s" if dialect == "postgresql" else "?"
+def bucket_sets(dialect: str) -> list[str]:
+    """The merge of a row with the stored one, FIELD BY FIELD (docs/definitions.md): each metric and label
+    from the row that has it, from the one with more samples if both do (tie: the stored one); samples and
+    observed seconds the maximum; the span of the row with more samples. Ingesting the same rows again
+    changes nothing; one source's row never blanks another source's fields."""
     big = "GREATEST" if dialect == "postgresql" else "max"
-    cols = ", ".join(BUCKET_COLS)
     more = "excluded.samples > gpu_buckets.samples"
-    sets = [f"samples = {big}(gpu_buckets.samples, excluded.samples)",
+    return [f"samples = {big}(gpu_buckets.samples, excluded.samples)",
             f"observed_s = {big}(gpu_buckets.observed_s, excluded.observed_s)",
             *(f"{c} = CASE WHEN {more} THEN excluded.{c} ELSE gpu_buckets.{c} END" for c in ("span_start",
                                                                                              "span_end")),
             *(f"{c} = CASE WHEN excluded.{c} IS NULL THEN gpu_buckets.{c} WHEN gpu_buckets.{c} IS NULL OR {more} "
               f"THEN excluded.{c} ELSE gpu_buckets.{c} END" for c in (*METRIC_FIELDS, *LABEL_FIELDS))]
-    return (f"INSERT INTO gpu_buckets ({cols}) VALUES ({', '.join([ph] * len(BUCKET_COLS))}) "
-            f"ON CONFLICT (gpu_id, bucket_ts, job) DO UPDATE SET {', '.join(sets)}")
+
+
+def _bucket_sql(dialect: str) -> str:
+    """The row-at-a-time upsert (SQLite, and PostgreSQL with ``COPY_MIN_ROWS`` not reached)."""
+    ph = "%s" if dialect == "postgresql" else "?"
+    return (f"INSERT INTO gpu_buckets ({', '.join(BUCKET_COLS)}) VALUES ({', '.join([ph] * len(BUCKET_COLS))}) "
+            f"ON CONFLICT (gpu_id, bucket_ts, job) DO UPDATE SET {', '.join(bucket_sets(dialect))}")
+
+
+def write_bucket_rows(conn: Connection, rows: list[tuple], *, copy: bool | None = None) -> None:
+    """Merge bucket row tuples (``BUCKET_COLS`` order) into gpu_buckets. On PostgreSQL batches of at least
+    ``COPY_MIN_ROWS`` go through COPY + one set-based merge (:mod:`auditor.ingest_pg`), same result."""
+    if copy is None:
+        copy = conn.dialect.name == "postgresql" and len(rows) >= COPY_MIN_ROWS
+    if copy:
+        from auditor.ingest_pg import copy_merge
+
+        copy_merge(conn, rows, BUCKET_COLS, bucket_sets("postgresql"))
+    else:
+        conn.exec_driver_sql(_bucket_sql(conn.dialect.name), rows)
 
 
 def telemetry_gpu_ids(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int]) -> None:
@@ -325,7 +342,7 @@ def _drop_rolled_up(conn: Connection, rows: list[tuple], before: int | None) -> 
 
 def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int],
                    rolled_up_before: int | None = None) -> int:
-    """The hot path: plain DBAPI executemany of one prepared upsert (no ORM objects per row)."""
+    """The hot path: row tuples (no ORM objects), merged by :func:`write_bucket_rows`."""
     telemetry_gpu_ids(conn, buckets, cache)
     key = _BUCKET_KEY
     rows = [_row(cache[key(b)], b) for b in buckets]
@@ -335,7 +352,7 @@ def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple
     rows = _drop_rolled_up(conn, rows, rolled_up_before)
     if not rows:
         return 0
-    conn.exec_driver_sql(_bucket_sql(conn.dialect.name), rows)
+    write_bucket_rows(conn, rows)
     labelled = {r[0] for r in rows if r[2]}
     if labelled:
         t = schema.telemetry_gpus

@@ -4,7 +4,8 @@
 - the audit of simulated fleets (GPUs x days at 5-min buckets) on SQLite, each in its own process, with
   peak RSS, the engine's floor (a bare grouped aggregate over the same bucket table) and audit/floor,
   plus the scaling ratio between consecutive sizes (:mod:`bench.audit`, stores cached by :mod:`bench.fleet`);
-- the same audit on PostgreSQL in a throw-away schema (:mod:`bench.pg`);
+- the same audit on PostgreSQL in a throw-away schema (:mod:`bench.pg`), and PostgreSQL bucket ingest
+  (COPY + merge vs the old executemany upsert vs a raw COPY, :mod:`bench.pg_ingest`);
 - rendering the report of the largest fleet's audit run (all formats).
 
 Full run:  python -m bench                       (1,024 / 4,096 / 16,384 GPUs x 7 days; PostgreSQL 1,024)
@@ -93,6 +94,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ratio = res[b]["audit_s"] / res[a]["audit_s"]
         out[f"scaling_{a}_{b}"] = ratio
         print(f"scaling {a:,} -> {b:,} GPUs ({b / a:g}x the data): {ratio:.2f}x the audit time", flush=True)
+    if args.ingest_gpus and _sizes(args.pg_sizes):
+        from bench import pg_ingest
+
+        r = pg_ingest.measure(args.pg_url, args.ingest_gpus, min(args.ingest_days, 2))
+        out["pg_ingest"] = r
+        print("\n" + pg_ingest.report(r), flush=True)
     for n in _sizes(args.pg_sizes):
         from bench import pg
 
