@@ -60,7 +60,7 @@ class Profile:
 
 
 WORKING = Profile(sm=0.78, util=1.0, tensor=0.55, dram=0.45, fb=61000, power=520)
-SPIN = Profile(sm=0.03, util=0.99, tensor=0.0, dram=0.01, fb=3000, power=110)
+SPIN = Profile(sm=0.03, util=0.99, tensor=0.0, dram=0.01, fb=3000, power=210)  # above idle: not hung
 HELD_IDLE = Profile(sm=0.0, util=0.0, tensor=0.0, dram=0.0, fb=20480, power=62)
 INFERENCE = Profile(sm=0.7, util=0.95, tensor=0.35, dram=0.3, fb=30000, power=300, daily=True)
 FREE = Profile(sm=0.0, util=0.0, fb=0, power=55)

@@ -395,11 +395,10 @@ def test_inline_sparklines_are_whole_pngs(world: tuple[Store, Config, int], tmp_
     shown values (render.cap_shown, 256 characters) once cut a long sparkline's base64 in the middle, and
     the browser drew the alt text instead of the chart."""
     import base64
+    import random
     import re
     import struct
     import zlib
-
-    import random
 
     store, cfg, _run = world
     # a mirage job whose SM activity and GPU-Util jump around: its sparkline PNG compresses badly (long base64)

@@ -1,0 +1,126 @@
+"""Issue 19 §1: the mirage split (hung_collective, ghost_busy, util_mirage) and §4 energy, on both engines.
+
+Every expected number is worked out by hand in the comments (2-hour jobs, 24 buckets of 300 s)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import text
+
+from auditor.audit import run_audit
+from auditor.config import Config
+from auditor.records import AllocatedGpu, Allocation, GpuBucket
+from auditor.store import Store
+
+T0 = datetime(2026, 11, 20, tzinfo=UTC)
+W0, W1 = T0 - timedelta(days=1), T0 + timedelta(days=1)
+SPLIT = ("util_mirage", "hung_collective", "ghost_busy", "idle_allocation")
+
+
+def job(ext: str, node: str, idx: list[int]) -> Allocation:
+    return Allocation("c", "slurm", ext, user="u", account="acct", start=T0, end=T0 + timedelta(hours=2),
+                      gpus=[AllocatedGpu(node, i) for i in idx])
+
+
+def series(host: str, gpu: int, n: int = 24, first: int = 0, **metrics) -> list[GpuBucket]:
+    return [GpuBucket("c", host, gpu, T0 + timedelta(minutes=5 * (first + i)), 300, 10, **metrics)
+            for i in range(n)]
+
+
+MIRAGE = {"sm_active": 0.01, "gpu_util": 1.0}
+
+
+def fleet() -> list:
+    recs: list = []
+    # hung: 2 GPUs spinning at 100 % GPU-Util, 80 W, 30000 MiB held -> hung_collective
+    recs += [job("hung", "n1", [0, 1]), *series("n1", 0, **MIRAGE, power_w=80.0, fb_used_mib=30000.0),
+             *series("n1", 1, **MIRAGE, power_w=80.0, fb_used_mib=30000.0)]
+    # ghost: 100 % GPU-Util, 0 MiB used -> ghost_busy (one GPU is enough)
+    recs += [job("ghost", "n2", [0]), *series("n2", 0, **MIRAGE, power_w=70.0, fb_used_mib=0.0)]
+    # ghost16: exactly at ghost_max_fb_mib (16 <= 16) -> ghost_busy; fb17: 17 > 16 -> util_mirage
+    recs += [job("ghost16", "n2", [1]), *series("n2", 1, **MIRAGE, fb_used_mib=16.0)]
+    recs += [job("fb17", "n2", [2]), *series("n2", 2, **MIRAGE, fb_used_mib=17.0)]
+    # spin: the hung signature on one GPU: a process spinning, not a collective -> util_mirage
+    recs += [job("spin", "n2", [3]), *series("n2", 3, **MIRAGE, power_w=80.0, fb_used_mib=30000.0)]
+    # hot: 2 GPUs but 300 W > 150 W -> util_mirage
+    recs += [job("hot", "n3", [0, 1]), *series("n3", 0, **MIRAGE, power_w=300.0, fb_used_mib=30000.0),
+             *series("n3", 1, **MIRAGE, power_w=300.0, fb_used_mib=30000.0)]
+    # nopower: no power reading is no evidence of idle power -> util_mirage
+    recs += [job("nopower", "n3", [2, 3]), *series("n3", 2, **MIRAGE, fb_used_mib=30000.0),
+             *series("n3", 3, **MIRAGE, fb_used_mib=30000.0)]
+    # halfutil: GPU-Util 0.6 (a mirage, >= 0.5) but mean 0.6 < 0.9 -> util_mirage
+    recs += [job("halfutil", "n4", [0, 1]),
+             *series("n4", 0, sm_active=0.01, gpu_util=0.6, power_w=80.0, fb_used_mib=30000.0),
+             *series("n4", 1, sm_active=0.01, gpu_util=0.6, power_w=80.0, fb_used_mib=30000.0)]
+    # mixed power: 12 buckets at 100 W, 12 at 250 W on both GPUs: mean (100 + 250) / 2 = 175 W > 150 -> util_mirage
+    # (every bucket alone below or above: the rule reads the mean, not a maximum or a minimum)
+    recs += [job("mixed", "n5", [0, 1])]
+    for g in (0, 1):
+        recs += [*series("n5", g, n=12, **MIRAGE, power_w=100.0, fb_used_mib=30000.0),
+                 *series("n5", g, n=12, first=12, **MIRAGE, power_w=250.0, fb_used_mib=30000.0)]
+    # mixed140: 12 at 130 W + 12 at 150 W: mean 140 <= 150 -> hung_collective
+    recs += [job("mixed140", "n6", [0, 1])]
+    for g in (0, 1):
+        recs += [*series("n6", g, n=12, **MIRAGE, power_w=130.0, fb_used_mib=30000.0),
+                 *series("n6", g, n=12, first=12, **MIRAGE, power_w=150.0, fb_used_mib=30000.0)]
+    # hungwork: 20 mirage buckets at 80 W then 4 working ones (SM 0.9) at 400 W on both GPUs: idle share
+    # 2 x 6000 / 14400 = 83 % >= 80 %; the power while mirage is 80 W (the working 400 W do not count) -> hung
+    recs += [job("hungwork", "n7", [0, 1])]
+    for g in (0, 1):
+        recs += [*series("n7", g, n=20, **MIRAGE, power_w=80.0, fb_used_mib=30000.0),
+                 *series("n7", g, n=4, first=20, sm_active=0.9, gpu_util=1.0, power_w=400.0, fb_used_mib=30000.0)]
+    return recs
+
+
+def findings(store: Store, run_id: int) -> dict[str, dict[str, dict]]:
+    out: dict[str, dict[str, dict]] = {}
+    with store.engine.connect() as conn:
+        for r in conn.execute(text("SELECT a.external_id, f.kind, f.evidence FROM findings f JOIN allocations a "
+                                   "ON a.id = f.allocation_id WHERE f.run_id = :r"), {"r": run_id}):
+            if r.kind in SPLIT:
+                ev = json.loads(r.evidence) if isinstance(r.evidence, str) else r.evidence
+                out.setdefault(r.external_id, {})[r.kind] = ev
+    return out
+
+
+def usage(store: Store, run_id: int) -> dict[str, dict]:
+    with store.engine.connect() as conn:
+        return {r.external_id: dict(r._mapping) for r in conn.execute(text(
+            "SELECT a.external_id, u.* FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id "
+            "WHERE u.run_id = :r"), {"r": run_id})}
+
+
+def test_mirage_split(store: Store) -> None:
+    store.ingest(fleet())
+    run = run_audit(store, Config(), W0, W1)
+    got = findings(store, run.run_id)
+    assert {k: sorted(v) for k, v in got.items()} == {
+        "hung": ["hung_collective"], "ghost": ["ghost_busy"], "ghost16": ["ghost_busy"], "fb17": ["util_mirage"],
+        "spin": ["util_mirage"], "hot": ["util_mirage"], "nopower": ["util_mirage"], "halfutil": ["util_mirage"],
+        "mixed": ["util_mirage"], "mixed140": ["hung_collective"], "hungwork": ["hung_collective"]}
+    hung = got["hung"]["hung_collective"]
+    # 2 GPUs x 7200 s mirage at GPU-Util 1.0 and 80 W
+    assert hung["recipient"] == "user" and "stuck, not slow" in hung["rule"]
+    assert hung["mirage_mean_gpu_util"] == pytest.approx(1.0) and hung["mirage_mean_power_w"] == pytest.approx(80.0)
+    assert got["ghost"]["ghost_busy"]["recipient"] == "operations"
+    assert got["mixed"]["util_mirage"]["mirage_mean_power_w"] == pytest.approx(175.0)
+    assert got["mixed140"]["hung_collective"]["mirage_mean_power_w"] == pytest.approx(140.0)
+    u = usage(store, run.run_id)
+    # hung: mirage_util = 2 x 7200 x 1.0 = 14400; power: 14400 s x 80 W = 1,152,000 J, all of it idle (mirage)
+    assert u["hung"]["mirage_util_s"] == pytest.approx(14400.0)
+    assert u["hung"]["mirage_power_s"] == pytest.approx(1_152_000.0)
+    assert u["hung"]["mirage_power_observed_s"] == pytest.approx(14400.0)
+    assert u["hung"]["energy_s"] == pytest.approx(1_152_000.0) == u["hung"]["idle_energy_s"]
+    # halfutil: 14400 s x 0.6 = 8640
+    assert u["halfutil"]["mirage_util_s"] == pytest.approx(8640.0)
+    # nopower: no reading, nothing summed
+    assert u["nopower"]["power_observed_s"] == 0 and u["nopower"]["energy_s"] == 0
+    # mixed: 2 GPUs x (3600 s x 100 W + 3600 s x 250 W) = 2,520,000 J
+    assert u["mixed"]["energy_s"] == pytest.approx(2_520_000.0)
+    # hungwork: 2 x 6000 s x 80 W = 960,000 J idle (mirage); + 2 x 1200 s x 400 W = 960,000 J working
+    assert u["hungwork"]["idle_energy_s"] == pytest.approx(960_000.0)
+    assert u["hungwork"]["energy_s"] == pytest.approx(1_920_000.0)
+    assert u["hungwork"]["idle_power_observed_s"] == pytest.approx(12000.0)
