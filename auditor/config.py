@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from auditor.energy import EnergyConfig
 from auditor.errors import ConfigError
 
 ENV_VAR = "GPU_AUDIT_CONFIG"
@@ -402,6 +403,8 @@ class Config(Strict):
     clusters: list[ClusterConfig] = Field(default_factory=list, description="Clusters to audit.")
     thresholds: Thresholds = Field(default_factory=Thresholds, description="Verdict and finding rules.")
     prices: PriceCard = Field(default_factory=PriceCard, description="Price card.")
+    energy: EnergyConfig = Field(default_factory=EnergyConfig, description="Energy and carbon: idle power "
+                                 "per GPU model, grid intensity per cluster (auditor/energy.py).")
     teams: list[Team] = Field(default_factory=list, description="Team mapping.")
     team_label: str = Field("team", description="Kubernetes pod label naming the team (checked before "
                             "the namespace mapping).")

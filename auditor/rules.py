@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, text
 
-from auditor import schema
+from auditor import energy, schema
 from auditor.config import Config, Thresholds
 from auditor.judge import JOB_KEY, job_match
 
@@ -241,6 +241,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     summary = summarise(per_alloc, rows, cfg)
     summary["verification_by_node_group"] = verification(conn, run_id)
     summary["capacity"] = capacity(conn, since, until, horizon=horizon)
+    summary["energy"] = energy.summary(per_alloc, cfg.energy)
     return summary
 
 

@@ -124,3 +124,52 @@ def test_mirage_split(store: Store) -> None:
     assert u["hungwork"]["idle_energy_s"] == pytest.approx(960_000.0)
     assert u["hungwork"]["energy_s"] == pytest.approx(1_920_000.0)
     assert u["hungwork"]["idle_power_observed_s"] == pytest.approx(12000.0)
+
+
+def energy_fleet() -> list:
+    def alloc(ext: str, user: str, node: str, model: str) -> Allocation:
+        return Allocation("c", "slurm", ext, user=user, account="acct", start=T0, end=T0 + timedelta(hours=2),
+                          gpus=[AllocatedGpu(node, 0, model=model)])
+    return [
+        # e1 (H100): 1 h working at 400 W, 1 h idle at 70 W: 3600 x 400 + 3600 x 70 = 1,692,000 J = 0.47 kWh,
+        # idle 252,000 J = 0.07 kWh; all measured
+        alloc("e1", "u1", "n1", "NVIDIA H100 80GB HBM3"),
+        *series("n1", 0, n=12, sm_active=0.9, gpu_util=1.0, power_w=400.0),
+        *series("n1", 0, n=12, first=12, sm_active=0.0, gpu_util=0.0, power_w=70.0),
+        # e2 (A100, idle power 50 W configured): 1 h idle without a power field, 1 h no telemetry: all 7200 s
+        # estimated: 7200 x 50 = 360,000 J = 0.1 kWh; idle 3600 x 50 = 180,000 J = 0.05 kWh, estimated
+        alloc("e2", "u2", "n2", "NVIDIA A100-SXM4-40GB"),
+        *series("n2", 0, n=12, sm_active=0.0, gpu_util=0.0),
+    ]
+
+
+def test_energy_and_carbon(store: Store) -> None:
+    from auditor import chargeback
+    from auditor.config import parse
+
+    cfg = parse({"energy": {"idle_power_w": {"A100": 50.0, "H100": 70.0}, "grid_gco2_per_kwh": {"c": 400.0}}})
+    store.ingest(energy_fleet())
+    run = run_audit(store, cfg, W0, W1)
+    e = run.summary["energy"]
+    # 0.47 + 0.1 = 0.57 kWh (0.1 estimated); idle 0.07 + 0.05 = 0.12 (0.05 estimated); x 400 g/kWh:
+    # 0.57 x 0.4 = 0.228 kg, idle 0.12 x 0.4 = 0.048 kg
+    assert (e["energy_kwh"], e["energy_estimated_kwh"]) == (pytest.approx(0.57), pytest.approx(0.1))
+    assert (e["idle_energy_kwh"], e["idle_energy_estimated_kwh"]) == (pytest.approx(0.12), pytest.approx(0.05))
+    assert (e["co2_kg"], e["idle_co2_kg"]) == (pytest.approx(0.228), pytest.approx(0.048))
+    assert e["by_cluster"][0]["grid_gco2_per_kwh"] == 400.0
+    rows = {r["owner"]: r for r in chargeback.chargeback(store, cfg, W0, W1, "user", run_id=run.run_id)}
+    from decimal import Decimal as D
+
+    assert [rows["u1"][k] for k in ("energy_kwh", "energy_estimated_kwh", "idle_energy_kwh",
+                                    "idle_energy_estimated_kwh", "co2_kg", "idle_co2_kg")] == \
+        [D("0.47"), D("0"), D("0.07"), D("0"), D("0.188"), D("0.028")]
+    assert [rows["u2"][k] for k in ("energy_kwh", "energy_estimated_kwh", "idle_energy_kwh",
+                                    "idle_energy_estimated_kwh", "co2_kg", "idle_co2_kg")] == \
+        [D("0.1"), D("0.1"), D("0.05"), D("0.05"), D("0.04"), D("0.02")]
+    # no intensity configured: no carbon figure (empty in CSV), energy unchanged
+    plain = parse({"energy": {"idle_power_w": {"A100": 50.0}}})
+    rows2 = chargeback.chargeback(store, plain, W0, W1, "user", run_id=run.run_id)
+    assert {r["co2_kg"] for r in rows2} == {None} and chargeback.totals(rows2)["co2_kg"] is None
+    assert sum(r["energy_kwh"] for r in rows2) == D("0.57")
+    csv_text = chargeback.to_csv(rows2)
+    assert csv_text.splitlines()[1].count(",,") >= 1
