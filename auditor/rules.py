@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, text
 
-from auditor import energy, schema
+from auditor import energy, rightsize, schema
 from auditor.config import Config, Thresholds
 from auditor.judge import JOB_KEY, job_match
 
@@ -226,6 +226,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
                            flagged=flagged, clusters=clusters)
     rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
     thresholds = th.model_dump()
+    by_id = {r["allocation_id"]: r for r in per_alloc}
     rows.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
     for i in range(0, len(rows), 5000):  # sparklines per chunk: never all of them in memory at once
         chunk = rows[i:i + 5000]
@@ -234,6 +235,8 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
         for f in chunk:
             if f["allocation_id"] in spark:
                 f["evidence"]["sparkline"] = spark[f["allocation_id"]]
+            if f["allocation_id"] in by_id:
+                f["evidence"]["right_size"] = rightsize.hint(by_id[f["allocation_id"]], th, cfg.prices)
             f["evidence"]["thresholds"] = thresholds
         conn.execute(insert(schema.findings), chunk)
         for f in chunk:

@@ -173,3 +173,38 @@ def test_energy_and_carbon(store: Store) -> None:
     assert sum(r["energy_kwh"] for r in rows2) == D("0.57")
     csv_text = chargeback.to_csv(rows2)
     assert csv_text.splitlines()[1].count(",,") >= 1
+
+
+def test_right_size_hint(store: Store) -> None:
+    from auditor.config import parse
+
+    h100 = "NVIDIA H100 80GB HBM3"
+
+    def alloc(ext: str, node: str, n: int, model: str) -> Allocation:
+        return Allocation("c", "slurm", ext, user="u", account="acct", start=T0, end=T0 + timedelta(hours=5),
+                          gpus=[AllocatedGpu(node, i, model=model) for i in range(n)])
+    low = {"gpu_util": 0.5, "power_w": 100.0}
+    recs = [alloc("small", "n1", 1, h100), *series("n1", 0, n=60, sm_active=0.1, fb_used_mib=8000.0, **low),
+            alloc("wide", "n2", 4, h100),
+            *(b for g in range(4) for b in series("n2", g, n=60, sm_active=0.2, fb_used_mib=30000.0, **low)),
+            alloc("nosize", "n3", 1, "Tesla T4"), *series("n3", 0, n=60, sm_active=0.1, fb_used_mib=8000.0, **low)]
+    store.ingest(recs)
+    cfg = parse({"prices": {"default": 2.0, "mig": {"1g.10gb": 0.5}}})
+    run = run_audit(store, cfg, W0, W1)
+    with store.engine.connect() as conn:
+        ev = {r.external_id: (json.loads(r.evidence) if isinstance(r.evidence, str) else r.evidence)["right_size"]
+              for r in conn.execute(text("SELECT a.external_id, f.evidence FROM findings f JOIN allocations a ON "
+                                         "a.id = f.allocation_id WHERE f.run_id = :r AND f.kind = 'low_efficiency'"),
+                                    {"r": run.run_id})}
+    assert set(ev) == {"small", "wide", "nosize"}
+    # small: peak 8000 MiB <= 80 GiB / 8 = 10240 and SM 0.1 <= 1/7: 1g.10gb; 5 h x 2.0 = 10.0 reserved,
+    # 5 h x 0.5 (the configured MIG price) = 2.5: saves 7.5
+    assert ev["small"]["mig_profile"] == "1g.10gb" and ev["small"]["mig_saving"] == pytest.approx(7.5)
+    assert "fewer_gpus" not in ev["small"]
+    # wide: 30000 MiB > 20480 (2g), <= 40960 (3g) and SM 0.2 <= 3/7: 3g.40gb at 2.0 x 3/7 per hour:
+    # 20 GPU-h x 2.0 = 40.0 - 20 x 6/7 = 17.142857 -> saves 22.857143; SM work 0.2 x 4 = 0.8 GPUs at 50 % fill
+    # = ceil(1.6) = 2 GPUs: saves 40 x 2/4 = 20.0
+    assert ev["wide"]["mig_profile"] == "3g.40gb" and ev["wide"]["mig_saving"] == pytest.approx(40 - 120 / 7)
+    assert ev["wide"]["fewer_gpus"] == 2 and ev["wide"]["fewer_gpus_saving"] == pytest.approx(20.0)
+    # nosize: the model name does not say its memory and it is one GPU: no hint
+    assert ev["nosize"] is None
