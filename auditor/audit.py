@@ -21,7 +21,7 @@ from sqlalchemy import Connection, insert, select, text, update
 
 from auditor import schema
 from auditor.config import Config, Thresholds
-from auditor.judge import JOB_KEY, LOOKBACK, SUMS, job_match, judged_rows, sqlite_rows, usage_columns
+from auditor.judge import EXTRA, JOB_KEY, LOOKBACK, SUMS, job_match, judged_rows, sqlite_rows, usage_columns
 from auditor.money import Pricing
 from auditor.store import Store
 from auditor.timeutil import to_epoch, utcnow
@@ -98,7 +98,7 @@ WHERE ag.id NOT IN (SELECT allocated_gpu_id FROM _attr) AND """ + _IN_WINDOW
 
 USAGE_COLS = ("signal", "reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
               "busy_unverified_s", "unknown_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s",
-              "sm_observed_s", "tensor_s", "dram_s", "io_bps_s", "max_gpu_mirage_s")
+              "sm_observed_s", "tensor_s", "dram_s", "io_bps_s", "max_gpu_mirage_s", *(f"{k}_s" for k in EXTRA))
 _INSERT = ("INSERT INTO usage_gpu (run_id, allocated_gpu_id, allocation_id, attribution, gpu_index, gpu_id, "
            + ", ".join(USAGE_COLS) + ", peak_fb_mib, idle_peak_fb_mib)\nSELECT :run_id, at.allocated_gpu_id, "
            "at.allocation_id, at.attribution, at.gpu_index, at.gpu_id, ")

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import text
 
-from auditor import jsonsafe
+from auditor import energy, jsonsafe
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.store import Store
@@ -32,10 +32,13 @@ HOURS = ("reserved", "effective", "idle", "idle_by_util", "mirage", "low", "work
          "unknown")
 COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "allocations",
            *(f"{h}_gpu_hours" for h in HOURS), "reserved_cost", "idle_cost", "cost_per_effective_gpu_hour",
-           "currency", "audit_run_id")
+           "currency", *energy.KEYS, "audit_run_id")
 TEXT_COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "currency")
 _OWNER = {"account": "a.account", "namespace": "a.account", "team": "u.team", "user": "a.user_name",
           "cluster": "a.cluster", "qos": "a.qos", "state": "a.state"}
+#: usage_allocation sums the energy figures read (auditor/energy.py)
+ENERGY_SUMS = ("reserved_s", "idle_s", "mirage_s", "energy_s", "power_observed_s", "idle_energy_s",
+               "idle_power_observed_s")
 H6, C4 = Decimal("0.000001"), Decimal("0.0001")
 INJECTION_START = ("=", "+", "-", "@", "\t", "\r")
 
@@ -89,15 +92,25 @@ def chargeback(store: Store, cfg: Config, since: datetime, until: datetime, by: 
            "SUM(u.reserved_cost) AS reserved_cost, SUM(u.idle_cost) AS idle_cost "
            "FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run "
            f"GROUP BY a.cluster, {owner} ORDER BY a.cluster, {owner}")
+    esql = (f"SELECT a.cluster AS cluster, {owner} AS owner, u.gpu_model AS gpu_model, "
+            + ", ".join(f"SUM(u.{c}) AS {c}" for c in ENERGY_SUMS)
+            + " FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run "
+            f"GROUP BY a.cluster, {owner}, u.gpu_model")
     label = period or f"{since.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}/{until.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
     rows = []
+    kwh: dict[tuple[str, str], dict[str, float | None]] = {}
     with store.engine.connect() as conn:
+        for r in conn.execute(text(esql), {"run": run_id}):  # per model: the idle power of each
+            energy.add(kwh.setdefault((r.cluster, r.owner or ""), {}),
+                       energy.energy(r._mapping, cfg.energy, r.gpu_model, r.cluster))
         for r in conn.execute(text(sql), {"run": run_id}):
             hours = {h: _q(getattr(r, f"{h}_s") / 3600.0, H6) for h in HOURS}
             hours["unknown"] = hours["reserved"] - (hours["idle"] + hours["mirage"] + hours["low"]
                                                     + hours["working"] + hours["busy_unverified"])
             rows.append(_row(label, since, until, r.cluster, by, r.owner or "", int(r.allocations), hours,
                              _q(r.reserved_cost, C4), _q(r.idle_cost, C4), cfg.prices.currency, run_id))
+            e = kwh.get((r.cluster, r.owner or ""), {})
+            rows[-1].update({k: None if e.get(k) is None else _q(e[k], H6) for k in energy.KEYS})
     return rows
 
 
@@ -120,6 +133,9 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"{h}_gpu_hours"] = sum((r[f"{h}_gpu_hours"] for r in rows), Decimal(0))
     for c in ("reserved_cost", "idle_cost"):
         out[c] = sum((r[c] for r in rows), Decimal(0))
+    for c in energy.KEYS:  # a carbon figure missing in any row (no intensity for its cluster): no total
+        vals = [r.get(c) for r in rows]
+        out[c] = None if any(v is None for v in vals) else sum(vals, Decimal(0))
     eff = out["effective_gpu_hours"]
     out["cost_per_effective_gpu_hour"] = (out["reserved_cost"] / eff).quantize(C4) if eff > 0 else None
     return out

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from auditor.energy import EnergyConfig
 from auditor.errors import ConfigError
 
 ENV_VAR = "GPU_AUDIT_CONFIG"
@@ -184,7 +185,18 @@ class Thresholds(Strict):
     idle_gpus_worked_fraction: float = Field(0.5, ge=0, le=1, description="idle_gpus: a GPU counts as "
                                              "busy when low, working or busy-unverified this share of its "
                                              "observed time.")
-    mirage_min_minutes: float = Field(30, ge=0, description="util_mirage: minimum mirage minutes.")
+    mirage_min_minutes: float = Field(30, ge=0, description="util_mirage (and hung_collective, ghost_busy): "
+                                      "minimum mirage minutes of one GPU.")
+    hung_gpu_util: float = Field(0.9, ge=0, le=1, description="hung_collective: mean GPU-Util (0-1) over the "
+                                 "mirage time at least this...")
+    hung_max_power_w: float = Field(150.0, ge=0, description="...mean power over the mirage time at most this "
+                                    "(W, near idle; no power reading: not hung)...")
+    hung_held_mib: float = Field(1024.0, ge=0, description="...memory held while idle or mirage at least this "
+                                 "(MiB), in an allocation of 2 or more GPUs: a hung collective (NCCL).")
+    ghost_gpu_util: float = Field(0.9, ge=0, le=1, description="ghost_busy: mean GPU-Util over the mirage time "
+                                  "at least this...")
+    ghost_max_fb_mib: float = Field(16.0, ge=0, description="...while at most this much memory (MiB) was used "
+                                    "in idle and mirage time: no process, a driver or hardware state.")
     unmonitored_coverage: float = Field(0.5, ge=0, le=1, description="unmonitored: observed share of "
                                         "reserved time below this.")
     episode_hours: float = Field(2.0, gt=0, description="idle_episode: minimum contiguous idle span.")
@@ -391,6 +403,8 @@ class Config(Strict):
     clusters: list[ClusterConfig] = Field(default_factory=list, description="Clusters to audit.")
     thresholds: Thresholds = Field(default_factory=Thresholds, description="Verdict and finding rules.")
     prices: PriceCard = Field(default_factory=PriceCard, description="Price card.")
+    energy: EnergyConfig = Field(default_factory=EnergyConfig, description="Energy and carbon: idle power "
+                                 "per GPU model, grid intensity per cluster (auditor/energy.py).")
     teams: list[Team] = Field(default_factory=list, description="Team mapping.")
     team_label: str = Field("team", description="Kubernetes pod label naming the team (checked before "
                             "the namespace mapping).")

@@ -5,6 +5,7 @@ Fleet: Slurm cluster "hpc" (gpu-node-01/02, 8 x H100 each) and Kubernetes cluste
 A100 each). Planted problems, and nothing else:
 
 - job 1002 spins a kernel: GPU-Util ~99 %, SM activity ~0.03 (util_mirage);
+- job 1004 hangs in an all-reduce on 2 GPUs: GPU-Util ~100 %, SM 0, idle power, memory held (hung_collective);
 - job 1003 holds 4 GPUs and uses one (idle_gpus);
 - the notebook pod holds a GPU idle for days with memory allocated (idle_allocation);
 - job 1001 trains on a whole node, stalls for 3 hours (idle_episode) and runs through a 6-hour telemetry gap,
@@ -60,7 +61,8 @@ class Profile:
 
 
 WORKING = Profile(sm=0.78, util=1.0, tensor=0.55, dram=0.45, fb=61000, power=520)
-SPIN = Profile(sm=0.03, util=0.99, tensor=0.0, dram=0.01, fb=3000, power=110)
+SPIN = Profile(sm=0.03, util=0.99, tensor=0.0, dram=0.01, fb=3000, power=210)  # above idle: not hung
+HUNG = Profile(sm=0.0, util=1.0, tensor=0.0, dram=0.0, fb=30000, power=75)  # a hung NCCL collective
 HELD_IDLE = Profile(sm=0.0, util=0.0, tensor=0.0, dram=0.0, fb=20480, power=62)
 INFERENCE = Profile(sm=0.7, util=0.95, tensor=0.35, dram=0.3, fb=30000, power=300, daily=True)
 FREE = Profile(sm=0.0, util=0.0, fb=0, power=55)
@@ -99,6 +101,7 @@ def fleet() -> list[Workload]:
                  WORKING, idle_spans=[(100.0, 103.0)]),
         Workload("hpc", "1030", "debug-shell", "bob", "team-b", "gpu-node-01", [0], 150, 10, WORKING),
         Workload("hpc", "1002", "spin-wait", "bob", "team-b", "gpu-node-02", [0, 1], 10, 48, SPIN),
+        Workload("hpc", "1004", "allreduce-hang", "dave", "team-a", "gpu-node-02", [0, 1], 70, 12, HUNG),
         Workload("hpc", "1003", "ddp-debug", "carol", "team-a", "gpu-node-02", [2, 3, 4, 5], 30, 36, HELD_IDLE,
                  per_gpu={2: WORKING}),
         Workload("k8s", "5b0c-notebook", "notebook-alice-6d5f8b7c9-tx2lq", "alice", "research", "gpu-node-a",

@@ -109,7 +109,19 @@ SUMS: dict[str, str] = {
     "io_bps": "SUM(j.obs * j.io_bps)",
     "peak_fb": "MAX(CASE WHEN j.obs > 0 THEN j.fb_used_mib END)",
     "idle_fb": f"MAX(CASE WHEN j.obs > 0 AND {_V.in_codes('j.v', _V.IDLE_CODES)} THEN j.fb_used_mib END)",
+    # what a mirage looked like (hung collective vs ghost vs spinning process) and energy (power telemetry)
+    "mirage_util": f"SUM(CASE WHEN j.v = {_V.MIRAGE} THEN j.obs * j.gpu_util END)",
+    "mirage_power": f"SUM(CASE WHEN j.v = {_V.MIRAGE} THEN j.obs * j.power_w END)",
+    "mirage_power_observed": f"SUM(CASE WHEN j.v = {_V.MIRAGE} AND j.power_w IS NOT NULL THEN j.obs END)",
+    "energy": "SUM(j.obs * j.power_w)",
+    "power_observed": "SUM(CASE WHEN j.power_w IS NOT NULL THEN j.obs END)",
+    "idle_energy": f"SUM(CASE WHEN {_V.in_codes('j.v', _V.IDLE_CODES)} THEN j.obs * j.power_w END)",
+    "idle_power_observed": f"SUM(CASE WHEN {_V.in_codes('j.v', _V.IDLE_CODES)} AND j.power_w IS NOT NULL "
+                           "THEN j.obs END)",
 }
+#: SUMS that become a usage column ``<name>_s`` as they are, times share
+EXTRA = ("mirage_util", "mirage_power", "mirage_power_observed", "energy", "power_observed", "idle_energy",
+         "idle_power_observed")
 OBSERVED = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
 
 
@@ -122,6 +134,8 @@ def usage_columns(get: dict[str, str], share: str, reserved: str) -> dict[str, s
         out[f"{k}_s"] = f"{share} * {get[k]}"
     out["unknown_s"] = f"{share} * ({reserved} - {observed})"
     for k in ("gpu_util", "util_observed", "sm", "sm_observed", "tensor", "dram", "io_bps"):
+        out[f"{k}_s"] = f"{share} * {get[k]}"
+    for k in EXTRA:
         out[f"{k}_s"] = f"{share} * {get[k]}"
     out["effective_s"] = f"{share} * {get['sm']}"
     out["max_gpu_mirage_s"] = get["mirage"]

@@ -35,7 +35,8 @@ from auditor.store import Store
 from auditor.timeutil import utcnow
 
 log = logging.getLogger("gpu_audit.notify")
-NUDGE_KINDS = ("idle_allocation", "util_mirage", "idle_gpus", "idle_episode")
+#: user-facing kinds (ghost_busy goes to operations, not the user)
+NUDGE_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "idle_gpus", "idle_episode")
 _CTRL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 _LOCAL_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 

@@ -21,7 +21,7 @@ from auditor.timeutil import utcnow
 
 H = 3600.0
 SCHEMA = "gpu-audit.report/1"
-IDLE_KINDS = ("idle_allocation", "util_mirage", "idle_gpus")
+IDLE_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus")
 SECTION_KINDS = {"episodes": ("idle_episode",), "reservations": ("idle_reservation",),
                  "low_efficiency": ("low_efficiency",), "unmonitored": ("unmonitored",)}
 TREND_WEEKS = 5
@@ -31,6 +31,12 @@ ADVICE = {
                        "for interactive work request a short time limit.",
     "util_mirage": "GPU-Util reads busy but the SMs do no work: look for a process spinning or waiting on "
                    "input, fix it or release the GPUs.",
+    "hung_collective": "The job is stuck, not slow: GPU-Util reads busy at idle power with memory held on "
+                       "several GPUs, the signature of a hung NCCL collective. Cancel it, and run with "
+                       "NCCL_DEBUG=INFO and a collective timeout (e.g. TORCH_NCCL_ASYNC_ERROR_HANDLING=1).",
+    "ghost_busy": "For operations: GPU-Util reads busy with no memory in use, so no process holds the GPU; "
+                  "a driver or hardware state. Check nvidia-smi and the XID log, reset or drain the GPU; "
+                  "the user is not at fault.",
     "idle_gpus": "Right-size: request only the GPUs the job actually uses.",
     "idle_episode": "Checkpoint and release the GPUs during long pauses instead of holding them.",
     "low_efficiency": "Use a MIG slice or fewer GPUs, or profile the input pipeline.",
@@ -322,6 +328,7 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
             "coverage": coverage_section(conn, run, cfg, full=full),
             "trend": trend(conn, run, tz), "thresholds": th,
             "capacity": list(summary.get("capacity") or []),
+            "energy": summary.get("energy"),
             "judged": judged_in_words(th),
             "verification": verification_section(summary),
             "definitions": {k: v.format(**{**cfg.thresholds.model_dump(), **th}) for k, v in DEFINITIONS.items()},

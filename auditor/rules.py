@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, text
 
-from auditor import schema
+from auditor import energy, rightsize, schema
 from auditor.config import Config, Thresholds
 from auditor.judge import JOB_KEY, job_match
 
@@ -53,6 +53,8 @@ def metrics(r: dict[str, Any]) -> dict[str, Any]:
             "mean_tensor_active": _ratio(r["tensor_s"], r["sm_observed_s"]),
             "mean_dram_active": _ratio(r["dram_s"], r["sm_observed_s"]),
             "peak_fb_mib": r["peak_fb_mib"], "held_while_idle_mib": r.get("idle_peak_fb_mib"),
+            "mirage_mean_gpu_util": _ratio(r.get("mirage_util_s") or 0.0, r["mirage_s"]),
+            "mirage_mean_power_w": _ratio(r.get("mirage_power_s") or 0.0, r.get("mirage_power_observed_s") or 0.0),
             "gpus": r["gpus"], "gpu_count": r["gpu_count"],
             "low_confidence": r["idle_by_util_s"] > 0 and r["sm_observed_s"] == 0}
 
@@ -76,6 +78,28 @@ def _held(r: dict[str, Any]) -> str:
     return f", held {mib / 1024:.0f} GiB while idle" if mib >= 1024 else ""
 
 
+#: Who acts on a finding: the job's owner, or operations (the driver or hardware, not the user's job)
+RECIPIENT = {"ghost_busy": "operations"}
+
+
+def mirage_kind(r: dict[str, Any], th: Thresholds) -> tuple[str, str]:
+    """Which mirage this is (docs/definitions.md): ghost_busy (GPU-Util high, no memory used: no process,
+    a driver or hardware state), hung_collective (GPU-Util high, power near idle, memory held, 2+ GPUs: a
+    stuck NCCL collective), else util_mirage (a process spinning or waiting). Missing power or memory
+    readings are no evidence: such a mirage stays util_mirage."""
+    eps = 1e-9
+    util = (r.get("mirage_util_s") or 0.0) / r["mirage_s"] if r["mirage_s"] > 0 else 0.0
+    fb = r.get("idle_peak_fb_mib")
+    if util >= th.ghost_gpu_util - eps and fb is not None and fb <= th.ghost_max_fb_mib + eps:
+        return "ghost_busy", f"GPU-Util {util:.0%} with {fb:.0f} MiB used: no process holds the GPU"
+    power = _ratio(r.get("mirage_power_s") or 0.0, r.get("mirage_power_observed_s") or 0.0)
+    if (r["gpus"] >= 2 and util >= th.hung_gpu_util - eps and power is not None
+            and power <= th.hung_max_power_w + eps and fb is not None and fb >= th.hung_held_mib - eps):
+        return "hung_collective", (f"GPU-Util {util:.0%} at {power:.0f} W holding {fb / 1024:.1f} GiB on "
+                                   f"{r['gpus']} GPUs: stuck, not slow")
+    return "util_mirage", ""
+
+
 def _gpu_name(g: dict[str, Any]) -> str:
     idx = g.get("gpu_index")
     node = g.get("node")
@@ -96,15 +120,17 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
     if whole is not None:
         idle_frac = whole[1]
         if mirage_long and r["mirage_s"] > r["idle_s"]:
-            out.append(("util_mirage", {"rule": f"idle by SM activity {idle_frac} of observed time, "
-                                        "mostly while GPU-Util read busy"}))
+            kind, why = mirage_kind(r, th)
+            out.append((kind, {"rule": f"idle by SM activity {idle_frac} of observed time, "
+                               "mostly while GPU-Util read busy" + (f"; {why}" if why else "")}))
         else:
             out.append(("idle_allocation", {"rule": f"idle {idle_frac} of observed time >= "
                                             f"{th.idle_allocation_fraction:.0%}{_held(r)}"}))
         return out
     if mirage_long:
-        out.append(("util_mirage", {"rule": f"a GPU read busy while idle for "
-                                    f"{r['max_gpu_mirage_s_max'] / 60:.0f} min"}))
+        kind, why = mirage_kind(r, th)
+        out.append((kind, {"rule": f"a GPU read busy while idle for {r['max_gpu_mirage_s_max'] / 60:.0f} min"
+                           + (f"; {why}" if why else "")}))
     if len(per_gpu) >= 2:
         idle, busy = [], []
         for g in per_gpu:
@@ -200,6 +226,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
                            flagged=flagged, clusters=clusters)
     rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
     thresholds = th.model_dump()
+    by_id = {r["allocation_id"]: r for r in per_alloc}
     rows.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
     for i in range(0, len(rows), 5000):  # sparklines per chunk: never all of them in memory at once
         chunk = rows[i:i + 5000]
@@ -208,6 +235,8 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
         for f in chunk:
             if f["allocation_id"] in spark:
                 f["evidence"]["sparkline"] = spark[f["allocation_id"]]
+            if f["allocation_id"] in by_id:
+                f["evidence"]["right_size"] = rightsize.hint(by_id[f["allocation_id"]], th, cfg.prices)
             f["evidence"]["thresholds"] = thresholds
         conn.execute(insert(schema.findings), chunk)
         for f in chunk:
@@ -215,6 +244,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     summary = summarise(per_alloc, rows, cfg)
     summary["verification_by_node_group"] = verification(conn, run_id)
     summary["capacity"] = capacity(conn, since, until, horizon=horizon)
+    summary["energy"] = energy.summary(per_alloc, cfg.energy)
     return summary
 
 
@@ -226,7 +256,8 @@ def _finding(run_id: int, kind: str, r: dict[str, Any], ev: dict[str, Any], idle
             "reservation_id": None, "account": r["account"], "user_name": r["user_name"], "team": r["team"],
             "start_ts": start, "end_ts": end, "gpu_hours": r["reserved_s"] / H, "idle_gpu_hours": idle_h,
             "cost": idle_h * r["price"],
-            "evidence": {**ev, **metrics(r), "job": {"id": r["external_id"], "name": r["name"],
+            "evidence": {**ev, **metrics(r), "recipient": RECIPIENT.get(kind, "user"),
+                         "job": {"id": r["external_id"], "name": r["name"],
                                                      "source": r["source"]}}}
 
 

@@ -253,6 +253,15 @@ _HOURS = {
     "dram_s": "Sum of observed seconds x DRAM activity.",
     "io_bps_s": "Sum of observed seconds x (PCIe + NVLink bytes/s), for the input/communication-wait hint.",
     "max_gpu_mirage_s": "Longest mirage time of any single GPU (seconds, not share-weighted).",
+    "mirage_util_s": "Sum over mirage buckets of observed seconds x GPU-Util (mean GPU-Util while mirage; "
+                     "hung_collective, ghost_busy).",
+    "mirage_power_s": "Sum over mirage buckets with power of observed seconds x power (W): joules.",
+    "mirage_power_observed_s": "Observed mirage seconds that had a power reading.",
+    "energy_s": "Sum of observed seconds x power (W) x share: measured joules.",
+    "power_observed_s": "Observed seconds that had a power reading (the rest of reserved time is estimated "
+                        "from the model's idle power).",
+    "idle_energy_s": "Sum over idle, idle-by-util and mirage buckets of observed seconds x power: joules.",
+    "idle_power_observed_s": "Idle, idle-by-util and mirage seconds that had a power reading.",
 }
 
 usage_gpu = Table(
@@ -301,7 +310,7 @@ findings = Table(
     Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False,
            comment="audit_runs.id."),
     Column("kind", String(32), nullable=False, comment="idle_allocation, idle_gpus, util_mirage, "
-           "idle_episode, low_efficiency, idle_reservation or unmonitored."),
+           "hung_collective, ghost_busy, idle_episode, low_efficiency, idle_reservation or unmonitored."),
     Column("cluster", String(128), nullable=False, comment="Cluster name."),
     Column("allocation_id", Integer, ForeignKey("allocations.id", ondelete="CASCADE"),
            comment="allocations.id, when about an allocation."),

@@ -23,8 +23,8 @@ GROUPS = {"teams": ("u.team", "Team"), "users": ("a.user_name", "User"), "cluste
 SORTS = {"cost": "f.cost", "idle": "f.idle_gpu_hours", "gpu_hours": "f.gpu_hours", "start": "f.start_ts",
          "kind": "f.kind", "user": "f.user_name"}
 FILTERS = ("kind", "cluster", "team", "user", "account")
-ALL_KINDS = ("idle_allocation", "util_mirage", "idle_gpus", "idle_episode", "low_efficiency", "idle_reservation",
-             "unmonitored", "busy_unverified")
+ALL_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus", "idle_episode",
+             "low_efficiency", "idle_reservation", "unmonitored", "busy_unverified")
 
 
 def pick_run(store: Store, run: str | int | None) -> int:

@@ -28,7 +28,7 @@ EPS = 1e-9  # definitions: "v < t means v < t - 1e-9; v >= t means v >= t - 1e-9
 HOUR = 3600
 WEEK = 7 * 86400
 CLASSES = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
-CORE_FINDINGS = ("unmonitored", "idle_allocation", "util_mirage", "idle_gpus")
+CORE_FINDINGS = ("unmonitored", "idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus")
 
 
 def lt(v: float, t: float) -> bool:
@@ -177,6 +177,10 @@ class GpuResult:
     unknown: float = 0.0
     effective: float = 0.0
     mirage_raw: float = 0.0  # mirage wall seconds, not share-weighted (util_mirage's "single GPU" minutes)
+    mirage_util: float = 0.0  # share x obs x GPU-Util over mirage seconds (hung_collective, ghost_busy)
+    mirage_power: float = 0.0  # share x obs x power over mirage seconds with power
+    mirage_power_obs: float = 0.0  # share x mirage seconds with power
+    held: float | None = None  # max fb_used_mib over idle, idle_by_util and mirage seconds
     cls: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0.0))
 
     def sums(self) -> dict[str, float]:
@@ -372,6 +376,13 @@ class Oracle:
             r.observed += r.share * obs
             if v == "mirage":
                 r.mirage_raw += obs
+                m = row.metrics
+                r.mirage_util += r.share * obs * (m["gpu_util"] or 0.0)
+                if m["power_w"] is not None:
+                    r.mirage_power += r.share * obs * m["power_w"]
+                    r.mirage_power_obs += r.share * obs
+            if v in ("idle", "idle_by_util", "mirage") and row.metrics["fb_used_mib"] is not None:
+                r.held = max(r.held if r.held is not None else -math.inf, row.metrics["fb_used_mib"])
             if row.metrics["sm_active"] is not None:
                 r.effective += r.share * obs * row.metrics["sm_active"]
         untouched = (a_e - a_s) - union_length(covered, a_s, a_e)

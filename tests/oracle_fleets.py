@@ -176,8 +176,9 @@ def profiles(draw: st.DrawFn, features: frozenset[str]) -> dict[str, float | Non
     if draw(st.integers(0, 2)) == 0:  # an idle job (mirage when GPU-Util or GR engine read busy)
         return {"sm_active": draw(st.sampled_from([0.0, 0.03, None])),
                 "dram_active": draw(st.sampled_from([None, 0.0])),
-                "tensor_active": None, "gpu_util": draw(st.sampled_from([None, 0.0, 0.9])),
-                "gr_engine": draw(st.sampled_from([None, 0.7])), "power_w": 60.0, "fb_used_mib": 1024.0}
+                "tensor_active": None, "gpu_util": draw(st.sampled_from([None, 0.0, 0.95])),
+                "gr_engine": draw(st.sampled_from([None, 0.7])), "power_w": draw(st.sampled_from([60.0, None])),
+                "fb_used_mib": draw(st.sampled_from([1024.0, 0.0]))}  # hung_collective, ghost_busy
     p = {"sm_active": draw(st.sampled_from(SM)), "dram_active": draw(st.sampled_from(DRAM)),
          "tensor_active": draw(st.sampled_from(TENSOR)), "gpu_util": draw(st.sampled_from(UTIL)),
          "gr_engine": draw(st.sampled_from(GR)), "power_w": draw(st.sampled_from(POWER)),

@@ -67,6 +67,22 @@ def findings(tot: dict[str, float], gpus: list[GpuResult], th: Thresholds,
     return kinds, c.near
 
 
+def _mirage(tot: dict[str, float], gpus: list[GpuResult], th: Thresholds, c: _Cmp) -> str:
+    """Which mirage (definitions "Findings": ghost_busy, then hung_collective, else util_mirage)."""
+    util = sum(g.mirage_util for g in gpus) / tot["mirage"] if tot["mirage"] > 0 else 0.0
+    helds = [g.held for g in gpus if g.held is not None]
+    held = max(helds) if helds else None
+    # held is a maximum of raw readings (no rounding): compared without the near-threshold guard
+    if c.ge(util, th.ghost_gpu_util) and held is not None and ge(th.ghost_max_fb_mib, held):
+        return "ghost_busy"
+    p_obs = sum(g.mirage_power_obs for g in gpus)
+    power = sum(g.mirage_power for g in gpus) / p_obs if p_obs > 0 else None
+    if len(gpus) >= 2 and c.ge(util, th.hung_gpu_util) and power is not None and \
+            c.ge(th.hung_max_power_w, power) and held is not None and ge(held, th.hung_held_mib):
+        return "hung_collective"
+    return "util_mirage"
+
+
 def _judged(t: dict[str, float]) -> float:
     return t["idle"] + t["mirage"] + t["low"] + t["working"] + t["busy_unverified"]
 
@@ -83,9 +99,9 @@ def _findings(tot: dict[str, float], gpus: list[GpuResult], th: Thresholds, c: _
     if c.ge(idle_share, th.idle_allocation_fraction) and c.ge(tot["reserved"] / HOUR,
                                                              th.idle_allocation_min_gpu_hours):
         if mirage_long and tot["mirage"] > tot["idle"]:
-            return {"util_mirage"}
+            return {_mirage(tot, gpus, th, c)}
         return {"idle_allocation"}
-    out = {"util_mirage"} if mirage_long else set()
+    out = {_mirage(tot, gpus, th, c)} if mirage_long else set()
     if len(gpus) >= 2:
         worked = getattr(th, "idle_gpus_worked_fraction", 0.5)
         idle = busy = 0

@@ -34,7 +34,8 @@ def records() -> list:
     t = T0
     busy = dict(sm_active=0.9, gpu_util=1.0, tensor_active=0.3, dram_active=0.4, fb_used_mib=40000.0, power_w=400.0)
     idle = dict(sm_active=0.0, gpu_util=0.0, tensor_active=0.0, dram_active=0.0, fb_used_mib=1000.0, power_w=60.0)
-    mirage = dict(sm_active=0.02, gpu_util=0.95, tensor_active=0.0, dram_active=0.0, fb_used_mib=2000.0, power_w=90.0)
+    # a process spinning (200 W): util_mirage; at idle power on 2 GPUs it would be hung_collective
+    mirage = dict(sm_active=0.02, gpu_util=0.95, tensor_active=0.0, dram_active=0.0, fb_used_mib=2000.0, power_w=200.0)
     recs: list = [Allocation("c1", "slurm", "501", name="train", user="dana", account="acct-ml", start=t,
                              end=t + timedelta(hours=4), gpus=[AllocatedGpu("g1", 0), AllocatedGpu("g1", 1)])]
     recs += bk("g1", 0, t, 2, **busy) + bk("g1", 0, t + timedelta(hours=2), 2, **idle) + bk("g1", 1, t, 4, **mirage)

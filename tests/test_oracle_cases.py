@@ -218,6 +218,22 @@ def test_finding_rules_with_their_thresholds() -> None:
     assert oracle(recs)["D"].findings == {"unmonitored"}
 
 
+def test_mirage_split_in_the_oracle() -> None:
+    # 2 GPUs x 2 h, SM 0 with GPU-Util 0.95 everywhere: mirage 14400 s, mean GPU-Util 0.95 >= 0.9.
+    def two(power: float | None, fb: float | None, n: int = 2) -> list:
+        gpus = [AllocatedGpu("n0", g) for g in range(n)]
+        return [job("X", gpus, 0, 7200), *(bucket("n0", g, 300 * k, sm_active=0.0, gpu_util=0.95, power_w=power,
+                                                 fb_used_mib=fb) for g in range(n) for k in range(24))]
+    # 80 W <= 150, 30000 MiB >= 1024, 2 GPUs: hung_collective
+    assert oracle(two(80.0, 30000.0))["X"].findings == {"hung_collective"}
+    # 0 MiB <= 16: ghost_busy (checked first, power irrelevant)
+    assert oracle(two(300.0, 0.0))["X"].findings == {"ghost_busy"}
+    # 300 W > 150, or no power reading, or a single GPU: util_mirage
+    assert oracle(two(300.0, 30000.0))["X"].findings == {"util_mirage"}
+    assert oracle(two(None, 30000.0))["X"].findings == {"util_mirage"}
+    assert oracle(two(80.0, 30000.0, n=1))["X"].findings == {"util_mirage"}
+
+
 def test_window_cut_and_running_allocation_stop_at_the_horizon() -> None:
     # running job from -1 h; window [0, 2 h), now = 30 min: reserved [0, 1800) only; no telemetry: unknown.
     r = oracle([job("R", [AllocatedGpu("n0", 0)], -3600, None)], since=0, until=7200, now=1800)["R"]
