@@ -4,9 +4,9 @@
 Library API (the CLI is a thin layer over it)::
 
     from auditor.config import load
-    from auditor.store import Store
+    from auditor.store.engine import Store
     from auditor.collect import collect
-    from auditor.audit import run_audit
+    from auditor.audit.run import run_audit
 """
 
 __version__ = "0.1.0"

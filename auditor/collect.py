@@ -19,16 +19,18 @@ from sqlalchemy import insert
 from sqlalchemy.exc import SQLAlchemyError
 
 import connectors
-from auditor import guard, retry, schema
 from auditor.config import ClusterConfig, Config, SourceConfig
 from auditor.errors import GpuAuditError, StoreError
-from auditor.store import IngestStats, Store
+from auditor.store import guard, schema
+from auditor.store.engine import Store
+from auditor.store.stats import IngestStats
 from auditor.timeutil import ceil_to, floor_to, from_epoch, to_epoch, utcnow
+from connectors import retry
 from connectors.base import Context, Problems, RunningSnapshot, Window
 
 log = logging.getLogger("gpu_audit.collect")
 
-RETRIES = retry.RETRIES  # the policy lives in auditor.retry (one for every source)
+RETRIES = retry.RETRIES  # the policy lives in connectors.retry (one for every source)
 
 #: Connector instances kept for the life of the process, so a daemon's connectors keep their state between
 #: collections (a Kubernetes watch's resourceVersion, caches). Keyed by cluster, source and options.
@@ -125,7 +127,7 @@ def _counted(records: Iterable[Any], what: str, progress: Progress | None, every
 
 
 def _guarded(records: Iterable[Any], source: str, problems: Problems) -> Iterator[Any]:
-    """Records made storable (:mod:`auditor.guard`); one that cannot be is quarantined, the rest go on."""
+    """Records made storable (:mod:`auditor.store.guard`); one that cannot be is quarantined, the rest go on."""
     for rec in records:
         if isinstance(rec, RunningSnapshot):
             yield rec
@@ -159,7 +161,7 @@ def _attempt(store: Store, cluster: ClusterConfig, role: str, index: int, src: S
 def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str, index: int,
                    src: SourceConfig, window: Window, base_dir: Path,
                    sleep: Callable[[float], None] = time.sleep, progress: Progress | None = None) -> SourceResult:
-    """Collect one source under the retry policy (:mod:`auditor.retry`). Any error, expected or not, fails
+    """Collect one source under the retry policy (:mod:`connectors.retry`). Any error, expected or not, fails
     this source only: it is reported on one line and the other sources go on."""
     key = source_key(role, index, src)
     res = SourceResult(cluster.name, key, False, window.since.isoformat(), window.until.isoformat(), attempts=0)
@@ -259,7 +261,7 @@ def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | 
     now = now or utcnow()
     summary = CollectSummary()
     bucket = cfg.store.bucket_seconds
-    from auditor import meta
+    from auditor.store import meta
 
     with store.engine.connect() as conn:
         meta.check_config_width(conn, bucket)  # a changed width would double count: refuse up front

@@ -104,7 +104,7 @@ def probe_source(cluster: str, role: str, index: int, src: SourceConfig, base_di
 
 
 def probe_store(url: str) -> Probe:
-    from auditor.store import Store
+    from auditor.store.engine import Store
 
     t0 = time.monotonic()
     target = redact_url(url)

@@ -1,7 +1,7 @@
 """The records connectors return (DESIGN.md "Records"): plain data, no database, no I/O.
 
 All times are timezone-aware UTC datetimes. Ratios are 0-1, memory MiB, power W, bandwidth bytes/s:
-connectors normalise through :mod:`auditor.aliases` before building a :class:`GpuBucket`.
+connectors normalise through :mod:`connectors.aliases` before building a :class:`GpuBucket`.
 """
 
 from __future__ import annotations

@@ -257,7 +257,7 @@ def fleet_jobs(spec: FleetSpec) -> Iterator[Job]:
 
 def populate(store: object, spec: FleetSpec) -> object:
     """Write the simulated fleet through the store's bulk ingest path; returns its IngestStats."""
-    from auditor.store import Store
+    from auditor.store.engine import Store
 
     assert isinstance(store, Store)
     return store.ingest(fleet_records(spec), seen_at_ts=int(spec.end.timestamp()))

@@ -42,9 +42,9 @@ def floor_seconds(store: object) -> tuple[float, int]:
 
 
 def _time_judge() -> list[float]:
-    """Time the bucket-judging step (auditor.audit.judge) inside the audit: the part that reads every bucket,
+    """Time the bucket-judging step (auditor.audit.run.judge) inside the audit: the part that reads every bucket,
     i.e. what the floor compares with; the rest is per-allocation work (findings, sparklines, money)."""
-    from auditor import audit
+    from auditor.audit import run as audit
 
     spent = [0.0]
     inner = audit.judge
@@ -59,10 +59,10 @@ def _time_judge() -> list[float]:
 
 
 def measure(url: str, gpus: int, days: float, seed: int, render: str | None) -> dict[str, object]:
-    from auditor.audit import run_audit
+    from auditor.audit.run import run_audit
     from auditor.config import Config
     from auditor.simulate import FleetSpec
-    from auditor.store import Store
+    from auditor.store.engine import Store
 
     spec = FleetSpec(gpus=gpus, days=days, seed=seed)
     store = Store.open(url)
@@ -80,7 +80,7 @@ def measure(url: str, gpus: int, days: float, seed: int, render: str | None) -> 
                               "findings": sum(result.summary.get("findings", {}).values())}
     if render:
         try:
-            from auditor.render import write_reports
+            from auditor.report.render import write_reports
         except ImportError:
             out["render_s"] = None
         else:

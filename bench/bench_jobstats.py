@@ -82,10 +82,10 @@ def generate(n: int, path: Path, seed: int = 1) -> dict[str, int]:
 
 def child(path: str, db: str, bucket: int) -> None:
     """One end-to-end run (in its own process): collect both sources, audit the week; print JSON."""
-    from auditor.audit import run_audit
+    from auditor.audit.run import run_audit
     from auditor.collect import collect
     from auditor.config import Config
-    from auditor.store import Store
+    from auditor.store.engine import Store
 
     cfg = Config.model_validate({"clusters": [{
         "name": "hpc",

@@ -94,9 +94,9 @@ def main() -> None:
     if a.no_ingest:
         return
     try:
-        from auditor.store import Store
+        from auditor.store.engine import Store
     except ImportError:
-        print("auditor.store not available: ingest not measured")
+        print("auditor.store.engine not available: ingest not measured")
         return
     with tempfile.TemporaryDirectory() as tmp:
         store = Store.open(a.store or f"sqlite:///{tmp}/bench.db")

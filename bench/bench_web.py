@@ -48,11 +48,11 @@ def urls(store: Any, run_id: int) -> list[str]:
 def measure(gpus: int, days: float, seed: int, n: int, keep: bool) -> dict[str, Any]:
     from starlette.testclient import TestClient
 
-    from auditor.audit import latest_run, run_audit
+    from auditor.audit.run import latest_run, run_audit
     from auditor.config import Config
     from auditor.simulate import FleetSpec
-    from auditor.store import Store
-    from auditor.web import create_app
+    from auditor.store.engine import Store
+    from auditor.web.app import create_app
     from bench.fleet import cached
 
     spec = FleetSpec(gpus=gpus, days=days, seed=seed)

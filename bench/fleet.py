@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from auditor.simulate import FleetSpec, fleet_records
-from auditor.store import Store
+from auditor.store.engine import Store
 
 OUT = Path(__file__).resolve().parent / "out"
 

@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from auditor.ingest import BUCKET_COLS
 from auditor.records import LABEL_FIELDS, METRIC_FIELDS, GpuBucket
 from auditor.simulate import FleetSpec, fleet_records
-from auditor.store import Store
+from auditor.store.engine import Store
+from auditor.store.ingest import BUCKET_COLS
 
 
 def _buckets(spec: FleetSpec) -> list[GpuBucket]:

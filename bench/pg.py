@@ -30,7 +30,7 @@ def _with_schema(url: str, schema: str) -> str:
 
 def measure(url: str, gpus: int, days: float, seed: int = 1) -> dict[str, Any]:
     from auditor.simulate import FleetSpec, populate
-    from auditor.store import Store
+    from auditor.store.engine import Store
 
     schema = f"bench_{os.getpid()}"
     admin = create_engine(url, isolation_level="AUTOCOMMIT")

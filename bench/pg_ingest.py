@@ -45,8 +45,8 @@ def _schema(url: str, n: int) -> Iterator[str]:
 
 
 def _store_ingest(url: str, buckets: list, batch_rows: int, copy: bool) -> tuple[float, int, list[tuple]]:
-    from auditor import ingest
-    from auditor.store import Store
+    from auditor.store import ingest
+    from auditor.store.engine import Store
 
     saved = ingest.COPY_MIN_ROWS
     ingest.COPY_MIN_ROWS = 1 if copy else 10**12
@@ -68,8 +68,8 @@ def _store_ingest(url: str, buckets: list, batch_rows: int, copy: bool) -> tuple
 
 def _merge_only(url: str, rows: list[tuple], batch_rows: int) -> float:
     """The COPY + merge step alone on prebuilt tuples, into the emptied gpu_buckets (telemetry_gpus kept)."""
-    from auditor.ingest import write_bucket_rows
-    from auditor.store import Store
+    from auditor.store.engine import Store
+    from auditor.store.ingest import write_bucket_rows
 
     store = Store.open(url)
     with store.engine.begin() as conn:
@@ -84,9 +84,9 @@ def _merge_only(url: str, rows: list[tuple], batch_rows: int) -> float:
 
 
 def _raw_copy(url: str, rows: list[tuple], batch_rows: int, binary: bool) -> float:
-    from auditor.ingest import BUCKET_COLS
-    from auditor.ingest_pg import copy_rows
-    from auditor.store import Store
+    from auditor.store.engine import Store
+    from auditor.store.ingest import BUCKET_COLS
+    from auditor.store.ingest_pg import copy_rows
 
     store = Store.open(url)
     store.upgrade()  # for the column types only: the bare table copies them without any constraint

@@ -17,11 +17,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from auditor.aliases import METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
 from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory, Reservation
 from auditor.timeutil import parse_time
 from connectors._coverage import coverage, interval, job_key
 from connectors._rows import check_regular, fixed_dir, read_rows, read_sacct_file
+from connectors.aliases import METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
 from connectors.base import Context, Options, Problems, Window
 from connectors.slurm.saved import read_saved, sniff
 

@@ -175,7 +175,7 @@ class KubernetesAllocations:
             return SourceError(SOURCE, f"{prefix} 403 Forbidden: missing permission '{verb}' on "
                                f"'{resource}' ({api_group}) {where}; apply deploy/kubernetes/rbac.yaml "
                                f"(server said: {detail})")
-        from auditor.retry import retry_after
+        from connectors.retry import retry_after
 
         return SourceError(SOURCE, f"{prefix} HTTP {exc.status} on {verb} {resource}: {detail}",
                            transient=exc.status in (429, 500, 502, 503, 504),

@@ -34,7 +34,10 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from pydantic import Field, field_validator
 
-from auditor.aliases import (
+from auditor.config import SecretRef
+from auditor.errors import SourceError
+from auditor.records import LABEL_FIELDS, METRIC_FIELDS, GpuBucket
+from connectors.aliases import (
     JOB_ID_METRICS,
     LABEL_ALIASES,
     METRIC_ALIASES,
@@ -45,9 +48,6 @@ from auditor.aliases import (
     normalise,
     pick_label,
 )
-from auditor.config import SecretRef
-from auditor.errors import SourceError
-from auditor.records import LABEL_FIELDS, METRIC_FIELDS, GpuBucket
 from connectors.base import Context, Options, Problems, Window
 
 log = logging.getLogger("gpu_audit.prometheus")
@@ -169,10 +169,10 @@ class PrometheusTelemetry:
             self._client = None
 
     def request(self, path: str, data: dict[str, Any], method: str = "POST") -> bytes:
-        """Call the API (POST form, or GET query) under the shared retry policy (:mod:`auditor.retry`:
+        """Call the API (POST form, or GET query) under the shared retry policy (:mod:`connectors.retry`:
         ``retries`` + 1 attempts, backoff doubling from ``backoff_s`` or the server's Retry-After, within the
         source's time budget); returns the body of a 200 answer."""
-        from auditor import retry
+        from connectors import retry
 
         o = self.options
 

@@ -1,7 +1,7 @@
 """Telemetry from saved exporter scrapes (Prometheus text format or OpenMetrics files).
 
 Sites without a Prometheus, and tests, can point gpu-audit at files written by ``curl exporter:9400/metrics``
-(dcgm-exporter, nvidia_gpu_exporter, ...). Every metric in :data:`auditor.aliases.METRIC_ALIASES` is
+(dcgm-exporter, nvidia_gpu_exporter, ...). Every metric in :data:`connectors.aliases.METRIC_ALIASES` is
 normalised and folded into per-GPU buckets aligned to ``window.bucket_seconds``.
 
 One row per GPU, bucket and job: dcgm-exporter repeats a GPU's series once per ``hpc_job`` and once per
@@ -24,7 +24,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from auditor.aliases import (
+from auditor.errors import SourceError
+from auditor.records import LABEL_FIELDS, GpuBucket
+from connectors._coverage import coverage, interval, job_key
+from connectors._rows import MAX_FILE_BYTES, check_regular, fixed_dir, read_bounded
+from connectors.aliases import (
     JOB_ID_METRICS,
     METRIC_ALIASES,
     BadValue,
@@ -32,10 +36,6 @@ from auditor.aliases import (
     normalise,
     pick_label,
 )
-from auditor.errors import SourceError
-from auditor.records import LABEL_FIELDS, GpuBucket
-from connectors._coverage import coverage, interval, job_key
-from connectors._rows import MAX_FILE_BYTES, check_regular, fixed_dir, read_bounded
 from connectors.base import Context, Options, Problems, Window
 
 log = logging.getLogger("gpu_audit.scrape")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from auditor.schema import metadata
+from auditor.store.schema import metadata
 
 config = context.config
 

@@ -87,7 +87,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(store_url: str):
-    from auditor.store import Store
+    from auditor.store.engine import Store
 
     s = Store.open(store_url)
     s.upgrade()

@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(REPO))
     from auditor import config as config_mod
     from auditor.collect import collect
-    from auditor.store import Store
+    from auditor.store.engine import Store
     from auditor.timeutil import parse_time
 
     cfg = config_mod.load(argv[0])

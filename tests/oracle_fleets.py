@@ -48,7 +48,7 @@ ALL_FEATURES = {
 
 def detect() -> frozenset[str]:
     """Features the code has, by markers; the environment can add (+x), remove (-x) or force ``all``."""
-    from auditor import schema
+    from auditor.store import schema
 
     bucket_fields = {f.name for f in dataclasses.fields(GpuBucket)}
     on: set[str] = set()
@@ -60,7 +60,7 @@ def detect() -> frozenset[str]:
         on |= {"subrows", "exact_labels"}
     if "observed_s" in schema.gpu_buckets.c:
         on |= {"merge", "rollup", "rollup_unsampled"}
-    if hasattr(importlib.import_module("auditor.meta") if importlib.util.find_spec("auditor.meta") else None,
+    if hasattr(importlib.import_module("auditor.store.meta") if importlib.util.find_spec("auditor.store.meta") else None,  # noqa: E501 (module path)
                "rolled_up_before"):
         on.add("backfill")
     if "min_finding_gpu_hours" in Thresholds.model_fields:

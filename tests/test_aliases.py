@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from auditor.aliases import (
+from auditor.records import LABEL_FIELDS, METRIC_FIELDS
+from connectors.aliases import (
     LABEL_ALIASES,
     METRIC_ALIASES,
     BadValue,
@@ -18,7 +19,6 @@ from auditor.aliases import (
     normalise,
     pick_label,
 )
-from auditor.records import LABEL_FIELDS, METRIC_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 

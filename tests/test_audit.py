@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config, Thresholds
 from auditor.records import AllocatedGpu, Allocation, GpuBucket, GpuInventory
-from auditor.store import Store
+from auditor.store.engine import Store
 
 T0 = datetime(2026, 11, 20, tzinfo=UTC)
 W0, W1 = T0 - timedelta(days=1), T0 + timedelta(days=1)

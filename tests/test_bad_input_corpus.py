@@ -17,10 +17,10 @@ from conftest import PG_URL, need, pg_schema, port_open
 from sqlalchemy import select
 
 from auditor import config as config_mod
-from auditor import schema
 from auditor.collect import collect
 from auditor.errors import ConfigError
-from auditor.store import Store
+from auditor.store import schema
+from auditor.store.engine import Store
 
 CORPUS = Path(__file__).parent / "corpus"
 SINCE, UNTIL = datetime(2026, 11, 19, tzinfo=UTC), datetime(2026, 11, 22, tzinfo=UTC)

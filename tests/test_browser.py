@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import need
 
-from auditor import charts, render, report
+from auditor.report import charts, render
+from auditor.report import context as report
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_report import EVIL_NAMES, audited, make_cfg  # noqa: E402

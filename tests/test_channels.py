@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import need  # noqa: E402
 from http_sink import Sink  # noqa: E402
 
-from auditor.channels import Message, Notifier  # noqa: E402
 from auditor.config import Channel, Config, Policy, SecretRef  # noqa: E402
-from auditor.notify import sent_count  # noqa: E402
+from auditor.report.channels import Message, Notifier  # noqa: E402
+from auditor.report.notify import sent_count  # noqa: E402
 
 SECRETS = {"GPU_AUDIT_TEST_HOOK_JSON": "jsonSECRET7f3a", "GPU_AUDIT_TEST_HOOK_MM": "mmSECRET91b2",
            "GPU_AUDIT_TEST_HOOK_WF": "wfSECRET55c0"}
@@ -122,9 +122,9 @@ def test_weekly_nudges_to_channels(store: Any, sink: Sink, tmp_path: Path) -> No
     from test_report import T0, WEEK, week_records
     from test_report import make_cfg as report_cfg
 
-    from auditor.audit import run_audit
-    from auditor.channels import send_nudges
-    from auditor.notify import notify
+    from auditor.audit.run import run_audit
+    from auditor.report.channels import send_nudges
+    from auditor.report.notify import notify
 
     store.ingest(week_records(T0 + timedelta(hours=1)))
     run_id = run_audit(store, report_cfg(), T0, T0 + WEEK).run_id
@@ -152,8 +152,8 @@ def test_weekly_nudges_to_channels(store: Any, sink: Sink, tmp_path: Path) -> No
 def test_idle_reservation_owners_are_told_once(store: Any, sink: Sink, tmp_path: Path) -> None:
     """A 2-GPU reservation for alice, 3 h old, no job in it: the audit finds it idle; enforcement tells its
     user (routed channel) once, logs it, and never changes the reservation."""
-    from auditor.audit import run_audit
-    from auditor.enforce import enforce, log_rows
+    from auditor.audit.run import run_audit
+    from auditor.enforce.policy import enforce, log_rows
     from auditor.records import Reservation
     from auditor.timeutil import floor_to, utcnow
 

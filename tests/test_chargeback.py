@@ -18,12 +18,12 @@ from click.testing import CliRunner
 from oracle import Oracle
 from test_findings_extra import IDLE, WORK, job, pg_store, run
 
-from auditor import chargeback as cb
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config, PriceCard, ReportConfig, Team
 from auditor.errors import GpuAuditError
 from auditor.records import AllocatedGpu, Allocation, GpuBucket
-from auditor.store import Store
+from auditor.report import chargeback as cb
+from auditor.store.engine import Store
 
 T0 = datetime(2026, 11, 16, tzinfo=UTC)
 W0, W1 = T0 - timedelta(hours=1), T0 + timedelta(hours=7)
@@ -201,7 +201,7 @@ def test_month_across_dst_charges_the_real_hours(sqlite_store: Store) -> None:
 
 def cli(tmp_path: Path, *args: str) -> Any:
     from auditor.cli import App
-    from auditor.cli_money import register
+    from auditor.cli.money import register
 
     cfg_file = tmp_path / "gpu-audit.toml"
     cfg_file.write_text(f'[store]\nurl = "sqlite:///{tmp_path / "a.db"}"\n[prices]\nmodels = {{h100 = 4.0}}\n'

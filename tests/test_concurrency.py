@@ -13,8 +13,8 @@ import pytest
 from helpers_crash import REPO, T0, driver_cmd, generate, natural_rows, pg_schema, write_config
 
 from auditor import config as config_mod
-from auditor.audit import run_audit
-from auditor.store import Store
+from auditor.audit.run import run_audit
+from auditor.store.engine import Store
 
 
 def _env() -> dict[str, str]:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 from helpers_crash import DATA_TABLES, REPO, driver_cmd, generate, natural_rows, pg_schema, write_config
+from storecheck import checksum
 
-from auditor.store import Store
+from auditor.store.engine import Store
 
 KILLS = 20
 BATCH = 100
@@ -108,7 +109,7 @@ def _crash_cycle(tmp_path: Path, ref_url: str, crash_url: str, engine: str) -> N
     for table in ref:
         assert final[table] == ref[table], f"{table} differs from the uninterrupted run after resume"
     if engine == "sqlite":  # ids are deterministic here: the store's own checksum must match too
-        a, b = ref_store.checksum(), crash_store.checksum()
+        a, b = checksum(ref_store), checksum(crash_store)
         assert {t: a[t] for t in DATA_TABLES} == {t: b[t] for t in DATA_TABLES}
     assert kinds.get("mid-telemetry", 0) >= KILLS // 4, f"too few kills landed inside ingest: {kinds}"
     print(f"\ncrash-safety {engine}: {kills} SIGKILLs survived {dict(sorted(kinds.items()))}; "

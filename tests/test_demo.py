@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
+from storecheck import checksum
 
 from auditor.cli import main
-from auditor.store import Store
+from auditor.store.engine import Store
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +77,12 @@ def test_demo_gap_is_unknown_never_idle(demo: tuple[dict, Path]) -> None:
 def test_demo_is_idempotent_when_collected_again(demo: tuple[dict, Path]) -> None:
     _, out = demo
     s = Store.open(f"sqlite:///{out / 'gpu-audit-demo.db'}")
-    before = {t: v for t, v in s.checksum().items() if t not in ("watermarks", "audit_runs", "usage_gpu",
+    before = {t: v for t, v in checksum(s).items() if t not in ("watermarks", "audit_runs", "usage_gpu",
                                                                  "usage_allocation", "findings")}
     res = CliRunner().invoke(main, ["-c", str(out / "demo.toml"), "collect", "--since", "2026-11-21",
                                     "--until", "2026-11-29T00:00"])
     assert res.exit_code == 0, res.output
-    after = {t: v for t, v in s.checksum().items() if t in before}
+    after = {t: v for t, v in checksum(s).items() if t in before}
     assert after == before
 
 

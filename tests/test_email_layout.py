@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from auditor import charts, notify, render, report
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.records import AllocatedGpu, Allocation
+from auditor.report import charts, notify, render
+from auditor.report import context as report
 
 sys.path.insert(0, str(Path(__file__).parent))
 from chromium import CONTRAST_JS, OVERFLOW_JS, artifacts_dir, browser  # noqa: E402
@@ -50,7 +51,7 @@ def hostile_week(tmp_path: Path):  # noqa: ANN201 - (store, cfg, run_id)
     run = T0 + timedelta(days=5)
     recs.append(Allocation("c1", "slurm", "204", name="notebook", user="alice", account="acct-ml", start=run,
                            end=None, gpus=[AllocatedGpu("n5", 0)]))
-    recs += buckets("n5", 0, run, 48, 0.0, 0.0)  # one bucket width per store (auditor.meta)
+    recs += buckets("n5", 0, run, 48, 0.0, 0.0)  # one bucket width per store (auditor.store.meta)
     store.ingest(recs)
     return store, cfg, run_audit(store, cfg, T0, T0 + WEEK).run_id
 

@@ -19,10 +19,11 @@ from k8s_actions import ActionServer  # noqa: E402
 from k8s_server import TOKEN  # noqa: E402
 from test_notify import smtp_server  # noqa: E402, F401, F811 (fixture)
 
-from auditor import exempt, schema  # noqa: E402
+from auditor.audit import exempt
 from auditor.config import Config, EnforceConfig, ExemptionRule, Policy  # noqa: E402
-from auditor.enforce import enforce  # noqa: E402
+from auditor.enforce.policy import enforce  # noqa: E402
 from auditor.records import AllocatedGpu, Allocation, GpuBucket  # noqa: E402
+from auditor.store import schema  # noqa: E402
 from auditor.timeutil import floor_to, utcnow  # noqa: E402
 from connectors.actions.kubernetes import KubernetesActions  # noqa: E402
 from connectors.kubernetes import KubernetesOptions  # noqa: E402
@@ -214,7 +215,7 @@ def test_exempt_command_records_who_why_until(store: Any, now: datetime) -> None
     ({"reserved_s": 7200, "observed_s": 7200, "working_s": 7200}, "not_idle", "idle 0% < 95%"),
 ])
 def test_evaluate_never_counts_unknown_or_unverified_as_idle(u: dict, status: str, why: str) -> None:
-    from auditor.enforce import evaluate
+    from auditor.enforce.policy import evaluate
 
     a = {"start_ts": 0}
     got = evaluate(u, a, Policy(name="p"), "act", 2.0, 7200)
@@ -225,9 +226,9 @@ def test_evaluate_never_counts_unknown_or_unverified_as_idle(u: dict, status: st
 
 
 def test_report_shows_exemptions_and_log(world: tuple[Any, ActionServer], now: datetime) -> None:
-    from auditor.audit import run_audit
-    from auditor.render import render_md, render_text
-    from auditor.report import build_context
+    from auditor.audit.run import run_audit
+    from auditor.report.context import build_context
+    from auditor.report.render import render_md, render_text
 
     store, srv = world
     c = cfg()
@@ -314,7 +315,7 @@ def test_maintenance_reservation_is_infrastructure(world: tuple[Any, ActionServe
 
 def test_one_enforcement_run_at_a_time(store: Any) -> None:
     from auditor.errors import GpuAuditError
-    from auditor.locks import Lease
+    from auditor.store.locks import Lease
 
     with Lease(store, "enforce", "someone-else", 300) as held:
         assert held.acquired
@@ -397,8 +398,8 @@ def test_run_step_enforce_never_acts_in_a_dry_run(store: Any, tmp_path: Path) ->
     """`gpu-audit run --steps enforce --dry-run` (and a dry-run daemon) must not act even where the config
     says `enforce.apply = true`; without --dry-run the config's switch holds. The daemon's hourly audit job
     runs the enforce step after the audit."""
-    from auditor.pipeline import run_steps
-    from auditor.schedule import JOB_STEPS
+    from auditor.daemon.pipeline import run_steps
+    from auditor.daemon.schedule import JOB_STEPS
 
     c = cfg(apply=True)
     dry = run_steps(store, c, ["enforce"], base_dir=tmp_path, dry_run=True)

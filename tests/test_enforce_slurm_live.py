@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import need, port_open  # noqa: E402
 from test_slurm_live import CLUSTER, job_state, sbatch, sh, slurm_ready, wait  # noqa: E402
 
-from auditor.store import Store  # noqa: E402
+from auditor.store.engine import Store  # noqa: E402
 
 WINDOW_H = 0.02  # act after 72 s idle: the test cannot wait hours; the logic is the same at 2 h
 

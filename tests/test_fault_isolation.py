@@ -20,10 +20,10 @@ from helpers_crash import REPO, T0, generate
 
 from auditor import collect as collect_mod
 from auditor import config as config_mod
-from auditor import retry as retry_mod
 from auditor.errors import SourceError
 from auditor.records import GpuBucket
-from auditor.store import Store
+from auditor.store.engine import Store
+from connectors import retry as retry_mod
 from connectors.base import Context, Options, Problems, Window
 
 
@@ -158,8 +158,8 @@ def test_transient_errors_retried_bounded_with_backoff(tmp_path: Path, monkeypat
 
 def test_failed_telemetry_is_unknown_never_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Allocations collected, telemetry down for the whole window: every reserved hour is unknown."""
-    from auditor.audit import run_audit
-    from auditor.pipeline import EXIT_PARTIAL, run_steps
+    from auditor.audit.run import run_audit
+    from auditor.daemon.pipeline import EXIT_PARTIAL, run_steps
 
     calls: list[int] = []
     monkeypatch.setitem(sys.modules, "connectors.flaky", _flaky_module(99, calls))

@@ -23,11 +23,11 @@ from sqlalchemy import select
 
 from auditor import collect as collect_mod
 from auditor import config as config_mod
-from auditor import retry as retry_mod
-from auditor import schema
 from auditor.errors import SourceError
 from auditor.records import AllocatedGpu, Allocation, GpuBucket
-from auditor.store import Store
+from auditor.store import schema
+from auditor.store.engine import Store
+from connectors import retry as retry_mod
 from connectors.base import Context, Options, Problems, Window
 
 WINDOW = Window(T0, T0 + timedelta(days=2), 300)
@@ -115,7 +115,7 @@ def test_reader_bug_fails_its_source_only_and_run_reports_exit_3(
     """A reader raising OverflowError (not one of ours) after yielding a bucket: that source fails on one
     line, nothing of it is stored, its watermark stays; the other cluster is collected; audit and report run;
     the exit code is 3."""
-    from auditor.pipeline import EXIT_PARTIAL, run_steps
+    from auditor.daemon.pipeline import EXIT_PARTIAL, run_steps
 
     def broken(self: object, window: Window, problems: Problems) -> Iterator[GpuBucket]:
         yield GpuBucket(self.ctx.cluster, "n0", 0, window.since, 300, 10, sm_active=0.9)  # type: ignore[attr-defined]
@@ -320,9 +320,9 @@ def test_a_10_mb_job_name_makes_small_reports_and_emails(tmp_path: Path, store: 
     """One idle allocation named with 10 MB (and a 300 kB user and account): every report format but JSON
     and every email (admin report, team and user nudges, written as .eml) stays under 1 MB and shows the name
     shortened; the store and the JSON report keep it whole."""
-    from auditor.audit import run_audit
-    from auditor.notify import notify
-    from auditor.render import write_reports
+    from auditor.audit.run import run_audit
+    from auditor.report.notify import notify
+    from auditor.report.render import write_reports
 
     big = "J" * 10_000_000
     user = "u" * 300_000
@@ -393,7 +393,7 @@ def test_config_check_probe_says_which_answer(tmp_path: Path, pg_schema_url: str
 def test_run_logs_one_line_per_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     caplog: pytest.LogCaptureFixture) -> None:
     """A cron log alone says what happened: records and quarantined per source, findings, mails sent."""
-    from auditor.pipeline import run_steps
+    from auditor.daemon.pipeline import run_steps
 
     monkeypatch.setattr(logging.getLogger("gpu_audit"), "propagate", True)
     caplog.set_level(logging.INFO, "gpu_audit")

@@ -19,10 +19,10 @@ from conftest import need
 from sqlalchemy import text
 
 from auditor import config as config_mod
-from auditor import locks
-from auditor.pipeline import run_steps
-from auditor.schedule import Daemon, period_done, period_key, previous_fire
-from auditor.store import Store
+from auditor.daemon.pipeline import run_steps
+from auditor.daemon.schedule import Daemon, period_done, period_key, previous_fire
+from auditor.store import locks
+from auditor.store.engine import Store
 
 try:
     from aiosmtpd.controller import Controller
@@ -63,7 +63,7 @@ def test_report_every_two_minutes_on_a_monday_marks_this_week(tmp_path: Path) ->
     calls: list[list[str]] = []
 
     def runner(_store: Store, _cfg: Any, steps: list[str], **_kw: Any) -> Any:
-        from auditor.pipeline import RunSummary, StepResult
+        from auditor.daemon.pipeline import RunSummary, StepResult
 
         calls.append(steps)
         return RunSummary([StepResult(s, True) for s in steps])
@@ -95,7 +95,7 @@ def test_lease_taken_over_mid_job_sends_one_weekly_email(tmp_path: Path, monkeyp
     not notify. Both notifies are held at a barrier after building their messages (so neither sees the
     other's), which is exactly when two emails would go out; with the lease check only B gets there."""
     need(Controller is not None, "aiosmtpd is not installed")
-    import auditor.notify as notify_mod
+    import auditor.report.notify as notify_mod
 
     inbox, port = _Inbox(), _free_port()
     smtp = Controller(inbox, hostname="127.0.0.1", port=port)

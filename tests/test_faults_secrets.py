@@ -17,8 +17,8 @@ import pytest
 from helpers_crash import REPO
 from sqlalchemy import select
 
-from auditor import schema
 from auditor.config import SecretRef
+from auditor.store import schema
 
 
 def _plant(tmp_path: Path, pg_url: str) -> tuple[Path, dict[str, str], list[str]]:
@@ -96,8 +96,8 @@ def test_eleven_secrets_never_leave(tmp_path: Path, pg_schema_url: str) -> None:
 
 def _metrics(cfg: Path, env: dict[str, str]) -> str:
     """/metrics of a daemon that just ran a failing collection, rendered in a child with the secrets' env."""
-    code = ("import sys; from auditor import config; from auditor.store import Store; "
-            "from auditor.health import Metrics; from auditor.pipeline import run_steps; "
+    code = ("import sys; from auditor import config; from auditor.store.engine import Store; "
+            "from auditor.daemon.metrics import Metrics; from auditor.daemon.pipeline import run_steps; "
             "c = config.load(sys.argv[1]); s = Store.open(c.store.resolved_url()); m = Metrics(s, c); "
             "m.observe(run_steps(s, c, ['collect', 'audit'], base_dir=__import__('pathlib').Path('.'))); "
             "sys.stdout.write(m.render().decode())")
@@ -108,7 +108,7 @@ def _metrics(cfg: Path, env: dict[str, str]) -> str:
 
 
 def _store_dump(url: str) -> str:
-    from auditor.store import Store
+    from auditor.store.engine import Store
 
     store = Store.open(url)
     out = []

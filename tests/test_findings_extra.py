@@ -13,11 +13,11 @@ import pytest
 from conftest import pg_schema
 from sqlalchemy import text
 
-from auditor.audit import run_audit
+from auditor.audit.capacity import capacity
+from auditor.audit.run import run_audit
 from auditor.config import Config, PriceCard, Thresholds
-from auditor.findings_extra import capacity
 from auditor.records import AllocatedGpu, Allocation, GpuBucket, GpuInventory, Reservation
-from auditor.store import Store
+from auditor.store.engine import Store
 
 T0 = datetime(2026, 11, 16, tzinfo=UTC)
 W0, W1 = T0 - timedelta(days=1), T0 + timedelta(days=1)

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from auditor import aliases, timeutil
 from auditor import config as config_mod
+from auditor import timeutil
 from auditor.errors import ConfigError, GpuAuditError
+from connectors import aliases
 from connectors.base import Context, Problems, Window
 
 FUZZ = settings(max_examples=200, deadline=5000, database=None, suppress_health_check=[HealthCheck.too_slow])

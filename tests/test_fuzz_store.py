@@ -20,9 +20,9 @@ from sqlalchemy import select
 
 from auditor import collect as collect_mod
 from auditor import config as config_mod
-from auditor import schema
 from auditor.records import AllocatedGpu, Allocation, GpuBucket
-from auditor.store import Store
+from auditor.store import schema
+from auditor.store.engine import Store
 from connectors.base import Problems, Window
 
 FUZZ = settings(max_examples=60, deadline=None, database=None,

@@ -9,9 +9,10 @@ from typing import Any
 
 from test_chargeback import W0, W1, cfg, mixed
 
-from auditor import render, report
-from auditor.audit import run_audit
-from auditor.store import Store
+from auditor.audit.run import run_audit
+from auditor.report import context as report
+from auditor.report import render
+from auditor.store.engine import Store
 
 GOLDEN = Path(__file__).parent / "golden" / "report_json_keys.txt"
 # data-dependent or a plain dump of the config model: not part of the golden list

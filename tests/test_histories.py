@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from storecheck import checksum
 
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config, StoreConfig, Thresholds
 from auditor.errors import StoreError
 from auditor.records import AllocatedGpu, Allocation, GpuBucket
-from auditor.retention import prune
-from auditor.store import Store
+from auditor.store.engine import Store
+from auditor.store.retention import prune
 from connectors import build
 from connectors.base import Context, Problems, Window
 
@@ -66,9 +67,9 @@ def test_two_sources_merge_field_by_field(store: Store, order: str) -> None:
     store.ingest([job("1", [AllocatedGpu("n1", 0)])])
     for part in ((a, b) if order == "profiling first" else (b, a)):
         store.ingest(part)
-    before = store.checksum()["gpu_buckets"]
+    before = checksum(store)["gpu_buckets"]
     store.ingest(a + b)  # the same rows again change nothing
-    assert store.checksum()["gpu_buckets"] == before
+    assert checksum(store)["gpu_buckets"] == before
     with store.engine.connect() as conn:
         row = conn.execute(text("SELECT samples, sm_active, gpu_util, power_w FROM gpu_buckets "
                                 "ORDER BY bucket_ts LIMIT 1")).one()
@@ -266,7 +267,8 @@ def test_idle_gpus_names_node_and_index_and_memory_held(store: Store) -> None:
     """Job across two nodes, each with a GPU 2: n01 GPU 2 works (SM 0.9), n02 GPU 2 is idle (SM 0.0) and
     holds 41 GiB (41,984 MiB), n02 GPU 3 works. The finding names "n02 GPU 2 idle 100%, held 41 GiB while
     idle" in its evidence and in every report format; idle GPU-hours 2.0 (one GPU x 2 h)."""
-    from auditor import render, report
+    from auditor.report import context as report
+    from auditor.report import render
 
     gpus = [AllocatedGpu("n01", 2), AllocatedGpu("n02", 2), AllocatedGpu("n02", 3)]
     recs: list = [job("ddp", gpus)]

@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from auditor import ingest
-from auditor.ingest_pg import rounds
 from auditor.records import METRIC_FIELDS, GpuBucket
 from auditor.simulate import FleetSpec, fleet_records
-from auditor.store import Store
+from auditor.store import ingest
+from auditor.store.engine import Store
+from auditor.store.ingest_pg import rounds
 from tests.conftest import pg_schema
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)

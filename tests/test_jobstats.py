@@ -94,10 +94,10 @@ def test_summary_audited_end_to_end_at_any_row_width(store_url: str, tmp_path: P
     GPU-Util 1 GPU-h (GPU 3), whatever the width of the rows the summary is spread over."""
     from sqlalchemy import text
 
-    from auditor.audit import run_audit
+    from auditor.audit.run import run_audit
     from auditor.collect import collect
     from auditor.config import Config
-    from auditor.store import Store
+    from auditor.store.engine import Store
 
     lines = (FIX / "sacct-admincomment-js1.txt").read_text().splitlines()
     (tmp_path / "s.txt").write_text("\n".join(ln for ln in lines if ln.startswith(("JobID|", "101"))) + "\n")

@@ -16,17 +16,17 @@ import pytest
 from conftest import need, port_open
 from sqlalchemy import text
 
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.collect import collect
 from auditor.config import Config
-from auditor.store import Store
+from auditor.store.engine import Store
 from connectors import build
 from connectors.base import Context, Problems, Window
 
 ROOT = Path(__file__).resolve().parent.parent
 URL = os.environ.get("GPU_AUDIT_TEST_JOBSTATS_PROM_URL", "http://127.0.0.1:19092")
 DIR = Path(os.environ.get("GPU_AUDIT_TEST_JOBSTATS_PROM_DIR", "/var/lib/gpu-audit-testbed/jobstats"))
-#: exporter name -> (bucket field, divisor to the stored unit), independent of auditor.aliases
+#: exporter name -> (bucket field, divisor to the stored unit), independent of connectors.aliases
 UNITS = {"nvidia_gpu_duty_cycle": ("gpu_util", 100.0), "nvidia_gpu_memory_used_bytes": ("fb_used_mib", 2**20),
          "nvidia_gpu_power_usage_milliwatts": ("power_w", 1000.0)}
 

@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
 
-from auditor import jobview
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.records import AllocatedGpu, Allocation, GpuBucket
+from auditor.report import jobview
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_report import T0  # noqa: E402
@@ -142,6 +142,6 @@ def test_job_before_any_audit(store) -> None:  # noqa: ANN001
     g0, g1 = v["gpus"]
     assert g0["timeline"]["line"] == "\u2588" * 24 + "_" * 24 and g1["timeline"]["line"] == "!" * 48
     assert g0["metrics"]["sm_active"]["mean"] == pytest.approx(0.45) and g0["coverage"] is None
-    from auditor.cli_job import format_job
+    from auditor.cli.jobs import format_job
 
     assert "not audited yet" in format_job(v)

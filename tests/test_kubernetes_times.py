@@ -25,7 +25,7 @@ from auditor.collect import collect as collect_all
 from auditor.config import Config
 from auditor.errors import SourceError
 from auditor.records import Allocation
-from auditor.store import Store
+from auditor.store.engine import Store
 from connectors import build
 from connectors.base import Context, Problems, Window
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from auditor import schema
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config
 from auditor.records import AllocatedGpu, Allocation
-from auditor.store import Store
+from auditor.store import schema
+from auditor.store.engine import Store
 
 T0 = datetime(2026, 11, 16, tzinfo=UTC)
 W0, W1 = T0 - timedelta(days=1), T0 + timedelta(days=1)
@@ -149,7 +149,7 @@ def test_capacity_counts_a_node_from_when_it_was_first_seen(store: Store) -> Non
     = 20, a job held GPU 0 T0+2h..T0+5h -> 3 allocated, 17 free. Per model: h100 6 GPUs, 28 GPU-h, all free,
     mean 28 / 10 = 2.8 free GPUs; a100 2 GPUs, 20 GPU-h, 3 allocated, 17 free (was 60 h100 GPU-h: every
     inventory GPU counted for the whole window)."""
-    from auditor.findings_extra import capacity
+    from auditor.audit.capacity import capacity
     from auditor.records import GpuBucket, GpuInventory
 
     recs: list[Any] = [GpuInventory("c", "n1", g, "h100", seen_at=T0 + 6 * H) for g in range(4)]

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from auditor import chargeback as cb
 from auditor.config import Config, PriceCard, Team
 from auditor.records import AllocatedGpu, Allocation
-from auditor.store import Store
+from auditor.report import chargeback as cb
+from auditor.store.engine import Store
 
 T0 = datetime(2026, 11, 16, tzinfo=UTC)
 W0, W1 = T0, T0 + timedelta(hours=10)
@@ -151,7 +151,7 @@ def quarantined(store: Store) -> list[tuple[str, str, str]]:
 def test_bad_shares_and_gpu_counts_are_quarantined_at_ingest(store: Store) -> None:
     """A NaN share, a share of 3 and an infinite reservation are refused (quarantined with a reason); the
     good job (1 GPU x 2 h at 2.0 = 4.00) is stored and audited as usual."""
-    from auditor.audit import run_audit
+    from auditor.audit.run import run_audit
     from auditor.records import Reservation
 
     good = fleet()[2]
@@ -225,7 +225,7 @@ def test_json_columns_store_no_nan(store: Store) -> None:
     rejects the NaN token (the whole audit failed on it), SQLite would keep text no strict parser reads."""
     from sqlalchemy import insert, select
 
-    from auditor import schema
+    from auditor.store import schema
 
     t = schema.audit_runs
     with store.begin() as conn:

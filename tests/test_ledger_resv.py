@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from auditor import schema
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config, Team
 from auditor.records import AllocatedGpu, Allocation, GpuInventory, Reservation
-from auditor.store import Store
+from auditor.store import schema
+from auditor.store.engine import Store
 from connectors import build
 from connectors.base import Context, Problems, Window
 from connectors.slurm import inventory as inv

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from conftest import need
 
-from auditor import charts, notify
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config, EmailConfig, SecretRef, Team
 from auditor.errors import GpuAuditError
 from auditor.records import AllocatedGpu, Allocation
+from auditor.report import charts, mailparts, notify
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_report import EVIL_NAMES, EVIL_USER, T0, WEEK, audited, buckets, make_cfg  # noqa: E402
@@ -191,7 +191,7 @@ def test_starttls_with_login(tmp_path: Path, smtp_server: Any, tls_files: tuple[
     assert len(res["sent"]) == 1 and len(inbox.envelopes) == 1 and logins == [(b"gpu", PASSWORD.encode())]
     monkeypatch.delenv("GPU_AUDIT_TEST_SMTP_PW")
     with pytest.raises(GpuAuditError, match="GPU_AUDIT_TEST_SMTP_PW is not set"):
-        notify.smtp_connect(cfg)
+        mailparts.smtp_connect(cfg)
     plain_cfg = cfg_for(port, security="none")
     refused = notify.notify(store, plain_cfg, run_id, admin=False, users=False)  # server insists on TLS
     assert refused["sent"] == [] and all("send failed" in s["reason"] for s in refused["skipped"])
@@ -213,7 +213,7 @@ def test_implicit_ssl(tmp_path: Path, smtp_server: Any, tls_files: tuple[Path, P
     assert inbox.envelopes[0]["rcpt"][0] == "ops@example.org"
     verified = cfg_for(port, security="ssl", verify_tls=True)
     with pytest.raises(GpuAuditError, match="SMTP 127.0.0.1"):  # self-signed: refused when verifying
-        notify.smtp_connect(verified)
+        mailparts.smtp_connect(verified)
 
 
 def test_dry_run_writes_eml_and_does_not_throttle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,13 +236,13 @@ def test_dry_run_writes_eml_and_does_not_throttle(tmp_path: Path, monkeypatch: p
 
 
 def test_header_values_cannot_inject(tmp_path: Path) -> None:
-    assert "\n" not in notify.safe_header("a\r\nBcc: x@y") and "\r" not in notify.safe_header("a\rb")
+    assert "\n" not in mailparts.safe_header("a\r\nBcc: x@y") and "\r" not in mailparts.safe_header("a\rb")
     for bad in (EVIL_USER, "a@b\r\nBcc: x@y", "no-at-sign", "a@b@c"):
         with pytest.raises(GpuAuditError):
-            notify.address(bad)
-    assert notify.user_address(EVIL_USER, "example.org") is None
-    assert notify.user_address("bob", None) is None
-    assert notify.user_address("alice", "example.org") == "alice@example.org"
+            mailparts.address(bad)
+    assert mailparts.user_address(EVIL_USER, "example.org") is None
+    assert mailparts.user_address("bob", None) is None
+    assert mailparts.user_address("alice", "example.org") == "alice@example.org"
     cfg = make_cfg().model_copy(update={"teams": [Team(name="ml\r\nBcc: x@y", accounts=["acct-ml"],
                                                        emails=["ml-leads@example.org"])]})
     store, run_id = audited(tmp_path, cfg, weeks=1)

@@ -24,11 +24,11 @@ from oracle import CORE_FINDINGS, HOUR, Oracle
 from oracle_fleets import ALL_FEATURES, Fleet, detect, fleets
 from sqlalchemy import text
 
-from auditor import schema
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config, PriceCard
-from auditor.retention import prune
-from auditor.store import Store
+from auditor.store import schema
+from auditor.store.engine import Store
+from auditor.store.retention import prune
 
 EXAMPLES = int(os.environ.get("GPU_AUDIT_ORACLE_EXAMPLES", "300"))
 FEATURES = detect()
@@ -78,7 +78,7 @@ def run_code(store: Store, fleet: Fleet) -> dict[str, Any]:
         else:
             prune(store, now=op[1], keep_weeks=op[2], keep_runs_days=10_000)
     now = datetime.fromtimestamp(fleet.now, UTC)
-    with mock.patch("auditor.audit.utcnow", return_value=now):
+    with mock.patch("auditor.audit.run.utcnow", return_value=now):
         rid = run_audit(store, config(fleet), datetime.fromtimestamp(fleet.since, UTC),
                         datetime.fromtimestamp(fleet.until, UTC)).run_id
     with store.engine.connect() as conn:

@@ -11,11 +11,11 @@ import pytest
 from oracle import Oracle
 from oracle_fleets import T0, make_bucket
 
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config, PriceCard, Thresholds
 from auditor.records import AllocatedGpu, Allocation, GpuBucket
-from auditor.retention import prune
-from auditor.store import Store
+from auditor.store.engine import Store
+from auditor.store.retention import prune
 
 H = 3600.0
 PRICES = PriceCard(default=2.0, models={"h100": 4.0}, mig={"1g.10gb": 0.75})
@@ -125,7 +125,7 @@ def _audit(store: Store, records: list, prune_at: float | None, since: float, un
     store.ingest(records, seen_at_ts=T0)
     if prune_at is not None:
         prune(store, now=T0 + prune_at, keep_weeks=0.0, keep_runs_days=10_000)
-    with mock.patch("auditor.audit.utcnow", return_value=t(10 ** 6)):
+    with mock.patch("auditor.audit.run.utcnow", return_value=t(10 ** 6)):
         rid = run_audit(store, Config(prices=PRICES), t(since), t(until)).run_id
     from sqlalchemy import text
 

@@ -31,7 +31,7 @@ PROM_URL = os.environ.get("GPU_AUDIT_TEST_PROM_URL", "http://127.0.0.1:19090")
 PROM_DIR = Path(os.environ.get("GPU_AUDIT_TEST_PROM_DIR", "/var/lib/gpu-audit-testbed/test"))
 
 #: The generated metric names -> (bucket field, divisor to the stored unit): written out here on purpose
-#: instead of reusing auditor.aliases, so the expectation does not share code with the connector.
+#: instead of reusing connectors.aliases, so the expectation does not share code with the connector.
 FIELDS = {"DCGM_FI_DEV_GPU_UTIL": ("gpu_util", 100.0), "DCGM_FI_PROF_SM_ACTIVE": ("sm_active", 1.0),
           "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy", 1.0),
           "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active", 1.0),

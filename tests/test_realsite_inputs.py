@@ -14,7 +14,7 @@ import pytest
 from auditor.collect import plan_window
 from auditor.config import Config
 from auditor.errors import SourceError
-from auditor.store import Store
+from auditor.store.engine import Store
 from auditor.timeutil import parse_time
 from connectors import build
 from connectors.base import Context, Problems, Window

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from auditor import charts, render, report
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config, EmailConfig, ReportConfig, Team
 from auditor.records import AllocatedGpu, Allocation, GpuBucket, GpuInventory
-from auditor.store import Store
+from auditor.report import charts, render
+from auditor.report import context as report
+from auditor.store.engine import Store
 
 T0 = datetime(2026, 11, 16, tzinfo=UTC)
 WEEK = timedelta(days=7)
@@ -311,7 +312,7 @@ def cli_main():  # noqa: ANN201 - click group
     import auditor.cli as cli
 
     if "report" not in cli.main.commands:
-        from auditor import cli_report
+        from auditor.cli import report as cli_report
 
         cli_report.register(cli.main)
     return cli.main

@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import text
 from test_findings_extra import IDLE, WORK, job, run
 
-from auditor import chargeback as cb
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config, PriceCard, ReportConfig
 from auditor.records import AllocatedGpu, Allocation, GpuBucket
-from auditor.store import Store
+from auditor.report import chargeback as cb
+from auditor.store.engine import Store
 
 T0 = datetime(2026, 11, 16, tzinfo=UTC)
 W0, W1 = T0 - timedelta(days=1), T0 + timedelta(days=1)

@@ -25,13 +25,13 @@ from conftest import port_open
 from sqlalchemy import text
 
 from auditor import config as config_mod
-from auditor import locks
 from auditor.collect import collect
-from auditor.health import HealthServer, health
-from auditor.notify import period_key as notify_period_key
-from auditor.pipeline import RunSummary, StepResult
-from auditor.schedule import MARKER_KIND, Daemon, cron_triggers, period_done, period_key, previous_fire
-from auditor.store import Store
+from auditor.daemon.health import HealthServer, health
+from auditor.daemon.pipeline import RunSummary, StepResult
+from auditor.daemon.schedule import MARKER_KIND, Daemon, cron_triggers, period_done, period_key, previous_fire
+from auditor.report.notify import period_key as notify_period_key
+from auditor.store import locks
+from auditor.store.engine import Store
 from auditor.timeutil import floor_to, utcnow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,10 +258,10 @@ def write_long_csv(path: Path, start: datetime, hours: float, gpus: int) -> None
 CHILD = r"""
 import json, os, signal, sys
 from pathlib import Path
-import auditor.ingest as ingest
+import auditor.store.ingest as ingest
 from auditor import config
 from auditor.collect import collect
-from auditor.store import Store
+from auditor.store.engine import Store
 calls, real = [], ingest.ingest_buckets
 def killing(conn, buckets, cache, *rest):
     calls.append([[b.gpu, int(b.start.timestamp())] for b in buckets])
@@ -419,14 +419,14 @@ def test_metrics_health_and_weekly_report_on_the_demo_fleet(tmp_path: Path, monk
         assert 'gpu_audit_step_duration_seconds_count{step="collect"}' in body
         assert 'gpu_audit_step_runs_total{step="audit"} 1.0' in body
         with store.engine.connect() as c:
-            rows = c.execute(text("SELECT team, SUM(idle_s + mirage_s) / 3600.0, SUM(idle_cost) FROM usage_allocation "
+            rows = c.execute(text("SELECT team, SUM(idle_s + mirage_s), SUM(idle_cost) FROM usage_allocation "
                                   "WHERE run_id = (SELECT MAX(id) FROM audit_runs WHERE status = 'ok') "
                                   "GROUP BY team")).all()
         assert rows
         series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
                   if line.startswith("gpu_audit_team_idle")}
-        for team, hours, cost in rows:
-            assert series[f'gpu_audit_team_idle_gpu_hours{{team="{team}"}}'] == pytest.approx(hours)
+        for team, seconds, cost in rows:
+            assert series[f'gpu_audit_team_idle_gpu_seconds{{team="{team}"}}'] == pytest.approx(seconds)
             assert series[f'gpu_audit_team_idle_cost{{currency="USD",team="{team}"}}'] == pytest.approx(cost)
         code, body = get(f"http://127.0.0.1:{server.port}/healthz")
         assert code == 200 and json.loads(body)["status"] == "ok"
@@ -450,7 +450,7 @@ def test_metrics_health_and_weekly_report_on_the_demo_fleet(tmp_path: Path, monk
 def test_serve_runs_demo_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     cfg_path, cfg, _store = demo_store(tmp_path)
     port = free_port()
-    launcher = ("import sys; from auditor.cli import main; from auditor import cli_serve\n"
+    launcher = ("import sys; from auditor.cli import main; from auditor.cli import serve as cli_serve\n"
                 "'serve' in main.commands or cli_serve.register(main)\nmain()")
     proc = subprocess.Popen([sys.executable, "-c", launcher, "-c", str(cfg_path), "serve", "--listen",  # noqa: S603
                              f"127.0.0.1:{port}", "--once-now", "--every", "3", "--health-max-age", "600"],
@@ -459,7 +459,7 @@ def test_serve_runs_demo_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         assert wait_for(lambda: port_open("127.0.0.1", port), 30, 0.2), proc.stderr
         assert wait_for(lambda: get(f"http://127.0.0.1:{port}/healthz")[0] == 200
                         and "gpu_audit_latest_audit_run_id" in get(f"http://127.0.0.1:{port}/metrics")[1]
-                        and "gpu_audit_team_idle_gpu_hours" in get(f"http://127.0.0.1:{port}/metrics")[1], 90, 0.5)
+                        and "gpu_audit_team_idle_gpu_seconds" in get(f"http://127.0.0.1:{port}/metrics")[1], 90, 0.5)
         body = get(f"http://127.0.0.1:{port}/metrics")[1]
         assert 'gpu_audit_job_runs_total{job="collect"}' in body
         proc.send_signal(signal.SIGTERM)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from auditor.aliases import pick_label
 from auditor.errors import SourceError
 from connectors import build
+from connectors.aliases import pick_label
 from connectors.base import Context, Problems, Window
 from connectors.scrape import ScrapeFiles, parse_line, parse_text
 

@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
 
-from auditor import audit
+from auditor.audit import run as audit
 from auditor.config import Config, Thresholds
 from auditor.records import Allocation, GpuBucket
-from auditor.retention import prune
 from auditor.simulate import FleetSpec, fleet_jobs, fleet_records, populate
-from auditor.store import Store
+from auditor.store.engine import Store
+from auditor.store.retention import prune
 
 SMALL = FleetSpec(gpus=64, days=1)
 #: three blocks (multi-node Slurm, mixed Slurm, Kubernetes), nodes without profiling fields, telemetry gaps
@@ -161,7 +161,7 @@ def test_prune_rolls_up_hourly_idempotently_and_deletes_old_runs(store: Store) -
 
 
 def test_db_prune_command(tmp_path: Path) -> None:
-    from auditor import cli_db_prune
+    from auditor.cli import db as cli_db_prune
     from auditor.cli import main
 
     if "prune" not in main.commands["db"].commands:  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from auditor.records import Allocation
-from auditor.store import Store
+from auditor.store.engine import Store
 from connectors.base import Problems, Window
 from connectors.slurm import assemble, jobs
 from connectors.slurm import inventory as inv

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from auditor.records import Allocation
-from auditor.store import Store
+from auditor.store.engine import Store
 from connectors import build
 from connectors.base import Context, Problems, Window
 from tests.conftest import need

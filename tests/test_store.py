@@ -7,10 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
+from storecheck import checksum
 
-from auditor import schema
 from auditor.records import AllocatedGpu, Allocation, GpuBucket, GpuInventory, Reservation
-from auditor.store import Store
+from auditor.store import schema
+from auditor.store.engine import Store
 from connectors.base import RunningSnapshot
 
 T0 = datetime(2026, 11, 20, tzinfo=UTC)
@@ -51,11 +52,11 @@ def test_migrations_match_models(tmp_path) -> None:
     s.upgrade()
     with s.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), schema.metadata)
-    assert diff == [], f"auditor/schema.py and migrations/ disagree: {diff}"
+    assert diff == [], f"auditor/store/schema.py and migrations/ disagree: {diff}"
 
 
 def test_every_table_and_column_is_documented() -> None:
-    from auditor.schemadoc import schema_markdown
+    from auditor.store.schemadoc import schema_markdown
 
     for table in schema.metadata.tables.values():
         assert table.comment, table.name
@@ -68,7 +69,7 @@ def test_every_table_and_column_is_documented() -> None:
 def test_docs_schema_is_current() -> None:
     from pathlib import Path
 
-    from auditor.schemadoc import schema_markdown
+    from auditor.store.schemadoc import schema_markdown
 
     doc = Path(__file__).resolve().parent.parent / "docs" / "schema.md"
     assert doc.read_text().strip() == schema_markdown().strip(), "regenerate: gpu-audit db schema > docs/schema.md"
@@ -78,9 +79,9 @@ def test_docs_schema_is_current() -> None:
 def test_same_input_twice_is_identical(store: Store) -> None:
     recs = [*allocs(), *other(), *buckets(0, 3)]
     store.ingest(recs, seen_at_ts=1000)
-    first = store.checksum()
+    first = checksum(store)
     store.ingest(recs, seen_at_ts=1000)
-    assert store.checksum() == first
+    assert checksum(store) == first
     assert store.count("gpu_buckets") == 3 * 12 * 2
     assert store.count("allocations") == 2
 
@@ -90,7 +91,7 @@ def test_overlapping_and_out_of_order_windows(store: Store, tmp_path) -> None:
     """Windows [0,3h) then [2,5h), versus [2,5h) then [0,3h), versus one [0,5h): same tables."""
     store.ingest([*allocs(), *buckets(0, 3)], seen_at_ts=1000)
     store.ingest([*allocs(), *buckets(2, 3)], seen_at_ts=1000)
-    a = store.checksum()
+    a = checksum(store)
     other_store = Store.open(f"sqlite:///{tmp_path / 'b.db'}")
     other_store.upgrade()
     other_store.ingest([*allocs(), *buckets(2, 3)], seen_at_ts=1000)
@@ -98,8 +99,8 @@ def test_overlapping_and_out_of_order_windows(store: Store, tmp_path) -> None:
     one = Store.open(f"sqlite:///{tmp_path / 'c.db'}")
     one.upgrade()
     one.ingest([*allocs(), *buckets(0, 5)], seen_at_ts=1000)
-    assert a["gpu_buckets"] == other_store.checksum()["gpu_buckets"] == one.checksum()["gpu_buckets"]
-    assert a["allocations"] == one.checksum()["allocations"]
+    assert a["gpu_buckets"] == checksum(other_store)["gpu_buckets"] == checksum(one)["gpu_buckets"]
+    assert a["allocations"] == checksum(one)["allocations"]
 
 
 @pytest.mark.service
@@ -174,7 +175,7 @@ def test_missing_database_driver_is_a_one_line_error() -> None:
     # pg8000 is a real SQLAlchemy PostgreSQL dialect whose driver this project does not install: opening such a
     # store must say which driver is missing and how to get one, not escape as ModuleNotFoundError
     from auditor.errors import StoreError
-    from auditor.store import Store
+    from auditor.store.engine import Store
 
     with pytest.raises(StoreError, match=r"driver 'pg8000'.*pip install 'gpu-audit\[postgres\]'"):
         Store.open("postgresql+pg8000://u@127.0.0.1/db")

@@ -1,4 +1,4 @@
-"""The one verdict definition (auditor/verdict.py), executed as SQL on SQLite and PostgreSQL against a table
+"""The one verdict definition (auditor/audit/verdict.py), executed as SQL on SQLite and PostgreSQL against a table
 of hand-written expectations (docs/definitions.md), and a check that no other module judges on its own."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from auditor import verdict
+from auditor.audit import verdict
 from auditor.config import Thresholds
-from auditor.store import Store
+from auditor.store.engine import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 U, I, F, M, L, W, B = (verdict.UNKNOWN, verdict.IDLE, verdict.IDLE_BY_UTIL, verdict.MIRAGE, verdict.LOW,  # noqa: E741 - verdict initials
@@ -60,7 +60,7 @@ def test_verdict_sql_on_both_engines(store: Store, working_first: bool) -> None:
 
 
 def test_no_other_module_judges_on_its_own() -> None:
-    """Only auditor/verdict.py compares a metric with a threshold (issue 13 section 2: one definition)."""
+    """Only auditor/audit/verdict.py compares a metric with a threshold (issue 13 section 2: one definition)."""
     pattern = re.compile(r"(sm_active|gpu_util|dram_active|tensor_active|gr_engine)\s*[<>]=?\s*:|:(idle_sm|"
                          r"idle_dram|idle_tensor|idle_util|working_sm|mirage_util|mirage_gr|idle_power)\b")
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "auditor").glob("*.py")

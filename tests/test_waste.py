@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config
 from auditor.records import AllocatedGpu, Allocation, GpuBucket
-from auditor.store import Store
+from auditor.store.engine import Store
 
 T0 = datetime(2026, 11, 20, tzinfo=UTC)
 W0, W1 = T0 - timedelta(days=1), T0 + timedelta(days=1)
@@ -144,8 +144,8 @@ def energy_fleet() -> list:
 
 
 def test_energy_and_carbon(store: Store) -> None:
-    from auditor import chargeback
     from auditor.config import parse
+    from auditor.report import chargeback
 
     cfg = parse({"energy": {"idle_power_w": {"A100": 50.0, "H100": 70.0}, "grid_gco2_per_kwh": {"c": 400.0}}})
     store.ingest(energy_fleet())

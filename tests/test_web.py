@@ -14,10 +14,10 @@ import pytest
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config, WebConfig
 from auditor.records import AllocatedGpu, Allocation
-from auditor.web import create_app
+from auditor.web.app import create_app
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_jobview import DAY, bk, records  # noqa: E402

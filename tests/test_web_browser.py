@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from auditor.audit import run_audit
+from auditor.audit.run import run_audit
 from auditor.config import Config
-from auditor.render import fmt_hours, fmt_money
-from auditor.web import start_in_thread
+from auditor.report.render import fmt_hours, fmt_money
+from auditor.web.app import start_in_thread
 
 sys.path.insert(0, str(Path(__file__).parent))
 from chromium import artifacts_dir, browser  # noqa: E402

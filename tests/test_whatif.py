@@ -13,12 +13,12 @@ import pytest
 from click.testing import CliRunner
 from test_findings_extra import IDLE, WORK, job, run
 
-from auditor.audit import latest_run
+from auditor.audit.run import latest_run
+from auditor.audit.whatif import format_diff, parse_overrides, what_if
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.records import AllocatedGpu
-from auditor.store import Store
-from auditor.whatif import format_diff, parse_overrides, what_if
+from auditor.store.engine import Store
 
 T0 = datetime(2026, 11, 16, tzinfo=UTC)
 W0, W1 = T0 - timedelta(hours=1), T0 + timedelta(hours=8)
@@ -100,7 +100,7 @@ def test_what_if_rejects_out_of_range(store: Store) -> None:
 
 def test_cli_what_if(store: Store, tmp_path: Path) -> None:
     from auditor.cli import App
-    from auditor.cli_money import register
+    from auditor.cli.money import register
 
     cfg_file = tmp_path / "gpu-audit.toml"
     cfg_file.write_text(f'[store]\nurl = "sqlite:///{tmp_path / "a.db"}"\n')

@@ -1,5 +1,5 @@
 """Scheduler actions for enforcement (docs/enforcement.md). The collectors stay read-only; everything that
-changes a scheduler lives here, is called only from :mod:`auditor.enforce`, and first re-reads the live
+changes a scheduler lives here, is called only from :mod:`auditor.enforce.policy`, and first re-reads the live
 state (still running? node healthy? owner?) so a decision is never taken on a stale store."""
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def assemble(reading: Reading, window: Window, cluster: str,
 
 
 def _same_job(history: Allocation, running: Allocation) -> bool:
-    """The ledger's rule (auditor.ingest): submit times decide, else start times, else the same id."""
+    """The ledger's rule (auditor.store.ingest): submit times decide, else start times, else the same id."""
     if history.submit and running.submit:
         return history.submit == running.submit
     if history.start and running.start:

@@ -77,7 +77,7 @@ class RestBackend:
             text = json.dumps(errors)[:300] if errors else ""
             if "Nothing found" in text:  # 22.05 slurmdb answers an empty query with an error
                 return {"jobs": []}
-            from auditor.retry import retry_after
+            from connectors.retry import retry_after
 
             raise SourceError(self.name, f"GET {path}: HTTP {resp.status_code} {text}".strip(),
                               transient=True, retry_after=retry_after(resp.headers.get("Retry-After")))

@@ -4,8 +4,8 @@ Revision ID: 0003_ledger
 Revises: 0002
 Create Date: 2026-11-30
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0003_ledger"
 down_revision = "0002"

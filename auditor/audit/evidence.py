@@ -1,0 +1,92 @@
+"""The numbers every finding shows and the finding row itself, shared by the core rules
+(:mod:`auditor.audit.findings`) and the finding families."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection
+
+from auditor.config import Thresholds
+
+H = 3600.0
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def judged(r: dict[str, Any]) -> float:
+    """Observed seconds with a verdict: idle (incl. idle-by-util), mirage, low, working, busy-unverified."""
+    return r["idle_s"] + r["mirage_s"] + r["low_s"] + r["working_s"] + r["busy_unverified_s"]
+
+
+def verified(r: dict[str, Any]) -> float:
+    """Observed seconds verified by SM activity (idle + mirage + low + working, idle-by-util excluded)."""
+    return r["idle_s"] - r["idle_by_util_s"] + r["mirage_s"] + r["low_s"] + r["working_s"]
+
+
+def util_only(r: dict[str, Any]) -> float:
+    """Observed seconds judged by GPU-Util alone (no profiling fields): idle-by-util + busy-unverified."""
+    return r["idle_by_util_s"] + r["busy_unverified_s"]
+
+
+def metrics(r: dict[str, Any]) -> dict[str, Any]:
+    """The numbers every finding shows: what the dashboard said next to what SM activity says."""
+    return {"reserved_gpu_hours": r["reserved_s"] / H, "observed_gpu_hours": r["observed_s"] / H,
+            "coverage": _ratio(r["observed_s"], r["reserved_s"]),
+            "idle_gpu_hours": r["idle_s"] / H, "idle_by_util_gpu_hours": r["idle_by_util_s"] / H,
+            "mirage_gpu_hours": r["mirage_s"] / H, "low_gpu_hours": r["low_s"] / H,
+            "working_gpu_hours": r["working_s"] / H, "busy_unverified_gpu_hours": r["busy_unverified_s"] / H,
+            "unknown_gpu_hours": r["unknown_s"] / H, "verified_gpu_hours": verified(r) / H,
+            "util_only_gpu_hours": util_only(r) / H, "effective_gpu_hours": r["effective_s"] / H,
+            "mean_gpu_util": _ratio(r["gpu_util_s"], r["util_observed_s"]),
+            "mean_sm_active": _ratio(r["sm_s"], r["sm_observed_s"]),
+            "mean_tensor_active": _ratio(r["tensor_s"], r["sm_observed_s"]),
+            "mean_dram_active": _ratio(r["dram_s"], r["sm_observed_s"]),
+            "peak_fb_mib": r["peak_fb_mib"], "held_while_idle_mib": r.get("idle_peak_fb_mib"),
+            "mirage_mean_gpu_util": _ratio(r.get("mirage_util_s") or 0.0, r["mirage_s"]),
+            "mirage_mean_power_w": _ratio(r.get("mirage_power_s") or 0.0, r.get("mirage_power_observed_s") or 0.0),
+            "gpus": r["gpus"], "gpu_count": r["gpu_count"],
+            "low_confidence": r["idle_by_util_s"] > 0 and r["sm_observed_s"] == 0}
+
+
+def whole_allocation_finding(r: dict[str, Any], th: Thresholds) -> tuple[str, str] | None:
+    """The finding about the whole allocation, if any: ("unmonitored", why) when too little of its reserved
+    time had samples, or ("idle", why) when it was idle or mirage most of its observed time. Idle episodes
+    and low efficiency skip these allocations (they are already reported)."""
+    coverage = _ratio(r["observed_s"], r["reserved_s"]) or 0.0
+    if coverage < th.unmonitored_coverage:
+        return "unmonitored", f"coverage {coverage:.0%} < {th.unmonitored_coverage:.0%} (reserved time with samples)"
+    idle_frac = _ratio(r["idle_s"] + r["mirage_s"], judged(r)) or 0.0
+    if idle_frac >= th.idle_allocation_fraction and r["reserved_s"] / H >= th.idle_allocation_min_gpu_hours:
+        return "idle", f"{idle_frac:.0%}"
+    return None
+
+
+#: Who acts on a finding: the job's owner, or operations (the driver or hardware, not the user's job)
+RECIPIENT = {"ghost_busy": "operations"}
+
+
+def _finding(run_id: int, kind: str, r: dict[str, Any], ev: dict[str, Any], idle_h: float, since: int,
+             horizon: int) -> dict[str, Any]:
+    start = max(r["start_ts"], since)
+    end = min(r["end_ts"] if r["end_ts"] is not None else horizon, horizon)
+    return {"run_id": run_id, "kind": kind, "cluster": r["cluster"], "allocation_id": r["allocation_id"],
+            "reservation_id": None, "account": r["account"], "user_name": r["user_name"], "team": r["team"],
+            "start_ts": start, "end_ts": end, "gpu_hours": r["reserved_s"] / H, "idle_gpu_hours": idle_h,
+            "cost": idle_h * r["price"],
+            "evidence": {**ev, **metrics(r), "recipient": RECIPIENT.get(kind, "user"),
+                         "job": {"id": r["external_id"], "name": r["name"],
+                                                     "source": r["source"]}}}
+
+
+def _fn(conn: Connection) -> dict[str, str]:
+    pg = conn.dialect.name == "postgresql"
+    return {"G": "GREATEST" if pg else "max", "L": "LEAST" if pg else "min"}
+
+
+def whole_idle(r: dict[str, Any], th: Thresholds) -> bool:
+    """True when :func:`auditor.audit.findings.classify` already reports the whole allocation (unmonitored, or
+    idle/mirage for most of its observed time): an episode or low efficiency would say it twice."""
+    return r["reserved_s"] <= 0 or whole_allocation_finding(r, th) is not None

@@ -1,0 +1,288 @@
+"""Findings: judged seconds per allocation (from :mod:`auditor.audit.run`) -> flagged problems with evidence.
+
+Each rule reads the per-allocation totals the SQL produced; only the sparkline and per-GPU checks go back
+to the store, in set-based queries over the flagged allocations.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import Connection, insert, text
+
+from auditor import energy
+from auditor.audit import rightsize
+from auditor.audit.efficiency import low_efficiency
+from auditor.audit.episodes import idle_episodes
+from auditor.audit.evidence import _finding, _ratio, judged, util_only, verified, whole_allocation_finding, whole_idle
+from auditor.audit.judge import JOB_KEY, job_match
+from auditor.audit.reservations import idle_reservations
+from auditor.config import Config, Thresholds
+from auditor.store import schema
+
+SPARK_BINS = 48
+H = 3600.0
+
+
+def _held(r: dict[str, Any]) -> str:
+    """", held 41 GiB while idle" when memory was held (>= 1 GiB) in idle buckets: a live process."""
+    mib = r.get("idle_peak_fb_mib") or 0.0
+    return f", held {mib / 1024:.0f} GiB while idle" if mib >= 1024 else ""
+
+
+def mirage_kind(r: dict[str, Any], th: Thresholds) -> tuple[str, str]:
+    """Which mirage this is (docs/definitions.md): ghost_busy (GPU-Util high, no memory used: no process,
+    a driver or hardware state), hung_collective (GPU-Util high, power near idle, memory held, 2+ GPUs: a
+    stuck NCCL collective), else util_mirage (a process spinning or waiting). Missing power or memory
+    readings are no evidence: such a mirage stays util_mirage."""
+    eps = 1e-9
+    util = (r.get("mirage_util_s") or 0.0) / r["mirage_s"] if r["mirage_s"] > 0 else 0.0
+    fb = r.get("idle_peak_fb_mib")
+    if util >= th.ghost_gpu_util - eps and fb is not None and fb <= th.ghost_max_fb_mib + eps:
+        return "ghost_busy", f"GPU-Util {util:.0%} with {fb:.0f} MiB used: no process holds the GPU"
+    power = _ratio(r.get("mirage_power_s") or 0.0, r.get("mirage_power_observed_s") or 0.0)
+    if (r["gpus"] >= 2 and util >= th.hung_gpu_util - eps and power is not None
+            and power <= th.hung_max_power_w + eps and fb is not None and fb >= th.hung_held_mib - eps):
+        return "hung_collective", (f"GPU-Util {util:.0%} at {power:.0f} W holding {fb / 1024:.1f} GiB on "
+                                   f"{r['gpus']} GPUs: stuck, not slow")
+    return "util_mirage", ""
+
+
+def _gpu_name(g: dict[str, Any]) -> str:
+    idx = g.get("gpu_index")
+    node = g.get("node")
+    where = f"{node} " if node else ""
+    return f"{where}GPU {idx if idx is not None else '?'}"
+
+
+def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -> list[tuple[str, dict]]:
+    """The allocation-level findings of one allocation, most specific first. Shares are over all observed
+    time (GPU-Util-only time included)."""
+    out: list[tuple[str, dict]] = []
+    if r["reserved_s"] <= 0:
+        return out
+    whole = whole_allocation_finding(r, th)
+    if whole is not None and whole[0] == "unmonitored":
+        return [("unmonitored", {"rule": whole[1]})]
+    mirage_long = r["max_gpu_mirage_s_max"] >= th.mirage_min_minutes * 60
+    if whole is not None:
+        idle_frac = whole[1]
+        if mirage_long and r["mirage_s"] > r["idle_s"]:
+            kind, why = mirage_kind(r, th)
+            out.append((kind, {"rule": f"idle by SM activity {idle_frac} of observed time, "
+                               "mostly while GPU-Util read busy" + (f"; {why}" if why else "")}))
+        else:
+            out.append(("idle_allocation", {"rule": f"idle {idle_frac} of observed time >= "
+                                            f"{th.idle_allocation_fraction:.0%}{_held(r)}"}))
+        return out
+    if mirage_long:
+        kind, why = mirage_kind(r, th)
+        out.append((kind, {"rule": f"a GPU read busy while idle for {r['max_gpu_mirage_s_max'] / 60:.0f} min"
+                           + (f"; {why}" if why else "")}))
+    if len(per_gpu) >= 2:
+        idle, busy = [], []
+        for g in per_gpu:
+            gj = judged(g)
+            if gj <= 0 or (_ratio(g["observed_s"], g["reserved_s"]) or 0) < th.unmonitored_coverage:
+                continue
+            if (g["idle_s"] + g["mirage_s"]) / gj >= th.idle_gpus_fraction:
+                idle.append(g)
+            elif (g["low_s"] + g["working_s"] + g["busy_unverified_s"]) / gj >= th.idle_gpus_worked_fraction:
+                busy.append(g)
+        if idle and busy:
+            named = [f"{_gpu_name(g)} idle {(g['idle_s'] + g['mirage_s']) / judged(g):.0%}{_held(g)}" for g in idle]
+            out.append(("idle_gpus", {
+                "rule": f"{len(idle)} of {len(per_gpu)} GPUs idle >= {th.idle_gpus_fraction:.0%} while "
+                        f"{len(busy)} worked: " + ", ".join(named),
+                "idle_gpus": len(idle), "total_gpus": len(per_gpu),
+                "idle_gpu_indices": [g["gpu_index"] for g in idle],
+                "idle_gpu_names": named,
+                "idle_gpu_list": [{"node": g.get("node"), "gpu_index": g["gpu_index"],
+                                   "idle_share": (g["idle_s"] + g["mirage_s"]) / judged(g),
+                                   "held_while_idle_mib": g.get("idle_peak_fb_mib")} for g in idle],
+                "partial_idle_gpu_hours": sum(g["idle_s"] + g["mirage_s"] for g in idle) / H}))
+    return out
+
+
+def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int) -> dict[int, dict]:
+    """Per allocation: mean SM activity and GPU-Util in up to 48 time bins (None = no data there).
+    The bins of one allocation come back as one packed string (one row per allocation, not per bin)."""
+    out: dict[int, dict] = {}
+    pg = conn.dialect.name == "postgresql"
+    g, le = ("GREATEST", "LEAST") if pg else ("max", "min")
+    fmt = (lambda x: f"COALESCE(CAST(ROUND(CAST({x} AS NUMERIC), 3) AS TEXT), '')") if pg else \
+        (lambda x: f"COALESCE(printf('%.3f', {x}), '')")
+    agg = "string_agg({}, ';')" if pg else "group_concat({}, ';')"
+    for i in range(0, len(ids), 500):
+        marks = ", ".join(str(int(x)) for x in ids[i:i + 500])
+        sql = f"""SELECT aid, {agg.format("CAST(bin AS TEXT) || ':' || " + fmt("sm") + " || ':' || " + fmt("util"))}
+        AS packed FROM (
+         SELECT u.allocation_id AS aid,
+          CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER) AS bin,
+          AVG(b.sm_active) AS sm, AVG(b.gpu_util) AS util
+         FROM (SELECT a.id, {g}(a.start_ts, :since) AS s0, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS e0,
+                {JOB_KEY} AS jkey FROM allocations a WHERE a.id IN ({marks})) w
+         JOIN usage_gpu u ON u.run_id = :run AND u.allocation_id = w.id
+         JOIN gpu_buckets b ON b.gpu_id = u.gpu_id AND b.bucket_ts >= w.s0 AND b.bucket_ts < w.e0
+         WHERE b.samples > 0 AND w.e0 > w.s0 AND (b.job = '' OR {job_match(conn.dialect.name, "b.job", "w.jkey")})
+         GROUP BY u.allocation_id, CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER)) bins
+        GROUP BY aid"""
+        for aid, packed in conn.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}):
+            sm: list[float | None] = [None] * SPARK_BINS
+            util: list[float | None] = [None] * SPARK_BINS
+            for item in (packed or "").split(";"):
+                b, s_sm, s_util = item.split(":")
+                k = int(b)
+                if 0 <= k < SPARK_BINS:
+                    sm[k] = float(s_sm) if s_sm else None
+                    util[k] = float(s_util) if s_util else None
+            out[aid] = {"sm": sm, "util": util}
+    return out
+
+
+def per_gpu_rows(conn: Connection, run_id: int) -> dict[int, list[dict[str, Any]]]:
+    """Per-GPU seconds of the multi-GPU allocations of a run (only the columns the idle_gpus rule reads:
+    a fleet has hundreds of thousands of these rows)."""
+    cols = ("gpu_index", "reserved_s", "observed_s", "idle_s", "mirage_s", "low_s", "working_s",
+            "busy_unverified_s", "idle_peak_fb_mib", "node")
+    sql = (f"SELECT u.allocation_id, {', '.join('u.' + c for c in cols[:-1])}, ag.node FROM usage_gpu u JOIN "
+           "(SELECT allocation_id FROM usage_gpu WHERE run_id = :run GROUP BY allocation_id HAVING COUNT(*) >= 2) m "
+           "ON m.allocation_id = u.allocation_id JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
+           "WHERE u.run_id = :run")
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in conn.execute(text(sql), {"run": run_id}):
+        out[r[0]].append(dict(zip(cols, r[1:], strict=True)))
+    return out
+
+
+def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config,
+             *, since: int, until: int, horizon: int, clusters: list[str] | None = None) -> dict[str, Any]:
+    """Store the findings of one run; return the run's headline summary."""
+    from auditor.audit.capacity import capacity
+
+    gpus = per_gpu_rows(conn, run_id)
+    rows: list[dict[str, Any]] = []
+    for r in per_alloc:
+        for kind, ev in classify(r, th, gpus.get(r["allocation_id"], [])):
+            idle_h = (ev.pop("partial_idle_gpu_hours", None) if kind == "idle_gpus"
+                      else (r["idle_s"] + r["mirage_s"]) / H)
+            if kind == "unmonitored":
+                idle_h = 0.0  # never counted or billed as idle
+            rows.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
+    flagged = frozenset(f["allocation_id"] for f in rows)
+    rows += extra_findings(conn, run_id, per_alloc, gpus, th, cfg, since=since, until=until, horizon=horizon,
+                           flagged=flagged, clusters=clusters)
+    rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
+    thresholds = th.model_dump()
+    by_id = {r["allocation_id"]: r for r in per_alloc}
+    rows.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
+    for i in range(0, len(rows), 5000):  # sparklines per chunk: never all of them in memory at once
+        chunk = rows[i:i + 5000]
+        spark = sparklines(conn, run_id, sorted({f["allocation_id"] for f in chunk
+                                                 if f["allocation_id"] is not None}), since, horizon)
+        for f in chunk:
+            if f["allocation_id"] in spark:
+                f["evidence"]["sparkline"] = spark[f["allocation_id"]]
+            if f["allocation_id"] in by_id:
+                f["evidence"]["right_size"] = rightsize.hint(by_id[f["allocation_id"]], th, cfg.prices)
+            f["evidence"]["thresholds"] = thresholds
+        conn.execute(insert(schema.findings), chunk)
+        for f in chunk:
+            f["evidence"] = None  # stored; only the kind is still needed (summary)
+    summary = summarise(per_alloc, rows, cfg)
+    summary["verification_by_node_group"] = verification(conn, run_id)
+    summary["capacity"] = capacity(conn, since, until, horizon=horizon)
+    summary["energy"] = energy.summary(per_alloc, cfg.energy)
+    return summary
+
+
+COUNTERS_ADVICE = ("enable the DCGM profiling fields (DCGM_FI_PROF_SM_ACTIVE, ..._DRAM_ACTIVE, "
+                   "..._PIPE_TENSOR_ACTIVE) in dcgm-exporter with deploy/dcgm-counters.csv, so busy time "
+                   "can be verified")
+_GROUP = re.compile(r"[-_.]?\d+$")
+
+
+def node_group(node: str) -> str:
+    """Nodes named alike (gpu-a001, gpu-a002) form a group: the name without its trailing number."""
+    return _GROUP.sub("", node) or node
+
+
+def verification(conn: Connection, run_id: int) -> list[dict[str, Any]]:
+    """Per cluster and node group: reserved GPU-hours verified by SM activity, judged by GPU-Util only, and
+    unknown; advice where GPU-Util-only time shows the profiling fields are missing."""
+    sql = ("SELECT a.cluster, ag.node, SUM(u.reserved_s) AS reserved_s, SUM(u.sm_observed_s) AS verified_s, "
+           "SUM(u.idle_by_util_s + u.busy_unverified_s) AS util_only_s, SUM(u.unknown_s) AS unknown_s "
+           "FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
+           "JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run GROUP BY a.cluster, ag.node")
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in conn.execute(text(sql), {"run": run_id}):
+        g = groups.setdefault((r.cluster, node_group(r.node)), {"nodes": 0, "reserved_s": 0.0, "verified_s": 0.0,
+                                                                 "util_only_s": 0.0, "unknown_s": 0.0})
+        g["nodes"] += 1
+        for k in ("reserved_s", "verified_s", "util_only_s", "unknown_s"):
+            g[k] += float(getattr(r, k) or 0.0)
+    out = []
+    for (cluster, group), g in sorted(groups.items()):
+        out.append({"cluster": cluster, "node_group": group, "nodes": g["nodes"],
+                    "reserved_gpu_hours": g["reserved_s"] / H, "verified_gpu_hours": g["verified_s"] / H,
+                    "util_only_gpu_hours": g["util_only_s"] / H, "unknown_gpu_hours": g["unknown_s"] / H,
+                    "advice": COUNTERS_ADVICE if g["util_only_s"] > 0 else None})
+    return out
+
+
+def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
+    """Headline numbers of a run; observed = verified by SM activity + GPU-Util only."""
+    tot: dict[str, float] = defaultdict(float)
+    clusters: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for r in per_alloc:
+        for c in ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
+                  "busy_unverified_s", "unknown_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s",
+                  "sm_observed_s"):
+            tot[c] += r[c]
+        k = clusters[r["cluster"]]
+        k["reserved_s"] += r["reserved_s"]
+        k["verified_s"] += verified(r)
+        k["util_only_s"] += util_only(r)
+        k["unknown_s"] += r["unknown_s"]
+        tot["reserved_cost"] += r["reserved_s"] / H * r["price"]
+        tot["idle_cost"] += (r["idle_s"] + r["mirage_s"]) / H * r["price"]
+    kinds: dict[str, int] = defaultdict(int)
+    for f in findings:
+        kinds[f["kind"]] += 1
+    eff_h = tot["effective_s"] / H
+    util_only_h = (tot["idle_by_util_s"] + tot["busy_unverified_s"]) / H
+    return {"allocations": len(per_alloc), "currency": cfg.prices.currency,
+            "reserved_gpu_hours": tot["reserved_s"] / H, "observed_gpu_hours": tot["observed_s"] / H,
+            "coverage": _ratio(tot["observed_s"], tot["reserved_s"]),
+            "verified_gpu_hours": tot["sm_observed_s"] / H, "util_only_gpu_hours": util_only_h,
+            "effective_gpu_hours": eff_h, "idle_gpu_hours": (tot["idle_s"] + tot["mirage_s"]) / H,
+            "idle_only_gpu_hours": tot["idle_s"] / H, "idle_by_util_gpu_hours": tot["idle_by_util_s"] / H,
+            "mirage_gpu_hours": tot["mirage_s"] / H, "low_gpu_hours": tot["low_s"] / H,
+            "working_gpu_hours": tot["working_s"] / H, "busy_unverified_gpu_hours": tot["busy_unverified_s"] / H,
+            "unknown_gpu_hours": tot["unknown_s"] / H,
+            "mean_gpu_util": _ratio(tot["gpu_util_s"], tot["util_observed_s"]),
+            "mean_sm_active": _ratio(tot["sm_s"], tot["sm_observed_s"]),
+            "reserved_cost": tot["reserved_cost"], "idle_cost": tot["idle_cost"],
+            "cost_per_effective_gpu_hour": tot["reserved_cost"] / eff_h if eff_h > 0 else None,
+            "verification_by_cluster": [
+                {"cluster": c, "reserved_gpu_hours": k["reserved_s"] / H, "verified_gpu_hours": k["verified_s"] / H,
+                 "util_only_gpu_hours": k["util_only_s"] / H, "unknown_gpu_hours": k["unknown_s"] / H,
+                 "advice": COUNTERS_ADVICE if k["util_only_s"] > 0 else None} for c, k in sorted(clusters.items())],
+            "advice": COUNTERS_ADVICE if util_only_h > 0 else None,
+            "findings": dict(sorted(kinds.items()))}
+
+
+def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]],
+                   per_gpu: dict[int, list[dict[str, Any]]], th: Thresholds, cfg: Config, *,
+                   since: int, until: int, horizon: int, flagged: frozenset[int] = frozenset(),
+                   clusters: list[str] | None = None) -> list[dict[str, Any]]:
+    """idle_episode, low_efficiency and idle_reservation findings of one run (finding-table rows).
+    ``flagged``: allocations a core rule already reported (idle GPUs explain a low mean: no low_efficiency)."""
+    p = {"since": since, "until": until, "horizon": horizon, "run": run_id}
+    working = [r for r in per_alloc if not whole_idle(r, th)]
+    out = idle_episodes(conn, run_id, working, th, p)
+    out += low_efficiency(run_id, [r for r in working if r["allocation_id"] not in flagged], th, since, horizon)
+    out += idle_reservations(conn, run_id, cfg, p, clusters, th)
+    return out

@@ -1,0 +1,93 @@
+"""Teams and prices: who an allocation belongs to, and what its GPU-hours cost."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from auditor.config import Config
+
+UNMAPPED = "(unmapped)"
+
+
+class Pricing:
+    """Team mapping and price card, precomputed once per audit (lookups per allocation, not per bucket)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.by_account = {a: t.name for t in cfg.teams for a in t.accounts}
+        self.by_namespace = {n: t.name for t in cfg.teams for n in t.namespaces}
+        self.by_user = {u: t.name for t in cfg.teams for u in t.users}
+        self.models = sorted(((k.lower(), v) for k, v in cfg.prices.models.items()),
+                             key=lambda kv: -len(kv[0]))
+        self.mig = {k.lower(): v for k, v in cfg.prices.mig.items()}
+        self.team_label = cfg.team_label
+
+    def team_of(self, row: dict[str, Any]) -> str:
+        """``team_label`` (pod label) first, then the account/namespace and user mappings. Labels come back
+        from the store as a dict on PostgreSQL and as JSON text on SQLite: both are read the same way."""
+        labels = row.get("labels") or {}
+        if isinstance(labels, str):
+            try:
+                labels = json.loads(labels)
+            except ValueError:
+                labels = {}
+        if isinstance(labels, dict) and labels.get(self.team_label):
+            return str(labels[self.team_label])
+        account = row.get("account") or ""
+        if row.get("source") == "kubernetes":
+            team = self.by_namespace.get(account) or self.by_account.get(account)
+        else:
+            team = self.by_account.get(account) or self.by_namespace.get(account)
+        return team or self.by_user.get(row.get("user_name") or "") or UNMAPPED
+
+    def team_of_reservation(self, users: list[str], accounts: list[str]) -> str:
+        """A reservation belongs to the team of its accounts, else of its users, in the order Slurm lists
+        them (``-name`` entries are exclusions, not members)."""
+        for a in accounts:
+            if not a.startswith("-") and (self.by_account.get(a) or self.by_namespace.get(a)):
+                return self.by_account.get(a) or self.by_namespace[a]
+        for u in users:
+            if not u.startswith("-") and u in self.by_user:
+                return self.by_user[u]
+        return UNMAPPED
+
+    def model_price(self, model: str | None) -> float:
+        m = (model or "").lower()
+        for key, price in self.models:
+            if key and key in m:
+                return price
+        return self.cfg.prices.default
+
+    def price(self, model: str | None, mig_profile: str | None, gpu_count: float, gpus: int) -> float:
+        """Price per full-GPU-hour equivalent. Usage seconds are already share-weighted, so a MIG slice
+        priced per slice-hour converts to slice price / share."""
+        if mig_profile and mig_profile.lower() in self.mig and gpus:
+            share = (gpu_count or 0) / gpus
+            if share > 0:
+                return self.mig[mig_profile.lower()] / share
+        return self.model_price(model)
+
+    def price_rows(self, rows: list[dict[str, Any]], number_keys: list[str]
+                   ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+        """Team, price and costs of each per-allocation row of an audit. A row whose numbers or cost are not
+        finite (a corrupt share in an old store, say) is refused with a reason instead of failing the audit
+        for everyone; :func:`auditor.audit.run.run_audit` quarantines it."""
+        ok, refused = [], []
+        for r in rows:
+            try:
+                r["team"] = self.team_of(r)
+                r["price"] = self.price(r["gpu_model"], r["mig_profile"], r["gpu_count"], r["gpus"])
+                r["reserved_cost"] = r["reserved_s"] / 3600 * r["price"]
+                r["idle_cost"] = (r["idle_s"] + r["mirage_s"]) / 3600 * r["price"]
+            except (ArithmeticError, TypeError, ValueError) as exc:
+                refused.append((r, f"cost not computable: {type(exc).__name__}"))
+                continue
+            bad = [k for k in (*number_keys, "price", "reserved_cost", "idle_cost")
+                   if r.get(k) is not None and not math.isfinite(float(r[k]))]
+            if bad:
+                refused.append((r, f"not a finite number: {', '.join(bad)}"))
+            else:
+                ok.append(r)
+        return ok, refused

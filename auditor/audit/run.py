@@ -1,0 +1,304 @@
+"""The audit: attribute reserved GPU-intervals to telemetry and judge every bucket, in set-based SQL.
+
+Flow: allocations overlapping the window -> ``_attr`` (one row per allocated GPU: which telemetry GPU it
+is, by scheduler index, whole node, or telemetry labels; else unattributed) -> one grouped join with
+``gpu_buckets`` that takes each bucket's applicable rows, its observed seconds and its verdict
+(:mod:`auditor.audit.judge`, :mod:`auditor.audit.verdict`) and sums seconds per allocated GPU into ``usage_gpu`` -> per
+allocation totals and money into ``usage_allocation`` -> findings (:mod:`auditor.audit.findings`). Unknown is never
+idle: reserved time without samples, or on a GPU no telemetry can be tied to, counts as unknown; observed
+time without profiling fields is judged by GPU-Util (idle-by-util or busy-unverified), never unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, text, update
+
+from auditor.audit.judge import EXTRA, JOB_KEY, LOOKBACK, SUMS, job_match, judged_rows, sqlite_rows, usage_columns
+from auditor.audit.money import Pricing
+from auditor.config import Config, Thresholds
+from auditor.store import schema
+from auditor.store.engine import Store
+from auditor.timeutil import to_epoch, utcnow
+
+log = logging.getLogger("gpu_audit.audit")
+
+
+def _fn(conn: Connection) -> dict[str, str]:
+    pg = conn.dialect.name == "postgresql"
+    return {"GREATEST": "GREATEST" if pg else "max", "LEAST": "LEAST" if pg else "min"}
+
+
+ATTR_DDL = """CREATE TEMPORARY TABLE _attr (allocated_gpu_id INTEGER PRIMARY KEY, allocation_id INTEGER,
+ gpu_id INTEGER, gpu_index INTEGER, attribution VARCHAR(16), a_s INTEGER, a_e INTEGER, share FLOAT,
+ jkey TEXT, lab INTEGER)"""
+
+_IN_WINDOW = """a.start_ts IS NOT NULL AND a.start_ts < :until AND COALESCE(a.end_ts, :horizon) > :since
+ AND a.start_ts < :horizon {cluster_filter}"""
+_CLIP = "{GREATEST}(a.start_ts, :since), {LEAST}(COALESCE(a.end_ts, :horizon), :horizon)"
+_TAIL = ", ag.share, " + JOB_KEY
+
+ATTR_BY_INDEX = """INSERT INTO _attr SELECT ag.id, a.id, tg.id, ag.gpu_index, 'index',
+ """ + _CLIP + _TAIL + """, COALESCE(tg.has_jobs, 0) FROM allocations a
+JOIN allocated_gpus ag ON ag.allocation_id = a.id
+LEFT JOIN telemetry_gpus tg ON tg.cluster = a.cluster AND tg.host = ag.node AND tg.gpu_index = ag.gpu_index
+ AND tg.gpu_instance = ''
+WHERE ag.gpu_index IS NOT NULL AND """ + _IN_WINDOW
+
+ATTR_BY_NODE = """INSERT INTO _attr SELECT ag.id, a.id, tg.id, tg.gpu_index, 'node',
+ """ + _CLIP + _TAIL + """, tg.has_jobs FROM allocations a JOIN allocated_gpus ag ON ag.allocation_id = a.id
+JOIN (SELECT allocation_id, node, COUNT(*) AS n FROM allocated_gpus WHERE gpu_index IS NULL AND share >= 1
+      GROUP BY allocation_id, node) held ON held.allocation_id = a.id AND held.node = ag.node
+JOIN (SELECT cluster, host, MAX(n) AS n FROM (
+        SELECT cluster, host, COUNT(*) AS n FROM gpu_inventory GROUP BY cluster, host
+        UNION ALL SELECT cluster, host, COUNT(*) AS n FROM telemetry_gpus WHERE gpu_instance = ''
+        GROUP BY cluster, host) caps GROUP BY cluster, host) cap
+  ON cap.cluster = a.cluster AND cap.host = ag.node AND held.n >= cap.n
+JOIN telemetry_gpus tg ON tg.cluster = a.cluster AND tg.host = ag.node AND tg.gpu_instance = ''
+ AND tg.gpu_index = ag.slot
+WHERE ag.gpu_index IS NULL AND ag.share >= 1 AND """ + _IN_WINDOW
+
+# telemetry GPUs of the node whose rows overlapping the reserved interval name the allocation exactly: rows
+# labelled with the job alone (an equality the engine can hash), plus comma-joined labels that list it
+# (CROSS JOIN: SQLite keeps this order, from the few count-only GPUs to their node's buckets; left to itself
+# it started from the labelled telemetry GPUs and paired each with every allocation of the cluster)
+_LABEL_PART = """SELECT DISTINCT ag.allocation_id, ag.node, tg.id AS gpu_id, tg.gpu_index
+FROM allocated_gpus ag CROSS JOIN allocations a CROSS JOIN telemetry_gpus tg CROSS JOIN gpu_buckets b
+WHERE ag.gpu_index IS NULL AND ag.id NOT IN (SELECT allocated_gpu_id FROM _attr) AND a.id = ag.allocation_id
+ AND tg.cluster = a.cluster AND tg.host = ag.node AND tg.has_jobs = 1
+ AND b.gpu_id = tg.id AND b.bucket_ts >= {GREATEST}(a.start_ts, :since) - """ + str(LOOKBACK) + """
+ AND b.bucket_ts < {LEAST}(COALESCE(a.end_ts, :horizon), :horizon)
+ AND b.bucket_ts + b.bucket_s > {GREATEST}(a.start_ts, :since) AND {COND} AND """ + _IN_WINDOW
+
+
+def label_candidates(dialect: str) -> str:
+    """PostgreSQL: the exact-label rows by an equality it can hash, plus the comma-joined labels; SQLite
+    (nested loops either way): one pass with the full match."""
+    match = job_match(dialect, "b.job", JOB_KEY)
+    if dialect != "postgresql":
+        return _LABEL_PART.replace("{COND}", match) + " ORDER BY ag.allocation_id, ag.node, tg.gpu_index, tg.id"
+    return ("SELECT * FROM (" + _LABEL_PART.replace("{COND}", "b.job = " + JOB_KEY) + " UNION "
+            + _LABEL_PART.replace("{COND}", "b.job LIKE '%,%' AND " + match)
+            + ") c ORDER BY allocation_id, node, gpu_index, gpu_id")
+
+
+UNRESOLVED = """SELECT ag.id, a.id AS allocation_id, ag.node, ag.slot FROM allocations a
+JOIN allocated_gpus ag ON ag.allocation_id = a.id
+WHERE ag.id NOT IN (SELECT allocated_gpu_id FROM _attr) AND """ + _IN_WINDOW + \
+    " ORDER BY ag.allocation_id, ag.node, ag.slot"
+
+ATTR_REST = """INSERT INTO _attr SELECT ag.id, a.id, NULL, ag.gpu_index, 'unattributed', """ + _CLIP + _TAIL + """,
+ 0 FROM allocations a JOIN allocated_gpus ag ON ag.allocation_id = a.id
+WHERE ag.id NOT IN (SELECT allocated_gpu_id FROM _attr) AND """ + _IN_WINDOW
+
+USAGE_COLS = ("signal", "reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
+              "busy_unverified_s", "unknown_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s",
+              "sm_observed_s", "tensor_s", "dram_s", "io_bps_s", "max_gpu_mirage_s", *(f"{k}_s" for k in EXTRA))
+_INSERT = ("INSERT INTO usage_gpu (run_id, allocated_gpu_id, allocation_id, attribution, gpu_index, gpu_id, "
+           + ", ".join(USAGE_COLS) + ", peak_fb_mib, idle_peak_fb_mib)\nSELECT :run_id, at.allocated_gpu_id, "
+           "at.allocation_id, at.attribution, at.gpu_index, at.gpu_id, ")
+_RESERVED = "(at.a_e - at.a_s)"
+_FRM = ("FROM gpu_buckets b WHERE b.gpu_id = {t}.gpu_id AND b.bucket_ts >= {t}.a_s - " + str(LOOKBACK)
+        + " AND b.bucket_ts < {t}.a_e AND b.bucket_ts + b.bucket_s > {t}.a_s AND b.bucket_s > 0")
+
+
+def judge_sql(dialect: str, th: Thresholds) -> str:
+    """The reference judgement (any engine, one set-based statement; PostgreSQL runs it): every attributed
+    GPU's applicable rows combined per bucket (:func:`auditor.audit.judge.judged_rows`), summed per allocated GPU."""
+    keys = [("t.allocated_gpu_id", "gid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
+    frm = "FROM _attr t JOIN gpu_buckets b ON " + _FRM.format(t="t").removeprefix(
+        "FROM gpu_buckets b WHERE ")
+    rows = judged_rows(dialect, th, keys, frm, "t.jkey", lab="t.lab")
+    sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
+    cols = usage_columns({k: f"COALESCE(j.{k}, 0)" for k in SUMS}, "at.share", _RESERVED)
+    return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb, j.idle_fb\nFROM _attr at LEFT JOIN ("
+            f"SELECT j.gid, {sums} FROM ({rows}) j GROUP BY j.gid) j ON j.gid = at.allocated_gpu_id")
+
+
+# SQLite runs the judgement as one correlated scan per allocated GPU (its buckets read in key order, all
+# sums folded into one JSON array; %!.17g round-trips reals exactly), then one join writes usage_gpu.
+# A LEFT JOIN of a grouped subquery would be materialised (every bucket copied) by SQLite. GPUs whose
+# telemetry never carried a job label take the fast path (one row per bucket, nothing to combine).
+# tests/test_simulate.py checks that it agrees with judge_sql.
+JUDGE_SQLITE_DDL = "CREATE TEMPORARY TABLE _judged (allocated_gpu_id INTEGER PRIMARY KEY, r TEXT)"
+
+
+def _sqlite_scan(th: Thresholds, grouped: bool) -> str:
+    rows = sqlite_rows(th, _FRM.format(t="t") + " AND t.a_e > t.a_s", "t.jkey", grouped=grouped)
+    arr = ", ".join(f"CASE WHEN {a} IS NOT NULL THEN printf('%!.17g', {a}) END" for a in SUMS.values())
+    return (f"INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array({arr}) FROM ({rows}) j) "
+            f"FROM _attr t WHERE t.lab = {1 if grouped else 0} ORDER BY t.gpu_id, t.a_s")
+
+
+def _sqlite_write() -> str:
+    idx = {k: i for i, k in enumerate(SUMS)}
+    cols = usage_columns({k: f"COALESCE(CAST(json_extract(j.r, '$[{i}]') AS REAL), 0)" for k, i in idx.items()},
+                         "at.share", _RESERVED)
+    return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS)
+            + f", CAST(json_extract(j.r, '$[{idx['peak_fb']}]') AS REAL)"
+            + f", CAST(json_extract(j.r, '$[{idx['idle_fb']}]') AS REAL)\n"
+            "FROM _attr at JOIN _judged j ON j.allocated_gpu_id = at.allocated_gpu_id")
+
+
+def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thresholds) -> None:
+    """Judge every bucket of ``_attr`` into usage_gpu (judge_sql; on SQLite its two-step equivalent)."""
+    if conn.dialect.name != "sqlite":
+        conn.execute(text(judge_sql(conn.dialect.name, th)), params)
+        return
+    conn.execute(text("DROP TABLE IF EXISTS _judged"))
+    conn.execute(text(JUDGE_SQLITE_DDL))
+    # walk _attr in (GPU, time) order so the bucket table is read sequentially, not in allocation order
+    conn.execute(text("CREATE INDEX temp._attr_gpu_ts ON _attr (gpu_id, a_s, a_e)"))
+    conn.execute(text(_sqlite_scan(th, False)), params)
+    conn.execute(text(_sqlite_scan(th, True)), params)
+    conn.execute(text(_sqlite_write()), params)
+    conn.execute(text("DROP TABLE _judged"))
+
+
+SUM_COLS = [c for c in schema.usage_allocation.c.keys() if c.endswith("_s")]
+
+PER_ALLOCATION = ("SELECT g.*, a.cluster, a.source, a.external_id, a.name, a.user_name, a.account, a.labels, "
+                  "a.gpu_count, a.start_ts, a.end_ts FROM (SELECT u.allocation_id, COUNT(*) AS gpus, "
+                  "MAX(u.peak_fb_mib) AS peak_fb_mib, MAX(u.idle_peak_fb_mib) AS idle_peak_fb_mib, "
+                  "MAX(u.max_gpu_mirage_s) AS max_gpu_mirage_s_max, "
+                  + ", ".join(f"SUM(u.{c}) AS {c}" for c in SUM_COLS if c != "max_gpu_mirage_s")
+                  + ", MIN(ag.model) AS gpu_model, MIN(ag.mig_profile) AS mig_profile "
+                  "FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
+                  "WHERE u.run_id = :run_id GROUP BY u.allocation_id) g "
+                  "JOIN allocations a ON a.id = g.allocation_id ORDER BY g.allocation_id")
+
+
+@dataclass
+class AuditResult:
+    run_id: int
+    since: datetime
+    until: datetime
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _params(since: int, until: int, horizon: int) -> dict[str, Any]:
+    return {"since": since, "until": until, "horizon": horizon}
+
+
+def attribute_by_labels(conn: Connection, sql: str, params: dict[str, Any]) -> int:
+    """Tie count-only allocated GPUs to telemetry GPUs whose hpc_job/pod labels name the allocation."""
+    found: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
+    for r in conn.execute(text(sql), params):
+        found[(r.allocation_id, r.node)].append((r.gpu_id, r.gpu_index))
+    if not found:
+        return 0
+    rows = []
+    for r in conn.execute(text(UNRESOLVED.format(**_fn(conn), cluster_filter=params["_cf"])), params):
+        cands = found.get((r.allocation_id, r.node))
+        if cands and r.slot < len(cands):
+            rows.append({"g": r.id, "gpu": cands[r.slot][0], "idx": cands[r.slot][1]})
+    if rows:
+        conn.execute(text(
+            "INSERT INTO _attr SELECT ag.id, a.id, :gpu, :idx, 'label', " + _CLIP.format(**_fn(conn))
+            + _TAIL + ", 1 FROM allocated_gpus ag JOIN allocations a ON a.id = ag.allocation_id "
+            "WHERE ag.id = :g"), [{"since": params["since"], "horizon": params["horizon"], **r} for r in rows])
+    return len(rows)
+
+
+def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
+              thresholds: Thresholds | None = None, clusters: list[str] | None = None,
+              what_if: bool = False) -> AuditResult:
+    """Judge [since, until) and store usage and findings under a new audit run."""
+    from auditor.audit.findings import find_all
+
+    th = thresholds or cfg.thresholds
+    s, u = to_epoch(since), to_epoch(until)
+    assert s is not None and u is not None
+    if u <= s:
+        from auditor.errors import GpuAuditError
+
+        raise GpuAuditError(f"empty audit window: until {until.isoformat()} is not after since")
+    now = int(utcnow().timestamp())
+    horizon = min(u, now)
+    params = _params(s, u, horizon)
+    cluster_filter = ""
+    if clusters:
+        cluster_filter = " AND a.cluster IN (" + ", ".join(f":c{i}" for i in range(len(clusters))) + ")"
+        params.update({f"c{i}": c for i, c in enumerate(clusters)})
+    params["_cf"] = cluster_filter
+    pricing = Pricing(cfg)
+    with store.begin() as conn:
+        run_id = conn.execute(insert(schema.audit_runs).values(
+            started_ts=now, since_ts=s, until_ts=u, status="running", what_if=what_if,
+            thresholds=th.model_dump())).inserted_primary_key[0]
+    try:
+        with store.begin() as conn:
+            if conn.dialect.name == "postgresql" and (conn.dialect.server_version_info or (0,)) >= (11,):
+                # JIT compiling the judging statement cost more than it ran (0.7 s of 1.5 s at 512 GPUs), and
+                # its per-GPU sort spilled to disk with the default work_mem
+                conn.execute(text("SET LOCAL jit = off"))
+                conn.execute(text("SET LOCAL work_mem = '64MB'"))
+            fn = {**_fn(conn), "cluster_filter": cluster_filter}
+            conn.execute(text("DROP TABLE IF EXISTS _attr"))
+            conn.execute(text(ATTR_DDL))
+            p = {k: v for k, v in params.items() if not k.startswith("_")}
+            conn.execute(text(ATTR_BY_INDEX.format(**fn)), p)
+            conn.execute(text(ATTR_BY_NODE.format(**fn)), p)
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("ANALYZE _attr"))  # a temporary table has no statistics: plans go wrong
+            attribute_by_labels(conn, label_candidates(conn.dialect.name).format(**fn), {**p, "_cf": cluster_filter})
+            conn.execute(text(ATTR_REST.format(**fn)), p)
+            judge(conn, fn, {**p, "run_id": run_id}, th)
+            # fresh statistics, so the findings' per-allocation lookups use (run_id, allocation_id) and do not
+            # scan the whole run once per chunk of allocations
+            conn.execute(text("ANALYZE usage_gpu"))
+            conn.execute(text("DROP TABLE _attr"))
+            per_alloc = [dict(r._mapping) for r in conn.execute(text(PER_ALLOCATION), {"run_id": run_id})]
+            per_alloc, refused = pricing.price_rows(per_alloc, [*SUM_COLS, "max_gpu_mirage_s_max", "gpu_count"])
+            refuse(conn, run_id, refused, now)
+            for i in range(0, len(per_alloc), 5000):  # row dicts a chunk at a time: peak RSS at fleet scale
+                rows = []
+                for r in per_alloc[i:i + 5000]:
+                    rows.append({"run_id": run_id, "allocation_id": r["allocation_id"], "team": r["team"],
+                                 "gpu_model": r["gpu_model"], "price_per_gpu_hour": r["price"],
+                                 **{c: r[c] for c in SUM_COLS if c != "max_gpu_mirage_s"},
+                                 "max_gpu_mirage_s": r["max_gpu_mirage_s_max"], "peak_fb_mib": r["peak_fb_mib"],
+                                 "idle_peak_fb_mib": r["idle_peak_fb_mib"],
+                                 "gpus": r["gpus"], "reserved_cost": r["reserved_cost"],
+                                 "idle_cost": r["idle_cost"]})
+                conn.execute(insert(schema.usage_allocation), rows)
+            summary = find_all(conn, run_id, per_alloc, th, cfg, since=s, until=u, horizon=horizon,
+                               clusters=clusters)
+            if refused:
+                summary["refused_allocations"] = len(refused)
+            conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
+                status="ok", finished_ts=int(utcnow().timestamp()), summary=summary))
+    except Exception:
+        with store.begin() as conn:
+            conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
+                status="failed", finished_ts=int(utcnow().timestamp())))
+        raise
+    return AuditResult(run_id, since, until, summary)
+
+
+def refuse(conn: Connection, run_id: int, refused: list[tuple[dict[str, Any], str]], now: int) -> None:
+    """Allocations whose money is not finite: kept out of this run (no usage, no findings) and listed in
+    quarantined_records, so one corrupt row never fails the audit for everyone."""
+    if not refused:
+        return
+    ids = [r["allocation_id"] for r, _ in refused]
+    log.warning("audit run %d: %d allocation(s) refused (not finite), e.g. %s: %s", run_id, len(ids),
+                refused[0][0].get("external_id"), refused[0][1])
+    conn.execute(schema.usage_gpu.delete().where(schema.usage_gpu.c.run_id == run_id,
+                                                 schema.usage_gpu.c.allocation_id.in_(ids)))
+    conn.execute(insert(schema.quarantined_records), [
+        {"collected_ts": now, "cluster": str(r.get("cluster") or "")[:128], "source": f"audit run {run_id}",
+         "location": f"allocation {r['allocation_id']} ({r.get('external_id')})"[:255], "reason": why,
+         "excerpt": None} for r, why in refused])
+
+
+def latest_run(store: Store, *, what_if: bool = False) -> int | None:
+    t = schema.audit_runs
+    with store.engine.connect() as conn:
+        return conn.execute(select(t.c.id).where(t.c.status == "ok", t.c.what_if == what_if)
+                            .order_by(t.c.id.desc()).limit(1)).scalar()

@@ -1,0 +1,155 @@
+"""The ``gpu-audit`` command: a thin layer over the library API (sqlite-utils style).
+
+Named errors become one line on stderr and a non-zero exit; ``--debug`` shows the traceback. Feature areas
+add their commands from their own modules (``COMMAND_MODULES``), each exposing ``register(group)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from typing import Any
+
+import click
+
+from auditor import config as config_mod
+from auditor.cli.app import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, App, pass_app, time_option, window  # noqa: F401
+from auditor.errors import GpuAuditError
+
+COMMAND_MODULES: list[str] = ["auditor.cli.money", "auditor.cli.serve", "auditor.cli.report", "auditor.cli.db",
+                              "auditor.cli.jobs", "auditor.cli.web", "auditor.cli.enforce"]
+
+
+class Cli(click.Group):
+    """Turns GpuAuditError into one line and exit 1; everything else keeps its traceback under --debug."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from auditor.logs import log_safe, scrub
+
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:
+            if _debug(ctx):  # the traceback, with every secret this process resolved scrubbed out of it
+                import traceback
+
+                click.echo(scrub("".join(traceback.format_exception(exc))), err=True, nl=False)
+            text = scrub(str(exc).strip())
+            first = log_safe(text.splitlines()[0]) if text else ""
+            if isinstance(exc, GpuAuditError):
+                click.echo(f"gpu-audit: error: {first}", err=True)
+            else:
+                click.echo(f"gpu-audit: unexpected {type(exc).__name__}: {first}"
+                           " (run with --debug for the traceback)", err=True)
+            ctx.exit(EXIT_ERROR)
+
+
+def _debug(ctx: click.Context) -> bool:
+    app = ctx.find_object(App)
+    return bool(app and app.debug) or "--debug" in sys.argv
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "-c", "config_path", envvar=config_mod.ENV_VAR, type=click.Path(dir_okay=False),
+              help="TOML config file (default: $GPU_AUDIT_CONFIG, else built-in defaults).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors in the log.")
+@click.version_option(package_name="gpu-audit")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, as_json: bool, debug: bool, quiet: bool) -> None:
+    """gpu-audit: find reserved GPUs that did no work, prove it with SM activity, and price it."""
+    from auditor.logs import setup_logging
+
+    setup_logging(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
+    ctx.obj = App(config_path, as_json=as_json, debug=debug)
+
+
+@main.group()
+def db() -> None:
+    """The SQL store: migrations and schema."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target Alembic revision.")
+@pass_app
+def db_upgrade(app: App, revision: str) -> None:
+    """Create or migrate the store's tables."""
+    store = app.store(migrate_check=False)
+    store.upgrade(revision)
+    app.emit({"store": store.redacted_url(), "revision": store.current()},
+             f"store {store.redacted_url()} at revision {store.current()}")
+
+
+@db.command("current")
+@pass_app
+def db_current(app: App) -> None:
+    """Show the store's migration revision and the newest one this version knows."""
+    store = app.store(migrate_check=False)
+    cur, head = store.current(), store.head()
+    app.emit({"store": store.redacted_url(), "current": cur, "head": head},
+             f"{store.redacted_url()}: revision {cur or 'none'} (head {head})"
+             + ("" if cur == head else " - run `gpu-audit db upgrade`"))
+
+
+@db.command("schema")
+@pass_app
+def db_schema(app: App) -> None:
+    """Print the documented schema (Markdown) of every table and column."""
+    from auditor.store.schemadoc import schema_markdown
+
+    click.echo(schema_markdown())
+
+
+@main.group("config")
+def config_group() -> None:
+    """Configuration."""
+
+
+@config_group.command("check")
+@click.option("--probe", is_flag=True, help="Also connect to the store and to every source once and say which "
+              "answer (exit 1 when one does not).")
+@pass_app
+def config_check(app: App, probe: bool) -> None:
+    """Validate the config file (every connector's options included); print a summary."""
+    cfg = app.cfg
+    data = {"clusters": [{"name": c.name, "allocations": [s.kind for s in c.allocations],
+                          "telemetry": [s.kind for s in c.telemetry]} for c in cfg.clusters],
+            "store": _redacted(cfg.store.url) if not cfg.store.url_env else f"${cfg.store.url_env}",
+            "teams": [t.name for t in cfg.teams]}
+    if probe:
+        from dataclasses import asdict
+
+        from auditor.probe import probe_all
+
+        probes = probe_all(cfg, app.base_dir)
+        ok = all(p.ok for p in probes)
+        app.emit({"ok": ok, **data, "probes": [asdict(p) for p in probes]}, lambda: "\n".join(
+            f"{'ok  ' if p.ok else 'FAIL'} {p.what} ({p.target}): {p.detail}" for p in probes)
+            + ("\nconfig ok, everything answers" if ok else
+               f"\nconfig valid, but {sum(not p.ok for p in probes)} of {len(probes)} do not answer"))
+        if not ok:
+            raise click.exceptions.Exit(EXIT_ERROR)
+        return
+    app.emit({"ok": True, **data}, lambda: "config ok: " + ", ".join(
+        f"{c['name']} (allocations: {', '.join(c['allocations']) or '-'}; telemetry: "
+        f"{', '.join(c['telemetry']) or '-'})" for c in data["clusters"]) if data["clusters"]
+        else "config ok (no clusters configured)")
+
+
+def _redacted(url: str) -> str:
+    """A store URL fit to print: the password, in userinfo or query parameters, replaced by ***."""
+    from auditor.logs import redact_url
+
+    return redact_url(url)
+
+
+def _load_command_modules() -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(main)
+
+
+importlib.import_module("auditor.cli.core").register(main)
+_load_command_modules()

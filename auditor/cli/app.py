@@ -1,0 +1,106 @@
+"""What every command shares: the App object (config, store, output mode), time options and the window.
+
+Kept out of :mod:`auditor.cli` so command modules can import it without importing the group that registers
+them (no import cycle whichever module is imported first)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import click
+
+from auditor import config as config_mod
+from auditor import jsonsafe
+from auditor.errors import GpuAuditError
+from auditor.timeutil import parse_time, utcnow
+
+EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 3
+
+
+@dataclass
+class App:
+    """What every command gets: config, the store (opened on first use), output mode."""
+
+    config_path: str | None
+    as_json: bool = False
+    debug: bool = False
+    _cfg: config_mod.Config | None = None
+    _store: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cfg(self) -> config_mod.Config:
+        if self._cfg is None:
+            self._cfg = config_mod.load(self.config_path)
+        return self._cfg
+
+    @property
+    def base_dir(self) -> Path:
+        import os
+
+        path = self.config_path or os.environ.get(config_mod.ENV_VAR)
+        return Path(path).resolve().parent if path else Path.cwd()
+
+    def store(self, *, migrate_check: bool = True) -> Any:
+        if self._store is None:
+            from auditor.store.engine import Store
+
+            self._store = Store.open(self.cfg.store.resolved_url(), self.cfg.store.batch_rows)
+            if migrate_check:
+                self._store.require_current()
+        return self._store
+
+    def emit(self, data: Any, human: str | Callable[[], str]) -> None:
+        """Print ``data`` as JSON with --json, else the human-readable text."""
+        if self.as_json:
+            click.echo(jsonsafe.dumps(data, indent=2, default=str, sort_keys=False))
+        else:
+            click.echo(human() if callable(human) else human)
+
+
+pass_app = click.make_pass_decorator(App)
+
+
+class FiniteRange(click.FloatRange):
+    """A float option within [min, max] that is a real number: NaN and infinity are refused on one line
+    (click's FloatRange lets NaN through, and both overflow later as "unexpected OverflowError")."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
+
+
+def time_option(name: str, help_text: str) -> Callable:
+    return click.option(name, help=help_text + " sacct-style: 2026-11-22, 2026-11-22T08:00, now-7days.")
+
+
+def check_time(dt: datetime | None, option: str) -> datetime | None:
+    """A time option the store can hold (32-bit epoch seconds), else one line naming the option."""
+    from auditor.store.guard import INT_MAX
+
+    if dt is not None and not 0 <= dt.timestamp() <= INT_MAX:
+        raise GpuAuditError(f"{option} {dt.isoformat()} is out of range (times from 1970-01-01 to "
+                            "2038-01-19 UTC)")
+    return dt
+
+
+def window(app: App, since: str | None, until: str | None) -> tuple[datetime, datetime]:
+    """--since/--until, defaulting to the last `report.days` days."""
+    try:
+        end = parse_time(until) if until else utcnow()
+        start = parse_time(since, now=end) if since else end - timedelta(days=app.cfg.report.days)
+    except (ValueError, OverflowError) as exc:
+        raise GpuAuditError(str(exc)) from None
+    check_time(start, "--since")
+    check_time(end, "--until")
+    if end <= start:
+        raise GpuAuditError(f"--until {end.isoformat()} is not after --since {start.isoformat()}")
+    return start, end

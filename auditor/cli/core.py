@@ -1,0 +1,179 @@
+"""Core commands: collect, audit, run, demo."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from auditor.cli.app import EXIT_ERROR, App, check_time, pass_app, time_option, window
+from auditor.errors import GpuAuditError
+
+
+def _progress(app: App) -> Any:
+    """A live record counter per source on a terminal; one line per source otherwise; nothing with --json."""
+    if app.as_json:
+        return None
+    tty = click.get_text_stream("stderr").isatty()
+
+    def show(what: str, n: int, done: bool) -> None:
+        if tty:
+            click.echo(f"\r  collecting {what}: {n:,} records", err=True, nl=done)
+        elif done:
+            click.echo(f"  collected {what}: {n:,} records", err=True)
+
+    return show
+
+
+def _hours(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:,.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.0f}%"
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The demo/audit headline: reserved vs effective vs idle, GPU-Util vs SM activity, findings."""
+    cur = summary.get("currency", "")
+    cpe = summary.get("cost_per_effective_gpu_hour")
+    lines = [
+        f"Reserved GPU-hours:   {_hours(summary['reserved_gpu_hours'])}  (cost {summary['reserved_cost']:,.2f} {cur})",
+        f"Effective GPU-hours:  {_hours(summary['effective_gpu_hours'])}  (SM-activity weighted; cost per effective"
+        f" GPU-hour {'n/a' if cpe is None else f'{cpe:,.2f}'} {cur})",
+        f"Idle GPU-hours:       {_hours(summary['idle_gpu_hours'])}  (of which mirage "
+        f"{_hours(summary['mirage_gpu_hours'])}; cost {summary['idle_cost']:,.2f} {cur})",
+        f"Unknown GPU-hours:    {_hours(summary['unknown_gpu_hours'])}  (no telemetry: never counted as idle)",
+        f"Verified by SM activity: {_hours(summary.get('verified_gpu_hours'))} GPU-h; GPU-Util only: "
+        f"{_hours(summary.get('util_only_gpu_hours'))} GPU-h (busy-unverified "
+        f"{_hours(summary.get('busy_unverified_gpu_hours'))}, idle-by-util "
+        f"{_hours(summary.get('idle_by_util_gpu_hours'))}); coverage {_pct(summary.get('coverage'))}",
+        *([f"Advice: {summary['advice']}."] if summary.get("advice") else []),
+        f"The dashboard said {_pct(summary['mean_gpu_util'])} busy (GPU-Util); SM activity says "
+        f"{_pct(summary['mean_sm_active'])}.",
+        "Findings: " + (", ".join(f"{k} {v}" for k, v in summary.get("findings", {}).items()) or "none"),
+    ]
+    return "\n".join(lines)
+
+
+def register(main: click.Group) -> None:
+    @main.command()
+    @click.option("--cluster", "clusters", multiple=True, help="Only this cluster (repeatable).")
+    @time_option("--since", "Re-read from this time instead of the watermark (backfill).")
+    @time_option("--until", "Read up to this time (default now).")
+    @pass_app
+    def collect(app: App, clusters: tuple[str, ...], since: str | None, until: str | None) -> None:
+        """Read allocations and telemetry from every configured source into the store."""
+        from auditor.collect import collect as do_collect
+        from auditor.timeutil import parse_time
+
+        try:
+            s = check_time(parse_time(since), "--since") if since else None
+            u = check_time(parse_time(until), "--until") if until else None
+        except ValueError as exc:
+            raise GpuAuditError(str(exc)) from None
+        summary = do_collect(app.store(), app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,
+                             since=s, until=u, progress=_progress(app))
+        app.emit(summary.as_dict(), lambda: "\n".join(
+            f"{r.cluster} {r.source}: " + (f"WARNING: {r.warning}" if r.ok and r.warning else
+                                           f"ok ({r.stats.get('allocations', 0)} allocations, "
+                                           f"{r.stats.get('buckets', 0)} buckets, {r.skipped} bad records "
+                                           "skipped)" if r.ok else f"FAILED: {r.error}")
+            for r in summary.results) or "no sources configured")
+        if not summary.ok:
+            raise click.exceptions.Exit(EXIT_ERROR if not any(r.ok for r in summary.results) else 3)
+
+    @main.command()
+    @time_option("--since", "Audit window start (default: report.days ago).")
+    @time_option("--until", "Audit window end (default: now).")
+    @click.option("--cluster", "clusters", multiple=True, help="Only this cluster (repeatable).")
+    @click.option("--what-if", "what_if", default=None, metavar="K=V,...",
+                  help="Re-judge stored history with other thresholds, e.g. idle_sm=0.1,episode=1h, and print "
+                       "the difference; nothing is collected.")
+    @pass_app
+    def audit(app: App, since: str | None, until: str | None, clusters: tuple[str, ...],
+              what_if: str | None) -> None:
+        """Judge every reserved GPU-interval in the window and store usage and findings."""
+        s, u = window(app, since, until)
+        if what_if:
+            from auditor.audit.whatif import format_diff
+            from auditor.audit.whatif import what_if as run_what_if
+
+            diff = run_what_if(app.store(), app.cfg, s, u, what_if)
+            app.emit(diff, lambda: format_diff(diff))
+            return
+        from auditor.audit.run import run_audit
+
+        result = run_audit(app.store(), app.cfg, s, u, clusters=list(clusters) or None)
+        app.emit({"run_id": result.run_id, "since": s.isoformat(), "until": u.isoformat(), **result.summary},
+                 lambda: f"audit run {result.run_id}: {s:%Y-%m-%d %H:%M} .. {u:%Y-%m-%d %H:%M} UTC\n"
+                 + headline(result.summary))
+
+    @main.command()
+    @click.option("--steps", default="collect,audit,report", show_default=True,
+                  help="Comma-separated steps: collect, audit, report, notify, chargeback.")
+    @time_option("--since", "Audit window start (default: report.days ago).")
+    @time_option("--until", "Audit window end (default: now).")
+    @click.option("--dry-run", is_flag=True, help="notify writes .eml files instead of sending.")
+    @click.option("--out", type=click.Path(file_okay=False), help="Output directory (default report.out_dir).")
+    @pass_app
+    def run(app: App, steps: str, since: str | None, until: str | None, dry_run: bool, out: str | None) -> None:
+        """Run the steps once (for system cron or a Kubernetes CronJob). Exit 0 ok, 1 a step failed,
+        3 partial (some cluster sources failed)."""
+        from auditor.daemon.pipeline import parse_steps, run_steps
+
+        s, u = window(app, since, until)
+        summary = run_steps(app.store(), app.cfg, parse_steps(steps), base_dir=app.base_dir, since=s, until=u,
+                            dry_run=dry_run, out_dir=Path(out) if out else None)
+        app.emit(summary.as_dict(), lambda: "\n".join(
+            f"{st.name}: {'ok' if st.ok else 'FAILED: ' + st.error} ({st.seconds:.1f}s)" for st in summary.steps))
+        if summary.exit_code:
+            raise click.exceptions.Exit(summary.exit_code)
+
+    @main.command()
+    @click.option("--out", default="gpu-audit-demo", show_default=True, type=click.Path(file_okay=False),
+                  help="Directory for the demo's input files, store and reports.")
+    @click.option("--store", "store_url", default=None, help="Store URL (default: SQLite file in --out).")
+    @time_option("--now", "Pretend it is this time (the week ends here).")
+    @click.option("--seed", default=7, show_default=True, help="Random seed of the simulated telemetry.")
+    @click.option("--telemetry", default="dcgm", show_default=True, type=click.Choice(["dcgm", "util-only"]),
+                  help="dcgm: profiling fields on; util-only: the same week as a site whose exporter has only "
+                       "GPU-Util, memory and power (busy time then shows as busy-unverified).")
+    @pass_app
+    def demo(app: App, out: str, store_url: str | None, now: str | None, seed: int, telemetry: str) -> None:
+        """Simulate a week of a small mixed fleet, collect it through the file connectors, audit, report."""
+        from auditor import config as config_mod
+        from auditor.audit.run import run_audit
+        from auditor.collect import collect as do_collect
+        from auditor.demo import generate
+        from auditor.store.engine import Store
+        from auditor.timeutil import parse_time
+
+        t0 = time.monotonic()
+        out_dir = Path(out)
+        cfg_path, start, end = generate(out_dir, now=parse_time(now) if now else None, seed=seed,
+                                        store_url=store_url, telemetry=telemetry)
+        cfg = config_mod.load(cfg_path)
+        store = Store.open(cfg.store.resolved_url(), cfg.store.batch_rows)
+        store.upgrade()
+        cs = do_collect(store, cfg, base_dir=cfg_path.parent, until=end, progress=_progress(app))
+        if not cs.ok:
+            raise GpuAuditError("demo collection failed: " + "; ".join(r.error for r in cs.failed))
+        result = run_audit(store, cfg, start, end)
+        files: list[str] = []
+        try:
+            from auditor.report.render import write_reports
+
+            files = [str(p) for p in write_reports(store, cfg, result.run_id, out_dir / "reports",
+                                                   ["html", "text", "md", "json"])]
+        except ImportError:
+            files = []
+        seconds = time.monotonic() - t0
+        data = {"config": str(cfg_path), "since": start.isoformat(), "until": end.isoformat(),
+                "run_id": result.run_id, "seconds": round(seconds, 2), "reports": files, **result.summary}
+        app.emit(data, lambda: f"gpu-audit demo: a simulated week ({start:%Y-%m-%d} .. {end:%Y-%m-%d}) of "
+                 "2 Slurm + 2 Kubernetes nodes x 8 GPUs\n\n" + headline(result.summary)
+                 + ("\n\nReports: " + ", ".join(files) if files else "")
+                 + f"\nConfig for further commands: gpu-audit -c {cfg_path} report ...   ({seconds:.1f}s)")

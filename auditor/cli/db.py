@@ -1,0 +1,39 @@
+"""``gpu-audit db prune``: the retention policy (see :mod:`auditor.store.retention` and docs/performance.md)."""
+
+from __future__ import annotations
+
+import click
+
+from auditor.cli.app import App, FiniteRange, pass_app, time_option
+
+
+def register(main: click.Group) -> None:
+    db = main.commands["db"]
+    assert isinstance(db, click.Group)
+
+    @db.command("prune")
+    @click.option("--keep-weeks", default=8.0, show_default=True, type=FiniteRange(min=0, max=520),
+                  help="Keep 5-minute buckets this many weeks; older ones are rolled up to hourly buckets.")
+    @click.option("--keep-runs-days", default=42.0, show_default=True, type=FiniteRange(min=0, max=3660),
+                  help="Delete audit runs (with their usage and findings) started more than this many days ago; "
+                       "the newest official run is always kept.")
+    @click.option("--dry-run", is_flag=True, help="Only count what would be rolled up and deleted.")
+    @time_option("--now", "Pretend it is this time (default: now).")
+    @pass_app
+    def db_prune(app: App, keep_weeks: float, keep_runs_days: float, dry_run: bool, now: str | None) -> None:
+        """Roll old telemetry up to hourly buckets and delete old audit runs."""
+        from auditor.errors import GpuAuditError
+        from auditor.store.retention import prune
+        from auditor.timeutil import from_epoch, parse_time, utcnow
+
+        try:
+            when = parse_time(now) if now else utcnow()
+        except ValueError as exc:
+            raise GpuAuditError(str(exc)) from None
+        res = prune(app.store(), now=int(when.timestamp()), keep_weeks=keep_weeks,
+                    keep_runs_days=keep_runs_days, dry_run=dry_run)
+        cut = from_epoch(res.cutoff_ts)
+        verb = "would roll up" if dry_run else "rolled up"
+        app.emit(res.as_dict(), f"{verb} {res.fine_rows_rolled:,} buckets older than {cut:%Y-%m-%d %H:%M} UTC"
+                 + ("" if dry_run else f" into {res.hourly_rows_written:,} hourly buckets")
+                 + f"; {'would delete' if dry_run else 'deleted'} {res.runs_deleted} audit runs")

@@ -1,0 +1,1 @@
+"""Graduated enforcement: nudge, escalate, act on allocations idle for too long; exemptions."""

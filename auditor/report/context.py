@@ -1,0 +1,380 @@
+"""The report context: everything the weekly report shows, read from one audit run in the store.
+
+One plain, JSON-serialisable dict feeds every format (HTML, text, Markdown, JSON) and the emails, so the
+numbers cannot disagree between them. Long tables are cut at ``report.top_n`` with totals over all rows;
+``full=True`` (the JSON report) keeps every row.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from sqlalchemy import Connection, select, text
+
+from auditor.config import Config, Thresholds
+from auditor.errors import GpuAuditError
+from auditor.store import schema
+from auditor.store.engine import Store
+from auditor.timeutil import utcnow
+
+H = 3600.0
+SCHEMA = "gpu-audit.report/1"
+IDLE_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus")
+SECTION_KINDS = {"episodes": ("idle_episode",), "reservations": ("idle_reservation",),
+                 "low_efficiency": ("low_efficiency",), "unmonitored": ("unmonitored",)}
+TREND_WEEKS = 5
+
+ADVICE = {
+    "idle_allocation": "Release the GPUs when the job is not computing (scancel / delete the pod); "
+                       "for interactive work request a short time limit.",
+    "util_mirage": "GPU-Util reads busy but the SMs do no work: look for a process spinning or waiting on "
+                   "input, fix it or release the GPUs.",
+    "hung_collective": "The job is stuck, not slow: GPU-Util reads busy at idle power with memory held on "
+                       "several GPUs, the signature of a hung NCCL collective. Cancel it, and run with "
+                       "NCCL_DEBUG=INFO and a collective timeout (e.g. TORCH_NCCL_ASYNC_ERROR_HANDLING=1).",
+    "ghost_busy": "For operations: GPU-Util reads busy with no memory in use, so no process holds the GPU; "
+                  "a driver or hardware state. Check nvidia-smi and the XID log, reset or drain the GPU; "
+                  "the user is not at fault.",
+    "idle_gpus": "Right-size: request only the GPUs the job actually uses.",
+    "idle_episode": "Checkpoint and release the GPUs during long pauses instead of holding them.",
+    "low_efficiency": "Use a MIG slice or fewer GPUs, or profile the input pipeline.",
+    "idle_reservation": "Shrink or cancel the reservation, or let other jobs use it.",
+    "unmonitored": "Fix the GPU exporter on these nodes: without samples the time cannot be judged.",
+}
+
+DEFINITIONS = {
+    "idle": "A reserved GPU is idle in a time bucket when DCGM SM activity is below {idle_sm:.0%}, DRAM "
+            "activity below {idle_dram:.0%} and Tensor activity below {idle_tensor:.0%}. When GPU-Util "
+            "still reads {mirage_gpu_util:.0%} or more it is a mirage: the dashboard says busy, the chip "
+            "does no work. Idle GPU-hours count idle and mirage time. Without profiling fields GPU-Util judges: "
+            "below {idle_util:.0%} is idle-by-util (low confidence), otherwise busy-unverified (observed, "
+            "work not verifiable, never idle). Time without samples is unknown, never idle, and never billed "
+            "as idle.",
+    "effective": "Effective GPU-hours are the reserved GPU-hours weighted by SM activity (an hour at 30% "
+                 "SM activity is 0.3 effective GPU-hours): the work actually done. Cost per effective "
+                 "GPU-hour is the reserved cost divided by them; with perfect use it equals the price.",
+}
+
+
+def judged_in_words(th: dict[str, Any]) -> list[str]:
+    """How the run judged, as sentences a manager reads (the report's "How this was judged")."""
+    d = Thresholds().model_dump()
+
+    def g(k: str) -> Any:
+        return th.get(k, d[k]) if th.get(k) is not None else d[k]
+
+    def p(k: str) -> str:
+        return f"{g(k):.0%}"
+
+    out = [f"A reserved GPU counts as idle while its SMs are active less than {p('idle_sm')} of the time, "
+           f"memory bandwidth is below {p('idle_dram')} and the Tensor cores below {p('idle_tensor')}.",
+           f"If the dashboard's GPU-Util still reads {p('mirage_gpu_util')} or more at such a time, the idle time "
+           "is a mirage: nvidia-smi says busy, the chip does no work. Mirage time counts as idle.",
+           f"Between {p('idle_sm')} and {p('working_sm')} SM activity a GPU is in low use; from "
+           f"{p('working_sm')} it is working."]
+    if g("util_fallback"):
+        out.append(f"GPUs that report only GPU-Util are judged by it, with low confidence: below {p('idle_util')} "
+                   "is idle" + (f" when power is also under {g('idle_power_w'):g} W." if th.get("idle_power_w")
+                                 else "."))
+    else:
+        out.append("GPUs that report only GPU-Util are not judged: their time is unknown.")
+    out += [f"A job is an idle allocation when at least {p('idle_allocation_fraction')} of its observed time "
+            f"was idle and it reserved at least {g('idle_allocation_min_gpu_hours'):g} GPU-hours.",
+            f"One GPU of a multi-GPU job is reported when it was idle {p('idle_gpus_fraction')} of its time while "
+            "another GPU of the job worked.",
+            f"A GPU-Util mirage is reported once it lasts {g('mirage_min_minutes'):g} minutes.",
+            f"Idle spells of {g('episode_hours'):g} hours or more inside otherwise working jobs are idle episodes.",
+            f"Jobs averaging under {p('low_efficiency_sm')} SM activity over at least "
+            f"{g('low_efficiency_min_gpu_hours'):g} observed GPU-hours are low efficiency.",
+            f"A GPU with telemetry for less than {p('unmonitored_coverage')} of its reserved time is unmonitored: "
+            "its time is unknown and never billed as idle."]
+    return out
+
+
+def _tz(cfg: Config) -> Any:
+    try:
+        return ZoneInfo(cfg.report.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        return UTC
+
+
+def _when(ts: int | None, tz: Any) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).astimezone(tz).strftime("%Y-%m-%d %H:%M %Z")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _table(rows: list[dict[str, Any]], total: int, totals: dict[str, Any]) -> dict[str, Any]:
+    return {"rows": rows, "total": total, "shown": len(rows), "cut": total > len(rows), "totals": totals}
+
+
+def _limit(full: bool, top_n: int) -> str:
+    return "" if full else f" LIMIT {int(top_n)}"
+
+
+USAGE_SUMS = ("COUNT(*) AS allocations, SUM(u.reserved_s) AS reserved_s, SUM(u.observed_s) AS observed_s, "
+              "SUM(u.idle_s + u.mirage_s) AS idle_s, SUM(u.mirage_s) AS mirage_s, "
+              "SUM(u.effective_s) AS effective_s, SUM(u.unknown_s) AS unknown_s, "
+              "SUM(u.gpu_util_s) AS gpu_util_s, SUM(u.util_observed_s) AS util_observed_s, "
+              "SUM(u.sm_s) AS sm_s, SUM(u.sm_observed_s) AS sm_observed_s, "
+              "SUM(u.reserved_cost) AS reserved_cost, SUM(u.idle_cost) AS idle_cost")
+
+
+def _usage_row(r: dict[str, Any]) -> dict[str, Any]:
+    """Seconds -> GPU-hours, plus the ratios a reader wants next to them."""
+    reserved = (r.get("reserved_s") or 0.0) / H
+    effective = (r.get("effective_s") or 0.0) / H
+    reserved_cost = r.get("reserved_cost") or 0.0
+    return {"allocations": int(r.get("allocations") or 0), "reserved_gpu_hours": reserved,
+            "idle_gpu_hours": (r.get("idle_s") or 0.0) / H, "mirage_gpu_hours": (r.get("mirage_s") or 0.0) / H,
+            "effective_gpu_hours": effective, "unknown_gpu_hours": (r.get("unknown_s") or 0.0) / H,
+            "coverage": _ratio(r.get("observed_s"), r.get("reserved_s")),
+            "mean_gpu_util": _ratio(r.get("gpu_util_s"), r.get("util_observed_s")),
+            "mean_sm_active": _ratio(r.get("sm_s"), r.get("sm_observed_s")),
+            "reserved_cost": reserved_cost, "idle_cost": r.get("idle_cost") or 0.0,
+            "cost_per_effective_gpu_hour": reserved_cost / effective if effective > 0 else None}
+
+
+def usage_groups(conn: Connection, run_id: int, keys: list[str], *, full: bool, top_n: int
+                 ) -> dict[str, Any]:
+    """Usage summed by ``keys`` (columns of usage_allocation ``u`` or allocations ``a``), worst first."""
+    cols = ", ".join(f"{k} AS {k.split('.')[1]}" for k in keys)
+    base = (f"SELECT {cols}, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a "
+            f"ON a.id = u.allocation_id WHERE u.run_id = :run GROUP BY {', '.join(keys)}")
+    order = " ORDER BY idle_cost DESC, reserved_s DESC, " + ", ".join(k.split(".")[1] for k in keys)
+    rows = []
+    for r in conn.execute(text(base + order + _limit(full, top_n)), {"run": run_id}):
+        m = dict(r._mapping)
+        rows.append({**{k.split(".")[1]: m[k.split(".")[1]] for k in keys}, **_usage_row(m)})
+    total = conn.execute(text(f"SELECT COUNT(*) FROM ({base}) g"), {"run": run_id}).scalar() or 0
+    tot = conn.execute(text(f"SELECT {USAGE_SUMS} FROM usage_allocation u WHERE u.run_id = :run"),
+                       {"run": run_id}).one()._mapping
+    totals = _usage_row(dict(tot))
+    peak = max((r["idle_gpu_hours"] for r in rows), default=0.0)
+    for r in rows:
+        r["bar"] = r["idle_gpu_hours"] / peak if peak > 0 else 0.0
+        r["reserved_bar"] = r["reserved_gpu_hours"] / totals["reserved_gpu_hours"] \
+            if totals["reserved_gpu_hours"] else 0.0
+    return _table(rows, int(total), totals)
+
+
+FINDING_SQL = ("SELECT f.id, f.kind, f.cluster, f.allocation_id, f.reservation_id, f.account, f.user_name, "
+               "f.team, f.start_ts, f.end_ts, f.gpu_hours, f.idle_gpu_hours, f.cost, f.evidence, "
+               "r.name AS reservation_name FROM findings f LEFT JOIN reservations r ON r.id = f.reservation_id "
+               "WHERE f.run_id = :run AND f.kind IN ({kinds})")
+
+
+def finding_row(m: dict[str, Any], tz: Any) -> dict[str, Any]:
+    """A finding flattened for tables: who, what, how much, why (the rule) and the sparkline data."""
+    ev = m["evidence"] or {}
+    if isinstance(ev, str):
+        import json
+
+        ev = json.loads(ev)
+    job = ev.get("job") or {}
+    return {"id": m["id"], "kind": m["kind"], "cluster": m["cluster"], "allocation_id": m["allocation_id"],
+            "job_id": str(job.get("id") or ""), "job_name": str(job.get("name") or ""),
+            "source": job.get("source") or "",
+            "reservation": m.get("reservation_name") or str(ev.get("reservation") or ""),
+            "user": m["user_name"] or "", "account": m["account"] or "", "team": m["team"] or "",
+            "start": _when(m["start_ts"], tz), "end": _when(m["end_ts"], tz),
+            "start_ts": m["start_ts"], "end_ts": m["end_ts"],
+            "hours": ((m["end_ts"] or 0) - (m["start_ts"] or 0)) / H if m["start_ts"] is not None else None,
+            "gpus": ev.get("gpus"), "gpu_hours": m["gpu_hours"], "idle_gpu_hours": m["idle_gpu_hours"],
+            "cost": m["cost"], "mean_gpu_util": ev.get("mean_gpu_util"),
+            "mean_sm_active": ev.get("mean_sm_active"), "coverage": ev.get("coverage"),
+            "low_confidence": bool(ev.get("low_confidence")), "rule": str(ev.get("rule") or ""),
+            "hint": ": ".join(str(x) for x in (ev.get("hint"), ev.get("hint_reason")) if x),
+            "advice": ADVICE.get(m["kind"], ""), "sparkline": ev.get("sparkline")}
+
+
+def findings_table(conn: Connection, run_id: int, kinds: tuple[str, ...], tz: Any, *, full: bool,
+                   top_n: int, where: str = "", params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Findings of ``kinds``, costliest first, cut at top_n, with totals over all of them."""
+    marks = ", ".join(f":k{i}" for i in range(len(kinds)))
+    p = {"run": run_id, **{f"k{i}": k for i, k in enumerate(kinds)}, **(params or {})}
+    sql = FINDING_SQL.format(kinds=marks) + where
+    rows = [finding_row(dict(r._mapping), tz) for r in conn.execute(
+        text(sql + " ORDER BY f.cost DESC, f.idle_gpu_hours DESC, f.gpu_hours DESC, f.id"
+             + _limit(full, top_n)), p)]
+    # totals count each allocation once: two findings about one job (mirage + idle GPUs) share hours
+    agg = conn.execute(text(
+        "SELECT SUM(n) AS n, SUM(gh) AS gh, SUM(ih) AS ih, SUM(c) AS c FROM (SELECT COUNT(*) AS n, "
+        "MAX(gpu_hours) AS gh, MAX(idle_gpu_hours) AS ih, MAX(cost) AS c FROM findings f "
+        f"WHERE f.run_id = :run AND f.kind IN ({marks}){where} "
+        "GROUP BY COALESCE(f.allocation_id, -f.id)) g"), p).one()
+    return _table(rows, int(agg.n or 0), {"gpu_hours": agg.gh or 0.0, "idle_gpu_hours": agg.ih or 0.0,
+                                          "cost": agg.c or 0.0})
+
+
+def coverage_section(conn: Connection, run: dict[str, Any], cfg: Config, *, full: bool) -> dict[str, Any]:
+    """Where telemetry is missing: per cluster coverage, unmonitored GPUs, inventory GPUs never heard of."""
+    p = {"run": run["id"], "s": run["since_ts"], "u": run["until_ts"],
+         "cov": (run["thresholds"] or {}).get("unmonitored_coverage", cfg.thresholds.unmonitored_coverage)}
+    clusters = [{"cluster": r.cluster, **_usage_row(dict(r._mapping))} for r in conn.execute(text(
+        f"SELECT a.cluster, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id "
+        "WHERE u.run_id = :run GROUP BY a.cluster ORDER BY a.cluster"), p)]
+    g = conn.execute(text(
+        "SELECT COUNT(*) AS n, SUM(CASE WHEN observed_s < :cov * reserved_s THEN 1 ELSE 0 END) AS unmon, "
+        "SUM(CASE WHEN attribution = 'unattributed' THEN 1 ELSE 0 END) AS unattr, "
+        "SUM(CASE WHEN observed_s < :cov * reserved_s THEN reserved_s ELSE 0 END) AS unmon_s "
+        "FROM usage_gpu WHERE run_id = :run AND reserved_s > 0"), p).one()
+    silent_sql = ("FROM gpu_inventory i WHERE NOT EXISTS (SELECT 1 FROM telemetry_gpus t JOIN gpu_buckets b "
+                  "ON b.gpu_id = t.id WHERE t.cluster = i.cluster AND t.host = i.host AND t.gpu_index = "
+                  "i.gpu_index AND b.bucket_ts >= :s AND b.bucket_ts < :u AND b.samples > 0)")
+    silent = [dict(r._mapping) for r in conn.execute(text(
+        "SELECT i.cluster, i.host, i.gpu_index, i.model " + silent_sql + " ORDER BY i.cluster, i.host, "
+        "i.gpu_index" + _limit(full, cfg.report.top_n)), p)]
+    silent_total = conn.execute(text("SELECT COUNT(*) " + silent_sql), p).scalar() or 0
+    inventory = conn.execute(text("SELECT COUNT(*) FROM gpu_inventory")).scalar() or 0
+    return {"clusters": clusters, "allocated_gpus": int(g.n or 0), "unmonitored_gpus": int(g.unmon or 0),
+            "unattributed_gpus": int(g.unattr or 0), "unmonitored_gpu_hours": (g.unmon_s or 0.0) / H,
+            "inventory_gpus": int(inventory), "silent": _table(silent, int(silent_total), {})}
+
+
+def trend(conn: Connection, run: dict[str, Any], tz: Any) -> list[dict[str, Any]]:
+    """This run and the latest ok runs of about the same window length 1..TREND_WEEKS windows earlier."""
+    t = schema.audit_runs
+    length = run["until_ts"] - run["since_ts"]
+    tol = max(3600, length // 7)
+    q = select(t.c.id, t.c.since_ts, t.c.until_ts, t.c.summary).where(
+        t.c.status == "ok", t.c.what_if.is_(False), t.c.id != run["id"],
+        t.c.until_ts >= run["until_ts"] - TREND_WEEKS * length - tol, t.c.until_ts <= run["until_ts"] - length
+        + tol).order_by(t.c.id.desc())
+    candidates = [dict(r._mapping) for r in conn.execute(q)]
+    points = [_trend_point(run, tz, current=True)]
+    for k in range(1, TREND_WEEKS + 1):
+        target = run["until_ts"] - k * length
+        for c in candidates:
+            if abs(c["until_ts"] - target) <= tol and abs(c["until_ts"] - c["since_ts"] - length) <= tol:
+                points.append(_trend_point(c, tz))
+                break
+    points.reverse()
+    prev = None
+    for p in points:
+        p["idle_change"] = (p["idle_gpu_hours"] - prev["idle_gpu_hours"]) if prev else None
+        prev = p
+    return points
+
+
+def _trend_point(r: dict[str, Any], tz: Any, current: bool = False) -> dict[str, Any]:
+    s = r.get("summary") or {}
+    return {"run_id": r["id"], "since": _when(r["since_ts"], tz), "until": _when(r["until_ts"], tz),
+            "current": current, "idle_gpu_hours": s.get("idle_gpu_hours") or 0.0,
+            "idle_cost": s.get("idle_cost") or 0.0, "reserved_gpu_hours": s.get("reserved_gpu_hours") or 0.0,
+            "effective_gpu_hours": s.get("effective_gpu_hours") or 0.0,
+            "cost_per_effective_gpu_hour": s.get("cost_per_effective_gpu_hour")}
+
+
+def load_run(conn: Connection, run_id: int) -> dict[str, Any]:
+    t = schema.audit_runs
+    row = conn.execute(select(t).where(t.c.id == run_id)).first()
+    if row is None:
+        raise GpuAuditError(f"no audit run {run_id} in the store (see `gpu-audit audit`)")
+    run = dict(row._mapping)
+    if run["status"] != "ok":
+        raise GpuAuditError(f"audit run {run_id} is {run['status']}, not ok; run `gpu-audit audit` again")
+    return run
+
+
+def latest_ok_run(store: Store) -> int:
+    """The newest official (not what-if) ok run, or a one-line error telling what to run."""
+    from auditor.audit.run import latest_run
+
+    rid = latest_run(store)
+    if rid is None:
+        raise GpuAuditError("no finished audit run in the store: run `gpu-audit audit` first")
+    return int(rid)
+
+
+def run_for_window(store: Store, since: datetime, until: datetime) -> int:
+    """The newest ok run whose window lies inside [since, until]."""
+    t = schema.audit_runs
+    with store.engine.connect() as conn:
+        rid = conn.execute(select(t.c.id).where(
+            t.c.status == "ok", t.c.what_if.is_(False), t.c.since_ts >= int(since.timestamp()),
+            t.c.until_ts <= int(until.timestamp())).order_by(t.c.id.desc()).limit(1)).scalar()
+    if rid is None:
+        raise GpuAuditError(f"no ok audit run inside {since.isoformat()} .. {until.isoformat()}: run "
+                            "`gpu-audit audit` with that --since/--until first")
+    return int(rid)
+
+
+def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
+                  now: datetime | None = None) -> dict[str, Any]:
+    """Everything a report shows about run ``run_id``; ``full`` keeps every table row (JSON export)."""
+    tz = _tz(cfg)
+    n = cfg.report.top_n
+    with store.engine.connect() as conn:
+        run = load_run(conn, run_id)
+        summary = dict(run["summary"] or {})
+        th = dict(run["thresholds"] or cfg.thresholds.model_dump())
+        ctx: dict[str, Any] = {
+            "schema": SCHEMA, "generated": _when(int((now or utcnow()).timestamp()), tz),
+            "run": {"id": run["id"], "since": _when(run["since_ts"], tz), "until": _when(run["until_ts"], tz),
+                    "since_ts": run["since_ts"], "until_ts": run["until_ts"],
+                    "days": (run["until_ts"] - run["since_ts"]) / 86400.0},
+            "currency": summary.get("currency") or cfg.prices.currency, "top_n": n, "full": full,
+            "headline": headline(summary),
+            "teams": usage_groups(conn, run_id, ["u.team"], full=full, top_n=n),
+            "accounts": usage_groups(conn, run_id, ["a.cluster", "a.account", "u.team"], full=full, top_n=n),
+            "top_idle": findings_table(conn, run_id, IDLE_KINDS, tz, full=full, top_n=n),
+            "coverage": coverage_section(conn, run, cfg, full=full),
+            "trend": trend(conn, run, tz), "thresholds": th,
+            "capacity": list(summary.get("capacity") or []),
+            "energy": summary.get("energy"),
+            "judged": judged_in_words(th),
+            "verification": verification_section(summary),
+            "definitions": {k: v.format(**{**cfg.thresholds.model_dump(), **th}) for k, v in DEFINITIONS.items()},
+            "files": {"json": f"report-{run_id}.json", "csv": f"findings-{run_id}.csv"},
+        }
+        for key, kinds in SECTION_KINDS.items():
+            ctx[key] = findings_table(conn, run_id, kinds, tz, full=full, top_n=n)
+    from auditor.audit.exempt import report_section  # enforcement: active exemptions and the audit log
+
+    ctx["enforcement"] = report_section(store, cfg, run["since_ts"], int((now or utcnow()).timestamp()),
+                                        lambda ts: _when(ts, tz))
+    return ctx
+
+
+def verification_section(s: dict[str, Any]) -> dict[str, Any]:
+    """Reserved time verified by SM activity vs judged by GPU-Util only, per cluster and node group, with
+    the advice to enable the profiling fields where only GPU-Util was there (issue 14)."""
+    groups = list(s.get("verification_by_node_group") or [])
+    missing = [g for g in groups if g.get("util_only_gpu_hours")]
+    return {"clusters": list(s.get("verification_by_cluster") or []), "node_groups": groups,
+            "missing": missing, "advice": s.get("advice")}
+
+
+def headline(s: dict[str, Any]) -> dict[str, Any]:
+    """The summary's headline numbers plus the shares a reader compares."""
+    reserved = s.get("reserved_gpu_hours") or 0.0
+    return {"allocations": s.get("allocations") or 0, "reserved_gpu_hours": reserved,
+            "effective_gpu_hours": s.get("effective_gpu_hours") or 0.0,
+            "idle_gpu_hours": s.get("idle_gpu_hours") or 0.0, "mirage_gpu_hours": s.get("mirage_gpu_hours") or 0.0,
+            "unknown_gpu_hours": s.get("unknown_gpu_hours") or 0.0,
+            "idle_by_util_gpu_hours": s.get("idle_by_util_gpu_hours") or 0.0,
+            "verified_gpu_hours": s.get("verified_gpu_hours") or 0.0,
+            "util_only_gpu_hours": s.get("util_only_gpu_hours") or 0.0,
+            "busy_unverified_gpu_hours": s.get("busy_unverified_gpu_hours") or 0.0,
+            "reserved_cost": s.get("reserved_cost") or 0.0, "idle_cost": s.get("idle_cost") or 0.0,
+            "cost_per_effective_gpu_hour": s.get("cost_per_effective_gpu_hour"),
+            "dashboard_busy": s.get("mean_gpu_util"), "sm_active": s.get("mean_sm_active"),
+            "coverage": _ratio(s.get("observed_gpu_hours"), reserved),
+            "idle_share": _ratio(s.get("idle_gpu_hours"), reserved),
+            "findings": s.get("findings") or {}}
+
+
+def findings_csv_rows(store: Store, cfg: Config, run_id: int) -> list[dict[str, Any]]:
+    """Every finding of the run, flat, for the CSV the cut tables point to."""
+    tz = _tz(cfg)
+    kinds = tuple(sorted({*IDLE_KINDS, *[k for ks in SECTION_KINDS.values() for k in ks]}))
+    with store.engine.connect() as conn:
+        table = findings_table(conn, run_id, kinds, tz, full=True, top_n=0)
+    return [{k: v for k, v in r.items() if k != "sparkline"} for r in table["rows"]]

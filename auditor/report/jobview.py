@@ -1,0 +1,269 @@
+"""One allocation, the way a user looks up their own job (like jobstats at Slurm sites): per-GPU verdict
+time line, metric means and peaks, coverage, findings with why and what to do, reserved and idle cost.
+
+Read-only. Hours and money come from the latest official audit run that judged the allocation
+(``usage_allocation``/``usage_gpu``); the time line and the metrics are read from ``gpu_buckets`` so the
+page also works before an audit. Used by ``gpu-audit job``, ``gpu-audit jobs`` and the web UI.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from auditor.audit import verdict
+from auditor.config import Config, Thresholds
+from auditor.errors import GpuAuditError
+from auditor.report.context import ADVICE, _tz, _when, load_run
+from auditor.store.engine import Store
+from auditor.timeutil import utcnow
+
+H = 3600.0
+BINS = 48
+METRICS = ("sm_active", "tensor_active", "dram_active", "gpu_util", "fb_used_mib", "power_w")
+# verdict codes as the one verdict definition numbers them (auditor.audit.verdict), and how a terminal draws them
+VERDICTS = verdict.NAMES
+GLYPH = {"working": "\u2588", "low": "\u2584", "idle": "_", "mirage": "!", "idle_by_util": "f",
+         "busy_unverified": "~", "unknown": "?", None: " "}
+SPARK = "\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"
+
+
+def parse_ref(ref: str) -> dict[str, str | None]:
+    """``CLUSTER:ID``, ``k8s:NAMESPACE/POD``, ``CLUSTER:NAMESPACE/POD`` or a bare ``ID`` -> a match."""
+    ref = (ref or "").strip()
+    cluster, ident = (ref.split(":", 1) if ":" in ref else (None, ref))
+    source = None
+    if cluster in ("k8s", "kubernetes"):
+        cluster, source = None, "kubernetes"
+    if not ident or (cluster is not None and not cluster):
+        raise GpuAuditError(f"job {ref!r}: expected CLUSTER:ID, k8s:NAMESPACE/POD or CLUSTER:NAMESPACE/POD")
+    if "/" in ident:
+        ns, pod = ident.split("/", 1)
+        if not ns or not pod:
+            raise GpuAuditError(f"job {ref!r}: expected NAMESPACE/POD after the colon")
+        return {"cluster": cluster, "source": "kubernetes", "namespace": ns, "pod": pod, "id": None}
+    return {"cluster": cluster, "source": source, "namespace": None, "pod": None, "id": ident}
+
+
+def find_allocation(conn: Connection, ref: str, user: str | None = None) -> tuple[int, list[int]]:
+    """The allocation ``ref`` names (the newest when a pod name was reused), and any others it matched.
+    ``user`` restricts the match to that user's allocations (the web UI's per-user scope)."""
+    m = parse_ref(ref)
+    where, p = [], {}
+    for key, col in (("cluster", "cluster"), ("source", "source"), ("namespace", "account"), ("pod", "name")):
+        if m[key] is not None:
+            where.append(f"{col} = :{key}")
+            p[key] = m[key]
+    if m["id"] is not None:
+        where.append("external_id = :id")
+        p["id"] = m["id"]
+    if user is not None:
+        where.append("user_name = :user")
+        p["user"] = user
+    ids = [r[0] for r in conn.execute(text(
+        "SELECT id FROM allocations WHERE " + " AND ".join(where)
+        + " ORDER BY COALESCE(start_ts, submit_ts, 0) DESC, id DESC LIMIT 20"), p)]
+    if not ids:
+        raise GpuAuditError(f"no allocation matches {ref!r} (see `gpu-audit jobs --user NAME`)")
+    return ids[0], ids[1:]
+
+
+def latest_usage_run(conn: Connection, allocation_id: int) -> int | None:
+    """The newest official ok audit run that judged this allocation."""
+    return conn.execute(text(
+        "SELECT u.run_id FROM usage_allocation u JOIN audit_runs r ON r.id = u.run_id WHERE u.allocation_id = :a "
+        "AND r.status = 'ok' AND r.what_if = :f ORDER BY r.until_ts DESC, r.id DESC LIMIT 1"),
+        {"a": allocation_id, "f": False}).scalar()
+
+
+def _gpus(conn: Connection, a: dict[str, Any], run_id: int | None) -> list[dict[str, Any]]:
+    cols = ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s", "unknown_s",
+            "effective_s")
+    if run_id is not None:
+        rows = conn.execute(text(
+            "SELECT ag.node, ag.gpu_index AS sched_index, ag.share, ag.model, ag.mig_profile, u.gpu_index, u.gpu_id, "
+            "u.attribution, u.signal, " + ", ".join(f"u.{c}" for c in cols) + " FROM allocated_gpus ag "
+            "LEFT JOIN usage_gpu u ON u.allocated_gpu_id = ag.id AND u.run_id = :r WHERE ag.allocation_id = :a "
+            "ORDER BY ag.node, ag.slot"), {"r": run_id, "a": a["id"]})
+    else:
+        rows = conn.execute(text(
+            "SELECT ag.node, ag.gpu_index AS sched_index, ag.share, ag.model, ag.mig_profile, ag.gpu_index, "
+            "tg.id AS gpu_id, CASE WHEN tg.id IS NULL THEN 'unattributed' ELSE 'index' END AS attribution, "
+            "NULL AS signal FROM allocated_gpus ag LEFT JOIN telemetry_gpus tg ON tg.cluster = :c AND tg.host = "
+            "ag.node AND tg.gpu_index = ag.gpu_index AND tg.gpu_instance = '' WHERE ag.allocation_id = :a "
+            "ORDER BY ag.node, ag.slot"), {"c": a["cluster"], "a": a["id"]})
+    out = []
+    for r in rows:
+        g = dict(r._mapping)
+        g["gpu_index"] = g["gpu_index"] if g["gpu_index"] is not None else g.pop("sched_index", None)
+        g.pop("sched_index", None)
+        g["seconds"] = {c: g.pop(c, None) for c in cols}
+        out.append(g)
+    return out
+
+
+def _verdict_sql(th: Thresholds) -> str:
+    """The audit's own per-bucket verdict expression (auditor.audit.verdict): one definition of the verdict."""
+    return verdict.case(th, verdict.prefixed("b"), working_first=True)
+
+
+def gpu_series(conn: Connection, gpu_ids: list[int], s: int, e: int, th: Thresholds, bucket_s: int
+               ) -> dict[int, dict[str, Any]]:
+    """Per telemetry GPU over [s, e): the time line (verdict seconds per time bin, in SQL) and the mean and
+    peak of each metric. Two grouped queries for all GPUs at once, so a 64-GPU job stays fast."""
+    from auditor.audit.judge import LOOKBACK
+    from auditor.audit.run import _fn, _params
+
+    ids = sorted({int(g) for g in gpu_ids})
+    if not ids or e <= s:
+        return {}
+    bins = max(1, min(BINS, -(-(e - s) // max(1, bucket_s))))
+    fn = _fn(conn)
+    p = {**_params(s, e, e), "bucket": max(bucket_s, LOOKBACK), "s": s, "e": e, "bins": bins}  # hourly roll-ups too
+    marks = ", ".join(str(i) for i in ids)
+    where = (f"b.gpu_id IN ({marks}) AND b.bucket_ts >= :s - :bucket AND b.bucket_ts < :e "
+             "AND b.bucket_ts + b.bucket_s > :s")
+    ov = f"({fn['LEAST']}(b.bucket_ts + b.bucket_s, :e) - {fn['GREATEST']}(b.bucket_ts, :s))"
+    binx = f"CAST(({fn['GREATEST']}(b.bucket_ts, :s) - :s) * :bins / (:e - :s) AS INTEGER)"
+    out: dict[int, dict[str, Any]] = {i: {"per_bin": [{} for _ in range(bins)], "sm": [[0.0, 0] for _ in range(bins)],
+                                          "seconds": {}, "metrics": {}} for i in ids}
+    mcols = ", ".join(f"SUM(CASE WHEN b.samples > 0 THEN b.{m} END), COUNT(CASE WHEN b.samples > 0 THEN b.{m} END), "
+                      f"MAX(CASE WHEN b.samples > 0 THEN b.{m} END)" for m in METRICS)
+    sql = (f"SELECT b.gpu_id, {binx} AS bin, {_verdict_sql(th)} AS v, SUM({ov}) AS sec, {mcols} "
+           f"FROM gpu_buckets b WHERE {where} GROUP BY b.gpu_id, {binx}, {_verdict_sql(th)}")
+    acc: dict[int, list[list[float]]] = {i: [[0.0, 0, None] for _ in METRICS] for i in ids}
+    sm_i = METRICS.index("sm_active")
+    for r in conn.execute(text(sql), p):
+        gid, k, v, sec = r[0], r[1], r[2], r[3]
+        g = out[gid]
+        k = min(bins - 1, max(0, int(k)))
+        name = VERDICTS.get(int(v), "unknown")
+        g["per_bin"][k][name] = g["per_bin"][k].get(name, 0.0) + float(sec or 0)
+        g["seconds"][name] = g["seconds"].get(name, 0.0) + float(sec or 0)
+        for i in range(len(METRICS)):
+            total, count, peak = r[4 + 3 * i], r[5 + 3 * i], r[6 + 3 * i]
+            a = acc[gid][i]
+            a[0] += float(total or 0)
+            a[1] += int(count or 0)
+            if peak is not None and (a[2] is None or peak > a[2]):
+                a[2] = peak
+            if i == sm_i:
+                g["sm"][k][0] += float(total or 0)
+                g["sm"][k][1] += int(count or 0)
+    for gid, a in acc.items():
+        out[gid]["metrics"] = {m: {"mean": a[i][0] / a[i][1] if a[i][1] else None, "peak": a[i][2]}
+                               for i, m in enumerate(METRICS)}
+    for g in out.values():
+        codes = [max(d, key=lambda x: d[x]) if d else None for d in g["per_bin"]]
+        sm = [a / n if n else None for a, n in g.pop("sm")]
+        g.pop("per_bin")
+        g["timeline"] = {"bins": bins, "bin_s": (e - s) / bins, "verdicts": codes, "sm": sm,
+                         "seconds": g.pop("seconds"), "line": "".join(GLYPH[c] for c in codes),
+                         "spark": "".join(" " if v is None else SPARK[min(7, int(v * 8))] for v in sm)}
+    return out
+
+
+EMPTY_METRICS = {m: {"mean": None, "peak": None} for m in METRICS}
+
+
+def job_view(store: Store, cfg: Config, ref: str | int, *, user: str | None = None, run_id: int | None = None,
+             now: datetime | None = None) -> dict[str, Any]:
+    """Everything about one allocation (``ref`` as for :func:`parse_ref`, or an allocations.id)."""
+    tz = _tz(cfg)
+    now_ts = int((now or utcnow()).timestamp())
+    with store.engine.connect() as conn:
+        if isinstance(ref, int):
+            aid, others = ref, []
+        else:
+            aid, others = find_allocation(conn, ref, user)
+        row = conn.execute(text("SELECT * FROM allocations WHERE id = :a" + (" AND user_name = :u" if user else "")),
+                           {"a": aid, "u": user}).first()
+        if row is None:
+            raise GpuAuditError(f"no allocation {ref}")
+        a = dict(row._mapping)
+        rid = run_id if run_id is not None else latest_usage_run(conn, aid)
+        run = load_run(conn, rid) if rid is not None else None
+        th = Thresholds(**run["thresholds"]) if run and run.get("thresholds") else cfg.thresholds
+        usage = conn.execute(text("SELECT * FROM usage_allocation WHERE run_id = :r AND allocation_id = :a"),
+                             {"r": rid, "a": aid}).first() if rid is not None else None
+        usage = dict(usage._mapping) if usage is not None else None
+        s = a["start_ts"] or 0
+        e = a["end_ts"] if a["end_ts"] is not None else now_ts
+        gpus = _gpus(conn, a, rid if usage else None)
+        series = gpu_series(conn, [g["gpu_id"] for g in gpus if g["gpu_id"] is not None], s, e, th,
+                            cfg.store.bucket_seconds)
+        bins = max(1, min(BINS, -(-(e - s) // max(1, cfg.store.bucket_seconds)))) if e > s else 1
+        blank = {"bins": bins, "bin_s": (e - s) / bins, "verdicts": [None] * bins, "sm": [None] * bins,
+                 "seconds": {}, "line": " " * bins, "spark": " " * bins}
+        for g in gpus:
+            got = series.get(g["gpu_id"]) if g["gpu_id"] is not None else None
+            g["timeline"] = got["timeline"] if got else blank
+            g["metrics"] = (got or {}).get("metrics") or EMPTY_METRICS
+            sec = g["seconds"]
+            g["coverage"] = (sec["observed_s"] / sec["reserved_s"]) if sec.get("reserved_s") else None
+        findings = [{"id": f.id, "kind": f.kind, "gpu_hours": f.gpu_hours, "idle_gpu_hours": f.idle_gpu_hours,
+                     "cost": f.cost, "rule": str((_ev(f.evidence)).get("rule") or ""),
+                     "hint": ": ".join(str(x) for x in (_ev(f.evidence).get("hint"), _ev(f.evidence).get("hint_reason"))
+                                       if x), "advice": ADVICE.get(f.kind, "")}
+                    for f in conn.execute(text(
+                        "SELECT id, kind, gpu_hours, idle_gpu_hours, cost, evidence FROM findings WHERE run_id = :r "
+                        "AND allocation_id = :a ORDER BY cost DESC, id"), {"r": rid, "a": aid})] if rid else []
+    hours = None
+    if usage:
+        hours = {k[:-2] + "_gpu_hours": (usage[k] or 0.0) / H for k in usage if k.endswith("_s")}
+        hours["coverage"] = usage["observed_s"] / usage["reserved_s"] if usage["reserved_s"] else None
+    return {"schema": "gpu-audit.job/1", "allocation_id": aid, "cluster": a["cluster"], "source": a["source"],
+            "id": a["external_id"], "name": a["name"], "user": a["user_name"], "account": a["account"],
+            "team": usage["team"] if usage else "", "state": a["state"], "start": _when(a["start_ts"], tz),
+            "end": _when(a["end_ts"], tz), "start_ts": a["start_ts"], "end_ts": a["end_ts"],
+            "running": a["start_ts"] is not None and (a["end_ts"] is None or a["end_ts"] > now_ts),
+            "hours_held": (e - s) / H if a["start_ts"] is not None else None, "gpu_count": a["gpu_count"],
+            "run_id": rid, "run": {"since": _when(run["since_ts"], tz), "until": _when(run["until_ts"], tz)} if run
+            else None, "usage": hours, "currency": cfg.prices.currency,
+            "price_per_gpu_hour": usage["price_per_gpu_hour"] if usage else None,
+            "reserved_cost": usage["reserved_cost"] if usage else None,
+            "idle_cost": usage["idle_cost"] if usage else None, "gpus": gpus, "findings": findings,
+            "other_matches": others}
+
+
+def _ev(v: Any) -> dict[str, Any]:
+    if isinstance(v, str):
+        import json
+
+        return json.loads(v)
+    return v or {}
+
+
+def jobs_list(store: Store, cfg: Config, *, user: str | None, since: datetime, until: datetime,
+              cluster: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
+    """A user's allocations that overlap [since, until), newest first, with their latest audited numbers."""
+    tz = _tz(cfg)
+    p: dict[str, Any] = {"s": int(since.timestamp()), "u": int(until.timestamp()), "f": False}
+    where = "a.start_ts IS NOT NULL AND a.start_ts < :u AND COALESCE(a.end_ts, :u) > :s"
+    if user is not None:
+        where += " AND a.user_name = :user"
+        p["user"] = user
+    if cluster:
+        where += " AND a.cluster = :cluster"
+        p["cluster"] = cluster
+    sql = ("SELECT a.id, a.cluster, a.source, a.external_id, a.name, a.user_name, a.account, a.state, a.start_ts, "
+           "a.end_ts, a.gpu_count, u.run_id, u.team, u.reserved_s, u.idle_s, u.mirage_s, u.observed_s, "
+           "u.reserved_cost, u.idle_cost FROM allocations a LEFT JOIN usage_allocation u ON u.allocation_id = a.id "
+           "AND u.run_id = (SELECT MAX(x.run_id) FROM usage_allocation x JOIN audit_runs r ON r.id = x.run_id "
+           "WHERE x.allocation_id = a.id AND r.status = 'ok' AND r.what_if = :f) "
+           f"WHERE {where} ORDER BY a.start_ts DESC, a.id DESC LIMIT {int(limit)}")
+    out = []
+    with store.engine.connect() as conn:
+        for r in conn.execute(text(sql), p):
+            ref = f"{r.cluster}:{r.account}/{r.name}" if r.source == "kubernetes" else f"{r.cluster}:{r.external_id}"
+            out.append({"allocation_id": r.id, "ref": ref, "cluster": r.cluster, "source": r.source,
+                        "id": r.external_id, "name": r.name, "user": r.user_name, "account": r.account,
+                        "team": r.team or "", "state": r.state, "start": _when(r.start_ts, tz),
+                        "end": _when(r.end_ts, tz), "gpus": r.gpu_count, "run_id": r.run_id,
+                        "reserved_gpu_hours": (r.reserved_s or 0) / H if r.run_id else None,
+                        "idle_gpu_hours": ((r.idle_s or 0) + (r.mirage_s or 0)) / H if r.run_id else None,
+                        "coverage": r.observed_s / r.reserved_s if r.run_id and r.reserved_s else None,
+                        "idle_cost": r.idle_cost if r.run_id else None})
+    return out

@@ -1,0 +1,226 @@
+"""Rendering the report context (:mod:`auditor.report.context`) as HTML, plain text, Markdown and JSON.
+
+One Jinja2 environment per output kind, each escaping by default: HTML autoescapes; Markdown escapes every
+``{{ }}`` for table cells; text strips control characters. User-controlled strings (job names, users,
+labels) therefore cannot inject markup, table columns or terminal escapes whichever template prints them.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import markupsafe
+
+from auditor import jsonsafe
+from auditor.config import Config
+from auditor.errors import GpuAuditError
+from auditor.report import charts
+from auditor.report.context import build_context, findings_csv_rows
+from auditor.store.engine import Store, resource_dir
+
+FORMATS = ("html", "text", "md", "json")
+EXT = {"html": "html", "text": "txt", "md": "md", "json": "json"}
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|<>~])")
+
+
+class Raw(str):
+    """Output the template built itself (macro output, bars), exempt from escaping."""
+
+
+SHOWN_MAX = 256  # characters of one user-controlled value shown in HTML, text, Markdown and email
+
+
+def cap_shown(value: Any) -> Any:
+    """A value too long to show, cut in the middle (the tail of a path or name is kept) with its full
+    length said: a 10 MB job name makes a readable row, not a 20 MB email. The store and the JSON export
+    keep it whole. Template-built output (Raw, Markup) and non-text values pass unchanged."""
+    if isinstance(value, str) and not isinstance(value, Raw | markupsafe.Markup) and len(value) > SHOWN_MAX:
+        return f"{value[:SHOWN_MAX - 64]}…[{len(value):,} characters]…{value[-40:]}"
+    return value
+
+
+def plain(value: Any) -> str:
+    """Text-safe: no control characters (terminal escapes, bidi overrides); newlines become spaces."""
+    if value is None or isinstance(value, jinja2.runtime.Undefined):
+        return ""
+    if isinstance(value, Raw):
+        return str(value)
+    s = str(cap_shown(value)).replace("\r\n", " ").replace("\n", " ").replace("\r", " ").replace("\t", " ")
+    return _CONTROL.sub("", s)
+
+
+def md(value: Any) -> str:
+    """Markdown-table-safe: text-safe plus every Markdown/HTML special character backslash-escaped."""
+    if isinstance(value, Raw):
+        return str(value)
+    return _MD_SPECIAL.sub(r"\\\1", plain(value))
+
+
+def shorten(value: Any, limit: int = 48) -> str:
+    """One line of text-safe user text (job, user, team names) at most ``limit`` characters long.
+
+    Hostile names (HTML, bidi overrides, 10,000 characters) must not break a layout: the start and the end
+    are kept around an ellipsis so two long names that differ at the end stay apart. HTML templates still
+    autoescape the result; the full name goes in a ``title`` attribute."""
+    s = plain(value)
+    if len(s) <= limit:
+        return s
+    head = (limit - 1) * 2 // 3
+    return s[:head] + "\u2026" + s[len(s) - (limit - 1 - head):]
+
+
+def fmt_hours(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.1f}"
+
+
+def fmt_pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v * 100:.0f}%"
+
+
+def fmt_money(v: float | None, currency: str = "") -> str:
+    if v is None:
+        return "n/a"
+    return f"{plain(currency)} {v:,.2f}".strip()
+
+
+def fmt_signed(v: float | None) -> str:
+    return "" if v is None else f"{v:+,.1f}"
+
+
+def _filters(env: jinja2.Environment) -> None:
+    env.filters.update(hours=fmt_hours, shorten=shorten,
+                       pct=fmt_pct, money=fmt_money, signed=fmt_signed, plain=plain, raw=Raw,
+                       mdbar=lambda v, w=12: Raw("`" + charts.text_bar(v, 1.0, width=w) + "`"),
+                       textbar=lambda v, w=20: charts.text_bar(v, 1.0, width=w),
+                       barpct=lambda v: charts.bar_width(v, 1.0))
+
+
+@lru_cache(maxsize=4)
+def environment(kind: str, template_dir: str | None = None) -> jinja2.Environment:
+    """The Jinja2 environment for ``kind`` (html, text or md) over the shipped templates."""
+    loader = jinja2.FileSystemLoader(template_dir or str(resource_dir("templates")))
+    if kind == "html":
+        env = jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
+                                 trim_blocks=True, lstrip_blocks=True, finalize=cap_shown)
+    elif kind == "md":
+        env = jinja2.Environment(loader=loader, autoescape=False, finalize=md, trim_blocks=True,
+                                 lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    elif kind == "text":
+        env = jinja2.Environment(loader=loader, autoescape=False, finalize=plain, trim_blocks=True,
+                                 lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    else:
+        raise ValueError(f"no template environment for {kind!r}")
+    _filters(env)
+    return env
+
+
+def attach_images(ctx: dict[str, Any], *, mode: str) -> tuple[dict[str, Any], list[charts.Image]]:
+    """A copy of ``ctx`` whose finding rows carry ``image`` (src, alt, size) for their sparkline.
+
+    ``mode`` "data" embeds the PNG (a browser, a saved file); "cid" refers to a MIME part (email)."""
+    out = copy.copy(ctx)
+    images: list[charts.Image] = []
+    for key in ("top_idle", "episodes", "reservations", "low_efficiency", "unmonitored", "findings"):
+        table = ctx.get(key)
+        if not table:
+            continue
+        rows = []
+        for row in table["rows"]:
+            row = dict(row)
+            img = charts.sparkline_image(f"spark-{key}-{row.get('id')}@gpu-audit", row.get("sparkline"))
+            if img is not None:
+                images.append(img)
+                row["image"] = {"src": img.data_uri if mode == "data" else "cid:" + img.cid, "alt": img.alt,
+                                "width": img.width, "height": img.height}
+            else:
+                row["image"] = None
+            rows.append(row)
+        out[key] = {**table, "rows": rows}
+    return out, images
+
+
+def render_html(ctx: dict[str, Any], *, template: str = "report.html.j2", mode: str = "data"
+                ) -> tuple[str, list[charts.Image]]:
+    """HTML plus the images it refers to (needed as MIME parts when ``mode`` is "cid")."""
+    c, images = attach_images(ctx, mode=mode)
+    return environment("html").get_template(template).render(**c), images
+
+
+def render_text(ctx: dict[str, Any], template: str = "report.txt.j2") -> str:
+    return environment("text").get_template(template).render(**ctx)
+
+
+def render_md(ctx: dict[str, Any], template: str = "report.md.j2") -> str:
+    return environment("md").get_template(template).render(**ctx)
+
+
+def render_json(ctx: dict[str, Any], *, compact: bool = False) -> str:
+    """JSON of the report; ``compact`` for the full export file (every finding: size and speed matter)."""
+    if compact:
+        return jsonsafe.dumps(ctx, separators=(",", ":"), default=str, ensure_ascii=False) + "\n"
+    return jsonsafe.dumps(ctx, indent=2, default=str, ensure_ascii=False) + "\n"
+
+
+def render(ctx: dict[str, Any], fmt: str) -> str:
+    if fmt == "html":
+        return render_html(ctx)[0]
+    if fmt == "text":
+        return render_text(ctx)
+    if fmt == "md":
+        return render_md(ctx)
+    if fmt == "json":
+        return render_json(ctx)
+    raise GpuAuditError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    """Findings as CSV; cells that a spreadsheet would run as a formula get a leading quote."""
+    fields = list(rows[0].keys()) if rows else ["id", "kind", "cluster", "job_id", "job_name", "user",
+                                                "account", "team", "gpu_hours", "idle_gpu_hours", "cost"]
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _csv_cell(v) for k, v in r.items()})
+
+
+def _csv_cell(v: Any) -> Any:
+    if isinstance(v, str):
+        v = plain(v)
+        if v[:1] in ("=", "+", "-", "@"):
+            return "'" + v
+    return v
+
+
+def write_reports(store: Store, cfg: Config, run_id: int, out_dir: Path | str,
+                  formats: Iterable[str] = FORMATS) -> list[Path]:
+    """Write report-<run>.<ext> for each format plus findings-<run>.csv (what cut tables point to)."""
+    fmts = list(dict.fromkeys(formats)) or list(FORMATS)
+    for f in fmts:
+        if f not in FORMATS:
+            raise GpuAuditError(f"unknown report format {f!r} (choose from {', '.join(FORMATS)})")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpuAuditError(f"cannot create report directory {out}: {exc.strerror}") from None
+    ctx = build_context(store, cfg, run_id)
+    paths = []
+    for f in fmts:
+        data = (render_json(build_context(store, cfg, run_id, full=True), compact=True) if f == "json"
+                else render(ctx, f))
+        p = out / f"report-{run_id}.{EXT[f]}"
+        p.write_text(data, encoding="utf-8")
+        paths.append(p)
+    csv_path = out / ctx["files"]["csv"]
+    write_csv(findings_csv_rows(store, cfg, run_id), csv_path)
+    paths.append(csv_path)
+    return paths

@@ -1,0 +1,197 @@
+"""The SQL store: engine setup, migrations, watermarks. Ingest lives in :mod:`auditor.store.ingest`.
+
+SQLite (WAL, foreign keys, busy timeout) is the embedded default; PostgreSQL is the production store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+
+from auditor import jsonsafe
+from auditor.errors import StoreError
+from auditor.records import Record
+from auditor.store import schema
+from auditor.store.sqlfuncs import greatest
+from auditor.store.stats import IngestStats
+from auditor.timeutil import utcnow
+
+log = logging.getLogger("gpu_audit.store")
+
+SQLITE_BUSY_MS = 120_000  # a writer waits this long for another (an audit of a large fleet holds the lock)
+
+
+def resource_dir(name: str) -> Path:
+    """Directory of a shipped resource (templates, migrations, deploy): the wheel puts them under
+    ``auditor/<name>``; a source checkout has them at the top level."""
+    here = Path(__file__).resolve().parent.parent  # auditor/ (this file is auditor/store/engine.py)
+    for candidate in (here / name, here.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise StoreError(f"resource directory {name!r} not found next to {here}")
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # SQLAlchemy, not the sqlite3 module, decides when transactions begin (see _sqlite_begin)
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    """Writers take the write lock up front (BEGIN IMMEDIATE), so two writers queue on the busy timeout
+    instead of one failing with "database is locked" when its read lock cannot be upgraded. Readers stay
+    deferred and never block (WAL)."""
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("gpu_audit_writer") else "BEGIN")
+
+
+def make_engine(url: str) -> Engine:
+    from auditor.logs import SECRET_PARAM, register_secret
+
+    try:
+        u = make_url(url)
+    except (ArgumentError, ValueError):
+        raise StoreError("store.url is not a valid SQLAlchemy URL (value not shown)") from None
+    register_secret(u.password if isinstance(u.password, str) else None)
+    for key, value in u.query.items():
+        if SECRET_PARAM.search(key):
+            for v in (value,) if isinstance(value, str) else value:
+                register_secret(v)
+    if u.get_backend_name() == "sqlite":
+        if u.database and u.database != ":memory:":
+            try:
+                Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"store directory for {u.database}: {exc.strerror or exc}") from None
+        engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_MS / 1000}, json_serializer=jsonsafe.dumps)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    try:
+        # JSON columns (evidence, summaries) never get a NaN token: PostgreSQL's json type rejects it
+        return create_engine(u, pool_pre_ping=True, json_serializer=jsonsafe.dumps)
+    except ModuleNotFoundError as exc:
+        extra = " (pip install 'gpu-audit[postgres]')" if u.get_backend_name() == "postgresql" else ""
+        raise StoreError(f"store.url needs the database driver {exc.name!r}, which is not installed{extra}") from None
+
+
+class Store:
+    """A handle on the SQL store. Every write is a bounded transaction; reads are plain SQL."""
+
+    def __init__(self, engine: Engine, batch_rows: int = 50_000) -> None:
+        self.engine = engine
+        self.batch_rows = batch_rows
+
+    @classmethod
+    def open(cls, url: str, batch_rows: int = 50_000) -> Store:
+        return cls(make_engine(url), batch_rows)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def redacted_url(self) -> str:
+        """The store URL fit to print: no password, in userinfo or in query parameters (sslpassword=...)."""
+        from auditor.logs import redact_url
+
+        return redact_url(self.engine.url.render_as_string(hide_password=False))
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A write transaction: committed on success, rolled back on any error (no partial batch)."""
+        try:
+            with self.engine.connect() as conn:
+                conn.info["gpu_audit_writer"] = True
+                try:
+                    with conn.begin():
+                        yield conn
+                finally:
+                    conn.info.pop("gpu_audit_writer", None)
+        except OperationalError as exc:
+            raise StoreError(f"store {self.redacted_url()}: {_first_line(exc)}") from None
+
+    # -- migrations ---------------------------------------------------------------------------------
+    def alembic_config(self) -> Any:
+        from alembic.config import Config as AlembicConfig
+
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(resource_dir("migrations")))
+        cfg.attributes["engine"] = self.engine
+        return cfg
+
+    def upgrade(self, revision: str = "head") -> None:
+        from alembic import command
+
+        try:
+            command.upgrade(self.alembic_config(), revision)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"store {self.redacted_url()}: migration failed: {_first_line(exc)}") from None
+
+    def current(self) -> str | None:
+        from alembic.runtime.migration import MigrationContext
+
+        try:
+            with self.engine.connect() as conn:
+                return MigrationContext.configure(conn).get_current_revision()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"store {self.redacted_url()}: {_first_line(exc)}") from None
+
+    def head(self) -> str | None:
+        from alembic.script import ScriptDirectory
+
+        return ScriptDirectory.from_config(self.alembic_config()).get_current_head()
+
+    def require_current(self) -> None:
+        cur = self.current()
+        if cur != self.head():
+            raise StoreError(f"store {self.redacted_url()} is at revision {cur or 'none'}, "
+                             f"not {self.head()}: run `gpu-audit db upgrade`")
+
+    # -- ingest -------------------------------------------------------------------------------------
+    def ingest(self, records: Iterable[Record], *, seen_at_ts: int | None = None,
+               on_bad: Callable[[Record, str], None] | None = None) -> IngestStats:
+        """Idempotent upsert of any mix of records, in transactions of at most ``batch_rows`` rows; with
+        ``on_bad``, records the store refuses are handed to it and the rest are stored."""
+        from auditor.store.ingest import ingest
+
+        return ingest(self, records, seen_at_ts=seen_at_ts or int(utcnow().timestamp()), on_bad=on_bad)
+
+    # -- watermarks ---------------------------------------------------------------------------------
+    def watermark(self, cluster: str, source: str) -> int | None:
+        t = schema.watermarks
+        with self.engine.connect() as conn:
+            return conn.execute(select(t.c.watermark_ts).where(t.c.cluster == cluster,
+                                                               t.c.source == source)).scalar()
+
+    def set_watermark(self, conn: Connection, cluster: str, source: str, ts: int) -> None:
+        """Move a watermark forward only (an older window collected later never moves it back)."""
+        from auditor.store.sqlfuncs import upsert
+
+        now = int(utcnow().timestamp())
+        upsert(conn, schema.watermarks, [{"cluster": cluster, "source": source, "watermark_ts": ts,
+                                          "updated_ts": now}], ("cluster", "source"),
+               {"watermark_ts": lambda t, ex: greatest(t.c.watermark_ts, ex.watermark_ts),
+                "updated_ts": lambda t, ex: ex.updated_ts})
+
+    def count(self, table: str) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(text(f"SELECT count(*) FROM {schema.metadata.tables[table].name}"))
+                       .scalar() or 0)
+
+
+def _first_line(exc: BaseException) -> str:
+    from auditor.logs import scrub
+
+    msg = str(getattr(exc, "orig", None) or exc)
+    return scrub(msg.strip().splitlines()[0]) if msg.strip() else type(exc).__name__

@@ -1,0 +1,494 @@
+"""Batched, idempotent upserts of records on their natural keys.
+
+The same input twice, overlapping windows, or windows out of order leave identical tables: merges keep the
+more specific value (a GPU index recorded while a job ran beats a later count-only sacct row; a bucket with
+more samples beats a partial one; an end time once known stays).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Table, delete, insert, select, update
+
+from auditor.records import (
+    LABEL_FIELDS,
+    METRIC_FIELDS,
+    Allocation,
+    GpuBucket,
+    GpuInventory,
+    Record,
+    Reservation,
+)
+from auditor.store import schema
+from auditor.store.reservations import ingest_reservations, money_problem, name_reservations, quarantine_rows
+from auditor.store.sqlfuncs import Merge, greatest, least, upsert
+from auditor.timeutil import to_epoch
+
+if TYPE_CHECKING:
+    from auditor.store.engine import Store
+    from auditor.store.stats import IngestStats
+
+log = logging.getLogger("gpu_audit.ingest")
+ALLOC_BATCH = 2000
+
+
+def _keep_text(col: str) -> Merge:
+    from sqlalchemy import func
+
+    return lambda t, ex: func.coalesce(func.nullif(getattr(ex, col), ""), getattr(t.c, col))
+
+
+def _coalesce(col: str) -> Merge:
+    from sqlalchemy import func
+
+    return lambda t, ex: func.coalesce(getattr(ex, col), getattr(t.c, col))
+
+
+def _state(t: Table, ex: Any) -> Any:
+    from sqlalchemy import case
+
+    # a stale "running" sighting never overwrites the state of an allocation known to have ended
+    return case((ex.end_ts.is_(None) & t.c.end_ts.isnot(None), t.c.state), else_=ex.state)
+
+
+ALLOC_MERGE: dict[str, Merge | None] = {
+    **{c: _keep_text(c) for c in ("name", "user_name", "account", "partition", "qos", "reservation",
+                                  "owner_workload", "state")},
+    "state": _state,
+    **{c: _coalesce(c) for c in ("submit_ts", "start_ts", "end_ts", "time_limit_s", "labels")},
+    "first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
+    "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts),
+    "gpu_count": None,
+}
+
+
+def _alloc_row(a: Allocation, seen: int) -> dict[str, Any]:
+    return {"cluster": a.cluster, "source": a.source, "external_id": a.external_id, "name": a.name,
+            "user_name": a.user, "account": a.account, "partition": a.partition, "qos": a.qos,
+            "state": a.state, "submit_ts": to_epoch(a.submit), "start_ts": to_epoch(a.start),
+            "end_ts": to_epoch(a.end), "reservation": a.reservation, "owner_workload": a.owner_workload,
+            "time_limit_s": a.time_limit_s, "labels": dict(a.labels) or None, "gpu_count": a.gpu_count,
+            "first_seen_ts": seen, "last_seen_ts": seen}
+
+
+def _gpu_rows(a: Allocation) -> list[dict[str, Any]]:
+    by_node: dict[str, list[Any]] = defaultdict(list)
+    for g in a.gpus:
+        by_node[g.node].append(g)
+    rows = []
+    for node in sorted(by_node):
+        gs = sorted(by_node[node], key=lambda g: (g.index is None, g.index if g.index is not None else 0))
+        for slot, g in enumerate(gs):
+            rows.append({"node": node, "slot": slot, "gpu_index": g.index, "uuid": g.uuid,
+                         "model": g.model, "share": g.share, "mig_profile": g.mig_profile})
+    return rows
+
+
+def _instance(a: Allocation) -> tuple[int | None, int | None]:
+    """(submit, start) epochs that tell apart two jobs of one reused Slurm id (pods: never reused)."""
+    if a.source == "kubernetes":
+        return None, None
+    return to_epoch(a.submit), to_epoch(a.start)
+
+
+def _same_job(submit: int | None, start: int | None, row: Any) -> bool:
+    """Submit times decide when both are known; else start times; a sighting with neither is matched by
+    the caller to the latest job of that id."""
+    if submit is not None and row.submit_ts is not None:
+        return bool(submit == row.submit_ts)
+    return start is not None and row.start_ts is not None and start == row.start_ts
+
+
+Key4 = tuple[str, str, str, int]
+CHUNK = 1000
+
+
+def _by_ids(conn: Connection, keys: set[tuple[str, str, str]], *extra: Any) -> list[Any]:
+    """Stored allocations of these (cluster, source, external_id): per cluster and source, ``external_id
+    IN (...)`` on the unique index (plain values bind much faster than row-value tuples)."""
+    t = schema.allocations
+    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for c, src, ext in keys:
+        groups[(c, src)].append(ext)
+    out: list[Any] = []
+    for (c, src), exts in groups.items():
+        exts.sort()
+        for i in range(0, len(exts), CHUNK):
+            out += conn.execute(select(t.c.id, t.c.cluster, t.c.source, t.c.external_id, t.c.instance_ts, *extra)
+                                .where(t.c.cluster == c, t.c.source == src,
+                                       t.c.external_id.in_(exts[i:i + CHUNK]))).all()
+    return out
+
+
+def resolve_instances(conn: Connection, allocs: list[Allocation]) -> tuple[dict[Key4, Allocation], dict[Key4, int]]:
+    """Key each sighting by (cluster, source, external_id, instance_ts): the stored job it is the same job
+    as (see :func:`_same_job`), else a new instance (submit time, else start time, else 0). Slurm reuses job
+    ids; Kubernetes pod UIDs are unique, so pods always get instance 0. Also returns the ids of the stored
+    jobs it read, so only new ones are looked up after the upsert."""
+    from types import SimpleNamespace
+
+    t = schema.allocations
+    ext = {(a.cluster, a.source, a.external_id) for a in allocs if a.source != "kubernetes"}
+    known: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
+    ids: dict[Key4, int] = {}
+    for r in _by_ids(conn, ext, t.c.submit_ts, t.c.start_ts):
+        known[(r.cluster, r.source, r.external_id)].append(
+            SimpleNamespace(instance_ts=r.instance_ts, submit_ts=r.submit_ts, start_ts=r.start_ts))
+        ids[(r.cluster, r.source, r.external_id, r.instance_ts)] = r.id
+    latest: dict[Key4, Allocation] = {}
+    for a in allocs:  # the last sighting in a batch wins, like a later batch would
+        k3 = (a.cluster, a.source, a.external_id)
+        submit, start = _instance(a)
+        if a.source == "kubernetes":
+            latest[(*k3, 0)] = a
+            continue
+        rows = known[k3]
+        match = next((r for r in rows if _same_job(submit, start, r)), None)
+        if match is None and submit is None and start is None and rows:
+            match = max(rows, key=lambda r: r.instance_ts)
+        if match is None:  # a stored sighting with neither time is the job this one gives times for
+            match = next((r for r in rows if r.submit_ts is None and r.start_ts is None), None)
+        if match is None:
+            inst = submit if submit is not None else (start if start is not None else 0)
+            match = SimpleNamespace(instance_ts=inst, submit_ts=submit, start_ts=start)
+            rows.append(match)
+        else:  # what this sighting adds helps match the next one in the batch
+            match.submit_ts = match.submit_ts if match.submit_ts is not None else submit
+            match.start_ts = match.start_ts if match.start_ts is not None else start
+        latest[(*k3, match.instance_ts)] = a
+    return latest, ids
+
+
+def ingest_allocations(conn: Connection, allocs: list[Allocation], seen: int) -> tuple[int, int]:
+    """Upsert allocations, then their GPUs: indices never get downgraded to "unknown"."""
+    t, g = schema.allocations, schema.allocated_gpus
+    latest, known_ids = resolve_instances(conn, allocs)
+    key_cols = ("cluster", "source", "external_id", "instance_ts")
+    upsert(conn, t, [{**_alloc_row(a, seen), "instance_ts": k[3]} for k, a in latest.items()], key_cols,
+           ALLOC_MERGE)
+    ids = {k: known_ids[k] for k in latest if k in known_ids}
+    missing = {k for k in latest if k not in ids}
+    ids.update(((r.cluster, r.source, r.external_id, r.instance_ts), r.id)
+               for r in _by_ids(conn, {k[:3] for k in missing}) if (r.cluster, r.source, r.external_id,
+                                                                       r.instance_ts) in missing)
+    existing: dict[int, list[Any]] = defaultdict(list)
+    for r in conn.execute(select(g.c.id, g.c.allocation_id, g.c.node, g.c.slot, g.c.gpu_index)
+                          .where(g.c.allocation_id.in_(list(ids.values())))):
+        existing[r.allocation_id].append(r)
+    new_rows: list[dict[str, Any]] = []
+    stale: list[int] = []
+    for key, a in latest.items():
+        aid = ids[key]
+        rows = _gpu_rows(a)
+        old = existing.get(aid, [])
+        if old and any(r.gpu_index is not None for r in old) and all(r["gpu_index"] is None for r in rows):
+            continue  # keep the indices recorded while it ran
+        if old and not rows:
+            continue  # a sighting without GPUs (count unknown to accounting) keeps the GPUs recorded earlier
+        wanted = {(r["node"], r["slot"]) for r in rows}
+        stale += [r.id for r in old if (r.node, r.slot) not in wanted]
+        new_rows += [{"allocation_id": aid, **r} for r in rows]
+    if stale:
+        conn.execute(delete(g).where(g.c.id.in_(stale)))
+    upsert(conn, g, new_rows, ("allocation_id", "node", "slot"))
+    if ids:
+        from sqlalchemy import func
+
+        total = (select(func.coalesce(func.sum(g.c.share), 0.0)).where(g.c.allocation_id == t.c.id)
+                 .scalar_subquery())
+        conn.execute(update(t).where(t.c.id.in_(list(ids.values()))).values(gpu_count=total))
+    return len(latest), len(new_rows)
+
+
+def ingest_inventory(conn: Connection, items: list[GpuInventory], seen: int) -> int:
+    rows = {}
+    for i in items:
+        ts = to_epoch(i.seen_at) or seen
+        rows[(i.cluster, i.host, i.gpu)] = {"cluster": i.cluster, "host": i.host, "gpu_index": i.gpu,
+                                            "model": i.model, "uuid": i.uuid, "mig_layout": i.mig_layout,
+                                            "first_seen_ts": ts, "last_seen_ts": ts}
+    upsert(conn, schema.gpu_inventory, list(rows.values()), ("cluster", "host", "gpu_index"),
+           {"model": _coalesce("model"), "uuid": _coalesce("uuid"),
+            "first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
+            "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts)})
+    return len(rows)
+
+
+BUCKET_COLS = ("gpu_id", "bucket_ts", "job", "bucket_s", "samples", "observed_s", "span_start", "span_end",
+               *METRIC_FIELDS, *LABEL_FIELDS)
+_BUCKET_KEY = attrgetter("cluster", "host", "gpu", "gpu_instance")  # C-level getters: the per-row cost
+_BUCKET_VALUES = attrgetter(*METRIC_FIELDS, *LABEL_FIELDS)
+HOUR = 3600
+COPY_MIN_ROWS = 1  # PostgreSQL: every batch through COPY (tests may raise it to force executemany)
+
+
+def bucket_sets(dialect: str) -> list[str]:
+    """The merge of a row with the stored one, FIELD BY FIELD (docs/definitions.md): each metric and label
+    from the row that has it, from the one with more samples if both do (tie: the stored one); samples and
+    observed seconds the maximum; the span of the row with more samples. Ingesting the same rows again
+    changes nothing; one source's row never blanks another source's fields."""
+    big = "GREATEST" if dialect == "postgresql" else "max"
+    more = "excluded.samples > gpu_buckets.samples"
+    return [f"samples = {big}(gpu_buckets.samples, excluded.samples)",
+            f"observed_s = {big}(gpu_buckets.observed_s, excluded.observed_s)",
+            *(f"{c} = CASE WHEN {more} THEN excluded.{c} ELSE gpu_buckets.{c} END" for c in ("span_start",
+                                                                                             "span_end")),
+            *(f"{c} = CASE WHEN excluded.{c} IS NULL THEN gpu_buckets.{c} WHEN gpu_buckets.{c} IS NULL OR {more} "
+              f"THEN excluded.{c} ELSE gpu_buckets.{c} END" for c in (*METRIC_FIELDS, *LABEL_FIELDS))]
+
+
+def _bucket_sql(dialect: str) -> str:
+    """The row-at-a-time upsert (SQLite, and PostgreSQL with ``COPY_MIN_ROWS`` not reached)."""
+    ph = "%s" if dialect == "postgresql" else "?"
+    return (f"INSERT INTO gpu_buckets ({', '.join(BUCKET_COLS)}) VALUES ({', '.join([ph] * len(BUCKET_COLS))}) "
+            f"ON CONFLICT (gpu_id, bucket_ts, job) DO UPDATE SET {', '.join(bucket_sets(dialect))}")
+
+
+def write_bucket_rows(conn: Connection, rows: list[tuple], *, copy: bool | None = None) -> None:
+    """Merge bucket row tuples (``BUCKET_COLS`` order) into gpu_buckets. On PostgreSQL batches of at least
+    ``COPY_MIN_ROWS`` go through COPY + one set-based merge (:mod:`auditor.store.ingest_pg`), same result."""
+    if copy is None:
+        copy = conn.dialect.name == "postgresql" and len(rows) >= COPY_MIN_ROWS
+    if copy:
+        from auditor.store.ingest_pg import copy_merge
+
+        copy_merge(conn, rows, BUCKET_COLS, bucket_sets("postgresql"))
+    else:
+        conn.exec_driver_sql(_bucket_sql(conn.dialect.name), rows)
+
+
+def telemetry_gpu_ids(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int]) -> None:
+    """Resolve (cluster, host, gpu, instance) to telemetry_gpus.id, creating rows for new GPUs."""
+    t = schema.telemetry_gpus
+    key = _BUCKET_KEY
+    missing = {k: (b.uuid, b.model) for b in buckets if (k := key(b)) not in cache}
+    if not missing:
+        return
+    upsert(conn, t, [{"cluster": k[0], "host": k[1], "gpu_index": k[2], "gpu_instance": k[3], "uuid": u,
+                      "model": m} for k, (u, m) in missing.items()],
+           ("cluster", "host", "gpu_index", "gpu_instance"),
+           {"uuid": _coalesce("uuid"), "model": _coalesce("model")})
+    for cluster in {k[0] for k in missing}:
+        for r in conn.execute(select(t.c.id, t.c.host, t.c.gpu_index, t.c.gpu_instance)
+                              .where(t.c.cluster == cluster)):
+            cache[(cluster, r.host, r.gpu_index, r.gpu_instance)] = r.id
+
+
+def _row(gid: int, b: GpuBucket) -> tuple:
+    seconds, samples = int(b.seconds), int(b.samples)
+    obs = b.observed_s
+    obs = (float(seconds) if samples > 0 else 0.0) if obs is None else min(float(seconds), max(0.0, float(obs)))
+    if samples <= 0:
+        obs = 0.0
+    ts = int(b.start.timestamp())
+    sp_s = sp_e = None
+    if b.span_start is not None or b.span_end is not None:
+        sp_s = max(ts, int(b.span_start.timestamp())) if b.span_start is not None else ts
+        sp_e = min(ts + seconds, int(b.span_end.timestamp())) if b.span_end is not None else ts + seconds
+        sp_e = max(sp_e, sp_s)
+    return (gid, ts, b.job_key(), seconds, samples, obs, sp_s, sp_e, *_BUCKET_VALUES(b))
+
+
+def _drop_rolled_up(conn: Connection, rows: list[tuple], before: int | None) -> list[tuple]:
+    """Fine rows for an hour that a roll-up already folded into an hourly row are dropped (logged): the
+    hourly row holds that hour's data, so adding them again would count it twice."""
+    if before is None:
+        return rows
+    old = [r for r in rows if r[3] < HOUR and r[1] < before]
+    if not old:
+        return rows
+    g = schema.gpu_buckets
+    hours = {(r[0], r[1] // HOUR * HOUR) for r in old}
+    have: set[tuple[int, int]] = set()
+    for gid in {h[0] for h in hours}:
+        ts = [h[1] for h in hours if h[0] == gid]
+        have |= {(gid, x) for (x,) in conn.execute(select(g.c.bucket_ts).where(
+            g.c.gpu_id == gid, g.c.bucket_s >= HOUR, g.c.bucket_ts.in_(ts)))}
+    if not have:
+        return rows
+    kept = [r for r in rows if not (r[3] < HOUR and r[1] < before and (r[0], r[1] // HOUR * HOUR) in have)]
+    log.warning("dropped %d telemetry buckets for hours already rolled up (gpu-audit db prune): the hourly "
+                "rows keep those hours", len(rows) - len(kept))
+    return kept
+
+
+def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int],
+                   rolled_up_before: int | None = None) -> int:
+    """The hot path: row tuples (no ORM objects), merged by :func:`write_bucket_rows`."""
+    telemetry_gpu_ids(conn, buckets, cache)
+    key = _BUCKET_KEY
+    rows = [_row(cache[key(b)], b) for b in buckets]
+    from auditor.store import meta
+
+    meta.check_width(conn, {r[3] for r in rows})
+    rows = _drop_rolled_up(conn, rows, rolled_up_before)
+    if not rows:
+        return 0
+    write_bucket_rows(conn, rows)
+    labelled = {r[0] for r in rows if r[2]}
+    if labelled:
+        t = schema.telemetry_gpus
+        conn.execute(update(t).where(t.c.id.in_(sorted(labelled)), t.c.has_jobs == 0).values(has_jobs=1))
+    return len(rows)
+
+
+def close_unseen(conn: Connection, cluster: str, source: str, seen: int, accounts: tuple[str, ...] = ()) -> int:
+    """After a complete listing at ``seen``: open allocations not in it ended at their last sighting."""
+    t = schema.allocations
+    cond = [t.c.cluster == cluster, t.c.source == source, t.c.end_ts.is_(None), t.c.start_ts.isnot(None),
+            t.c.last_seen_ts < seen]
+    if accounts:
+        cond.append(t.c.account.in_(accounts))
+    res = conn.execute(update(t).where(*cond).values(end_ts=t.c.last_seen_ts, state="GONE"))
+    return res.rowcount or 0
+
+
+def _write(conn: Connection, allocs: list[Allocation], resv: list[Reservation], inv: list[GpuInventory],
+           buckets: list[GpuBucket], seen: int, cache: dict[tuple, int], stats: IngestStats) -> None:
+    from auditor.store import meta
+
+    if resv:  # first: jobs named by reservation id only look their reservation up
+        stats.reservations += ingest_reservations(conn, resv, seen)
+    if allocs:
+        name_reservations(conn, allocs)
+        n, ng = ingest_allocations(conn, allocs, seen)
+        stats.allocations += n
+        stats.allocated_gpus += ng
+    if inv:
+        stats.inventory += ingest_inventory(conn, inv, seen)
+    if buckets:
+        stats.buckets += ingest_buckets(conn, buckets, cache, meta.rolled_up_before(conn))
+
+
+def _finish(conn: Connection, snapshots: list[Any], clusters: set[str], seen: int, stats: IngestStats) -> None:
+    for s in snapshots:
+        stats.closed += close_unseen(conn, s.cluster, s.source, seen, s.accounts)
+    upsert(conn, schema.clusters, [{"name": c, "first_seen_ts": seen, "last_seen_ts": seen} for c in sorted(clusters)],
+           ("name",), {"first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
+                       "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts)})
+
+
+OnBad = Callable[[Record, str], None]
+
+
+def _reason(exc: BaseException) -> str:
+    """One line from a driver error, without the SQL statement or parameters SQLAlchemy appends."""
+    from auditor.logs import scrub
+
+    msg = str(getattr(exc, "orig", None) or exc).strip()
+    return scrub(msg.splitlines()[0] if msg else type(exc).__name__)[:300]
+
+
+def _row_by_row(store: Store, records: list[Record], seen: int, cache: dict[tuple, int], stats: IngestStats,
+                on_bad: OnBad, final: Callable[[Connection], None] | None) -> None:
+    """After a batch failed: each record in its own savepoint, so the bad ones are quarantined and the rest
+    committed in one transaction (nothing half-written: a record and its GPUs go in or stay out together).
+    Every record failing alike is the store's fault, not the records': that is raised."""
+    from sqlalchemy.exc import DBAPIError
+
+    from auditor.errors import StoreError
+
+    failures: list[tuple[Record, str]] = []
+    with store.begin() as conn:
+        for rec in records:
+            key = _BUCKET_KEY(rec) if isinstance(rec, GpuBucket) else None
+            had = key in cache if key else True
+            one = type(stats)()
+            try:
+                with conn.begin_nested():
+                    _write(conn, *(([rec] if isinstance(rec, cls) else []) for cls in
+                                   (Allocation, Reservation, GpuInventory, GpuBucket)), seen, cache, one)
+            except Exception as exc:
+                if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+                    raise StoreError(f"store {store.redacted_url()}: connection lost: {_reason(exc)}") from None
+                if not had:
+                    cache.pop(key, None)  # its telemetry_gpus row was rolled back with the savepoint
+                failures.append((rec, _reason(exc)))
+                continue
+            stats.add(one)
+        if len(failures) == len(records) > 3 and len({r for _, r in failures}) == 1:
+            raise StoreError(f"store {store.redacted_url()}: every record of a batch failed: {failures[0][1]}")
+        if final:
+            final(conn)
+    for rec, reason in failures:
+        on_bad(rec, f"the store refused it: {reason}")
+
+
+def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: OnBad | None = None) -> IngestStats:
+    """Upsert ``records`` in batched transactions. With ``on_bad``, a batch the store refuses is retried
+    record by record and each refused record is handed to ``on_bad`` (the collector quarantines it)."""
+    from auditor.store.stats import IngestStats
+    from connectors.base import RunningSnapshot
+
+    stats = IngestStats()
+    allocs: list[Allocation] = []
+    resv: list[Reservation] = []
+    inv: list[GpuInventory] = []
+    buckets: list[GpuBucket] = []
+    snapshots: list[RunningSnapshot] = []
+    bad: list[tuple[Any, str]] = []
+    cache: dict[tuple, int] = {}
+    clusters: set[str] = set()
+
+    def flush(final: bool = False) -> None:
+        if bad:  # quarantined, not stored: one bad record never costs the others or the audit
+            if on_bad is not None:
+                for rec, why in bad:
+                    on_bad(rec, why)
+            else:
+                with store.begin() as conn:
+                    conn.execute(insert(schema.quarantined_records), quarantine_rows(bad, seen_at_ts))
+            stats.quarantined += len(bad)
+            bad.clear()
+        saved = dict(cache)
+        batch = IngestStats()
+
+        def finish(conn: Connection) -> None:
+            _finish(conn, snapshots, clusters, seen_at_ts, batch)
+
+        try:
+            with store.begin() as conn:
+                _write(conn, allocs, resv, inv, buckets, seen_at_ts, cache, batch)
+                if final:
+                    finish(conn)
+        except Exception:
+            if on_bad is None:
+                raise
+            cache.clear()
+            cache.update(saved)  # ids created by the rolled-back transaction are gone
+            batch = IngestStats()
+            _row_by_row(store, [*allocs, *resv, *inv, *buckets], seen_at_ts, cache, batch, on_bad,
+                        finish if final else None)
+        stats.add(batch)
+        for buf in (allocs, resv, inv, buckets):
+            buf.clear()
+
+    for rec in records:
+        if isinstance(rec, GpuBucket):
+            buckets.append(rec)
+            clusters.add(rec.cluster)
+            if len(buckets) >= store.batch_rows:
+                flush()
+        elif isinstance(rec, Allocation | Reservation) and (why := money_problem(rec)):
+            bad.append((rec, why))
+        elif isinstance(rec, Allocation):
+            allocs.append(rec)
+            clusters.add(rec.cluster)
+            if len(allocs) >= ALLOC_BATCH:
+                flush()
+        elif isinstance(rec, Reservation):
+            resv.append(rec)
+        elif isinstance(rec, GpuInventory):
+            inv.append(rec)
+            clusters.add(rec.cluster)
+        elif isinstance(rec, RunningSnapshot):
+            snapshots.append(rec)
+        else:
+            raise TypeError(f"not a record: {type(rec).__name__}")
+    flush(final=True)
+    return stats

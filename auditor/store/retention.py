@@ -1,0 +1,133 @@
+"""Retention (``gpu-audit db prune``): keep fine buckets for N weeks, hourly roll-ups after; drop old runs.
+
+Telemetry older than the cutoff (now - ``keep_weeks``, floored to the hour) is rolled up into hourly
+buckets (``bucket_s`` = 3600), one per GPU, hour and job (per-job sub-rows stay apart): samples and observed
+seconds summed (observed seconds at most 3600: an hour with 5 minutes of samples stays 5 minutes observed),
+the span the hull of the spans of the rows with samples (a row without samples has no sample times),
+every metric the observed-seconds-weighted mean of the buckets that had it, ``fb_used_mib`` the maximum,
+labels the greatest value seen. Pruning twice changes nothing. The store
+records how far it is rolled up (``store_meta.rolled_up_before``); a fine bucket ingested later for an hour
+that already has an hourly row is DROPPED at ingest (logged with a count): the hourly row holds that hour,
+and folding a re-collected copy in would count it twice. Work goes a day at a time, one transaction per
+day, so memory and locks stay bounded.
+
+Audit runs older than ``keep_runs_days`` are deleted with their usage and findings; the newest official
+(non what-if) run is always kept so reports and chargeback keep a base.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from auditor.records import LABEL_FIELDS, METRIC_FIELDS
+from auditor.store import meta
+from auditor.store.engine import Store
+
+HOUR = 3600
+DAY = 86400
+WEEK = 7 * DAY
+_MEANS = [m for m in METRIC_FIELDS if m != "fb_used_mib"]
+
+_W = "b.observed_s"
+ROLLUP = ("INSERT INTO _rollup SELECT b.gpu_id, (b.bucket_ts / 3600) * 3600, b.job, SUM(b.samples), "
+          "{least}(3600, SUM(b.observed_s)), "
+          "MIN(CASE WHEN b.samples > 0 THEN COALESCE(b.span_start, b.bucket_ts) END), "
+          "MAX(CASE WHEN b.samples > 0 THEN COALESCE(b.span_end, b.bucket_ts + b.bucket_s) END), "
+          + ", ".join(f"SUM(CASE WHEN b.{m} IS NOT NULL THEN {_W} * b.{m} END) / NULLIF(SUM(CASE WHEN b.{m} IS NOT "
+                      f"NULL THEN {_W} END), 0)" for m in _MEANS)
+          + ", MAX(b.fb_used_mib), " + ", ".join(f"MAX(b.{label})" for label in LABEL_FIELDS)
+          + " FROM telemetry_gpus tg JOIN gpu_buckets b ON b.gpu_id = tg.id"
+            " AND b.bucket_ts >= :lo AND b.bucket_ts < :hi"
+            " GROUP BY b.gpu_id, (b.bucket_ts / 3600) * 3600, b.job HAVING MIN(b.bucket_s) < 3600")
+ROLLUP_DDL = ("CREATE TEMPORARY TABLE _rollup (gpu_id INTEGER NOT NULL, bucket_ts INTEGER NOT NULL, "
+              "job VARCHAR(512) NOT NULL, samples INTEGER NOT NULL, observed_s FLOAT NOT NULL, span_start INTEGER, "
+              "span_end INTEGER, " + ", ".join(f"{m} FLOAT" for m in _MEANS) + ", fb_used_mib FLOAT, "
+              + ", ".join(f"{label} VARCHAR(255)" for label in LABEL_FIELDS)
+              + ", PRIMARY KEY (gpu_id, bucket_ts, job))")
+DELETE_ROLLED = ("DELETE FROM gpu_buckets WHERE gpu_id IN (SELECT DISTINCT gpu_id FROM _rollup) "
+                 "AND bucket_ts >= :lo AND bucket_ts < :hi AND EXISTS (SELECT 1 FROM _rollup r "
+                 "WHERE r.gpu_id = gpu_buckets.gpu_id AND r.bucket_ts = (gpu_buckets.bucket_ts / 3600) * 3600)")
+_COLS = ["gpu_id", "bucket_ts", "job", "samples", "observed_s", "span_start", "span_end", *_MEANS, "fb_used_mib",
+         *LABEL_FIELDS]
+INSERT_ROLLED = (f"INSERT INTO gpu_buckets (bucket_s, {', '.join(_COLS)}) "
+                 f"SELECT 3600, {', '.join(_COLS)} FROM _rollup")
+
+
+@dataclass
+class PruneResult:
+    cutoff_ts: int
+    fine_rows_rolled: int = 0
+    hourly_rows_written: int = 0
+    runs_deleted: int = 0
+    dry_run: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def _oldest_fine(conn: Connection, cutoff: int) -> int | None:
+    return conn.execute(text("SELECT MIN(bucket_ts) FROM gpu_buckets WHERE bucket_s < 3600 AND bucket_ts < :c"),
+                        {"c": cutoff}).scalar()
+
+
+def _old_runs(conn: Connection, before: int) -> list[int]:
+    keep = conn.execute(text("SELECT MAX(id) FROM audit_runs WHERE status = 'ok' AND what_if = :f"),
+                        {"f": False}).scalar()
+    return [r[0] for r in conn.execute(text("SELECT id FROM audit_runs WHERE started_ts < :b ORDER BY id"),
+                                       {"b": before}) if r[0] != keep]
+
+
+def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: float = 42,
+          dry_run: bool = False) -> PruneResult:
+    """Roll fine buckets older than ``keep_weeks`` up to hourly ones; delete runs older than
+    ``keep_runs_days``. ``dry_run`` only counts."""
+    cutoff = int(now - keep_weeks * WEEK) // HOUR * HOUR
+    res = PruneResult(cutoff_ts=cutoff, dry_run=dry_run)
+    with store.engine.connect() as conn:
+        oldest = _oldest_fine(conn, cutoff)
+        runs = _old_runs(conn, int(now - keep_runs_days * DAY))
+        if dry_run:
+            res.fine_rows_rolled = int(conn.execute(text(
+                "SELECT COUNT(*) FROM gpu_buckets WHERE bucket_s < 3600 AND bucket_ts < :c"), {"c": cutoff}).scalar()
+                or 0)
+            res.runs_deleted = len(runs)
+            return res
+    if oldest is not None:
+        lo = oldest // DAY * DAY
+        while lo < cutoff:
+            hi = min(lo + DAY, cutoff)
+            with store.begin() as conn:
+                rolled, written = _roll(conn, lo, hi)
+                before = meta.rolled_up_before(conn)
+                if before is None or hi > before:
+                    meta.put(conn, "rolled_up_before", str(hi))
+            res.fine_rows_rolled += rolled
+            res.hourly_rows_written += written
+            lo = hi
+    for i in range(0, len(runs), 500):
+        chunk = runs[i:i + 500]
+        with store.begin() as conn:
+            marks = ", ".join(str(int(r)) for r in chunk)
+            for table in ("findings", "usage_gpu", "usage_allocation"):
+                conn.execute(text(f"DELETE FROM {table} WHERE run_id IN ({marks})"))
+            conn.execute(text(f"DELETE FROM audit_runs WHERE id IN ({marks})"))
+        res.runs_deleted += len(chunk)
+    return res
+
+
+def _roll(conn: Connection, lo: int, hi: int) -> tuple[int, int]:
+    """One day: aggregate, replace the fine (and any earlier hourly) rows by the hourly ones."""
+    conn.execute(text("DROP TABLE IF EXISTS _rollup"))
+    conn.execute(text(ROLLUP_DDL))
+    p = {"lo": lo, "hi": hi}
+    conn.execute(text(ROLLUP.format(least="LEAST" if conn.dialect.name == "postgresql" else "min")), p)
+    fine = conn.execute(text(
+        "SELECT COUNT(*) FROM gpu_buckets WHERE gpu_id IN (SELECT DISTINCT gpu_id FROM _rollup) "
+        "AND bucket_ts >= :lo AND bucket_ts < :hi AND bucket_s < 3600"), p).scalar() or 0
+    conn.execute(text(DELETE_ROLLED), p)
+    written = conn.execute(text(INSERT_ROLLED)).rowcount or 0
+    conn.execute(text("DROP TABLE _rollup"))
+    return int(fine), int(written)

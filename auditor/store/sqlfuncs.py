@@ -1,0 +1,60 @@
+"""Portable SQL scalar functions: SQLite spells GREATEST/LEAST as multi-argument max()/min()."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Table
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import GenericFunction
+from sqlalchemy.types import Float
+
+if TYPE_CHECKING:
+    pass
+
+
+class greatest(GenericFunction):  # noqa: N801 - SQL function name
+    type = Float()
+    inherit_cache = True
+
+
+class least(GenericFunction):  # noqa: N801 - SQL function name
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(greatest, "sqlite")
+def _greatest_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"max({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(least, "sqlite")
+def _least_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"min({compiler.process(element.clauses, **kw)})"
+
+
+Merge = Callable[[Table, Any], Any]
+
+
+def upsert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], keys: Sequence[str],
+           merge: dict[str, Merge | None] | None = None) -> None:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE; ``merge`` overrides the default "new value wins" per column
+    (None = keep the stored value)."""
+    if not rows:
+        return
+    ins = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(table)
+    merge = merge or {}
+    sets: dict[str, Any] = {}
+    for col in rows[0]:
+        if col in keys or col == "id":
+            continue
+        if col in merge:
+            if merge[col] is not None:
+                sets[col] = merge[col](table, ins.excluded)  # type: ignore[misc]
+        else:
+            sets[col] = getattr(ins.excluded, col)
+    stmt = ins.on_conflict_do_update(index_elements=list(keys), set_=sets) if sets \
+        else ins.on_conflict_do_nothing(index_elements=list(keys))
+    conn.execute(stmt, list(rows))

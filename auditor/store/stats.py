@@ -1,0 +1,20 @@
+"""What one ingest wrote, counted per record kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class IngestStats:
+    allocations: int = 0
+    allocated_gpus: int = 0
+    reservations: int = 0
+    inventory: int = 0
+    buckets: int = 0
+    closed: int = 0
+    quarantined: int = 0  # records refused at ingest (non-finite or absurd shares/GPU counts)
+
+    def add(self, other: IngestStats) -> None:
+        for k in vars(self):
+            setattr(self, k, getattr(self, k) + getattr(other, k))

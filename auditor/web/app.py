@@ -1,0 +1,229 @@
+"""The read-only web UI (Starlette + uvicorn): overview, teams, users, clusters, findings, one allocation,
+chargeback (with CSV), and ``/api/...`` returning exactly the data each page renders.
+
+Read-only by construction: every route is GET (HEAD) only, so POST/PUT/DELETE get 405, and the handlers
+only SELECT. Access: bound to 127.0.0.1 by default. Behind a reverse proxy that authenticates users, set
+``web.user_header`` (as Grafana's auth proxy): requests without the header are refused, and a user who is
+not in ``web.admins`` / ``web.admin_groups`` sees only their own allocations. Names are escaped by Jinja2
+autoescape and shortened by the ``shorten`` filter on every page; charts are server-side SVG.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from auditor.config import Config
+from auditor.errors import GpuAuditError
+from auditor.report import jobview
+from auditor.report.chargeback import BY, to_csv
+from auditor.report.render import _filters
+from auditor.store.engine import Store, resource_dir
+from auditor.web import data as webdata
+from auditor.web import svg
+
+log = logging.getLogger("gpu_audit.web")
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; "
+       "base-uri 'none'")
+PAGES = ("overview", "teams", "users", "clusters", "findings", "chargeback")
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is looking: ``scope`` None sees everything (admin, or no auth proxy configured)."""
+
+    user: str | None
+    scope: str | None
+    admin: bool
+
+
+class Denied(Exception):
+    """No authenticated user where the config requires one."""
+
+
+def viewer(request: Request, cfg: Config) -> Viewer:
+    w = cfg.web
+    if not w.user_header:
+        return Viewer(None, None, True)
+    name = (request.headers.get(w.user_header) or "").strip()
+    if not name:
+        raise Denied(f"no authenticated user: the proxy must set {w.user_header}")
+    groups = {g.strip() for g in (request.headers.get(w.groups_header) or "").split(",") if g.strip()} \
+        if w.groups_header else set()
+    admin = name in w.admins or bool(groups & set(w.admin_groups))
+    return Viewer(name, None if admin else name, admin)
+
+
+@lru_cache(maxsize=2)
+def environment(template_dir: str | None = None) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(template_dir or str(resource_dir("templates"))),
+                             autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True)
+    _filters(env)
+    return env
+
+
+def to_jsonable(v: Any) -> Any:
+    if isinstance(v, Decimal):
+        return int(v) if v == v.to_integral_value() and v.as_tuple().exponent >= 0 else float(v)
+    if isinstance(v, datetime):
+        return v.isoformat()
+    raise TypeError(f"not JSON serialisable: {type(v).__name__}")
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    body = json.dumps(data, default=to_jsonable, ensure_ascii=False, separators=(",", ":"))
+    return Response(body, status_code=status, media_type="application/json")
+
+
+class SecurityHeaders:
+    """CSP, no sniffing, no framing, no referrer: on every response (pure ASGI middleware)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        async def send_with(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] += [(b"content-security-policy", CSP.encode()),
+                                       (b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                                       (b"referrer-policy", b"no-referrer"), (b"cache-control", b"no-store")]
+            await send(message)
+
+        await self.app(scope, receive, send_with)
+
+
+def _page_no(request: Request) -> int:
+    p = request.query_params.get("page", "1")
+    return max(1, int(p)) if p.isdigit() else 1
+
+
+def create_app(store: Store, cfg: Config) -> Any:
+    """The ASGI app (``gpu-audit web`` serves it; tests drive it with Starlette's TestClient or Chromium)."""
+
+    def data_for(page: str, request: Request, v: Viewer, kind: str) -> dict[str, Any]:
+        q = request.query_params
+        if page == "allocation":
+            aid = request.path_params["aid"]
+            return jobview.job_view(store, cfg, int(aid), user=v.scope)
+        run_id = webdata.pick_run(store, q.get("run"))
+        if page == "overview":
+            return webdata.overview(store, cfg, run_id, v.scope)
+        if page in ("teams", "users", "clusters"):
+            return webdata.groups(store, cfg, run_id, page, v.scope, page=_page_no(request))
+        if page == "findings":
+            return webdata.findings(store, cfg, run_id, v.scope, dict(q))
+        if page == "chargeback":
+            by = q.get("by") or "team"
+            if by not in BY:
+                raise GpuAuditError(f"by {by[:20]!r}: expected one of {', '.join(BY)}")
+            return webdata.chargeback_rows(store, cfg, run_id, v.scope, by,
+                                           page=None if kind == "csv" else _page_no(request))
+        raise GpuAuditError("no such page")
+
+    def handle(page: str, kind: str) -> Callable[[Request], Response]:
+        def endpoint(request: Request) -> Response:
+            try:
+                v = viewer(request, cfg)
+            except Denied as exc:
+                return PlainTextResponse(str(exc), status_code=401)
+            try:
+                data = data_for(page, request, v, kind)
+            except GpuAuditError as exc:
+                if kind == "api":
+                    return json_response({"error": str(exc)}, 404)
+                return HTMLResponse(environment().get_template("web/error.html.j2").render(
+                    message=str(exc), viewer=v, page="error", q={}, charts={}), status_code=404)
+            if kind == "api":
+                return json_response(data)
+            if kind == "csv":
+                name = f"chargeback-run{data['run']['id']}-by-{data['by']}.csv"
+                return Response(to_csv(data["rows"]), media_type="text/csv; charset=utf-8",
+                                headers={"content-disposition": f'attachment; filename="{name}"'})
+            return HTMLResponse(render_page(page, data, v, request))
+
+        endpoint.__name__ = f"{kind}_{page}"
+        return endpoint
+
+    def css(request: Request) -> Response:
+        return Response(resource_dir("templates").joinpath("web", "web.css").read_text(encoding="utf-8"),
+                        media_type="text/css")
+
+    routes = [Route("/static/web.css", css, methods=["GET"])]
+    for page in PAGES:
+        path = "/" if page == "overview" else f"/{page}"
+        routes += [Route(path, handle(page, "html"), methods=["GET"]),
+                   Route(f"/api/{page}", handle(page, "api"), methods=["GET"])]
+    routes += [Route("/allocation/{aid:int}", handle("allocation", "html"), methods=["GET"]),
+               Route("/api/allocation/{aid:int}", handle("allocation", "api"), methods=["GET"]),
+               Route("/chargeback.csv", handle("chargeback", "csv"), methods=["GET"])]
+    app = Starlette(routes=routes)
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+def render_page(page: str, data: dict[str, Any], v: Viewer, request: Request) -> str:
+    """The page's template with its data, plus the server-side charts it draws."""
+    charts: dict[str, Any] = {}
+    if page == "overview" and data["trend"]:
+        pts = data["trend"]
+        charts["trend"] = svg.trend_bars([p["idle_gpu_hours"] for p in pts], [(p["until"] or "")[:10] for p in pts],
+                                         "Idle GPU-hours per window, this one last",
+                                         current=[p["current"] for p in pts].index(True) if any(
+                                             p["current"] for p in pts) else -1)
+    if page == "allocation":
+        charts["gpus"] = [svg.gpu_chart(g["timeline"]["verdicts"], g["timeline"]["sm"],
+                                        f"GPU {g['gpu_index']} on {g['node']}: SM activity and verdict per time bin")
+                          for g in data["gpus"]]
+    q = dict(request.query_params)
+    api = "/api" + (request.url.path if request.url.path != "/" else "/overview")
+    return environment().get_template(f"web/{page}.html.j2").render(
+        d=data, viewer=v, page=page, charts=charts, q=q, api=api + (f"?{request.url.query}" if request.url.query
+                                                                   else ""))
+
+
+def serve(store: Store, cfg: Config, listen: str) -> None:
+    """Run the UI in the foreground until interrupted."""
+    import uvicorn
+
+    host, port = listen_address(listen)
+    log.info("web UI on http://%s:%d (read-only)", host, port)
+    uvicorn.run(create_app(store, cfg), host=host, port=port, log_level="warning", access_log=False)
+
+
+def start_in_thread(store: Store, cfg: Config, listen: str) -> Any:
+    """Start the UI in a daemon thread (``gpu-audit serve --web``); returns the uvicorn server to stop."""
+    import uvicorn
+
+    host, port = listen_address(listen)
+    server = uvicorn.Server(uvicorn.Config(create_app(store, cfg), host=host, port=port, log_level="warning",
+                                           access_log=False))
+    threading.Thread(target=server.run, name="gpu-audit-web", daemon=True).start()
+    return server
+
+
+def listen_address(listen: str) -> tuple[str, int]:
+    """HOST:PORT to serve on, or a one-line error (health.parse_listen rules; 'off' is refused here)."""
+    from auditor.daemon.health import parse_listen
+
+    try:
+        addr = parse_listen(listen)
+    except ValueError as exc:
+        raise GpuAuditError(f"web listen address: {exc}") from None
+    if addr is None:
+        raise GpuAuditError("web listen address: 'off' is not an address to serve on")
+    return addr
