@@ -5,6 +5,7 @@ parser documents and its caller quarantines (ValueError, KeyError, ...). Each te
 
 from __future__ import annotations
 
+import importlib
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -171,7 +172,7 @@ def test_config_load_text(text: str) -> None:
 @FUZZ
 @given(ANY_TEXT)
 def test_slurm_text_parsers(text: str) -> None:
-    parse = pytest.importorskip("connectors.slurm.parse")
+    parse = importlib.import_module("connectors.slurm.parse")
     for fn in (parse.parse_ranges, parse.expand_hostlist, parse.parse_gres, parse.parse_tres, parse.parse_time,
                parse.parse_duration, parse.parse_state, parse.kv_pairs, parse.scontrol_records, parse.split_list):
         try:
@@ -183,7 +184,7 @@ def test_slurm_text_parsers(text: str) -> None:
 @FUZZ
 @given(ANY_TEXT, ANY_TEXT)
 def test_slurm_records(header_extra: str, line: str) -> None:
-    jobs = pytest.importorskip("connectors.slurm.jobs")
+    jobs = importlib.import_module("connectors.slurm.jobs")
     header = "JobID|JobIDRaw|JobName|User|Account|Partition|State|Submit|Start|End|NodeList|AllocTRES"
     for _n, row in jobs.sacct_rows(f"{header}\n{line}\n{header_extra}"):
         if isinstance(row, dict):
@@ -203,7 +204,7 @@ def test_slurm_records(header_extra: str, line: str) -> None:
                                          "array_task_id", "het_job_id", "time_limit", "tres", "state", "time",
                                          "reservation"]), JSONISH, max_size=8))
 def test_slurm_json_jobs(job: dict) -> None:
-    jobs = pytest.importorskip("connectors.slurm.jobs")
+    jobs = importlib.import_module("connectors.slurm.jobs")
     for fn in (jobs.from_json_job, jobs.from_json_db_job):
         try:
             fn(job, "c")
