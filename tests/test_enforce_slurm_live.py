@@ -145,11 +145,17 @@ def test_policy_cancels_idle_leaves_exempt_and_working(jobs: dict[str, str], tmp
     start = max(gpu_of(store, j)[2] for j in jobs.values())
     # every job ran longer than the window, which ends at the last whole minute (bucket_seconds = 60)
     time.sleep(max(0.0, start + WINDOW_H * 3600 + 75 - time.time()))
-    now = int(time.time())
     sm = {"idle": 0.0, "exempt": 0.0, "working": 0.9, "idle_rest": 0.0, "requeue": 0.0}
-    telemetry(tmp_path / "telemetry.csv", {j: (*gpu_of(store, j)[:2], sm[k], gpu_of(store, j)[2])
-                                           for k, j in jobs.items()}, now)
-    gpu_audit(cfg, "collect")
+
+    def refresh() -> None:
+        """Telemetry up to this moment, collected: each enforcement run judges the window ending at its own
+        last whole minute, and on a loaded 2-core machine the dry run and the applied run can be a minute
+        apart (the applied run once saw only 17 % of its window covered and rightly refused to act)."""
+        telemetry(tmp_path / "telemetry.csv", {j: (*gpu_of(store, j)[:2], sm[k], gpu_of(store, j)[2])
+                                               for k, j in jobs.items()}, int(time.time()))
+        gpu_audit(cfg, "collect")
+
+    refresh()
     exempt_out = gpu_audit(cfg, "exempt", f"{CLUSTER}:{jobs['exempt']}", "--until", "now+1day",
                            "--reason", "benchmark warm-up, GPU idle on purpose", "--by", "bob")
     # the idle_rest job is exempt here so the cli run leaves it for the rest test below
@@ -164,6 +170,7 @@ def test_policy_cancels_idle_leaves_exempt_and_working(jobs: dict[str, str], tmp
     assert f"act      dry_run  requeue        slurm job {jobs['requeue']}: would requeue: idle 100%" in dry
     assert all(job_state(j) == "RUNNING" for j in jobs.values())  # a dry run changes nothing
 
+    refresh()
     applied = gpu_audit(cfg, "enforce", "--apply")
     assert f"act      done     cancel         slurm job {jobs['idle']}: idle 100%" in applied
     assert f"-> scancel {jobs['idle']}: ok" in applied
