@@ -5,6 +5,7 @@ location (``line N`` / ``item N``) in the named file; the good records of the sa
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 import tomllib
@@ -142,7 +143,7 @@ def test_kubernetes_pod_objects(name: str, spec: dict) -> None:
     """Pods through ``pod_allocation``; a raised error counts as the skip ``KubernetesAllocations`` makes."""
     import json
 
-    k8s = pytest.importorskip("connectors.k8s_resources")
+    k8s = importlib.import_module("connectors.k8s_resources")
     pod = json.loads((CORPUS / "k8s_pods" / name).read_text())
     rules = k8s.PodRules("c", k8s.GpuMatcher(["nvidia.com/gpu", "nvidia.com/mig-*"]), "team", ("user",))
     skipped: list[str] = []
