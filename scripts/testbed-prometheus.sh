@@ -28,25 +28,10 @@ esac
 dir=$root/$profile
 url=http://127.0.0.1:$port
 
-stop() {
-  if [[ -f $dir/prometheus.pid ]]; then
-    pid=$(cat "$dir/prometheus.pid")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid"
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    fi
-    rm -f "$dir/prometheus.pid"
-  fi
-}
-
-ready() { python3 - "$url" <<'EOF'
-import sys, urllib.request
-try:
-    sys.exit(0 if urllib.request.urlopen(sys.argv[1] + "/-/ready", timeout=2).status == 200 else 1)
-except Exception:
-    sys.exit(1)
-EOF
-}
+# shellcheck source=testbed-lib.sh
+source "$here/testbed-lib.sh"
+stop() { tb_stop "$dir/prometheus.pid"; }
+ready() { tb_ready "$url/-/ready"; }
 
 if [[ $cmd == down ]]; then stop; echo "prometheus ($profile) stopped"; exit 0; fi
 if [[ $cmd != up ]]; then echo "usage: $0 up|down [test|bench|jobstats]" >&2; exit 2; fi
@@ -89,12 +74,5 @@ nohup prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/t
   --query.max-samples=100000000 > "$dir/prometheus.log" 2>&1 &
 echo $! > "$dir/prometheus.pid"
 
-for _ in $(seq 120); do
-  if ready; then echo "prometheus ($profile) ready at $url (data $dir)"; exit 0; fi
-  kill -0 "$(cat "$dir/prometheus.pid")" 2>/dev/null || break
-  sleep 0.5
-done
-echo "prometheus ($profile) did not become ready; last log lines:" >&2
-tail -20 "$dir/prometheus.log" >&2
-stop
-exit 1
+tb_wait "prometheus ($profile)" "$dir/prometheus.pid" "$dir/prometheus.log" "$url/-/ready" || exit 1
+echo "prometheus ($profile) ready at $url (data $dir)"

@@ -20,25 +20,10 @@ port=${VM_PORT:-19093}
 dir=$root/victoriametrics
 url=http://127.0.0.1:$port
 
-stop() {
-  if [[ -f $dir/vm.pid ]]; then
-    pid=$(cat "$dir/vm.pid")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid"
-      for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    fi
-    rm -f "$dir/vm.pid"
-  fi
-}
-
-ready() { python3 - "$url" <<'EOF'
-import sys, urllib.request
-try:
-    sys.exit(0 if urllib.request.urlopen(sys.argv[1] + "/health", timeout=2).status == 200 else 1)
-except Exception:
-    sys.exit(1)
-EOF
-}
+# shellcheck source=testbed-lib.sh
+source "$here/testbed-lib.sh"
+stop() { tb_stop "$dir/vm.pid"; }
+ready() { tb_ready "$url/health"; }
 
 if [[ $cmd == down ]]; then stop; echo "victoria-metrics stopped"; exit 0; fi
 if [[ $cmd != up ]]; then echo "usage: $0 up|down" >&2; exit 2; fi
@@ -68,12 +53,7 @@ fi
 nohup victoria-metrics -httpListenAddr="127.0.0.1:$port" -storageDataPath="$dir/data" -retentionPeriod=100y \
   -search.latencyOffset=0s -search.disableCache > "$dir/vm.log" 2>&1 &
 echo $! > "$dir/vm.pid"
-for _ in $(seq 120); do
-  ready && break
-  kill -0 "$(cat "$dir/vm.pid")" 2>/dev/null || { tail -20 "$dir/vm.log" >&2; exit 1; }
-  sleep 0.5
-done
-ready || { echo "victoria-metrics did not become ready" >&2; tail -20 "$dir/vm.log" >&2; stop; exit 1; }
+tb_wait victoria-metrics "$dir/vm.pid" "$dir/vm.log" "$url/health" || exit 1
 
 if [[ $fresh == 1 ]]; then
   python3 - "$url" "$dir/data.om" <<'EOF'
