@@ -31,20 +31,20 @@ H = 3600.0
 PROFILES = ((1, 1 / 8), (2, 1 / 4), (3, 1 / 2), (4, 1 / 2))
 _GB = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
 
-#: GPU memory (GB, as NVIDIA's product pages and datasheets state it) and MIG support of models whose name
-#: does not say its size, matched as a case-insensitive substring of the model name with spaces, dashes and
-#: underscores removed, not followed by a digit ("a10" is not "a100"), longest key first. One definition (docs/definitions.md "Right-sizing"). Models sold
-#: in two sizes (A100 40/80 GB, V100 16/32 GB, A800) are not listed: only a name stating the size is read.
-#: Sources: nvidia.com data sheets of B200 (180 GB, DGX B200), H200 (141 GB), H100 SXM/PCIe (80 GB),
-#: H100 NVL (94 GB), H20 (96 GB), L40S (48 GB), L40 (48 GB), L4 (24 GB), A40 (48 GB), A30 (24 GB),
+#: GPU memory (GB, as NVIDIA's data sheets state it) of models whose name does not say its size, matched as
+#: a case-insensitive substring of the model name with spaces, dashes and underscores removed, not followed
+#: by a digit ("a10" is not "a100"), longest key first. One definition (docs/definitions.md, right-sizing).
+#: Models sold in two sizes (A100 40/80 GB, V100 16/32 GB, A800) are not listed: only a name stating the
+#: size is read. Sources: nvidia.com data sheets of B200 (180 GB, DGX B200), H200 (141 GB), H100 SXM/PCIe
+#: (80 GB), H100 NVL (94 GB), H20 (96 GB), L40S (48 GB), L40 (48 GB), L4 (24 GB), A40 (48 GB), A30 (24 GB),
 #: A10 (24 GB), A16 (16 GB per GPU), A2 (16 GB), T4 (16 GB), RTX 6000 Ada (48 GB), RTX A6000 (48 GB).
-MODEL_MEMORY_GB: dict[str, tuple[float, bool]] = {
-    "b200": (180, True), "h200": (141, True), "h100nvl": (94, True), "h100": (80, True), "h20": (96, True),
-    "l40s": (48, False), "l40": (48, False), "l4": (24, False), "a40": (48, False), "a30": (24, True),
-    "a10": (24, False), "a16": (16, False), "a2": (16, False), "t4": (16, False),
-    "rtx6000ada": (48, False), "rtxa6000": (48, False),
+MODEL_MEMORY_GB: dict[str, float] = {
+    "b200": 180, "h200": 141, "h100nvl": 94, "h100": 80, "h20": 96, "l40s": 48, "l40": 48, "l4": 24, "a40": 48,
+    "a30": 24, "a10": 24, "a16": 16, "a2": 16, "t4": 16, "rtx6000ada": 48, "rtxa6000": 48,
 }
 _KEYS = sorted(MODEL_MEMORY_GB, key=lambda k: -len(k))
+#: Families with MIG (NVIDIA MIG user guide: A100, A30, H100, H200, H20, B200, GH200, GB200); others get no
+#: MIG hint
 _MIG_FAMILIES = ("a100", "a30", "h100", "h200", "h20", "b200", "gh200", "gb200")
 
 
@@ -60,7 +60,7 @@ def model_mib(model: str | None) -> float | None:
         return float(m.group(1)) * 1024
     name = _squash(model)
     key = next((k for k in _KEYS if re.search(re.escape(k) + r"(?!\d)", name)), None)  # "a10" not in "a100"
-    return MODEL_MEMORY_GB[key][0] * 1024 if key else None
+    return MODEL_MEMORY_GB[key] * 1024 if key else None
 
 
 def has_mig(model: str | None) -> bool:
