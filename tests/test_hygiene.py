@@ -237,3 +237,29 @@ def test_request_hygiene_thresholds_are_settings(store: Store) -> None:
     cfg = parse({"thresholds": {"hygiene_runtime_ratio": 0.3, "hygiene_unused_gpus": 0.6, "hygiene_min_jobs": 4}})
     run = run_audit(store, cfg, W0, W1)
     assert sorted(r.user_name for r in rows(store, run.run_id, "request_hygiene")) == ["u1", "u2", "u4"]
+
+
+# -- the report ---------------------------------------------------------------------------------------------
+
+
+def test_report_sections_escape_and_cut(store: Store) -> None:
+    from auditor.report import context as report
+    from auditor.report import render
+
+    evil = "<b>x|y</b>"
+    recs = [*ghost_fleet()] + [r for r in jobs(evil, "n9", [10, 10, 10, 4, 1])]
+    store.ingest(recs)
+    cfg = parse({"report": {"top_n": 2}})
+    run = run_audit(store, cfg, W0, W1)
+    ctx = report.build_context(store, cfg, run.run_id)
+    # 3 GPUs nobody held, cut at 2 with the total kept; the allocation's own ghost stays in top idle
+    assert (ctx["ghosts"]["total"], ctx["ghosts"]["shown"], ctx["ghosts"]["cut"]) == (3, 2, True)
+    assert [r["job_id"] for r in ctx["top_idle"]["rows"]] == ["held"]
+    h = ctx["request_hygiene"]
+    assert h["total"] == 1 and h["rows"][0]["user"] == evil and h["rows"][0]["jobs"] == 5
+    assert h["rows"][0]["median_runtime_ratio"] == pytest.approx(0.1)
+    txt, (html, _images), md = render.render_text(ctx), render.render_html(ctx), render.render_md(ctx)
+    assert "n1 GPU 0 read GPU-Util 100% for 1.0 h with no allocation" in txt
+    assert f"c {evil} ((unmapped)): 5 jobs, runtime median 10%, p90 100% of the time limit" in txt
+    assert evil not in html and "&lt;b&gt;x|y&lt;/b&gt;" in html
+    assert evil not in md and "x\\|y" in md
