@@ -52,10 +52,12 @@ def ghost_fleet() -> list:
         held, blind,
         *series("n1", 0, 12, **GHOST),                  # nobody held it: 12 x 300 s = 1.0 h -> ghost
         *series("n1", 1, 6, **GHOST),                   # 6 x 300 = 30 min = the minimum -> ghost, 0.5 h
+        *series("n1", 1, 6, first=6, samples=0, **GHOST),  # then values without samples: not observed
         *series("n1", 2, 5, **GHOST),                   # 25 min < 30 -> nothing
         *series("n1", 3, 30, **GHOST),                  # 24 buckets inside "held" (its own ghost_busy), 6 after
         *series("n2", 1, 24, **GHOST),                  # during "blind": maybe its GPU -> nothing
         *series("n3", 0, 24, samples=0),                # no samples: unknown, never a ghost
+        *series("n3", 2, 24, samples=0, **GHOST),       # values but no samples: not observed, never a ghost
         *series("n3", 1, 24, gpu_util=0.89, sm_active=0.0, fb_used_mib=0.0),  # 0.89 < 0.9 -> nothing
         *series("n4", 0, 24, hpc_job="999", **GHOST),   # a job label says someone ran there -> nothing
     ]
@@ -72,6 +74,9 @@ def test_ghost_busy_on_unallocated_gpus(store: Store) -> None:
     n13 = got[("c", "n1", 3)]
     assert (n13.start_ts, n13.end_ts) == (int((T0 + timedelta(hours=2)).timestamp()),
                                           int((T0 + timedelta(hours=2.5)).timestamp()))
+    # n1 GPU 1: its 6 sampled buckets only (T0 .. T0 + 30 min), not the 6 unsampled ones after them
+    n11 = got[("c", "n1", 1)]
+    assert (n11.end_ts - n11.start_ts, ev(n11.evidence)["buckets"]) == (1800, 6)
     e = ev(got[("c", "n1", 0)].evidence)
     assert e["recipient"] == "operations" and e["unallocated"] is True and e["mean_gpu_util"] == pytest.approx(1.0)
     assert e["peak_fb_mib"] == 0.0 and "no process" in e["rule"] and "n1 GPU 0" in e["rule"]
@@ -121,6 +126,7 @@ def rightsize_fleet() -> list:
         *sized("c", "a3", "acct-a", "n6", 1, "NVIDIA L4", 0.1, 5000.0),
         *series("n7", 0, 1, model="NVIDIA L40S", gpu_util=0.0, sm_active=0.0),  # present, never allocated
         *sized("d", "d1", "acct-a", "m1", 1, H100, 0.3, 20000.0),  # cluster d has H100 only
+        *sized("d", "d2", "acct-b", "m2", 1, H100, 0.0, 1000.0, util=0.0),  # idle, like b3, in cluster d
     ]
 
 
@@ -161,8 +167,13 @@ def test_right_sizing_by_team(store: Store) -> None:
         # an L4 has no MIG): no row
     ]
     # the per-finding hint names the model too: b3 is an idle allocation on an H100 whose 1000 MiB fit an L4
-    b3 = next(ev(r.evidence)["right_size"] for r in rows(store, run.run_id, "idle_allocation"))
-    assert b3["model"] == "NVIDIA L4" and b3["model_saving"] == pytest.approx(5 * 3.2)
+    with store.engine.connect() as conn:
+        hints = {r.external_id: ev(r.evidence)["right_size"] for r in conn.execute(text(
+            "SELECT a.external_id, f.evidence FROM findings f JOIN allocations a ON a.id = f.allocation_id "
+            "WHERE f.run_id = :r AND f.kind = 'idle_allocation'"), {"r": run.run_id})}
+    assert hints["b3"]["model"] == "NVIDIA L4" and hints["b3"]["model_saving"] == pytest.approx(5 * 3.2)
+    # d2, the same in cluster d: no L4 there, only the MIG hint (1g.10gb: 1000 MiB, SM 0)
+    assert "model" not in hints["d2"] and hints["d2"]["mig_profile"] == "1g.10gb"
 
 
 # -- request hygiene ----------------------------------------------------------------------------------------
