@@ -241,6 +241,25 @@ def test_request_hygiene(store: Store) -> None:
     assert run.summary["findings"]["request_hygiene"] == 2
 
 
+def test_request_hygiene_per_team(store: Store) -> None:
+    store.ingest(hygiene_fleet())
+    run = run_audit(store, parse({"teams": [{"name": "T2", "users": ["u2", "u3"]}]}), W0, W1)
+    got = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()}
+           for r in run.summary["request_hygiene_by_team"]]
+    assert got == [
+        # u2 (.1 .1 .1 .25 1) + u3 (1 x 5): 10 ratios, the 5th and 6th are 1.0 -> median 1.0; p90 = 9th = 1.0;
+        # GPUs: u2 5 seen, u3 10 seen, 5 unused -> 1/3; 5 GPU-h x 2.0 = 10.0
+        {"team": "T2", "users": 2, "flagged_users": 2, "jobs": 10, "jobs_with_limit": 10,
+         "median_runtime_ratio": 1.0, "p90_runtime_ratio": 1.0, "gpus_requested": 15, "gpus_seen": 15,
+         "gpus_unused": 5, "unused_share": round(1 / 3, 6), "unused_gpu_hours": 5.0, "unused_cost": 10.0},
+        # u1 (.1 .1 .5 .25 1), u4 (.1 x 4), u5 (1 x 5); not u6 (Kubernetes): 14 ratios, sorted .1 x 6, .25, .5,
+        # 1 x 6 -> median (.25 + .5) / 2 = .375, p90 = the 13th (ceil 12.6) = 1.0; u5's second GPUs unseen
+        {"team": "(unmapped)", "users": 3, "flagged_users": 0, "jobs": 14, "jobs_with_limit": 14,
+         "median_runtime_ratio": 0.375, "p90_runtime_ratio": 1.0, "gpus_requested": 19, "gpus_seen": 14,
+         "gpus_unused": 0, "unused_share": 0.0, "unused_gpu_hours": 0.0, "unused_cost": 0.0},
+    ]
+
+
 def test_request_hygiene_thresholds_are_settings(store: Store) -> None:
     store.ingest(hygiene_fleet())
     # runtime ratio 0.3: u1's median 0.25 is now below; unused share 0.6: u3's 50 % no longer; min jobs 4: u4
@@ -272,5 +291,8 @@ def test_report_sections_escape_and_cut(store: Store) -> None:
     txt, (html, _images), md = render.render_text(ctx), render.render_html(ctx), render.render_md(ctx)
     assert "n1 GPU 0 read GPU-Util 100% for 1.0 h with no allocation" in txt
     assert f"c {evil} ((unmapped)): 5 jobs, runtime median 10%, p90 100% of the time limit" in txt
+    # the per-team rollup counts every judged job of the team; here the unflagged "held" and "blind" have no
+    # time limit and are the same team: 7 jobs, 5 with a limit (median 0.1 of those)
+    assert "team (unmapped): 1 of 2 users flagged, 7 jobs, runtime median 10%" in txt
     assert evil not in html and "&lt;b&gt;x|y&lt;/b&gt;" in html
     assert evil not in md and "x\\|y" in md

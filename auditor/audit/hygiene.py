@@ -95,14 +95,34 @@ def _users(conn: Connection, run_id: int, th: Thresholds, p: dict[str, Any]
         yield key, list(group)
 
 
-def request_hygiene(conn: Connection, run_id: int, th: Thresholds, p: dict[str, Any]) -> list[dict[str, Any]]:
-    """request_hygiene findings (finding-table rows, one per flagged cluster and user)."""
+def team_rows(teams: dict[str, list[dict[str, Any]]], flagged: Counter) -> list[dict[str, Any]]:
+    """Per team (of each job): the same numbers over all its users' jobs, and how many users were flagged."""
     out = []
+    for team, jobs in teams.items():
+        st = user_stats(jobs)
+        out.append({"team": team, "users": len({(j["cluster"], j["user_name"]) for j in jobs}),
+                    "flagged_users": flagged[team], **{k: st[k] for k in (
+                        "jobs", "jobs_with_limit", "median_runtime_ratio", "p90_runtime_ratio", "gpus_requested",
+                        "gpus_seen", "gpus_unused", "unused_share", "unused_gpu_hours", "unused_cost")}})
+    return sorted(out, key=lambda r: (-r["unused_cost"], r["team"]))
+
+
+def request_hygiene(conn: Connection, run_id: int, th: Thresholds, p: dict[str, Any]
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """request_hygiene findings (finding-table rows, one per flagged cluster and user), and the per-team
+    rollup of every judged job (:func:`team_rows`; the jobs of the window are held for it, a few numbers
+    each)."""
+    out = []
+    teams: dict[str, list[dict[str, Any]]] = {}
+    flagged: Counter = Counter()
     for (cluster, user), jobs in _users(conn, run_id, th, p):
+        for j in jobs:
+            teams.setdefault(j["team"] or "", []).append(j)
         st = user_stats(jobs)
         why = verdicts(st, th)
         if not why:
             continue
+        flagged[st["team"]] += 1
         parts = []
         if "time_limit" in why:
             parts.append(f"median runtime {st['median_runtime_ratio']:.0%} of the time limit over "
@@ -118,4 +138,4 @@ def request_hygiene(conn: Connection, run_id: int, th: Thresholds, p: dict[str, 
                     "team": st["team"], "start_ts": max(int(st["first_ts"]), int(p["since"])),
                     "end_ts": int(st["last_ts"]), "gpu_hours": st["reserved_gpu_hours"],
                     "idle_gpu_hours": st["unused_gpu_hours"], "cost": st["unused_cost"], "evidence": ev})
-    return out
+    return out, team_rows(teams, flagged)

@@ -28,8 +28,10 @@ def right_sizing(summary: dict[str, Any], *, full: bool, top_n: int) -> dict[str
     return _cut(rows, len(rows), totals, full, top_n)
 
 
-def request_hygiene(conn: Connection, run_id: int, *, full: bool, top_n: int) -> dict[str, Any]:
-    """Flagged users (request_hygiene findings), costliest unused GPUs first, with their job statistics."""
+def request_hygiene(conn: Connection, run_id: int, *, full: bool, top_n: int,
+                    teams: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Flagged users (request_hygiene findings), costliest unused GPUs first, with their job statistics; and
+    ``teams``, the run's per-team rollup over every judged job (``request_hygiene_by_team``)."""
     base = "FROM findings f WHERE f.run_id = :run AND f.kind = 'request_hygiene'"
     sql = ("SELECT f.cluster, f.user_name, f.team, f.gpu_hours, f.idle_gpu_hours, f.cost, f.evidence " + base
            + " ORDER BY f.cost DESC, f.cluster, f.user_name" + ("" if full else f" LIMIT {int(top_n)}"))
@@ -42,4 +44,5 @@ def request_hygiene(conn: Connection, run_id: int, *, full: bool, top_n: int) ->
     agg = conn.execute(text("SELECT COUNT(*) AS n, SUM(f.idle_gpu_hours) AS h, SUM(f.cost) AS c " + base),
                        {"run": run_id}).one()
     return {"rows": rows, "total": int(agg.n or 0), "shown": len(rows), "cut": int(agg.n or 0) > len(rows),
-            "totals": {"unused_gpu_hours": agg.h or 0.0, "unused_cost": agg.c or 0.0}}
+            "totals": {"unused_gpu_hours": agg.h or 0.0, "unused_cost": agg.c or 0.0},
+            "teams": _cut(list(teams or []), len(teams or []), {}, full, top_n)}
