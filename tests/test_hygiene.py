@@ -87,6 +87,15 @@ def test_ghost_busy_on_unallocated_gpus(store: Store) -> None:
     s = run.summary
     assert (s["reserved_gpu_hours"], s["idle_gpu_hours"], s["unknown_gpu_hours"]) == (
         pytest.approx(4.0), pytest.approx(2.0), pytest.approx(2.0))
+    # chargeback: one owner (user u), the same 4 reserved GPU-hours, 2 of them idle as mirage ("held"), 2 unknown:
+    # 4 x 2.0 = 8.00, idle 2 x 2.0 = 4.00
+    from decimal import Decimal as D
+
+    from auditor.report import chargeback
+
+    cb = chargeback.chargeback(store, Config(), W0, W1, "user", run_id=run.run_id)
+    assert [(r["owner"], r["reserved_gpu_hours"], r["idle_gpu_hours"], r["mirage_gpu_hours"], r["unknown_gpu_hours"],
+             r["reserved_cost"], r["idle_cost"]) for r in cb] == [("u", D("4"), D("0"), D("2"), D("2"), D("8"), D("4"))]
     held = [r for r in rows(store, run.run_id, "ghost_busy") if r.allocation_id is not None]
     assert len(held) == 1 and ev(held[0].evidence)["job"]["id"] == "held"
     assert s["findings"]["ghost_busy"] == 4
