@@ -218,6 +218,20 @@ class Thresholds(Strict):
     hint_util_pulse_high: float = Field(0.9, ge=0, le=1, description="...and below this.")
     hint_held_mib: float = Field(1024.0, ge=0, description="...memory held, no compute: peak memory at least "
                                  "this (MiB) while GPU-Util is below hint_util_pulse_low.")
+    # issue 19: ghosts on GPUs nobody held, right-sizing to a smaller model, Slurm request hygiene
+    ghost_unallocated_min_minutes: float = Field(30, ge=0, description="ghost_busy on a GPU with no "
+                                                 "allocation: minimum minutes of GPU-Util >= ghost_gpu_util "
+                                                 "(summed over the window) before it is reported.")
+    rightsize_model_max_sm: float = Field(0.5, ge=0, le=1, description="Right-sizing to a smaller model: an "
+                                          "allocation whose mean SM activity is at most this (and whose peak "
+                                          "memory fits) would have fit the cheapest such model in its cluster.")
+    hygiene_min_jobs: int = Field(5, ge=1, description="request_hygiene: a user is judged on at least this "
+                                  "many ended Slurm GPU jobs in the window (per cluster).")
+    hygiene_runtime_ratio: float = Field(0.25, ge=0, le=1, description="request_hygiene: flagged when the "
+                                         "median of runtime / time limit over the user's jobs is below this...")
+    hygiene_unused_gpus: float = Field(0.25, ge=0, le=1, description="...or when at least this share of the "
+                                       "GPUs the user's jobs requested (and telemetry saw) never worked (no "
+                                       "low, working or busy-unverified second).")
 
 
 #: A price per GPU-hour above this is a typo (in any currency: ~1,000x a cloud H100 hour in VND or IDR).

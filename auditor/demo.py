@@ -2,7 +2,7 @@
 same file connectors a site would use, then audited and reported.
 
 Fleet: Slurm cluster "hpc" (gpu-node-01/02, 8 x H100 each) and Kubernetes cluster "k8s" (gpu-node-a/b, 8 x
-A100 each). Planted problems, and nothing else:
+A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
 
 - job 1002 spins a kernel: GPU-Util ~99 %, SM activity ~0.03 (util_mirage);
 - job 1004 hangs in an all-reduce on 2 GPUs: GPU-Util ~100 %, SM 0, idle power, memory held (hung_collective);
@@ -12,7 +12,11 @@ A100 each). Planted problems, and nothing else:
   which must show as unknown, never idle;
 - the feature-extract pod streams memory with little compute (low_efficiency, memory-bound);
 - reservation team-b-hackathon holds node 02 for a day and nobody comes (idle_reservation);
-- job 1030 runs while node 01's exporter is down (unmonitored: never billed as idle).
+- job 1030 runs while node 01's exporter is down (unmonitored: never billed as idle);
+- GPU 0 of the L40S node gpu-node-c, which nobody holds, latches at 100 % GPU-Util with no memory for a day
+  (ghost_busy, for operations; not reserved, not billed);
+- the triton service uses < 50 % of its A100s' SMs and 30 GB: an L40S would do (right-sizing, team platform);
+- carol's eval-sweep tasks ask for 7 days and run 16 hours (request_hygiene).
 """
 
 from __future__ import annotations
@@ -126,7 +130,33 @@ def fleet() -> list[Workload]:
 GAPS = [("hpc", "gpu-node-01", 60.0, 66.0), ("hpc", "gpu-node-01", 148.0, 168.0)]
 #: An advance reservation nobody used: name, node, from hour, to hour.
 RESERVATION = ("team-b-hackathon", "gpu-node-02", 140.0, 164.0)
-NODES = {"hpc": ["gpu-node-01", "gpu-node-02"], "k8s": ["gpu-node-a", "gpu-node-b"]}
+NODES = {"hpc": ["gpu-node-01", "gpu-node-02"], "k8s": ["gpu-node-a", "gpu-node-b", "gpu-node-c"]}
+
+
+# -- issue 19 cases: a ghost on a GPU nobody holds, a smaller model in the inventory, request hygiene --------
+#: The k8s cluster's L40S node: its GPU count and model (the others: 8 of the cluster's model).
+SMALL_NODE = ("k8s", "gpu-node-c", 4, "NVIDIA L40S")
+#: A GPU nobody holds reading 100 % GPU-Util with no memory: cluster, node, GPU, from hour, to hour.
+GHOST_GPU = ("k8s", "gpu-node-c", 0, 30.0, 54.0)
+GHOST = Profile(sm=0.0, util=1.0, fb=0, power=80)
+
+
+def node_gpus(cluster: str, node: str, model: str) -> tuple[int, str]:
+    """GPU count and telemetry model name of a demo node."""
+    c, n, gpus, small = SMALL_NODE
+    return (gpus, small) if (cluster, node) == (c, n) else (8, model)
+
+
+def time_limit_s(w: Workload) -> int:
+    """The requested limit: the runtime rounded up to whole days, except carol's eval sweep, which asks for
+    7 days and runs 16 hours (request_hygiene)."""
+    days = 7 if w.id.startswith("1010_") else math.ceil(w.hours / 24)
+    return int(days * DAY)
+
+
+def ghost_at(cluster: str, node: str, gpu: int, hour: float) -> bool:
+    c, n, g, a, b = GHOST_GPU
+    return (cluster, node, gpu) == (c, n, g) and a <= hour < b
 
 
 def _iso(ts: float) -> str:
@@ -140,7 +170,7 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
     with slurm.open("w", newline="", encoding="utf-8") as f:
         wr = csv.writer(f)
         wr.writerow(["id", "name", "user", "account", "partition", "state", "start", "end", "gpus", "model",
-                     "source"])
+                     "source", "time_limit_s"])
         for w in fleet():
             if w.cluster != "hpc":
                 continue
@@ -148,7 +178,7 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
             idx = ",".join(map(str, w.gpus)) if w.indices_known else None
             gpus = f"{w.node}:{idx}" if idx else f"{w.node}:*{len(w.gpus)}"
             wr.writerow([w.id, w.name, w.user, w.account, "gpu", "COMPLETED", _iso(t0 + w.start_h * 3600),
-                         _iso(end), gpus, "h100", "slurm"])
+                         _iso(end), gpus, "h100", "slurm", time_limit_s(w)])
     paths.append(slurm)
     extra = out / "hpc-reservations.json"
     name, node, a, b = RESERVATION
@@ -167,7 +197,8 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
                       "source": "kubernetes", "start": _iso(t0 + w.start_h * 3600),
                       "end": _iso(t0 + (w.start_h + w.hours) * 3600), "owner": w.owner, "labels": w.labels,
                       "gpus": [{"node": w.node, "model": "NVIDIA-A100-SXM4-80GB"} for _ in w.gpus]})
-    items += [{"type": "inventory", "node": n, "gpus": 8, "model": "NVIDIA-A100-SXM4-80GB"} for n in NODES["k8s"]]
+    items += [{"type": "inventory", "node": n, "gpus": node_gpus("k8s", n, "")[0],
+               "model": node_gpus("k8s", n, "NVIDIA-A100-SXM4-80GB")[1].replace(" ", "-")} for n in NODES["k8s"]]
     pods.write_text(json.dumps(items, indent=1), encoding="utf-8")
     paths.append(pods)
     return paths
@@ -193,11 +224,12 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random,
         for node in NODES[cluster]:
             if any((cluster, node) == (c, n) and a <= hour < b for c, n, a, b in GAPS):
                 continue
-            for g in range(8):
+            gpus, gpu_model = node_gpus(cluster, node, model)
+            for g in range(gpus):
                 running = [w for w in placed.get((node, g), [])
                            if w.start_h <= hour < w.start_h + w.hours]
                 w = running[0] if running else None
-                prof = w.profile_at(g, hour) if w else FREE
+                prof = w.profile_at(g, hour) if w else (GHOST if ghost_at(cluster, node, g, hour) else FREE)
                 values = prof.at(ts, rng)
                 uuid = f"GPU-{cluster}-{node}-{g}"
                 pod = ns = ""
@@ -207,7 +239,7 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random,
                 for fld, metric in TELEMETRY_FIELDS.items():
                     if telemetry == "util-only" and fld not in UTIL_ONLY_FIELDS:
                         continue
-                    yield [sample_ts, node, str(g), uuid, metric, f"{values[fld]:.4f}", model, pod, ns]
+                    yield [sample_ts, node, str(g), uuid, metric, f"{values[fld]:.4f}", gpu_model, pod, ns]
 
 
 def write_telemetry(out: Path, t0: int, days: int, seed: int, telemetry: str = "dcgm") -> list[Path]:
@@ -251,7 +283,7 @@ paths = ["k8s-telemetry.csv"]
 [prices]
 currency = "USD"
 default = 2.0
-models = {{ h100 = 4.0, a100 = 2.5 }}
+models = {{ h100 = 4.0, a100 = 2.5, l40s = 1.0 }}
 
 [[teams]]
 name = "llm"

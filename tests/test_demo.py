@@ -22,15 +22,23 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     return json.loads(res.stdout), out
 
 
+def _subject(r) -> str:
+    """Allocation id, reservation name, the user (request_hygiene) or node and GPU (a GPU nobody held)."""
+    if r.subject:
+        return r.subject
+    ev = json.loads(r.evidence) if isinstance(r.evidence, str) else r.evidence
+    return r.user_name or f"{ev['node']} GPU {ev['gpu_index']}"
+
+
 def findings(out: Path, run_id: int) -> dict[tuple[str, str], tuple[float, float]]:
-    """(kind, allocation id or reservation name) -> (GPU-hours, idle GPU-hours)."""
+    """(kind, allocation id, reservation name, user or GPU) -> (GPU-hours, idle GPU-hours)."""
     s = Store.open(f"sqlite:///{out / 'gpu-audit-demo.db'}")
     with s.engine.connect() as conn:
         rows = conn.execute(text(
-            "SELECT f.kind, COALESCE(a.external_id, r.name) AS subject, f.gpu_hours, f.idle_gpu_hours "
-            "FROM findings f LEFT JOIN allocations a ON a.id = f.allocation_id "
+            "SELECT f.kind, COALESCE(a.external_id, r.name) AS subject, f.user_name, f.evidence, f.gpu_hours, "
+            "f.idle_gpu_hours FROM findings f LEFT JOIN allocations a ON a.id = f.allocation_id "
             "LEFT JOIN reservations r ON r.id = f.reservation_id WHERE f.run_id = :r"), {"r": run_id})
-        return {(r.kind, r.subject): (round(r.gpu_hours, 6), round(r.idle_gpu_hours, 6)) for r in rows}
+        return {(r.kind, _subject(r)): (round(r.gpu_hours, 6), round(r.idle_gpu_hours, 6)) for r in rows}
 
 
 def test_demo_finds_exactly_the_planted_problems(demo: tuple[dict, Path]) -> None:
@@ -44,7 +52,33 @@ def test_demo_finds_exactly_the_planted_problems(demo: tuple[dict, Path]) -> Non
         ("low_efficiency", "c3e8-features"): (80.0, 0.0),   # 2 GPUs x 40 h, memory-bound
         ("idle_reservation", "team-b-hackathon"): (192.0, 192.0),  # 8 GPUs x 24 h, no job
         ("unmonitored", "1030"): (10.0, 0.0),               # exporter down: never idle
+        # nobody holds it: hours 30-54 at ~100 % GPU-Util, 0 MiB; not reserved, so 0 idle GPU-hours
+        ("ghost_busy", "gpu-node-c GPU 0"): (24.0, 0.0),
+        # carol: 1003 (4 GPUs x 36 h) + 1010_0..5 (6 x 2 GPUs x 16 h) = 144 + 192 = 336 GPU-h; 1003's 3 idle GPUs
+        # never worked: 3 x 36 = 108
+        ("request_hygiene", "carol"): (336.0, 108.0),
     }
+
+
+def test_demo_plants_one_right_sizing_to_a_smaller_model(demo: tuple[dict, Path]) -> None:
+    data, out = demo
+    models = [r for r in data["right_sizing"] if r["option"] == "model"]
+    # triton: 2 A100 x 168 h, mean SM ~0.46 <= 0.5, 30000 MiB <= an L40S's 48 GiB; 336 GPU-h x (2.5 - 1.0) = 504
+    assert models == [{"team": "platform", "option": "model", "recommended": "NVIDIA L40S", "allocations": 1,
+                       "gpu_hours": 336.0, "freed_gpu_hours": 336.0, "saving": pytest.approx(504.0)}]
+    s = Store.open(f"sqlite:///{out / 'gpu-audit-demo.db'}")
+    with s.engine.connect() as conn:
+        ev = conn.execute(text("SELECT evidence FROM findings WHERE run_id = :r AND kind = 'request_hygiene'"),
+                          {"r": data["run_id"]}).scalar()
+    ev = json.loads(ev) if isinstance(ev, str) else ev
+    # carol's 7 jobs: six 16 h of a 168 h limit (0.0952) and 1003's 36 of 48 h (0.75): median 0.0952, p90 = the
+    # 7th of 7 (nearest rank, ceil 6.3) = 0.75; 3 of 16 GPUs unused (18.75 % < 25 %: not flagged for it)
+    assert ev["flags"] == ["time_limit"] and ev["jobs"] == 7
+    assert ev["median_runtime_ratio"] == pytest.approx(16 / 168) and ev["p90_runtime_ratio"] == pytest.approx(0.75)
+    assert (ev["gpus_requested"], ev["gpus_seen"], ev["gpus_unused"]) == (16, 16, 3)
+    text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
+    assert "gpu-node-c GPU 0 read GPU-Util" in text_report and "smaller model NVIDIA L40S" in text_report
+    assert "hpc carol (platform): 7 jobs, runtime median 10%" in text_report
 
 
 def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:

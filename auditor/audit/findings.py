@@ -17,7 +17,10 @@ from auditor.audit import rightsize
 from auditor.audit.efficiency import low_efficiency
 from auditor.audit.episodes import idle_episodes
 from auditor.audit.evidence import _finding, _ratio, judged, util_only, verified, whole_allocation_finding, whole_idle
+from auditor.audit.ghosts import unallocated_ghosts
+from auditor.audit.hygiene import request_hygiene
 from auditor.audit.judge import JOB_KEY, job_match
+from auditor.audit.money import Pricing
 from auditor.audit.reservations import idle_reservations
 from auditor.config import Config, Thresholds
 from auditor.store import schema
@@ -172,11 +175,13 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
                 idle_h = 0.0  # never counted or billed as idle
             rows.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
     flagged = frozenset(f["allocation_id"] for f in rows)
+    extra: dict[str, Any] = {}
     rows += extra_findings(conn, run_id, per_alloc, gpus, th, cfg, since=since, until=until, horizon=horizon,
-                           flagged=flagged, clusters=clusters)
+                           flagged=flagged, clusters=clusters, summary=extra)
     rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
     thresholds = th.model_dump()
     by_id = {r["allocation_id"]: r for r in per_alloc}
+    models = rightsize.cluster_models(conn, Pricing(cfg))
     rows.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
     for i in range(0, len(rows), 5000):  # sparklines per chunk: never all of them in memory at once
         chunk = rows[i:i + 5000]
@@ -186,7 +191,8 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
             if f["allocation_id"] in spark:
                 f["evidence"]["sparkline"] = spark[f["allocation_id"]]
             if f["allocation_id"] in by_id:
-                f["evidence"]["right_size"] = rightsize.hint(by_id[f["allocation_id"]], th, cfg.prices)
+                r = by_id[f["allocation_id"]]
+                f["evidence"]["right_size"] = rightsize.hint(r, th, cfg.prices, models.get(r["cluster"]))
             f["evidence"]["thresholds"] = thresholds
         conn.execute(insert(schema.findings), chunk)
         for f in chunk:
@@ -195,6 +201,8 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     summary["verification_by_node_group"] = verification(conn, run_id)
     summary["capacity"] = capacity(conn, since, until, horizon=horizon)
     summary["energy"] = energy.summary(per_alloc, cfg.energy)
+    summary["right_sizing"] = rightsize.by_team(per_alloc, th, cfg.prices, models)
+    summary.update(extra)
     return summary
 
 
@@ -277,12 +285,19 @@ def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], c
 def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]],
                    per_gpu: dict[int, list[dict[str, Any]]], th: Thresholds, cfg: Config, *,
                    since: int, until: int, horizon: int, flagged: frozenset[int] = frozenset(),
-                   clusters: list[str] | None = None) -> list[dict[str, Any]]:
-    """idle_episode, low_efficiency and idle_reservation findings of one run (finding-table rows).
-    ``flagged``: allocations a core rule already reported (idle GPUs explain a low mean: no low_efficiency)."""
+                   clusters: list[str] | None = None, summary: dict[str, Any] | None = None
+                   ) -> list[dict[str, Any]]:
+    """idle_episode, low_efficiency, idle_reservation, ghost_busy on GPUs nobody held and request_hygiene
+    findings of one run (finding-table rows).
+    ``flagged``: allocations a core rule already reported (idle GPUs explain a low mean: no low_efficiency).
+    ``summary``: receives the per-team request-hygiene rollup (``request_hygiene_by_team``)."""
     p = {"since": since, "until": until, "horizon": horizon, "run": run_id}
     working = [r for r in per_alloc if not whole_idle(r, th)]
     out = idle_episodes(conn, run_id, working, th, p)
     out += low_efficiency(run_id, [r for r in working if r["allocation_id"] not in flagged], th, since, horizon)
     out += idle_reservations(conn, run_id, cfg, p, clusters, th)
-    return out
+    out += unallocated_ghosts(conn, run_id, th, p, clusters)
+    hygiene, teams = request_hygiene(conn, run_id, th, p)
+    if summary is not None:
+        summary["request_hygiene_by_team"] = teams
+    return out + hygiene

@@ -15,6 +15,7 @@ from sqlalchemy import Connection, select, text
 
 from auditor.config import Config, Thresholds
 from auditor.errors import GpuAuditError
+from auditor.report import sizing
 from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
@@ -42,6 +43,8 @@ ADVICE = {
     "low_efficiency": "Use a MIG slice or fewer GPUs, or profile the input pipeline.",
     "idle_reservation": "Shrink or cancel the reservation, or let other jobs use it.",
     "unmonitored": "Fix the GPU exporter on these nodes: without samples the time cannot be judged.",
+    "request_hygiene": "Request time limits close to the runtime (shorter jobs start sooner through backfill) "
+                       "and only the GPUs the job uses.",
 }
 
 DEFINITIONS = {
@@ -324,7 +327,14 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
             "headline": headline(summary),
             "teams": usage_groups(conn, run_id, ["u.team"], full=full, top_n=n),
             "accounts": usage_groups(conn, run_id, ["a.cluster", "a.account", "u.team"], full=full, top_n=n),
-            "top_idle": findings_table(conn, run_id, IDLE_KINDS, tz, full=full, top_n=n),
+            "top_idle": findings_table(conn, run_id, IDLE_KINDS, tz, full=full, top_n=n,
+                                       where=" AND f.allocation_id IS NOT NULL"),
+            # GPUs nobody held that read busy: for operations, no reserved or idle hours
+            "ghosts": findings_table(conn, run_id, ("ghost_busy",), tz, full=full, top_n=n,
+                                     where=" AND f.allocation_id IS NULL"),
+            "right_sizing": sizing.right_sizing(summary, full=full, top_n=n),
+            "request_hygiene": sizing.request_hygiene(conn, run_id, full=full, top_n=n,
+                                                      teams=summary.get("request_hygiene_by_team")),
             "coverage": coverage_section(conn, run, cfg, full=full),
             "trend": trend(conn, run, tz), "thresholds": th,
             "capacity": list(summary.get("capacity") or []),
@@ -374,7 +384,7 @@ def headline(s: dict[str, Any]) -> dict[str, Any]:
 def findings_csv_rows(store: Store, cfg: Config, run_id: int) -> list[dict[str, Any]]:
     """Every finding of the run, flat, for the CSV the cut tables point to."""
     tz = _tz(cfg)
-    kinds = tuple(sorted({*IDLE_KINDS, *[k for ks in SECTION_KINDS.values() for k in ks]}))
+    kinds = tuple(sorted({*IDLE_KINDS, "request_hygiene", *[k for ks in SECTION_KINDS.values() for k in ks]}))
     with store.engine.connect() as conn:
         table = findings_table(conn, run_id, kinds, tz, full=True, top_n=0)
     return [{k: v for k, v in r.items() if k != "sparkline"} for r in table["rows"]]

@@ -24,7 +24,7 @@ SORTS = {"cost": "f.cost", "idle": "f.idle_gpu_hours", "gpu_hours": "f.gpu_hours
          "kind": "f.kind", "user": "f.user_name"}
 FILTERS = ("kind", "cluster", "team", "user", "account")
 ALL_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus", "idle_episode",
-             "low_efficiency", "idle_reservation", "unmonitored", "busy_unverified")
+             "low_efficiency", "idle_reservation", "unmonitored", "busy_unverified", "request_hygiene")
 
 
 def pick_run(store: Store, run: str | int | None) -> int:

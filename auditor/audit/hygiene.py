@@ -1,0 +1,141 @@
+"""Slurm request hygiene (issue 19 §5): time limit versus runtime, GPUs requested versus GPUs used, across a
+user's GPU jobs.
+
+Jobs: Slurm allocations of the audit run that ended inside the window (runtime = end - start, the whole
+job). Per job the store gives the time limit (``allocations.time_limit_s``) and, from the run's
+``usage_gpu`` rows (one per requested GPU, summed set-based in SQL), which GPUs were *seen* (observed at
+least ``unmonitored_coverage`` of their reserved time: missing data is never "unused") and which of those
+were *unused* (not one low, working or busy-unverified second in the window). Per cluster and user, over
+the grouped rows streamed in user order (one user's ratios in memory at a time): the median and p90
+(nearest rank) of runtime / time limit, and the share of seen GPUs that were unused. A user with at least
+``hygiene_min_jobs`` jobs is flagged (``request_hygiene``, to the user) when the median is below
+``hygiene_runtime_ratio`` or the unused share is at least ``hygiene_unused_gpus``. The finding's idle
+GPU-hours and cost are those of the unused GPUs (already idle in every total: not added again).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Iterator
+from itertools import groupby
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from auditor.config import Thresholds
+
+H = 3600.0
+EPS = 1e-9
+
+JOBS = """SELECT a.cluster, a.user_name, a.account, ua.team, a.id, a.start_ts, a.end_ts, a.time_limit_s,
+ COUNT(*) AS gpus, SUM(CASE WHEN {seen} THEN 1 ELSE 0 END) AS seen,
+ SUM(CASE WHEN {unused} THEN 1 ELSE 0 END) AS unused,
+ SUM(CASE WHEN {unused} THEN u.reserved_s ELSE 0 END) AS unused_s,
+ SUM(CASE WHEN {unused} THEN u.reserved_s * ua.price_per_gpu_hour ELSE 0 END) AS unused_cost_s,
+ SUM(u.reserved_s) AS reserved_s
+FROM usage_gpu u JOIN allocations a ON a.id = u.allocation_id
+JOIN usage_allocation ua ON ua.run_id = u.run_id AND ua.allocation_id = u.allocation_id
+WHERE u.run_id = :run AND a.source = 'slurm' AND a.start_ts IS NOT NULL AND a.end_ts IS NOT NULL
+ AND a.end_ts > :since AND a.end_ts <= :horizon
+GROUP BY a.cluster, a.user_name, a.account, ua.team, a.id, a.start_ts, a.end_ts, a.time_limit_s
+ORDER BY a.cluster, a.user_name, a.id"""
+
+
+def jobs_sql(th: Thresholds) -> str:
+    seen = f"u.reserved_s > 0 AND u.observed_s >= {th.unmonitored_coverage!r} * u.reserved_s - 1e-9"
+    unused = f"{seen} AND u.low_s + u.working_s + u.busy_unverified_s <= 0"
+    return JOBS.format(seen=seen, unused=unused)
+
+
+def p90(xs: list[float]) -> float:
+    """Nearest-rank 90th percentile: the smallest value with at least 90 % of the values at or below it."""
+    s = sorted(xs)
+    return s[max(0, math.ceil(0.9 * len(s)) - 1)]
+
+
+def user_stats(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The request-hygiene numbers of one user's jobs (rows of :data:`JOBS`)."""
+    ratios = [(j["end_ts"] - j["start_ts"]) / j["time_limit_s"] for j in jobs if (j["time_limit_s"] or 0) > 0]
+    seen = sum(int(j["seen"] or 0) for j in jobs)
+    unused = sum(int(j["unused"] or 0) for j in jobs)
+    teams = Counter(j["team"] or "" for j in jobs)
+    return {"jobs": len(jobs), "jobs_with_limit": len(ratios),
+            "median_runtime_ratio": statistics.median(ratios) if ratios else None,
+            "p90_runtime_ratio": p90(ratios) if ratios else None,
+            "gpus_requested": sum(int(j["gpus"] or 0) for j in jobs), "gpus_seen": seen, "gpus_unused": unused,
+            "unused_share": unused / seen if seen else None,
+            "unused_gpu_hours": sum(float(j["unused_s"] or 0.0) for j in jobs) / H,
+            "unused_cost": sum(float(j["unused_cost_s"] or 0.0) for j in jobs) / H,
+            "reserved_gpu_hours": sum(float(j["reserved_s"] or 0.0) for j in jobs) / H,
+            "team": min(teams, key=lambda t: (-teams[t], t)),
+            "accounts": sorted({j["account"] or "" for j in jobs}),
+            "first_ts": min(j["start_ts"] for j in jobs), "last_ts": max(j["end_ts"] for j in jobs)}
+
+
+def verdicts(st: dict[str, Any], th: Thresholds) -> list[str]:
+    """Why a user is flagged: "time_limit", "unused_gpus", both or none."""
+    out = []
+    if st["jobs"] < th.hygiene_min_jobs:
+        return out
+    if (st["jobs_with_limit"] >= th.hygiene_min_jobs and st["median_runtime_ratio"] is not None
+            and st["median_runtime_ratio"] < th.hygiene_runtime_ratio - EPS):
+        out.append("time_limit")
+    if st["unused_share"] is not None and st["unused_share"] >= th.hygiene_unused_gpus - EPS:
+        out.append("unused_gpus")
+    return out
+
+
+def _users(conn: Connection, run_id: int, th: Thresholds, p: dict[str, Any]
+           ) -> Iterator[tuple[tuple[str, str], list[dict[str, Any]]]]:
+    rows = (dict(r._mapping) for r in conn.execute(
+        text(jobs_sql(th)), {"run": run_id, "since": p["since"], "horizon": p["horizon"]}))
+    for key, group in groupby(rows, key=lambda r: (r["cluster"], r["user_name"])):
+        yield key, list(group)
+
+
+def team_rows(teams: dict[str, list[dict[str, Any]]], flagged: Counter) -> list[dict[str, Any]]:
+    """Per team (of each job): the same numbers over all its users' jobs, and how many users were flagged."""
+    out = []
+    for team, jobs in teams.items():
+        st = user_stats(jobs)
+        out.append({"team": team, "users": len({(j["cluster"], j["user_name"]) for j in jobs}),
+                    "flagged_users": flagged[team], **{k: st[k] for k in (
+                        "jobs", "jobs_with_limit", "median_runtime_ratio", "p90_runtime_ratio", "gpus_requested",
+                        "gpus_seen", "gpus_unused", "unused_share", "unused_gpu_hours", "unused_cost")}})
+    return sorted(out, key=lambda r: (-r["unused_cost"], r["team"]))
+
+
+def request_hygiene(conn: Connection, run_id: int, th: Thresholds, p: dict[str, Any]
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """request_hygiene findings (finding-table rows, one per flagged cluster and user), and the per-team
+    rollup of every judged job (:func:`team_rows`; the jobs of the window are held for it, a few numbers
+    each)."""
+    out = []
+    teams: dict[str, list[dict[str, Any]]] = {}
+    flagged: Counter = Counter()
+    for (cluster, user), jobs in _users(conn, run_id, th, p):
+        for j in jobs:
+            teams.setdefault(j["team"] or "", []).append(j)
+        st = user_stats(jobs)
+        why = verdicts(st, th)
+        if not why:
+            continue
+        flagged[st["team"]] += 1
+        parts = []
+        if "time_limit" in why:
+            parts.append(f"median runtime {st['median_runtime_ratio']:.0%} of the time limit over "
+                         f"{st['jobs_with_limit']} jobs (< {th.hygiene_runtime_ratio:.0%}): ask for shorter limits, "
+                         "they start sooner (backfill)")
+        if "unused_gpus" in why:
+            parts.append(f"{st['gpus_unused']} of {st['gpus_seen']} requested GPUs never worked "
+                         f"(>= {th.hygiene_unused_gpus:.0%}): request fewer GPUs")
+        ev = {"rule": "; ".join(parts), "recipient": "user", "flags": why,
+              **{k: v for k, v in st.items() if k not in ("first_ts", "last_ts")}}
+        out.append({"run_id": run_id, "kind": "request_hygiene", "cluster": cluster, "allocation_id": None,
+                    "reservation_id": None, "account": ",".join(st["accounts"])[:255], "user_name": user,
+                    "team": st["team"], "start_ts": max(int(st["first_ts"]), int(p["since"])),
+                    "end_ts": int(st["last_ts"]), "gpu_hours": st["reserved_gpu_hours"],
+                    "idle_gpu_hours": st["unused_gpu_hours"], "cost": st["unused_cost"], "evidence": ev})
+    return out, team_rows(teams, flagged)
