@@ -11,19 +11,16 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
     UniqueConstraint,
 )
 
-metadata = MetaData(naming_convention={
-    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-})
+from auditor.store.schema_base import _ts, metadata
+from auditor.store.schema_queue import gpu_quotas, gpu_waits
+
+__all__ = ["gpu_quotas", "gpu_waits", "metadata"]
 
 METRIC_COMMENTS = {
     "gpu_util": "NVML GPU-Util as a 0-1 ratio: share of time any kernel ran (the misleading one).",
@@ -42,10 +39,6 @@ METRIC_COMMENTS = {
     "nvlink_tx_bps": "NVLink transmit, bytes/s.",
     "nvlink_rx_bps": "NVLink receive, bytes/s.",
 }
-
-
-def _ts(name: str, comment: str, nullable: bool = True) -> Column:
-    return Column(name, Integer, nullable=nullable, comment=comment + " (UTC epoch seconds)")
 
 
 clusters = Table(

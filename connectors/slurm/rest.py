@@ -120,6 +120,8 @@ class RestBackend:
                     continue
                 if a.state in jobs.HOLDING and a.gpus:
                     reading.running.append(a)
+                elif a.state == jobs.PENDING and a.gpus_requested > 0:
+                    reading.pending.append(a)
             reading.running_complete = ok
             per_node = inv.gpus_per_node(reading.inventory)
             resv = self.get(client, f"/slurm/{v}/reservations") or {}
