@@ -37,12 +37,12 @@ def job(ext: str, gpus: list[AllocatedGpu], partition: str, account: str, qos: s
 def fleet() -> list:
     """h: 2 GPUs in partition gpu, GPU 0 idle 0-4 h, GPU 1 working 0-2 h then idle 2-4 h.
     x: 1 GPU idle 0-4 h in partition debug (nobody waits there). y: 1 GPU working in debug, QOS busy.
-    z: 1 GPU in partition gpu without telemetry (unknown: never idle)."""
+    z: 1 GPU in partition gpu without telemetry (unknown: never idle), account acct-a."""
     return [
         job("h", [AllocatedGpu("n1", 0), AllocatedGpu("n1", 1)], "gpu", "acct-a"),
         job("x", [AllocatedGpu("n2", 0)], "debug", "acct-b"),
         job("y", [AllocatedGpu("n2", 1)], "debug", "acct-b", qos="busy"),
-        job("z", [AllocatedGpu("n3", 0)], "gpu", "acct-b"),
+        job("z", [AllocatedGpu("n3", 0)], "gpu", "acct-a"),
         *buckets("n1", 0, 0, 4, 0.01), *buckets("n1", 1, 0, 2, 0.8), *buckets("n1", 1, 2, 4, 0.01),
         *buckets("n2", 0, 0, 4, 0.01), *buckets("n2", 1, 0, 4, 0.8),
     ]
@@ -105,24 +105,26 @@ def test_idle_while_queued_threshold(store: Store) -> None:
 
 
 def test_idle_quota_hand_computed(store: Store) -> None:
-    """Window 4 h. acct-a (quota 8): h held 2 GPUs x 4 h = 8 GPU-h -> 2.0 GPUs on average; idle 4 + 2 = 6 GPU-h
-    -> 1.5; in use 0.5; unused 8 - 0.5 = 7.5 >= 1 and >= 50 % of 8: reclaim, 7.5 x 4 h = 30 GPU-h.
+    """Window 4 h. acct-a (quota 8): h held 2 GPUs x 4 h + z 1 GPU x 4 h = 12 GPU-h -> 3.0 GPUs on average;
+    idle 4 + 2 = 6 GPU-h -> 1.5; z's 4 unknown GPU-h (1.0) count as in use: in use 3.0 - 1.5 = 1.5; unused
+    8 - 1.5 = 6.5 >= 1 and >= 50 % of 8: reclaim, 6.5 x 4 h = 26 GPU-h.
     QOS busy (quota 1): y worked 1 GPU all along: in use 1.0, unused 0: not a candidate."""
     run_id, opp = audited(store)
     rows = {(q["kind"], q["name"]): q for q in opp["quotas"]}
     a = rows[("account", "acct-a")]
     assert (a["quota_gpus"], a["team"]) == (8.0, "A")
-    assert a["held_gpus"] == pytest.approx(2.0) and a["idle_gpus"] == pytest.approx(1.5)
-    assert a["in_use_gpus"] == pytest.approx(0.5) and a["unused_gpus"] == pytest.approx(7.5) and a["reclaim"]
+    assert a["held_gpus"] == pytest.approx(3.0) and a["idle_gpus"] == pytest.approx(1.5)
+    assert a["unknown_gpus"] == pytest.approx(1.0) and a["allocations"] == 2
+    assert a["in_use_gpus"] == pytest.approx(1.5) and a["unused_gpus"] == pytest.approx(6.5) and a["reclaim"]
     b = rows[("qos", "busy")]
     assert b["in_use_gpus"] == pytest.approx(1.0) and b["unused_gpus"] == pytest.approx(0.0) and not b["reclaim"]
     [f] = findings(store, run_id, "idle_quota")
-    assert f["account"] == "acct-a" and f["gpu_hours"] == pytest.approx(30.0) and f["idle_gpu_hours"] == 0.0
+    assert f["account"] == "acct-a" and f["gpu_hours"] == pytest.approx(26.0) and f["idle_gpu_hours"] == 0.0
 
 
 def test_idle_quota_thresholds(store: Store) -> None:
-    """Unused 7.5 of 8 is 94 %: a 95 % minimum share leaves no candidate."""
-    run_id, _ = audited(store, Thresholds(idle_quota_fraction=0.95))
+    """Unused 6.5 of 8 is 81 %: an 82 % minimum share leaves no candidate."""
+    run_id, _ = audited(store, Thresholds(idle_quota_fraction=0.82))
     assert findings(store, run_id, "idle_quota") == []
 
 
