@@ -4,7 +4,8 @@ queue, and GPU quotas held but not used.
 * ``idle_while_queued``: the idle seconds (idle, idle-by-util, mirage: :mod:`auditor.audit.verdict`) of an
   allocation's GPUs in buckets during which at least one GPU job of the same cluster and partition waited
   (``gpu_waits``; Kubernetes pods wait in partition "", the cluster). A bucket's idle seconds count in the
-  share of the bucket the longest-overlapping wait covers (a lower bound of the union of the waits).
+  share of the bucket (clipped to the allocation) that the longest-overlapping wait covers: a lower bound
+  of the union of the waits, exact when one wait covers the others.
   Unknown time is never idle, so it never counts.
 * ``idle_quota``: per quota (Slurm QOS or account GrpTRES gres/gpu), GPUs held on average by its allocations
   versus GPUs in use (held minus idle; unknown counts as in use): quota - in use is the reclaim candidate.
@@ -33,8 +34,8 @@ FROM gpu_waits w WHERE w.gpus > 0 AND w.eligible_ts < :horizon AND COALESCE(w.en
 
 def overlap_sql(dialect: str, th: Thresholds) -> str:
     """One row per (idle bucket of an allocated GPU, wait overlapping it in the same cluster and partition):
-    the allocation, the bucket, its idle observed seconds x share, and the seconds of the bucket the wait
-    covers."""
+    the allocation, the bucket clipped to the allocation [t0, t1), its idle observed seconds x share, and the
+    seconds of [t0, t1) the wait covers."""
     g, le = judge.fns(dialect)
     waits = WAITS.format(G=g, L=le)
     rows = judge.rows_of(dialect, th, "c", "cc", ["aid", "gid", "share", "cluster", "part"])
@@ -48,8 +49,8 @@ def overlap_sql(dialect: str, th: Thresholds) -> str:
   WHERE u.run_id = :run AND u.gpu_id IS NOT NULL AND u.idle_s + u.mirage_s > 0
    AND EXISTS (SELECT 1 FROM w WHERE w.cluster = a.cluster AND w.partition = a.partition
                AND w.w_s < {le}(COALESCE(a.end_ts, :horizon), :horizon) AND w.w_e > {g}(a.start_ts, :since))),
- i AS (SELECT j.aid, j.gid, j.share, j.cluster, j.part, j.bucket_ts AS t0, j.bucket_ts + j.bucket_s AS t1,
-        j.obs FROM {rows} WHERE {_IDLE} AND j.obs > 0)
+ i AS (SELECT j.aid, j.gid, j.share, j.cluster, j.part, {g}(j.bucket_ts, j.a_s) AS t0,
+        {le}(j.bucket_ts + j.bucket_s, j.a_e) AS t1, j.obs FROM {rows} WHERE {_IDLE} AND j.obs > 0)
 SELECT i.aid, i.gid, i.part, i.t0, i.t1, i.share * i.obs AS idle_s, w.wid,
  {le}(w.w_e, i.t1) - {g}(w.w_s, i.t0) AS cover_s
 FROM i JOIN w ON w.cluster = i.cluster AND w.partition = i.part AND w.w_s < i.t1 AND w.w_e > i.t0"""
