@@ -23,11 +23,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
 
 
 def findings(out: Path, run_id: int) -> dict[tuple[str, str], tuple[float, float]]:
-    """(kind, allocation id or reservation name) -> (GPU-hours, idle GPU-hours)."""
+    """(kind, allocation id, reservation name or quota account) -> (GPU-hours, idle GPU-hours)."""
     s = Store.open(f"sqlite:///{out / 'gpu-audit-demo.db'}")
     with s.engine.connect() as conn:
         rows = conn.execute(text(
-            "SELECT f.kind, COALESCE(a.external_id, r.name) AS subject, f.gpu_hours, f.idle_gpu_hours "
+            "SELECT f.kind, COALESCE(a.external_id, r.name, f.account) AS subject, f.gpu_hours, f.idle_gpu_hours "
             "FROM findings f LEFT JOIN allocations a ON a.id = f.allocation_id "
             "LEFT JOIN reservations r ON r.id = f.reservation_id WHERE f.run_id = :r"), {"r": run_id})
         return {(r.kind, r.subject): (round(r.gpu_hours, 6), round(r.idle_gpu_hours, 6)) for r in rows}
@@ -44,6 +44,11 @@ def test_demo_finds_exactly_the_planted_problems(demo: tuple[dict, Path]) -> Non
         ("low_efficiency", "c3e8-features"): (80.0, 0.0),   # 2 GPUs x 40 h, memory-bound
         ("idle_reservation", "team-b-hackathon"): (192.0, 192.0),  # 8 GPUs x 24 h, no job
         ("unmonitored", "1030"): (10.0, 0.0),               # exporter down: never idle
+        # job 1040 waited for 4 GPUs in partition gpu from hour 58 to 64 while 1003 held 3 GPUs idle: 3 x 6 h
+        ("idle_while_queued", "1003"): (18.0, 18.0),
+        # team-b's quota of 8 GPUs x 168 h = 1344 GPU-h; in use: 1030's 10 h (unknown counts as in use) + the
+        # eval sweep's 6 x 2 x 16 = 192 h working (1002's 96 mirage hours are idle): 1344 - 202 = 1142 unused
+        ("idle_quota", "team-b"): (1142.0, 0.0),
     }
 
 
@@ -62,6 +67,22 @@ def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:
     assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1812)
     assert data.get("busy_unverified_gpu_hours", 0.0) == 0
     assert data["mean_gpu_util"] > 0.75 and data["mean_sm_active"] < 0.65
+
+
+def test_demo_opportunity_cost(demo: tuple[dict, Path]) -> None:
+    """Per team and cluster: 18 idle GPU-h (1003's 3 idle GPUs x 6 h, team llm) while 1 job waited for
+    4 GPUs x 6 h = 24 GPU-h. team-a's quota (10 GPUs) is 67 % in use: 1120 + 24 + 144 = 1288 GPU-h held,
+    minus 24 (stall) + 24 (hung) + 108 (1003) idle = 1132 in use / 168 h = 6.74 GPUs: no reclaim."""
+    data, out = demo
+    q = data["opportunity"]["idle_while_queued"]
+    assert q["by_team"] == [pytest.approx({"cluster": "hpc", "team": "llm", "idle_gpu_hours": 18.0,
+                                           "waiting_jobs": 1, "waiting_gpu_hours": 24.0, "idle_cost": 18 * 4.0})]
+    quotas = {r["name"]: r for r in data["opportunity"]["quotas"]}
+    assert quotas["team-a"]["in_use_gpus"] == pytest.approx(1132 / 168) and not quotas["team-a"]["reclaim"]
+    assert quotas["team-b"]["in_use_gpus"] == pytest.approx(202 / 168) and quotas["team-b"]["reclaim"]
+    text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
+    assert "llm on hpc: 18.0 idle GPU-h while 1 jobs waited for 24.0 GPU-h" in text_report
+    assert "quota hpc account team-b (platform)" in text_report and "reclaim candidate" in text_report
 
 
 def test_demo_gap_is_unknown_never_idle(demo: tuple[dict, Path]) -> None:

@@ -18,9 +18,6 @@ from sqlalchemy import (
 )
 
 from auditor.store.schema_base import _ts, metadata
-from auditor.store.schema_queue import gpu_quotas, gpu_waits
-
-__all__ = ["gpu_quotas", "gpu_waits", "metadata"]
 
 METRIC_COMMENTS = {
     "gpu_util": "NVML GPU-Util as a 0-1 ratio: share of time any kernel ran (the misleading one).",
@@ -303,7 +300,8 @@ findings = Table(
     Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False,
            comment="audit_runs.id."),
     Column("kind", String(32), nullable=False, comment="idle_allocation, idle_gpus, util_mirage, "
-           "hung_collective, ghost_busy, idle_episode, low_efficiency, idle_reservation or unmonitored."),
+           "hung_collective, ghost_busy, idle_episode, low_efficiency, idle_reservation, unmonitored, "
+           "idle_while_queued or idle_quota (no allocation: account = the quota's account, evidence.quota)."),
     Column("cluster", String(128), nullable=False, comment="Cluster name."),
     Column("allocation_id", Integer, ForeignKey("allocations.id", ondelete="CASCADE"),
            comment="allocations.id, when about an allocation."),
@@ -391,3 +389,8 @@ enforcement_log = Table(
     Index(None, "allocation_id"),
     comment="Audit log of enforcement: every action and every decision not to act, with evidence.",
 )
+
+# the queue side's tables (after the rest, so docs/schema.md lists them last)
+from auditor.store.schema_queue import gpu_quotas, gpu_waits  # noqa: E402
+
+__all__ = ["gpu_quotas", "gpu_waits", "metadata"]
