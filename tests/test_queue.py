@@ -138,3 +138,20 @@ def test_waits_are_idempotent_and_an_end_stays(store: Store) -> None:
     assert sorted(rows) == ["w1", "w2", "w3"]
     assert rows["w1"].end_ts == int(h(3).timestamp()) and rows["w1"].state == "RUNNING"
     assert rows["w2"].end_ts is None and rows["w2"].last_seen_ts == int(h(3.6).timestamp())
+
+
+def test_opportunity_section_renders_escaped(store: Store) -> None:
+    """The reports carry the per-cluster and per-team lines and the quota table; a hostile quota name (from
+    sacctmgr) is escaped in HTML and cannot break the Markdown table."""
+    from auditor.report import context, render
+
+    store.ingest(fleet(), seen_at_ts=int(h(4).timestamp()))
+    store.ingest([*waits(), GpuQuota("c", "qos", "<b>evil|q</b>", 2)], seen_at_ts=int(h(3.5).timestamp()))
+    run_id = run_audit(store, CFG, W0, W1).run_id
+    ctx = context.build_context(store, CFG, run_id)
+    html, md, txt = render.render_html(ctx)[0], render.render_md(ctx), render.render_text(ctx)
+    assert "<b>evil" not in html and "&lt;b&gt;evil" in html
+    assert "evil|q" not in md and "evil\\|q" in md
+    assert "c: 4.0 idle GPU-h while 2 jobs waited for 9.0 GPU-h" in txt
+    assert "team A on c: 4.0 idle GPU-h while 2 jobs waited for 9.0 GPU-h" in txt
+    assert "| c | A | 4.0 | 2 | 9.0 |" in md
