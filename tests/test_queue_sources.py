@@ -126,3 +126,36 @@ def test_scheduled_pod_waited_until_bound() -> None:
     w = pod_wait(pod, rules, lambda _r: None)
     assert w is not None and (w.eligible, w.end, w.gpus, w.state) == (
         at("2026-11-29T14:00:00"), at("2026-11-29T14:20:00"), 4.0, "Scheduled")
+
+
+# --- files and the store's guard ---------------------------------------------------------------------------
+
+def test_file_rows_wait_and_quota_bad_ones_quarantined(tmp_path: Path) -> None:
+    """JSON allocation files carry waits and quotas; a wait without an eligible time, an end before it and a
+    quota of an unknown kind are each one quarantined row naming where and why; the rest is read."""
+    rows = [{"type": "wait", "id": "9", "gpus": 2, "eligible": "2026-11-29T10:00:00Z", "partition": "gpu"},
+            {"type": "wait", "id": "10", "gpus": 2},
+            {"type": "wait", "id": "11", "gpus": 1, "eligible": "2026-11-29T10:00:00Z", "end": "2026-11-29T09:00:00Z"},
+            {"type": "quota", "kind": "account", "name": "team-a", "gpus": 8},
+            {"type": "quota", "kind": "user", "name": "alice", "gpus": 1}]
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    conn = build("file", "allocations", {"paths": ["a.json"]}, Context("c", base_dir=tmp_path))
+    problems = Problems()
+    got = list(conn.collect(WINDOW, problems))
+    assert got == [GpuWait("c", "slurm", "9", 2.0, eligible=at("2026-11-29T10:00:00"), partition="gpu",
+                           state="PENDING"), GpuQuota("c", "account", "team-a", 8.0)]
+    reasons = [(loc, why) for _src, loc, why, _excerpt in problems.items]
+    assert [loc for loc, _ in reasons] == ["item 1", "item 2", "item 4"], reasons  # items count from 0
+    assert "eligible: missing" in reasons[0][1] and "before eligible" in reasons[1][1]
+    assert "not qos or account" in reasons[2][1]
+
+
+def test_guard_refuses_a_wait_that_is_no_gpu_count() -> None:
+    """A non-finite or absurd GPU request is refused with a one-line reason, never stored."""
+    from auditor.store import guard
+
+    for gpus in (float("inf"), -1.0, 1e9):
+        w = GpuWait("c", "slurm", "1", gpus, eligible=at("2026-11-29T10:00:00"))
+        with pytest.raises(guard.Unstorable):
+            guard.clean(w)
+    assert guard.describe(GpuQuota("c", "qos", "q", 2.0))[0] == "quota qos q"
