@@ -53,7 +53,9 @@ def test_pending_job_waits_while_another_holds_gpus_idle(store: Store) -> None:
         jobs.append(waiter)
         wait("waiter pending", lambda: job_state(waiter) == "PENDING")
         time.sleep(3)  # a wait of a few seconds, measured from Slurm's own Eligible time
-        eligible = _epoch(sh("sacct", "-n", "-X", "-P", "-j", waiter, "-o", "Eligible").strip())
+        # slurmctld's EligibleTime (accounting may not have the job yet: slurmdbd takes it in asynchronously)
+        eligible = _epoch(next(kv.split("=", 1)[1] for kv in sh("scontrol", "-o", "show", "job", waiter).split()
+                               if kv.startswith("EligibleTime=")))
         records, seen = _collect()
 
         [w] = [r for r in records if isinstance(r, GpuWait) and r.external_id == waiter]
