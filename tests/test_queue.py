@@ -155,3 +155,21 @@ def test_opportunity_section_renders_escaped(store: Store) -> None:
     assert "c: 4.0 idle GPU-h while 2 jobs waited for 9.0 GPU-h" in txt
     assert "team A on c: 4.0 idle GPU-h while 2 jobs waited for 9.0 GPU-h" in txt
     assert "| c | A | 4.0 | 2 | 9.0 |" in md
+
+
+def test_partial_buckets_count_only_the_waited_seconds(store: Store) -> None:
+    """p holds 1 GPU from 0:02 to 1:00, idle throughout (5-minute buckets from 0:00). wa waits [0:00, 0:10),
+    wb [0:11:40, 0:40) in partition gpu2. Bucket 0:00-0:05 is clipped to p's [0:02, 0:05): 180 s, all waited;
+    0:05-0:10: 300 s; 0:10-0:15: wb covers 0:11:40-0:15 = 200 s of it; 0:15-0:40: 1500 s. Idle while waited
+    = 180 + 300 + 200 + 1500 = 2180 s = 0.605556 GPU-h (counting whole buckets would give 2280 s). N = 2,
+    M = 1 GPU x 600 s + 1 GPU x 1700 s = 2300 s = 0.638889 GPU-h."""
+    start = h(0) + timedelta(seconds=120)
+    store.ingest([Allocation("c", "slurm", "p", account="acct-b", partition="gpu2", start=start, end=h(1),
+                             gpus=[AllocatedGpu("n9", 0)], submit=start), *buckets("n9", 0, 0, 1, 0.01),
+                  GpuWait("c", "slurm", "wa", 1, eligible=h(0), end=h(0) + timedelta(minutes=10), partition="gpu2"),
+                  GpuWait("c", "slurm", "wb", 1, eligible=h(0) + timedelta(seconds=700),
+                          end=h(0) + timedelta(minutes=40), partition="gpu2")],
+                 seen_at_ts=int(h(1).timestamp()))
+    opp = run_audit(store, CFG, W0, W1).summary["opportunity"]["idle_while_queued"]
+    assert opp["by_cluster"] == [pytest.approx({"cluster": "c", "idle_gpu_hours": 2180 / 3600, "waiting_jobs": 2,
+                                                "waiting_gpu_hours": 2300 / 3600, "idle_cost": 2180 / 3600 * 2.0})]

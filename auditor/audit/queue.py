@@ -56,68 +56,67 @@ SELECT i.aid, i.gid, i.part, i.t0, i.t1, i.share * i.obs AS idle_s, w.wid,
 FROM i JOIN w ON w.cluster = i.cluster AND w.partition = i.part AND w.w_s < i.t1 AND w.w_e > i.t0"""
 
 
-def _wait_hours(conn: Connection, p: dict[str, Any]) -> dict[int, tuple[str, str, float]]:
-    """wait id -> (cluster, partition, GPU-hours waited inside the window: GPUs x waiting hours)."""
-    g, le = judge.fns(conn.dialect.name)
-    return {int(r.wid): (r.cluster, r.partition, float(r.gpus) * (r.w_e - r.w_s) / H)
-            for r in conn.execute(text(WAITS.format(G=g, L=le)), p)}
+#: per allocation: idle seconds while waited (each idle bucket once, times the longest wait's cover share)
+_IDLE_Q = """SELECT aid, part, SUM(idle_s * frac) AS s FROM (
+  SELECT aid, gid, t0, part, MAX(idle_s) AS idle_s,
+   CASE WHEN MAX(cover_s) >= t1 - t0 THEN 1.0 ELSE MAX(cover_s) * 1.0 / (t1 - t0) END AS frac
+  FROM _queue_x GROUP BY aid, gid, t0, t1, part) b GROUP BY aid, part"""
+
+#: distinct waits behind the counted idle time, per group: N and M (GPU-seconds waited in the window)
+_WAITED = """SELECT {keys}, COUNT(*) AS n, SUM(w.gpus * (w.w_e - w.w_s)) AS m_s FROM (
+  SELECT DISTINCT {inner}, q.wid FROM _queue_x q JOIN allocations a ON a.id = q.aid
+  JOIN usage_allocation u ON u.run_id = :run AND u.allocation_id = q.aid) d
+JOIN ({waits}) w ON w.wid = d.wid GROUP BY {keys}"""
+_GROUPS = {"aid": ("d.aid", "q.aid AS aid"), "cluster": ("d.cluster", "a.cluster AS cluster"),
+           "team": ("d.cluster, d.team", "a.cluster AS cluster, u.team AS team")}
 
 
 def idle_while_queued(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds,
                       p: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(findings, summary): per allocation, idle GPU-hours while jobs waited; per team and cluster, "idle
-    GPU-hours while N jobs waited for M GPU-hours"."""
-    waits = _wait_hours(conn, p)
+    GPU-hours while N jobs waited for M GPU-hours". The (idle bucket, wait) pairs stay in a temporary table:
+    only per-allocation and per-group sums reach Python."""
+    g, le = judge.fns(conn.dialect.name)
+    waits = WAITS.format(G=g, L=le)
+    total = conn.execute(text(f"SELECT COUNT(*) AS n, SUM(gpus * (w_e - w_s)) AS m_s FROM ({waits}) w"), p).one()
+    summary: dict[str, Any] = {"by_cluster": [], "by_team": [], "waiting_jobs": int(total.n or 0),
+                               "waiting_gpu_hours": float(total.m_s or 0) / H}
+    if not total.n:
+        return [], summary
+    conn.execute(text("DROP TABLE IF EXISTS _queue_x"))
+    conn.execute(text("CREATE TEMPORARY TABLE _queue_x AS " + overlap_sql(conn.dialect.name, th)), p)
+    idle = {int(r.aid): (float(r.s or 0), r.part) for r in conn.execute(text(_IDLE_Q))}
+    waited = {}
+    for group, (keys, inner) in _GROUPS.items():
+        sql = _WAITED.format(keys=keys, inner=inner, waits=waits)
+        waited[group] = {tuple(r[:-2]): (int(r.n), float(r.m_s or 0) / H) for r in conn.execute(text(sql), p)}
+    conn.execute(text("DROP TABLE _queue_x"))
     by_id = {r["allocation_id"]: r for r in per_alloc}
-    best: dict[tuple[int, int, int], list[float]] = {}  # (aid, gid, t0) -> [idle_s, max cover share]
-    waited: dict[int, set[int]] = defaultdict(set)  # aid -> waits that overlapped its idle buckets
-    parts: dict[int, str] = {}
-    if waits:
-        for r in conn.execute(text(overlap_sql(conn.dialect.name, th)), p):
-            k = (int(r.aid), int(r.gid), int(r.t0))
-            share = min(1.0, max(0.0, float(r.cover_s) / max(1, r.t1 - r.t0)))
-            cur = best.setdefault(k, [float(r.idle_s), 0.0])
-            cur[1] = max(cur[1], share)
-            waited[k[0]].add(int(r.wid))
-            parts[k[0]] = r.part
-    idle_q: dict[int, float] = defaultdict(float)
-    for (aid, _gid, _t0), (idle_s, share) in best.items():
-        idle_q[aid] += idle_s * share
     findings: list[dict[str, Any]] = []
-    teams: dict[tuple[str, str], dict[str, Any]] = {}
-    clusters: dict[str, dict[str, Any]] = {}
-    for aid, s in sorted(idle_q.items()):
+    sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])  # group key -> [idle seconds, cost]
+    for aid, (s, part) in sorted(idle.items()):
         r = by_id.get(aid)
         if r is None or s <= 0:
             continue
         h = s / H
-        for key, acc in (((r["cluster"], r["team"]), teams), (r["cluster"], clusters)):
-            t = acc.setdefault(key, {"idle_s": 0.0, "waits": set(), "cost": 0.0})
-            t["idle_s"] += s
-            t["waits"] |= waited[aid]
-            t["cost"] += h * r["price"]
+        for key in (("cluster", r["cluster"]), ("team", r["cluster"], r["team"])):
+            sums[key][0] += s
+            sums[key][1] += h * r["price"]
         if h + 1e-9 < th.queue_min_idle_gpu_hours:
             continue
-        n, m = len(waited[aid]), sum(waits[w][2] for w in waited[aid])
+        n, m = waited["aid"].get((aid,), (0, 0.0))
         ev = {"rule": f"{h:.1f} idle GPU-hours while {n} GPU job(s) waited for {m:.1f} GPU-hours in partition "
-                      f"{parts[aid] or '(cluster)'} (>= {th.queue_min_idle_gpu_hours:g} h)",
-              "idle_while_queued_gpu_hours": h, "waiting_jobs": n, "waiting_gpu_hours": m,
-              "partition": parts[aid]}
+                      f"{part or '(cluster)'} (>= {th.queue_min_idle_gpu_hours:g} h)",
+              "idle_while_queued_gpu_hours": h, "waiting_jobs": n, "waiting_gpu_hours": m, "partition": part}
         f = _finding(run_id, "idle_while_queued", r, ev, h, p["since"], p["horizon"])
         f["gpu_hours"] = h
         findings.append(f)
-
-    def rows(acc: dict, key_names: tuple[str, ...]) -> list[dict[str, Any]]:
-        out = []
-        for key, t in sorted(acc.items()):
-            key = key if isinstance(key, tuple) else (key,)
-            out.append({**dict(zip(key_names, key, strict=True)), "idle_gpu_hours": t["idle_s"] / H,
-                        "waiting_jobs": len(t["waits"]),
-                        "waiting_gpu_hours": sum(waits[w][2] for w in t["waits"]), "idle_cost": t["cost"]})
-        return out
-
-    summary = {"by_cluster": rows(clusters, ("cluster",)), "by_team": rows(teams, ("cluster", "team")),
-               "waiting_jobs": len(waits), "waiting_gpu_hours": sum(w[2] for w in waits.values())}
+    for (group, *key), (s, cost) in sorted(sums.items()):
+        n, m = waited[group].get(tuple(key), (0, 0.0))
+        names = ("cluster",) if group == "cluster" else ("cluster", "team")
+        summary["by_cluster" if group == "cluster" else "by_team"].append(
+            {**dict(zip(names, key, strict=True)), "idle_gpu_hours": s / H, "waiting_jobs": n,
+             "waiting_gpu_hours": m, "idle_cost": cost})
     return findings, summary
 
 
