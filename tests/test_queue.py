@@ -173,3 +173,22 @@ def test_partial_buckets_count_only_the_waited_seconds(store: Store) -> None:
     opp = run_audit(store, CFG, W0, W1).summary["opportunity"]["idle_while_queued"]
     assert opp["by_cluster"] == [pytest.approx({"cluster": "c", "idle_gpu_hours": 2180 / 3600, "waiting_jobs": 2,
                                                 "waiting_gpu_hours": 2300 / 3600, "idle_cost": 2180 / 3600 * 2.0})]
+
+
+def test_overlapping_waits_count_their_union(store: Store) -> None:
+    """q holds 1 GPU idle 0:00-1:00 in partition gpu3. Waits A [0, 100 s), B [50 s, 150 s), C [200 s, 250 s),
+    all in the first 5-minute bucket. Union: [0, 150 s) + [200 s, 250 s) = 200 s idle while waited (two
+    disjoint pieces in one bucket; the longest single wait would say 100 s, adding the waits up 250 s).
+    N = 3, M = 1 GPU x (100 + 100 + 50) s = 250 GPU-s."""
+    def sec(x: int) -> datetime:
+        return h(0) + timedelta(seconds=x)
+
+    store.ingest([Allocation("c", "slurm", "q", account="acct-b", partition="gpu3", start=h(0), end=h(1),
+                             gpus=[AllocatedGpu("n8", 0)], submit=h(0)), *buckets("n8", 0, 0, 1, 0.01),
+                  *[GpuWait("c", "slurm", k, 1, eligible=sec(a), end=sec(b), partition="gpu3")
+                    for k, a, b in (("A", 0, 100), ("B", 50, 150), ("C", 200, 250))]],
+                 seen_at_ts=int(h(1).timestamp()))
+    opp = run_audit(store, CFG, W0, W1).summary["opportunity"]["idle_while_queued"]
+    [c] = opp["by_cluster"]
+    assert c["idle_gpu_hours"] == pytest.approx(200 / 3600) and c["waiting_jobs"] == 3
+    assert c["waiting_gpu_hours"] == pytest.approx(250 / 3600)

@@ -2,18 +2,23 @@
 queue, and GPU quotas held but not used.
 
 * ``idle_while_queued``: the idle seconds (idle, idle-by-util, mirage: :mod:`auditor.audit.verdict`) of an
-  allocation's GPUs in buckets during which at least one GPU job of the same cluster and partition waited
-  (``gpu_waits``; Kubernetes pods wait in partition "", the cluster). A bucket's idle seconds count in the
-  share of the bucket (clipped to the allocation) that the longest-overlapping wait covers: a lower bound
-  of the union of the waits, exact when one wait covers the others.
-  Unknown time is never idle, so it never counts.
+  allocation's GPUs while at least one GPU job of the same cluster and partition waited (``gpu_waits``;
+  Kubernetes pods wait in partition "", the cluster): a bucket's idle seconds count in the share of the
+  bucket (clipped to the allocation) that the union of the waits covers. Unknown time is never idle, so it
+  never counts.
 * ``idle_quota``: per quota (Slurm QOS or account GrpTRES gres/gpu), GPUs held on average by its allocations
   versus GPUs in use (held minus idle; unknown counts as in use): quota - in use is the reclaim candidate.
+
+How it stays set-based at fleet scale: the union of the waits of each queue is cut into cells of
+:data:`CELL` seconds (``_queue_u``), so an idle bucket meets the one or two union pieces of its own cells (an
+index lookup), never every wait of its partition; the waits behind the counted idle time are found from the
+allocation's islands of counted buckets, not bucket by bucket.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -23,6 +28,7 @@ from auditor.audit.evidence import _finding
 from auditor.config import Config, Thresholds
 
 H = 3600.0
+CELL = 300
 _IDLE = verdict.in_codes("j.v", verdict.IDLE_CODES)
 
 #: waits overlapping the window, clipped to it; an open wait ends at its last sighting
@@ -31,66 +37,118 @@ WAITS = """SELECT w.id AS wid, w.cluster, w.partition, w.gpus, {G}(w.eligible_ts
 FROM gpu_waits w WHERE w.gpus > 0 AND w.eligible_ts < :horizon AND COALESCE(w.end_ts, w.last_seen_ts) > :since
  AND COALESCE(w.end_ts, w.last_seen_ts) > w.eligible_ts"""
 
+_TEMP = ("_queue_x", "_queue_i", "_queue_u", "_queue_w")
+_UNION_DDL = "CREATE TEMPORARY TABLE _queue_u (cluster TEXT, part TEXT, cell BIGINT, p_s BIGINT, p_e BIGINT)"
+
+
+def union_cells(waits: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    """The union of the waits of each (cluster, partition), cut into :data:`CELL`-second cells: one row per
+    (cell, piece). ``waits`` sorted by cluster, partition, start; only the current union piece is held."""
+    def cut(key: tuple[str, str], a: int, b: int) -> Iterator[dict[str, Any]]:
+        cell = a - a % CELL
+        while cell < b:
+            yield {"cluster": key[0], "part": key[1], "cell": cell, "p_s": max(a, cell), "p_e": min(b, cell + CELL)}
+            cell += CELL
+
+    cur: tuple[tuple[str, str], int, int] | None = None
+    for w in waits:
+        key, a, b = (w.cluster, w.partition), int(w.w_s), int(w.w_e)
+        if cur is not None and cur[0] == key and a <= cur[2]:
+            cur = (key, cur[1], max(cur[2], b))
+            continue
+        if cur is not None:
+            yield from cut(*cur)
+        cur = (key, a, b)
+    if cur is not None:
+        yield from cut(*cur)
+
 
 def overlap_sql(dialect: str, th: Thresholds) -> str:
-    """One row per (idle bucket of an allocated GPU, wait overlapping it in the same cluster and partition):
+    """One row per (idle bucket of an allocated GPU, piece of its queue's wait union in the bucket's cells):
     the allocation, the bucket clipped to the allocation [t0, t1), its idle observed seconds x share, and the
-    seconds of [t0, t1) the wait covers."""
+    seconds of [t0, t1) the piece covers (pieces are disjoint: their sum is the union's cover)."""
     g, le = judge.fns(dialect)
-    waits = WAITS.format(G=g, L=le)
     rows = judge.rows_of(dialect, th, "c", "cc", ["aid", "gid", "share", "cluster", "part"])
-    return f"""WITH w AS ({waits}),
- c AS (
+    return f"""WITH c AS (
   SELECT u.allocated_gpu_id AS gid, u.allocation_id AS aid, u.gpu_id, ag.share, a.cluster, a.partition AS part,
    {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey,
    tg.has_jobs AS lab
   FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN telemetry_gpus tg ON tg.id = u.gpu_id
   JOIN allocations a ON a.id = u.allocation_id
   WHERE u.run_id = :run AND u.gpu_id IS NOT NULL AND u.idle_s + u.mirage_s > 0
-   AND EXISTS (SELECT 1 FROM w WHERE w.cluster = a.cluster AND w.partition = a.partition
+   AND EXISTS (SELECT 1 FROM _queue_w w WHERE w.cluster = a.cluster AND w.partition = a.partition
                AND w.w_s < {le}(COALESCE(a.end_ts, :horizon), :horizon) AND w.w_e > {g}(a.start_ts, :since))),
- i AS (SELECT j.aid, j.gid, j.share, j.cluster, j.part, {g}(j.bucket_ts, j.a_s) AS t0,
-        {le}(j.bucket_ts + j.bucket_s, j.a_e) AS t1, j.obs FROM {rows} WHERE {_IDLE} AND j.obs > 0)
-SELECT i.aid, i.gid, i.part, i.t0, i.t1, i.share * i.obs AS idle_s, w.wid,
- {le}(w.w_e, i.t1) - {g}(w.w_s, i.t0) AS cover_s
-FROM i JOIN w ON w.cluster = i.cluster AND w.partition = i.part AND w.w_s < i.t1 AND w.w_e > i.t0"""
+ i AS (SELECT j.aid, j.gid, j.share, j.cluster, j.part, j.bucket_ts AS b, j.bucket_s AS bs,
+        {g}(j.bucket_ts, j.a_s) AS t0, {le}(j.bucket_ts + j.bucket_s, j.a_e) AS t1, j.obs
+       FROM {rows} WHERE {_IDLE} AND j.obs > 0)
+SELECT i.aid, i.gid, i.cluster, i.part, i.t0, i.t1, i.share * i.obs AS idle_s,
+ {le}(u.p_e, i.t1) - {g}(u.p_s, i.t0) AS cover_s
+FROM i JOIN _queue_u u ON u.cluster = i.cluster AND u.part = i.part AND u.cell > i.b - {CELL}
+ AND u.cell < i.b + i.bs AND u.p_s < i.t1 AND u.p_e > i.t0"""
 
 
-#: per allocation: idle seconds while waited (each idle bucket once, times the longest wait's cover share)
+#: per allocation: idle seconds while waited (each idle bucket once, times the union's cover share)
 _IDLE_Q = """SELECT aid, part, SUM(idle_s * frac) AS s FROM (
   SELECT aid, gid, t0, part, MAX(idle_s) AS idle_s,
-   CASE WHEN MAX(cover_s) >= t1 - t0 THEN 1.0 ELSE MAX(cover_s) * 1.0 / (t1 - t0) END AS frac
+   CASE WHEN SUM(cover_s) >= t1 - t0 THEN 1.0 ELSE SUM(cover_s) * 1.0 / (t1 - t0) END AS frac
   FROM _queue_x GROUP BY aid, gid, t0, t1, part) b GROUP BY aid, part"""
 
-#: distinct waits behind the counted idle time, per group: N and M (GPU-seconds waited in the window)
+#: per allocation, its counted idle time as islands [s, e) (buckets of all its GPUs, overlapping or touching)
+_ISLANDS = """CREATE TEMPORARY TABLE _queue_i AS SELECT aid, cluster, part, MIN(t0) AS s, MAX(t1) AS e FROM (
+  SELECT f.*, SUM(brk) OVER (PARTITION BY aid ORDER BY t0, t1 ROWS UNBOUNDED PRECEDING) AS isl FROM (
+    SELECT d.*, CASE WHEN MAX(t1) OVER (PARTITION BY aid ORDER BY t0, t1 ROWS BETWEEN UNBOUNDED PRECEDING
+     AND 1 PRECEDING) >= t0 THEN 0 ELSE 1 END AS brk
+    FROM (SELECT DISTINCT aid, cluster, part, t0, t1 FROM _queue_x) d) f) g GROUP BY aid, cluster, part, isl"""
+
+#: distinct waits behind the counted idle time (a wait overlapping an island), per group: N and M
 _WAITED = """SELECT {keys}, COUNT(*) AS n, SUM(w.gpus * (w.w_e - w.w_s)) AS m_s FROM (
-  SELECT DISTINCT {inner}, q.wid FROM _queue_x q JOIN allocations a ON a.id = q.aid
+  SELECT DISTINCT {inner}, w.wid FROM _queue_i q JOIN _queue_w w ON w.cluster = q.cluster
+   AND w.partition = q.part AND w.w_s < q.e AND w.w_e > q.s
   JOIN usage_allocation u ON u.run_id = :run AND u.allocation_id = q.aid) d
-JOIN ({waits}) w ON w.wid = d.wid GROUP BY {keys}"""
-_GROUPS = {"aid": ("d.aid", "q.aid AS aid"), "cluster": ("d.cluster", "a.cluster AS cluster"),
-           "team": ("d.cluster, d.team", "a.cluster AS cluster, u.team AS team")}
+JOIN _queue_w w ON w.wid = d.wid GROUP BY {keys}"""
+_GROUPS = {"aid": ("d.aid", "q.aid AS aid"), "cluster": ("d.cluster", "q.cluster AS cluster"),
+           "team": ("d.cluster, d.team", "q.cluster AS cluster, u.team AS team")}
+
+
+def _drop(conn: Connection) -> None:
+    for t in _TEMP:
+        conn.execute(text(f"DROP TABLE IF EXISTS {t}"))
 
 
 def idle_while_queued(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds,
                       p: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(findings, summary): per allocation, idle GPU-hours while jobs waited; per team and cluster, "idle
-    GPU-hours while N jobs waited for M GPU-hours". The (idle bucket, wait) pairs stay in a temporary table:
-    only per-allocation and per-group sums reach Python."""
+    GPU-hours while N jobs waited for M GPU-hours". Pairs stay in temporary tables: only per-allocation and
+    per-group sums reach Python."""
     g, le = judge.fns(conn.dialect.name)
-    waits = WAITS.format(G=g, L=le)
-    total = conn.execute(text(f"SELECT COUNT(*) AS n, SUM(gpus * (w_e - w_s)) AS m_s FROM ({waits}) w"), p).one()
+    _drop(conn)
+    conn.execute(text("CREATE TEMPORARY TABLE _queue_w AS " + WAITS.format(G=g, L=le)), p)
+    conn.execute(text("CREATE INDEX ix_queue_w ON _queue_w (cluster, partition, w_s)"))
+    total = conn.execute(text("SELECT COUNT(*) AS n, SUM(gpus * (w_e - w_s)) AS m_s FROM _queue_w")).one()
     summary: dict[str, Any] = {"by_cluster": [], "by_team": [], "waiting_jobs": int(total.n or 0),
                                "waiting_gpu_hours": float(total.m_s or 0) / H}
-    if not total.n:
-        return [], summary
-    conn.execute(text("DROP TABLE IF EXISTS _queue_x"))
-    conn.execute(text("CREATE TEMPORARY TABLE _queue_x AS " + overlap_sql(conn.dialect.name, th)), p)
-    idle = {int(r.aid): (float(r.s or 0), r.part) for r in conn.execute(text(_IDLE_Q))}
-    waited = {}
-    for group, (keys, inner) in _GROUPS.items():
-        sql = _WAITED.format(keys=keys, inner=inner, waits=waits)
-        waited[group] = {tuple(r[:-2]): (int(r.n), float(r.m_s or 0) / H) for r in conn.execute(text(sql), p)}
-    conn.execute(text("DROP TABLE _queue_x"))
+    idle: dict[int, tuple[float, str]] = {}
+    waited: dict[str, dict[tuple, tuple[int, float]]] = {k: {} for k in _GROUPS}
+    if total.n:
+        conn.execute(text(_UNION_DDL))
+        ordered = conn.execute(text("SELECT cluster, partition, w_s, w_e FROM _queue_w "
+                                    "ORDER BY cluster, partition, w_s"))
+        batch: list[dict[str, Any]] = []
+        for row in union_cells(ordered.fetchall()):
+            batch.append(row)
+            if len(batch) >= 5000:
+                conn.execute(text("INSERT INTO _queue_u VALUES (:cluster, :part, :cell, :p_s, :p_e)"), batch)
+                batch = []
+        if batch:
+            conn.execute(text("INSERT INTO _queue_u VALUES (:cluster, :part, :cell, :p_s, :p_e)"), batch)
+        conn.execute(text("CREATE INDEX ix_queue_u ON _queue_u (cluster, part, cell)"))
+        conn.execute(text("CREATE TEMPORARY TABLE _queue_x AS " + overlap_sql(conn.dialect.name, th)), p)
+        idle = {int(r.aid): (float(r.s or 0), r.part) for r in conn.execute(text(_IDLE_Q))}
+        conn.execute(text(_ISLANDS))
+        for group, (keys, inner) in _GROUPS.items():
+            sql = _WAITED.format(keys=keys, inner=inner)
+            waited[group] = {tuple(r[:-2]): (int(r.n), float(r.m_s or 0) / H) for r in conn.execute(text(sql), p)}
+    _drop(conn)
     by_id = {r["allocation_id"]: r for r in per_alloc}
     findings: list[dict[str, Any]] = []
     sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])  # group key -> [idle seconds, cost]
