@@ -7,9 +7,11 @@ waited. Run under `flock /work/spec/slurm.lock` (the testbed is shared)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -61,10 +63,27 @@ def test_pending_job_waits_while_another_holds_gpus_idle(store: Store) -> None:
         [w] = [r for r in records if isinstance(r, GpuWait) and r.external_id == waiter]
         assert (w.gpus, w.end, w.partition, w.account, w.state) == (2.0, None, "gpu", "team-b", "PENDING")
         assert int(w.eligible.timestamp()) == eligible
-        assert GpuQuota(CLUSTER, "qos", qos, 6.0, None).name in {q.name for q in records if isinstance(q, GpuQuota)}
+        assert GpuQuota(CLUSTER, "qos", qos, 6.0) in [replace(q, seen_at=None) for q in records
+                                                      if isinstance(q, GpuQuota)]
         [h] = [r for r in records if isinstance(r, Allocation) and r.external_id == holder]
         assert sorted(g.index for g in h.gpus) == list(range(8)) and not any(
             isinstance(r, Allocation) and r.external_id == waiter for r in records)
+
+        # the rest backend (slurmrestd) reads the same pending job and quota
+        token = sh("scontrol", "token", "username=root", "lifespan=600").strip().split("=", 1)[1]
+        os.environ["GPU_AUDIT_TEST_SLURM_JWT"] = token
+        try:
+            now = datetime.now(UTC)
+            rest = list(build("slurm", "allocations", {
+                "backend": "rest", "rest_url": "http://127.0.0.1:6820",
+                "rest_token": {"env": "GPU_AUDIT_TEST_SLURM_JWT"}}, Context(CLUSTER)).collect(
+                Window(now - timedelta(hours=1), now + timedelta(minutes=1)), Problems()))
+        finally:
+            del os.environ["GPU_AUDIT_TEST_SLURM_JWT"]
+        [rw] = [r for r in rest if isinstance(r, GpuWait) and r.external_id == waiter]
+        assert (rw.gpus, rw.end, rw.partition, int(rw.eligible.timestamp())) == (2.0, None, "gpu", eligible)
+        assert GpuQuota(CLUSTER, "qos", qos, 6.0) in [replace(q, seen_at=None) for q in rest
+                                                      if isinstance(q, GpuQuota)]
 
         # the holder's 8 GPUs idle (SM 1 %) in 5-minute buckets from its start through the collection
         start = int(h.start.timestamp())

@@ -159,3 +159,20 @@ def test_guard_refuses_a_wait_that_is_no_gpu_count() -> None:
         with pytest.raises(guard.Unstorable):
             guard.clean(w)
     assert guard.describe(GpuQuota("c", "qos", "q", 2.0))[0] == "quota qos q"
+
+
+def test_slurmrestd_gpu_quotas_recorded() -> None:
+    """Recorded from the testbed's slurmrestd 22.05.8 (v0.0.38) after `sacctmgr add qos gpuaudit-rec
+    GrpTRES=gres/gpu=6` and `sacctmgr add account gpuaudit-acct GrpTRES=gres/gpu=4`: exactly those two are
+    quotas (22.05 names the QOS list "QOS"); the other QOS and the user associations are not."""
+    seen = at("2026-11-30T11:03:00")
+    qos = json.loads((FIX / "slurmdb-v0.0.38-qos.json").read_text())["QOS"]
+    assoc = json.loads((FIX / "slurmdb-v0.0.38-associations.json").read_text())["associations"]
+    got = [q for q in [*(quotas.from_json_qos(o, "c", seen) for o in qos),
+                       *(quotas.from_json_assoc(o, "c", "auditlab", seen) for o in assoc)] if q is not None]
+    assert got == [GpuQuota("c", "qos", "gpuaudit-rec", 6.0, seen),
+                   GpuQuota("c", "account", "gpuaudit-acct", 4.0, seen)]
+    assert [q for o in assoc if (q := quotas.from_json_assoc(o, "c", "elsewhere", seen))] == []
+    with pytest.raises(ValueError):
+        quotas.from_json_qos({"name": "q", "limits": {"max": {"tres": {"total": [
+            {"type": "gres", "name": "gpu", "count": "six"}]}}}}, "c", seen)

@@ -1,13 +1,15 @@
 """GPU quotas from Slurm accounting (docs/definitions.md "Idle quota"): a QOS or an account association with
 ``GrpTRES`` ``gres/gpu=N`` holds N GPUs for its jobs whether or not they use them. Read with
 ``sacctmgr -n -P show qos format=Name,GrpTRES`` and ``sacctmgr -n -P show assoc
-format=Cluster,Account,User,GrpTRES``; user-level associations (a User column) are not quotas of a team and
+format=Cluster,Account,User,GrpTRES`` (cli backend), or slurmrestd's ``/slurmdb/vX/qos`` and
+``/slurmdb/vX/associations`` (rest backend); user-level associations (a User) are not quotas of a team and
 are left out."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from typing import Any
 
 from auditor.records import GpuQuota
 from connectors.slurm.parse import parse_tres, tres_gpus
@@ -56,3 +58,40 @@ def from_assoc_rows(rows: Iterator[tuple[int, dict[str, str] | str]], cluster: s
             continue
         if n > 0:
             yield GpuQuota(cluster=cluster, kind="account", name=row["Account"], gpus=float(n), seen_at=seen)
+
+
+def _json_gpus(tres: Any) -> int:
+    """GPUs in a slurmdbd TRES list (``[{"type": "gres", "name": "gpu", "count": 6}]``): the untyped count,
+    else the typed ones summed. Raises ValueError on a count that is not a whole number."""
+    untyped = typed = 0
+    for t in tres or []:
+        if not isinstance(t, dict) or t.get("type") != "gres" or not str(t.get("name") or "").startswith("gpu"):
+            continue
+        n = t.get("count")
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ValueError(f"GPU count {n!r} is not a whole number")
+        if t.get("name") == "gpu":
+            untyped += n
+        else:
+            typed += n
+    return untyped or typed
+
+
+def from_json_qos(obj: dict[str, Any], cluster: str, seen: datetime) -> GpuQuota | None:
+    """A slurmdbd QOS object (REST ``/slurmdb/vX/qos``): GrpTRES is ``limits.max.tres.total``."""
+    n = _json_gpus(((obj.get("limits") or {}).get("max") or {}).get("tres", {}).get("total"))
+    name = obj.get("name") or ""
+    return GpuQuota(cluster=cluster, kind="qos", name=name, gpus=float(n), seen_at=seen) if n > 0 and name else None
+
+
+def from_json_assoc(obj: dict[str, Any], cluster: str, slurm_cluster: str | None,
+                    seen: datetime) -> GpuQuota | None:
+    """A slurmdbd association (REST ``/slurmdb/vX/associations``) of an account without a user: GrpTRES is
+    ``max.tres.total``."""
+    if obj.get("user") or not obj.get("account"):
+        return None
+    if slurm_cluster and obj.get("cluster") not in (None, "", slurm_cluster):
+        return None
+    n = _json_gpus(((obj.get("max") or {}).get("tres") or {}).get("total"))
+    return GpuQuota(cluster=cluster, kind="account", name=obj["account"], gpus=float(n), seen_at=seen) if n > 0 \
+        else None
