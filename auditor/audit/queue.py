@@ -37,7 +37,7 @@ WAITS = """SELECT w.id AS wid, w.cluster, w.partition, w.gpus, {G}(w.eligible_ts
 FROM gpu_waits w WHERE w.gpus > 0 AND w.eligible_ts < :horizon AND COALESCE(w.end_ts, w.last_seen_ts) > :since
  AND COALESCE(w.end_ts, w.last_seen_ts) > w.eligible_ts"""
 
-_TEMP = ("_queue_x", "_queue_i", "_queue_u", "_queue_w")
+_TEMP = ("_queue_p", "_queue_x", "_queue_i", "_queue_u", "_queue_w")
 _UNION_DDL = "CREATE TEMPORARY TABLE _queue_u (cluster TEXT, part TEXT, cell BIGINT, p_s BIGINT, p_e BIGINT)"
 
 
@@ -100,14 +100,17 @@ _ISLANDS = """CREATE TEMPORARY TABLE _queue_i AS SELECT aid, cluster, part, MIN(
      AND 1 PRECEDING) >= t0 THEN 0 ELSE 1 END AS brk
     FROM (SELECT DISTINCT aid, cluster, part, t0, t1 FROM _queue_x) d) f) g GROUP BY aid, cluster, part, isl"""
 
-#: distinct waits behind the counted idle time (a wait overlapping an island), per group: N and M
+#: the distinct (allocation, wait) pairs behind the counted idle time: a wait overlapping one of its islands
+_PAIRS = """CREATE TEMPORARY TABLE _queue_p AS SELECT DISTINCT q.aid, w.wid FROM _queue_i q
+JOIN _queue_w w ON w.cluster = q.cluster AND w.partition = q.part AND w.w_s < q.e AND w.w_e > q.s"""
+
+#: per group: N distinct waits and M, their GPU-seconds waited in the window
 _WAITED = """SELECT {keys}, COUNT(*) AS n, SUM(w.gpus * (w.w_e - w.w_s)) AS m_s FROM (
-  SELECT DISTINCT {inner}, w.wid FROM _queue_i q JOIN _queue_w w ON w.cluster = q.cluster
-   AND w.partition = q.part AND w.w_s < q.e AND w.w_e > q.s
-  JOIN usage_allocation u ON u.run_id = :run AND u.allocation_id = q.aid) d
+  SELECT DISTINCT {inner}, p.wid FROM _queue_p p JOIN allocations a ON a.id = p.aid
+  JOIN usage_allocation u ON u.run_id = :run AND u.allocation_id = p.aid) d
 JOIN _queue_w w ON w.wid = d.wid GROUP BY {keys}"""
-_GROUPS = {"aid": ("d.aid", "q.aid AS aid"), "cluster": ("d.cluster", "q.cluster AS cluster"),
-           "team": ("d.cluster, d.team", "q.cluster AS cluster, u.team AS team")}
+_GROUPS = {"aid": ("d.aid", "p.aid AS aid"), "cluster": ("d.cluster", "a.cluster AS cluster"),
+           "team": ("d.cluster, d.team", "a.cluster AS cluster, u.team AS team")}
 
 
 def _drop(conn: Connection) -> None:
@@ -145,6 +148,7 @@ def idle_while_queued(conn: Connection, run_id: int, per_alloc: list[dict[str, A
         conn.execute(text("CREATE TEMPORARY TABLE _queue_x AS " + overlap_sql(conn.dialect.name, th)), p)
         idle = {int(r.aid): (float(r.s or 0), r.part) for r in conn.execute(text(_IDLE_Q))}
         conn.execute(text(_ISLANDS))
+        conn.execute(text(_PAIRS))
         for group, (keys, inner) in _GROUPS.items():
             sql = _WAITED.format(keys=keys, inner=inner)
             waited[group] = {tuple(r[:-2]): (int(r.n), float(r.m_s or 0) / H) for r in conn.execute(text(sql), p)}
