@@ -192,3 +192,14 @@ def test_overlapping_waits_count_their_union(store: Store) -> None:
     [c] = opp["by_cluster"]
     assert c["idle_gpu_hours"] == pytest.approx(200 / 3600) and c["waiting_jobs"] == 3
     assert c["waiting_gpu_hours"] == pytest.approx(250 / 3600)
+
+
+def test_an_audit_of_one_cluster_leaves_the_others_queues_and_quotas_out(store: Store) -> None:
+    """Audited for cluster c only: another cluster's wait and quota are neither counted nor reclaim candidates
+    (they would read 8 unused GPUs there, since none of its allocations is in this run)."""
+    store.ingest(fleet(), seen_at_ts=int(h(4).timestamp()))
+    store.ingest([*waits(), GpuWait("other", "slurm", "o1", 8, eligible=h(0), end=h(4), partition="gpu"),
+                  GpuQuota("other", "account", "acct-x", 8)], seen_at_ts=int(h(3.5).timestamp()))
+    opp = run_audit(store, CFG, W0, W1, clusters=["c"]).summary["opportunity"]
+    assert opp["idle_while_queued"]["waiting_jobs"] == 3  # w1, w2, w3 of c; not o1
+    assert {q["cluster"] for q in opp["quotas"]} == {"c"}

@@ -119,13 +119,17 @@ def _drop(conn: Connection) -> None:
 
 
 def idle_while_queued(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds,
-                      p: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                      p: dict[str, Any], clusters: list[str] | None = None
+                      ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(findings, summary): per allocation, idle GPU-hours while jobs waited; per team and cluster, "idle
     GPU-hours while N jobs waited for M GPU-hours". Pairs stay in temporary tables: only per-allocation and
     per-group sums reach Python."""
     g, le = judge.fns(conn.dialect.name)
     _drop(conn)
     conn.execute(text("CREATE TEMPORARY TABLE _queue_w AS " + WAITS.format(G=g, L=le)), p)
+    if clusters:
+        names = {f"qc{i}": c for i, c in enumerate(clusters)}
+        conn.execute(text(f"DELETE FROM _queue_w WHERE cluster NOT IN ({', '.join(':' + k for k in names)})"), names)
     conn.execute(text("CREATE INDEX ix_queue_w ON _queue_w (cluster, partition, w_s)"))
     total = conn.execute(text("SELECT COUNT(*) AS n, SUM(gpus * (w_e - w_s)) AS m_s FROM _queue_w")).one()
     summary: dict[str, Any] = {"by_cluster": [], "by_team": [], "waiting_jobs": int(total.n or 0),
@@ -193,13 +197,15 @@ GROUP BY q.cluster, q.kind, q.name, q.gpus ORDER BY q.cluster, q.kind, q.name"""
 
 
 def idle_quota(conn: Connection, run_id: int, th: Thresholds, cfg: Config, p: dict[str, Any],
-               team_of: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+               team_of: Any, clusters: list[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(findings, table): per GPU quota seen in the window, the average GPUs held, idle and in use over
     [since, horizon); a quota whose unused part (quota - in use) is at least ``idle_quota_min_gpus`` and
     ``idle_quota_fraction`` of the quota is a reclaim candidate."""
     span = max(1, p["horizon"] - p["since"])
     table, findings = [], []
     for r in conn.execute(text(QUOTA_USE), p):
+        if clusters and r.cluster not in clusters:
+            continue
         held, idle = float(r.held_s or 0) / span, float(r.idle_s or 0) / span
         in_use = max(0.0, held - idle)  # unknown time counts as in use: never reclaimed on no evidence
         unused = max(0.0, float(r.gpus) - in_use)
