@@ -203,3 +203,22 @@ def test_an_audit_of_one_cluster_leaves_the_others_queues_and_quotas_out(store: 
     opp = run_audit(store, CFG, W0, W1, clusters=["c"]).summary["opportunity"]
     assert opp["idle_while_queued"]["waiting_jobs"] == 3  # w1, w2, w3 of c; not o1
     assert {q["cluster"] for q in opp["quotas"]} == {"c"}
+
+
+def test_kubernetes_pending_pod_waits_on_the_whole_cluster(store: Store) -> None:
+    """A pod holding 2 GPUs idle 0-2 h on cluster k (pods have no partition) while a Pending pod asked for 4
+    GPUs from 0:30 and was still pending when last seen at 1:30: 2 GPUs x 1 h = 2.0 idle GPU-h while 1 job
+    waited for 4 x 1 h = 4.0 GPU-h."""
+    pod = Allocation("k", "kubernetes", "uid-1", name="nb", account="research", start=h(0), end=h(2),
+                     gpus=[AllocatedGpu("g1", 0), AllocatedGpu("g1", 1)])
+    tel = [GpuBucket("k", "g1", g, h(0) + timedelta(minutes=5 * i), 300, 10, sm_active=0.0, gpu_util=0.0)
+           for g in (0, 1) for i in range(24)]
+    store.ingest([pod, *tel], seen_at_ts=int(h(2).timestamp()))
+    store.ingest([GpuWait("k", "kubernetes", "uid-2", 4, eligible=h(0.5), account="ml-train")],
+                 seen_at_ts=int(h(1.5).timestamp()))
+    run = run_audit(store, CFG, W0, W1)
+    [c] = run.summary["opportunity"]["idle_while_queued"]["by_cluster"]
+    assert (c["cluster"], c["waiting_jobs"]) == ("k", 1)
+    assert c["idle_gpu_hours"] == pytest.approx(2.0) and c["waiting_gpu_hours"] == pytest.approx(4.0)
+    [f] = findings(store, run.run_id, "idle_while_queued")
+    assert f["external_id"] == "uid-1" and f["evidence"]["partition"] == ""
