@@ -204,6 +204,12 @@ class Thresholds(Strict):
                                      "below this.")
     low_efficiency_min_gpu_hours: float = Field(4.0, ge=0, description="low_efficiency: minimum observed "
                                                 "GPU-hours.")
+    queue_min_idle_gpu_hours: float = Field(1.0, ge=0, description="idle_while_queued: minimum idle GPU-hours "
+                                            "of an allocation while GPU jobs of its partition waited.")
+    idle_quota_min_gpus: float = Field(1.0, ge=0, description="idle_quota: minimum unused GPUs of a quota "
+                                       "(quota - average GPUs in use)...")
+    idle_quota_fraction: float = Field(0.5, ge=0, le=1, description="...and minimum unused share of the "
+                                       "quota.")
     min_finding_gpu_hours: float = Field(0.1, ge=0, description="Findings about fewer reserved GPU-hours "
                                          "than this are not listed (e.g. unmonitored 9-second array tasks).")
     hint_dram_high: float = Field(0.4, ge=0, le=1, description="low_efficiency hint memory-bound: mean DRAM "

@@ -159,6 +159,13 @@ def ghost_at(cluster: str, node: str, gpu: int, hour: float) -> bool:
     return (cluster, node, gpu) == (c, n, g) and a <= hour < b
 
 
+#: A GPU job that waited in partition gpu (id, user, account, GPUs, from hour, to hour) while ddp-debug held
+#: three GPUs idle on gpu-node-02 and nothing else of the partition was idle: idle_while_queued.
+WAIT = ("1040", "bob", "team-b", 4, 58.0, 64.0)
+#: GPU quotas (account GrpTRES gres/gpu): team-b uses ~1.2 of 8 (idle_quota); team-a ~6.7 of 10 (fine).
+QUOTAS = {"team-a": 10, "team-b": 8}
+
+
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -182,10 +189,14 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
     paths.append(slurm)
     extra = out / "hpc-reservations.json"
     name, node, a, b = RESERVATION
+    wid, wuser, wacct, wgpus, wa, wb = WAIT
     extra.write_text(json.dumps(
         [{"type": "reservation", "name": name, "nodes": [node], "gpu_count": 8, "accounts": ["team-b"],
           "start": _iso(t0 + a * 3600), "end": _iso(t0 + b * 3600), "flags": ["MAINT"]}]
-        + [{"type": "inventory", "node": n, "gpus": 8, "model": "h100"} for n in NODES["hpc"]], indent=1),
+        + [{"type": "inventory", "node": n, "gpus": 8, "model": "h100"} for n in NODES["hpc"]]
+        + [{"type": "wait", "id": wid, "name": "train-big", "user": wuser, "account": wacct, "partition": "gpu",
+            "gpus": wgpus, "eligible": _iso(t0 + wa * 3600), "end": _iso(t0 + wb * 3600), "state": "COMPLETED"}]
+        + [{"type": "quota", "kind": "account", "name": k, "gpus": n} for k, n in QUOTAS.items()], indent=1),
         encoding="utf-8")
     paths.append(extra)
     pods = out / "k8s-allocations.json"

@@ -57,6 +57,11 @@ class Allocation:
     time_limit_s: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
     gpus: list[AllocatedGpu] = field(default_factory=list)
+    #: when the job could have started (Slurm Eligible): read by connectors to build a :class:`GpuWait`,
+    #: not stored with the allocation
+    eligible: datetime | None = None
+    #: GPUs the job asked for (Slurm ReqTRES gres/gpu): a pending job holds none yet; not stored either
+    gpus_requested: float = 0.0
 
     @property
     def gpu_count(self) -> float:
@@ -145,4 +150,38 @@ class GpuInventory:
     seen_at: datetime | None = None
 
 
-Record = Allocation | Reservation | GpuBucket | GpuInventory
+@dataclass(slots=True)
+class GpuWait:
+    """A GPU job or pod that waited for GPUs: eligible to start (Slurm ``Eligible``, a Pending pod's
+    creation) and not running. ``end`` is when the wait ended (the job started, or left the queue without
+    starting); None while it still waits: the store then ends it at its last sighting, never later."""
+
+    cluster: str
+    source: Source
+    external_id: str
+    gpus: float  # GPUs requested
+    eligible: datetime
+    end: datetime | None = None
+    submit: datetime | None = None
+    name: str = ""
+    user: str = ""
+    account: str = ""
+    partition: str = ""  # Slurm partition; Kubernetes: "" (the whole cluster is one queue)
+    qos: str = ""
+    state: str = ""
+
+
+@dataclass(slots=True)
+class GpuQuota:
+    """A GPU limit a team or queue holds whether or not it uses it: a Slurm QOS or account ``GrpTRES``
+    ``gres/gpu=N``. ``kind`` says which allocations count against it: ``qos`` (jobs of that QOS) or
+    ``account`` (jobs of that account or namespace)."""
+
+    cluster: str
+    kind: Literal["qos", "account"]
+    name: str
+    gpus: float
+    seen_at: datetime | None = None
+
+
+Record = Allocation | Reservation | GpuBucket | GpuInventory | GpuWait | GpuQuota

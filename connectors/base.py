@@ -12,7 +12,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from auditor.records import Allocation, GpuBucket, GpuInventory, Reservation
+from auditor.records import Allocation, GpuBucket, GpuInventory, GpuQuota, GpuWait, Reservation
 
 log = logging.getLogger("gpu_audit.input")
 
@@ -76,7 +76,7 @@ class Problems:
         return sum(self.counts.values())
 
 
-AllocationRecord = Allocation | Reservation | GpuInventory | RunningSnapshot
+AllocationRecord = Allocation | Reservation | GpuInventory | GpuWait | GpuQuota | RunningSnapshot
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ from connectors._coverage import coverage, interval, job_key
 from connectors._rows import check_regular, fixed_dir, read_rows, read_sacct_file
 from connectors.aliases import METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
 from connectors.base import Context, Options, Problems, Window
+from connectors.file_queue import QUEUE_ROWS
 from connectors.slurm.saved import read_saved, sniff
 
 MAX_GPUS = 1024  # per allocation: more is a typo or hostile input, not a job
@@ -265,8 +266,10 @@ class FileAllocations:
                         yield loc, inv
                 elif kind == "allocation":
                     yield loc, allocation_from_row(self.ctx.cluster, row)
+                elif kind in QUEUE_ROWS:
+                    yield loc, QUEUE_ROWS[kind](self.ctx.cluster, row)
                 else:
-                    raise ValueError(f"type: {str(kind)[:40]!r} is not allocation, reservation or inventory")
+                    raise ValueError(f"type: {str(kind)[:40]!r} is not allocation, reservation, inventory, wait, quota")
             except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as exc:
                 problems.skip(str(path), loc, _reason(exc), _excerpt(row))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from auditor.records import AllocatedGpu, Allocation, GpuInventory
+from auditor.records import AllocatedGpu, Allocation, GpuInventory, GpuWait
 
 GPU_PRODUCT = "nvidia.com/gpu.product"
 GPU_COUNT = "nvidia.com/gpu.count"
@@ -289,6 +289,32 @@ def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, 
         cluster=rules.cluster, source="kubernetes", external_id=uid, name=meta.get("name", ""),
         user=str(user), account=meta.get("namespace", ""), state=state, start=start, end=end,
         submit=None, owner_workload=owners.top(pod), labels=labels, gpus=gpus)
+
+
+def pod_wait(pod: Mapping[str, Any], rules: PodRules, unknown: Callable[[str], None]) -> GpuWait | None:
+    """The wait of a GPU pod (docs/definitions.md "Opportunity cost"): from its creation until the scheduler
+    bound it (the PodScheduled condition turning True); an unscheduled Pending pod still waits (end None).
+    None for pods without GPUs, without a creation time, or bound the moment they were created."""
+    units = pod_gpu_units(pod, rules.is_gpu, unknown)
+    meta = pod.get("metadata") or {}
+    created = parse_time(meta.get("creationTimestamp"))
+    if not units or created is None or not meta.get("uid"):
+        return None
+    status = pod.get("status") or {}
+    scheduled = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"
+                      and c.get("status") == "True"), None)
+    if scheduled is not None:
+        end = parse_time(scheduled.get("lastTransitionTime"))
+        if end is None or end <= created:
+            return None
+    elif (pod.get("spec") or {}).get("nodeName") or status.get("phase") != "Pending":
+        return None  # bound without a condition to say when, or gone without running: no wait to measure
+    else:
+        end = None
+    gpus = sum(n * gpu_share(r, None)[0] for r, n in units.items())
+    return GpuWait(cluster=rules.cluster, source="kubernetes", external_id=str(meta["uid"]), gpus=gpus,
+                   eligible=created, end=end, name=meta.get("name", ""), account=meta.get("namespace", ""),
+                   state="Pending" if end is None else "Scheduled")
 
 
 def node_inventory(node: Mapping[str, Any], cluster: str, is_gpu: GpuMatcher,

@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 
 from auditor.config import SecretRef
 from auditor.errors import ConfigError, SourceError
-from auditor.records import Allocation, GpuInventory
+from auditor.records import Allocation, GpuInventory, GpuWait
 from connectors.base import AllocationRecord, Context, Options, Problems, RunningSnapshot, Window
 from connectors.k8s_resources import (
     BadObject,
@@ -35,6 +35,7 @@ from connectors.k8s_resources import (
     node_info,
     node_inventory,
     pod_allocation,
+    pod_wait,
 )
 
 log = logging.getLogger("gpu_audit.kubernetes")
@@ -251,6 +252,7 @@ class KubernetesAllocations:
         self._nodes = nodes
         owners = OwnerResolver(self._owner_items)
         pods: dict[str, Allocation] = {}
+        waits: dict[str, GpuWait] = {}
         rv = None
         namespaces: list[str | None] = list(self.options.namespaces) or [None]
         for ns in namespaces:
@@ -260,8 +262,13 @@ class KubernetesAllocations:
                     alloc = self._convert(pod, owners, problems)
                     if alloc is not None:
                         pods[alloc.external_id] = alloc
+                    self._wait(pod, waits)
+            # GPU pods the scheduler has not bound: the demand waiting now
+            for page in self._list("pods", ns, field_selector="spec.nodeName=,status.phase=Pending"):
+                for pod in page.get("items") or ():
+                    self._wait(pod, waits)
         self._resource_version = rv
-        out: list[AllocationRecord] = [*inventory, *pods.values()]
+        out: list[AllocationRecord] = [*inventory, *pods.values(), *waits.values()]
         out.append(RunningSnapshot(self.context.cluster, SOURCE, at=at, accounts=tuple(self.options.namespaces)))
         return out
 
@@ -281,10 +288,20 @@ class KubernetesAllocations:
             problems.skip(SOURCE, where, f"malformed pod object: {type(exc).__name__}: {exc}")
         return None
 
+    def _wait(self, pod: Mapping[str, Any], waits: dict[str, GpuWait]) -> None:
+        """Add the pod's wait, if any (an unreadable pod is quarantined by _convert, not twice here)."""
+        try:
+            w = pod_wait(pod, self.rules, lambda _resource: None)
+        except (BadObject, ValueError, TypeError, AttributeError, KeyError):
+            return
+        if w is not None:
+            waits[w.external_id] = w
+
     def _watch(self, problems: Problems) -> list[AllocationRecord]:
         """Changes since the last resourceVersion; DELETED pods are closed at deletion (or now)."""
         owners = OwnerResolver(self._owner_items)
         changed: dict[str, Allocation] = {}
+        waits: dict[str, GpuWait] = {}
         o = self.options
         resp = self._call("pods", None, watch=True, resource_version=self._resource_version,
                           timeout_seconds=o.watch_s, allow_watch_bookmarks=True,
@@ -311,12 +328,14 @@ class KubernetesAllocations:
                     if kind == "DELETED" and alloc.end is None:
                         alloc.end = datetime.now(UTC)
                     changed[alloc.external_id] = alloc
+                if kind != "DELETED":
+                    self._wait(obj, waits)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise SourceError(SOURCE, f"cluster {self.context.cluster}: watch pods failed: "
                               f"{_transport(exc)}", transient=True) from None
         finally:
             resp.release_conn()
-        return list(changed.values())
+        return [*changed.values(), *waits.values()]
 
 
 class _Gone(Exception):

@@ -23,20 +23,23 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
 
 
 def _subject(r) -> str:
-    """Allocation id, reservation name, the user (request_hygiene) or node and GPU (a GPU nobody held)."""
+    """Allocation id, reservation name, quota account (idle_quota), the user (request_hygiene) or node and GPU
+    (a GPU nobody held)."""
     if r.subject:
         return r.subject
+    if r.kind == "idle_quota":
+        return r.account
     ev = json.loads(r.evidence) if isinstance(r.evidence, str) else r.evidence
     return r.user_name or f"{ev['node']} GPU {ev['gpu_index']}"
 
 
 def findings(out: Path, run_id: int) -> dict[tuple[str, str], tuple[float, float]]:
-    """(kind, allocation id, reservation name, user or GPU) -> (GPU-hours, idle GPU-hours)."""
+    """(kind, allocation id, reservation name, quota account, user or GPU) -> (GPU-hours, idle GPU-hours)."""
     s = Store.open(f"sqlite:///{out / 'gpu-audit-demo.db'}")
     with s.engine.connect() as conn:
         rows = conn.execute(text(
-            "SELECT f.kind, COALESCE(a.external_id, r.name) AS subject, f.user_name, f.evidence, f.gpu_hours, "
-            "f.idle_gpu_hours FROM findings f LEFT JOIN allocations a ON a.id = f.allocation_id "
+            "SELECT f.kind, COALESCE(a.external_id, r.name) AS subject, f.account, f.user_name, f.evidence, "
+            "f.gpu_hours, f.idle_gpu_hours FROM findings f LEFT JOIN allocations a ON a.id = f.allocation_id "
             "LEFT JOIN reservations r ON r.id = f.reservation_id WHERE f.run_id = :r"), {"r": run_id})
         return {(r.kind, _subject(r)): (round(r.gpu_hours, 6), round(r.idle_gpu_hours, 6)) for r in rows}
 
@@ -57,6 +60,11 @@ def test_demo_finds_exactly_the_planted_problems(demo: tuple[dict, Path]) -> Non
         # carol: 1003 (4 GPUs x 36 h) + 1010_0..5 (6 x 2 GPUs x 16 h) = 144 + 192 = 336 GPU-h; 1003's 3 idle GPUs
         # never worked: 3 x 36 = 108
         ("request_hygiene", "carol"): (336.0, 108.0),
+        # job 1040 waited for 4 GPUs in partition gpu from hour 58 to 64 while 1003 held 3 GPUs idle: 3 x 6 h
+        ("idle_while_queued", "1003"): (18.0, 18.0),
+        # team-b's quota of 8 GPUs x 168 h = 1344 GPU-h; in use: 1030's 10 h (unknown counts as in use) + the
+        # eval sweep's 6 x 2 x 16 = 192 h working (1002's 96 mirage hours are idle): 1344 - 202 = 1142 unused
+        ("idle_quota", "team-b"): (1142.0, 0.0),
     }
 
 
@@ -96,6 +104,22 @@ def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:
     assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1812)
     assert data.get("busy_unverified_gpu_hours", 0.0) == 0
     assert data["mean_gpu_util"] > 0.75 and data["mean_sm_active"] < 0.65
+
+
+def test_demo_opportunity_cost(demo: tuple[dict, Path]) -> None:
+    """Per team and cluster: 18 idle GPU-h (1003's 3 idle GPUs x 6 h, team llm) while 1 job waited for
+    4 GPUs x 6 h = 24 GPU-h. team-a's quota (10 GPUs) is 67 % in use: 1120 + 24 + 144 = 1288 GPU-h held,
+    minus 24 (stall) + 24 (hung) + 108 (1003) idle = 1132 in use / 168 h = 6.74 GPUs: no reclaim."""
+    data, out = demo
+    q = data["opportunity"]["idle_while_queued"]
+    assert q["by_team"] == [pytest.approx({"cluster": "hpc", "team": "llm", "idle_gpu_hours": 18.0,
+                                           "waiting_jobs": 1, "waiting_gpu_hours": 24.0, "idle_cost": 18 * 4.0})]
+    quotas = {r["name"]: r for r in data["opportunity"]["quotas"]}
+    assert quotas["team-a"]["in_use_gpus"] == pytest.approx(1132 / 168) and not quotas["team-a"]["reclaim"]
+    assert quotas["team-b"]["in_use_gpus"] == pytest.approx(202 / 168) and quotas["team-b"]["reclaim"]
+    text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
+    assert "llm on hpc: 18.0 idle GPU-h while 1 jobs waited for 24.0 GPU-h" in text_report
+    assert "quota hpc account team-b (platform)" in text_report and "reclaim candidate" in text_report
 
 
 def test_demo_gap_is_unknown_never_idle(demo: tuple[dict, Path]) -> None:

@@ -120,7 +120,9 @@ def test_snapshot_follows_a_complete_listing_and_paging_changes_nothing(server: 
     assert isinstance(small[-1], RunningSnapshot) and small[-1].source == "kubernetes"
     assert sum(isinstance(r, RunningSnapshot) for r in small) == 1
     pod_requests = [r for r in server.replay.requests if r.startswith("/api/v1/pods")]
-    assert len(pod_requests) == 3 and all("fieldSelector=spec.nodeName%21%3D" in r for r in pod_requests)
+    # 8 scheduled pods in pages of 3, then the unscheduled Pending ones (the waiting demand) in one page
+    assert len(pod_requests) == 4 and all("fieldSelector=spec.nodeName%21%3D" in r for r in pod_requests[:3])
+    assert "fieldSelector=spec.nodeName%3D%2Cstatus.phase%3DPending" in pod_requests[3]
     big = collect(connector(server, page_size=500))
     assert by_name(small) == by_name(big)
 
@@ -170,7 +172,8 @@ def test_410_on_continue_relists_without_double_counting(server: K8sServer) -> N
     records = collect(connector(server, page_size=3))
     allocs = [r for r in records if isinstance(r, Allocation)]
     assert len(allocs) == len({a.external_id for a in allocs}) == 7
-    firsts = [r for r in server.replay.requests if r.startswith("/api/v1/pods") and "continue=" not in r]
+    firsts = [r for r in server.replay.requests if r.startswith("/api/v1/pods") and "continue=" not in r
+              and "status.phase" not in r]  # not the Pending pods' listing (the waiting demand)
     assert len(firsts) == 2  # the listing restarted from the beginning
 
 

@@ -176,6 +176,9 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
             rows.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
     flagged = frozenset(f["allocation_id"] for f in rows)
     extra: dict[str, Any] = {}
+    opp = opportunity(conn, run_id, per_alloc, th, cfg, {"since": since, "until": until, "horizon": horizon,
+                                                         "run": run_id}, clusters)
+    rows += opp.pop("findings")
     rows += extra_findings(conn, run_id, per_alloc, gpus, th, cfg, since=since, until=until, horizon=horizon,
                            flagged=flagged, clusters=clusters, summary=extra)
     rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
@@ -203,7 +206,20 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     summary["energy"] = energy.summary(per_alloc, cfg.energy)
     summary["right_sizing"] = rightsize.by_team(per_alloc, th, cfg.prices, models)
     summary.update(extra)
+    summary["opportunity"] = opp
     return summary
+
+
+def opportunity(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config,
+                p: dict[str, Any], clusters: list[str] | None = None) -> dict[str, Any]:
+    """idle_while_queued and idle_quota findings, and the run summary's "opportunity" section (of
+    ``clusters`` only, when the audit is limited to some)."""
+    from auditor.audit.money import Pricing
+    from auditor.audit.queue import idle_quota, idle_while_queued
+
+    queued, waiting = idle_while_queued(conn, run_id, per_alloc, th, p, clusters)
+    quota_findings, quotas = idle_quota(conn, run_id, th, cfg, p, Pricing(cfg).team_of, clusters)
+    return {"findings": queued + quota_findings, "idle_while_queued": waiting, "quotas": quotas}
 
 
 COUNTERS_ADVICE = ("enable the DCGM profiling fields (DCGM_FI_PROF_SM_ACTIVE, ..._DRAM_ACTIVE, "

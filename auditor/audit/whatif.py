@@ -95,7 +95,7 @@ def thresholds_with(cfg: Config, overrides: dict[str, Any]) -> Thresholds:
 
 
 def _kinds(store: Store, run_id: int) -> dict[str, dict[str, Any]]:
-    sql = ("SELECT f.kind, f.allocation_id, f.reservation_id, f.gpu_hours, f.idle_gpu_hours, f.cost, "
+    sql = ("SELECT f.kind, f.allocation_id, f.reservation_id, f.account, f.gpu_hours, f.idle_gpu_hours, f.cost, "
            "a.cluster AS a_cluster, a.external_id, r.name AS r_name, f.cluster FROM findings f "
            "LEFT JOIN allocations a ON a.id = f.allocation_id "
            "LEFT JOIN reservations r ON r.id = f.reservation_id WHERE f.run_id = :run")
@@ -109,7 +109,8 @@ def _kinds(store: Store, run_id: int) -> dict[str, dict[str, Any]]:
             k["idle_gpu_hours"] += r.idle_gpu_hours
             k["cost"] += r.cost
             k["flagged"].add(f"{r.a_cluster}:{r.external_id}" if r.allocation_id is not None
-                             else f"{r.cluster}:reservation:{r.r_name}")
+                             else f"{r.cluster}:reservation:{r.r_name}" if r.reservation_id is not None
+                             else f"{r.cluster}:{r.kind}:{r.account}")  # idle_quota: the quota's account
     return out
 
 

@@ -53,9 +53,22 @@ def headline(summary: dict[str, Any]) -> str:
         *([f"Advice: {summary['advice']}."] if summary.get("advice") else []),
         f"The dashboard said {_pct(summary['mean_gpu_util'])} busy (GPU-Util); SM activity says "
         f"{_pct(summary['mean_sm_active'])}.",
+        *_queue_line(summary),
         "Findings: " + (", ".join(f"{k} {v}" for k, v in summary.get("findings", {}).items()) or "none"),
     ]
     return "\n".join(lines)
+
+
+def _queue_line(summary: dict[str, Any]) -> list[str]:
+    """Opportunity cost: idle GPU-hours while GPU jobs of the same partition waited (when any waited)."""
+    q = (summary.get("opportunity") or {}).get("idle_while_queued") or {}
+    rows = q.get("by_cluster") or []
+    if not q.get("waiting_jobs"):
+        return []
+    idle = sum(r["idle_gpu_hours"] for r in rows)
+    jobs, waited = sum(r["waiting_jobs"] for r in rows), sum(r["waiting_gpu_hours"] for r in rows)
+    return [f"Idle while GPU jobs waited: {_hours(idle)} GPU-h while {jobs} jobs waited for {_hours(waited)} GPU-h "
+            f"({q['waiting_jobs']} GPU jobs waited in all, for {_hours(q.get('waiting_gpu_hours'))} GPU-h)"]
 
 
 def register(main: click.Group) -> None:

@@ -24,7 +24,8 @@ H = 3600.0
 SCHEMA = "gpu-audit.report/1"
 IDLE_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus")
 SECTION_KINDS = {"episodes": ("idle_episode",), "reservations": ("idle_reservation",),
-                 "low_efficiency": ("low_efficiency",), "unmonitored": ("unmonitored",)}
+                 "low_efficiency": ("low_efficiency",), "unmonitored": ("unmonitored",),
+                 "queue_findings": ("idle_while_queued", "idle_quota")}
 TREND_WEEKS = 5
 
 ADVICE = {
@@ -45,6 +46,9 @@ ADVICE = {
     "unmonitored": "Fix the GPU exporter on these nodes: without samples the time cannot be judged.",
     "request_hygiene": "Request time limits close to the runtime (shorter jobs start sooner through backfill) "
                        "and only the GPUs the job uses.",
+    "idle_while_queued": "Other GPU jobs waited in this partition while these GPUs were idle: release them "
+                         "when not computing, so the queue moves.",
+    "idle_quota": "For operations: the quota holds more GPUs than its jobs use; lower it or lend the rest.",
 }
 
 DEFINITIONS = {
@@ -339,6 +343,7 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
             "trend": trend(conn, run, tz), "thresholds": th,
             "capacity": list(summary.get("capacity") or []),
             "energy": summary.get("energy"),
+            "opportunity": opportunity_section(summary, full=full, top_n=n),
             "judged": judged_in_words(th),
             "verification": verification_section(summary),
             "definitions": {k: v.format(**{**cfg.thresholds.model_dump(), **th}) for k, v in DEFINITIONS.items()},
@@ -351,6 +356,19 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
     ctx["enforcement"] = report_section(store, cfg, run["since_ts"], int((now or utcnow()).timestamp()),
                                         lambda ts: _when(ts, tz))
     return ctx
+
+
+def opportunity_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[str, Any] | None:
+    """Idle GPU-hours while GPU jobs waited (per cluster, per team) and GPU quotas held versus used; None
+    when no job waited and no quota is known (older runs have no such summary)."""
+    o = s.get("opportunity") or {}
+    q, quotas = o.get("idle_while_queued") or {}, list(o.get("quotas") or [])
+    if not q.get("waiting_jobs") and not quotas:
+        return None
+    teams = sorted(q.get("by_team") or [], key=lambda r: -r["idle_gpu_hours"])
+    return {"by_cluster": list(q.get("by_cluster") or []), "by_team": teams if full else teams[:top_n],
+            "waiting_jobs": q.get("waiting_jobs", 0), "waiting_gpu_hours": q.get("waiting_gpu_hours", 0.0),
+            "quotas": sorted(quotas, key=lambda r: (not r["reclaim"], -r["unused_gpus"]))}
 
 
 def verification_section(s: dict[str, Any]) -> dict[str, Any]:

@@ -16,12 +16,22 @@ import math
 from datetime import datetime
 from typing import Any
 
-from auditor.records import LABEL_FIELDS, METRIC_FIELDS, Allocation, GpuBucket, GpuInventory, Reservation
+from auditor.records import (
+    LABEL_FIELDS,
+    METRIC_FIELDS,
+    Allocation,
+    GpuBucket,
+    GpuInventory,
+    GpuQuota,
+    GpuWait,
+    Reservation,
+)
 from auditor.store.reservations import money_problem
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1  # INTEGER columns: PostgreSQL's int4
 KEY_MAX = 512  # characters of a text value in a unique key (2,048 UTF-8 bytes, under PostgreSQL's index limit)
 FLOAT_MAX = 1e300  # anything larger is an overflow in disguise
+MAX_QUEUE_GPUS = 65536  # GPUs a waiting job may ask for or a quota allow (the largest real jobs: ~16k)
 
 
 class Unstorable(ValueError):
@@ -137,6 +147,22 @@ def clean(rec: Any) -> Any:
                                   model=_text(rec.model, "model", optional=True),
                                   uuid=_text(rec.uuid, "uuid", optional=True),
                                   mig_layout=_text(rec.mig_layout, "mig_layout"))
+    elif isinstance(rec, GpuWait):
+        for f in ("name", "user", "account", "partition", "qos", "state"):
+            setattr(rec, f, _text(getattr(rec, f), f))
+        rec.external_id = _text(rec.external_id, "id", key=True)
+        _time(rec.eligible, "eligible", optional=False)
+        _time(rec.end, "end")
+        _time(rec.submit, "submit")
+        _float(rec.gpus, "gpus")
+        if not 0 <= rec.gpus <= MAX_QUEUE_GPUS:
+            raise Unstorable(f"gpus: {rec.gpus:g} requested is not a GPU count")
+    elif isinstance(rec, GpuQuota):
+        rec.name = _text(rec.name, "name", key=True)
+        _time(rec.seen_at, "seen_at")
+        _float(rec.gpus, "gpus")
+        if not 0 <= rec.gpus <= MAX_QUEUE_GPUS:
+            raise Unstorable(f"gpus: quota of {rec.gpus:g} GPUs is not a GPU count")
     if why := money_problem(rec):  # storable, but money from it would be non-finite or absurd
         raise Unstorable(why)
     return rec
@@ -151,6 +177,10 @@ def describe(rec: Any) -> tuple[str, str]:
         return f"gpu {str(rec.host)[:80]}/{rec.gpu} at {start}", f"samples={rec.samples}"
     if isinstance(rec, Reservation):
         return f"reservation {str(rec.name)[:80]}", ""
+    if isinstance(rec, GpuWait):
+        return f"waiting job {str(rec.external_id)[:80]}", f"{str(rec.name)[:80]} user={str(rec.user)[:40]}"
+    if isinstance(rec, GpuQuota):
+        return f"quota {rec.kind} {str(rec.name)[:80]}", f"gpus={rec.gpus}"
     if isinstance(rec, GpuInventory):
         return f"inventory {str(rec.host)[:80]}/{rec.gpu}", ""
     return type(rec).__name__, ""

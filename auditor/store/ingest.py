@@ -21,6 +21,8 @@ from auditor.records import (
     Allocation,
     GpuBucket,
     GpuInventory,
+    GpuQuota,
+    GpuWait,
     Record,
     Reservation,
 )
@@ -349,9 +351,15 @@ def close_unseen(conn: Connection, cluster: str, source: str, seen: int, account
 
 
 def _write(conn: Connection, allocs: list[Allocation], resv: list[Reservation], inv: list[GpuInventory],
-           buckets: list[GpuBucket], seen: int, cache: dict[tuple, int], stats: IngestStats) -> None:
+           buckets: list[GpuBucket], seen: int, cache: dict[tuple, int], stats: IngestStats,
+           queue: list[GpuWait | GpuQuota] | None = None) -> None:
     from auditor.store import meta
+    from auditor.store.queue import ingest_queue
 
+    if queue:
+        nw, nq = ingest_queue(conn, queue, seen)
+        stats.waits += nw
+        stats.quotas += nq
     if resv:  # first: jobs named by reservation id only look their reservation up
         stats.reservations += ingest_reservations(conn, resv, seen)
     if allocs:
@@ -402,7 +410,8 @@ def _row_by_row(store: Store, records: list[Record], seen: int, cache: dict[tupl
             try:
                 with conn.begin_nested():
                     _write(conn, *(([rec] if isinstance(rec, cls) else []) for cls in
-                                   (Allocation, Reservation, GpuInventory, GpuBucket)), seen, cache, one)
+                                   (Allocation, Reservation, GpuInventory, GpuBucket)), seen, cache, one,
+                           [rec] if isinstance(rec, GpuWait | GpuQuota) else None)
             except Exception as exc:
                 if isinstance(exc, DBAPIError) and exc.connection_invalidated:
                     raise StoreError(f"store {store.redacted_url()}: connection lost: {_reason(exc)}") from None
@@ -430,6 +439,7 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
     resv: list[Reservation] = []
     inv: list[GpuInventory] = []
     buckets: list[GpuBucket] = []
+    queue: list[GpuWait | GpuQuota] = []
     snapshots: list[RunningSnapshot] = []
     bad: list[tuple[Any, str]] = []
     cache: dict[tuple, int] = {}
@@ -453,7 +463,7 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
 
         try:
             with store.begin() as conn:
-                _write(conn, allocs, resv, inv, buckets, seen_at_ts, cache, batch)
+                _write(conn, allocs, resv, inv, buckets, seen_at_ts, cache, batch, queue)
                 if final:
                     finish(conn)
         except Exception:
@@ -462,10 +472,10 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             cache.clear()
             cache.update(saved)  # ids created by the rolled-back transaction are gone
             batch = IngestStats()
-            _row_by_row(store, [*allocs, *resv, *inv, *buckets], seen_at_ts, cache, batch, on_bad,
+            _row_by_row(store, [*allocs, *resv, *inv, *buckets, *queue], seen_at_ts, cache, batch, on_bad,
                         finish if final else None)
         stats.add(batch)
-        for buf in (allocs, resv, inv, buckets):
+        for buf in (allocs, resv, inv, buckets, queue):
             buf.clear()
 
     for rec in records:
@@ -485,6 +495,9 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             resv.append(rec)
         elif isinstance(rec, GpuInventory):
             inv.append(rec)
+            clusters.add(rec.cluster)
+        elif isinstance(rec, GpuWait | GpuQuota):
+            queue.append(rec)
             clusters.add(rec.cluster)
         elif isinstance(rec, RunningSnapshot):
             snapshots.append(rec)

@@ -11,19 +11,13 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
     UniqueConstraint,
 )
 
-metadata = MetaData(naming_convention={
-    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-})
+from auditor.store.schema_base import _ts, metadata
 
 METRIC_COMMENTS = {
     "gpu_util": "NVML GPU-Util as a 0-1 ratio: share of time any kernel ran (the misleading one).",
@@ -42,10 +36,6 @@ METRIC_COMMENTS = {
     "nvlink_tx_bps": "NVLink transmit, bytes/s.",
     "nvlink_rx_bps": "NVLink receive, bytes/s.",
 }
-
-
-def _ts(name: str, comment: str, nullable: bool = True) -> Column:
-    return Column(name, Integer, nullable=nullable, comment=comment + " (UTC epoch seconds)")
 
 
 clusters = Table(
@@ -310,7 +300,8 @@ findings = Table(
     Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False,
            comment="audit_runs.id."),
     Column("kind", String(32), nullable=False, comment="idle_allocation, idle_gpus, util_mirage, "
-           "hung_collective, ghost_busy, idle_episode, low_efficiency, idle_reservation or unmonitored."),
+           "hung_collective, ghost_busy, idle_episode, low_efficiency, idle_reservation, unmonitored, "
+           "idle_while_queued or idle_quota (no allocation: account = the quota's account, evidence.quota)."),
     Column("cluster", String(128), nullable=False, comment="Cluster name."),
     Column("allocation_id", Integer, ForeignKey("allocations.id", ondelete="CASCADE"),
            comment="allocations.id, when about an allocation."),
@@ -398,3 +389,8 @@ enforcement_log = Table(
     Index(None, "allocation_id"),
     comment="Audit log of enforcement: every action and every decision not to act, with evidence.",
 )
+
+# the queue side's tables (after the rest, so docs/schema.md lists them last)
+from auditor.store.schema_queue import gpu_quotas, gpu_waits  # noqa: E402
+
+__all__ = ["gpu_quotas", "gpu_waits", "metadata"]

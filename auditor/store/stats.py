@@ -13,6 +13,8 @@ class IngestStats:
     inventory: int = 0
     buckets: int = 0
     closed: int = 0
+    waits: int = 0  # GPU jobs that waited (gpu_waits rows)
+    quotas: int = 0  # GPU quotas (gpu_quotas rows)
     quarantined: int = 0  # records refused at ingest (non-finite or absurd shares/GPU counts)
 
     def add(self, other: IngestStats) -> None:

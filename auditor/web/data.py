@@ -24,7 +24,8 @@ SORTS = {"cost": "f.cost", "idle": "f.idle_gpu_hours", "gpu_hours": "f.gpu_hours
          "kind": "f.kind", "user": "f.user_name"}
 FILTERS = ("kind", "cluster", "team", "user", "account")
 ALL_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus", "idle_episode",
-             "low_efficiency", "idle_reservation", "unmonitored", "busy_unverified", "request_hygiene")
+             "low_efficiency", "idle_reservation", "unmonitored", "busy_unverified", "request_hygiene",
+             "idle_while_queued", "idle_quota")
 
 
 def pick_run(store: Store, run: str | int | None) -> int:

@@ -23,6 +23,7 @@ from connectors.base import AllocationRecord, Context, Options, Problems, Runnin
 from connectors.slurm import jobs
 from connectors.slurm.parse import expand_hostlist
 from connectors.slurm.reading import Reading
+from connectors.slurm.waits import waits
 
 log = logging.getLogger("gpu_audit.slurm")
 
@@ -104,6 +105,7 @@ def assemble(reading: Reading, window: Window, cluster: str,
         else:
             merged[(h.external_id, h.submit or h.start)] = h
     merged.update(((a.external_id, a.submit or a.start), a) for a in running.values())
+    yield from waits(merged.values(), reading.pending, window)
     gpu_nodes = {g.host for g in reading.inventory}
     cpu_only = unknown = 0
     for a in merged.values():
@@ -132,6 +134,7 @@ def assemble(reading: Reading, window: Window, cluster: str,
                     "(add gres/gpu to AccountingStorageTRES); stored with GPU count unknown", cluster, unknown)
     yield from reading.reservations
     yield from reading.inventory
+    yield from reading.quotas
     if reading.running_complete:
         at = reading.running_at or now or datetime.now(UTC)
         yield RunningSnapshot(cluster=cluster, source="slurm", at=at)

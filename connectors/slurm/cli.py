@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from auditor.errors import SourceError
 from connectors.base import Problems, Window
 from connectors.slurm import inventory as inv
-from connectors.slurm import jobs
+from connectors.slurm import jobs, quotas
 from connectors.slurm.parse import scontrol_records
 from connectors.slurm.reading import Reading
 
@@ -46,6 +46,7 @@ class CliBackend:
         self.o = owner.options
         self.cluster = owner.context.cluster
         self.name = owner.name
+        self.pending: list = []  # GPU jobs waiting, from the same listing as the running ones
 
     # --- running commands -------------------------------------------------------------------------------
     def run(self, binary: str, *args: str) -> str:
@@ -87,11 +88,33 @@ class CliBackend:
             except (ValueError, KeyError) as exc:
                 problems.skip(src, f"record {i}", str(exc), rec)
         reading.running_at = datetime.now(UTC)
+        self.pending = reading.pending
         reading.running, reading.running_complete = self._running(problems)
         resv_names = self._reservations(window, reading, problems)
         reading.history = self._history(window, problems, resv_names)
         reading.gpu_accounted = self._gpu_accounted()
+        reading.quotas = self._quotas(problems)
         return reading
+
+    def _quotas(self, problems: Problems) -> list:
+        """GPU quotas of QOS and accounts (sacctmgr); unreadable accounting costs the quotas only."""
+        now = datetime.now(UTC)
+        out = []
+        for what, fields in (("qos", quotas.QOS_FIELDS), ("assoc", quotas.ASSOC_FIELDS)):
+            src = f"{self.name}:sacctmgr show {what}"
+            try:
+                text = self.run(self.o.sacctmgr, "-n", "-P", "show", what, f"format={','.join(fields)}")
+            except SourceError as exc:
+                log.warning("%s (GPU quotas of %s skipped)", exc, what)
+                continue
+
+            def bad(lineno: int, why: str, row: str, src: str = src) -> None:
+                problems.skip(src, f"line {lineno}", why, row)
+
+            rows = jobs.sacct_rows(text, fields)
+            out += (quotas.from_qos_rows(rows, self.cluster, now, bad) if what == "qos" else
+                    quotas.from_assoc_rows(rows, self.cluster, self.o.cluster_name, now, bad))
+        return out
 
     def _gpu_accounted(self) -> bool | None:
         """Whether slurmdbd records GPU counts (AccountingStorageTRES has gres/gpu); None if unreadable."""
@@ -120,6 +143,8 @@ class CliBackend:
                 continue
             if a.state in jobs.HOLDING and a.gpus:
                 out.append(a)
+            elif a.state == jobs.PENDING and a.gpus_requested > 0:
+                self.pending.append(a)
         return out, ok
 
     def _running_squeue(self, problems: Problems) -> tuple[list, bool]:
@@ -140,6 +165,8 @@ class CliBackend:
                 continue
             if a.state in jobs.HOLDING and a.gpus:
                 out.append(a)
+            elif a.state == jobs.PENDING and a.gpus_requested > 0:
+                self.pending.append(a)
         return out, ok
 
     def _reservations(self, window: Window, reading: Reading, problems: Problems) -> dict[str, str]:

@@ -35,11 +35,12 @@ SOURCE = "slurm"
 #: States in which a job holds its allocation (a complete listing of these closes the others).
 HOLDING = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "STOPPED", "SIGNALING", "CONFIGURING",
                      "RESIZING", "STAGE_OUT"})
+PENDING = "PENDING"
 
 #: sacct columns the CLI asks for (``-o``); JobName last so a ``|`` inside a name cannot shift columns.
 SACCT_FIELDS = ("JobID", "JobIDRaw", "User", "Account", "Partition", "QOS", "State", "Submit", "Start",
                 "End", "ElapsedRaw", "TimelimitRaw", "NodeList", "AllocTRES", "ReservationId",
-                "Reservation", "JobName")
+                "Reservation", "Eligible", "ReqTRES", "JobName")
 
 
 def external_id(job_id: Any, array_job: Any = None, array_task: Any = None, het_job: Any = None,
@@ -174,7 +175,8 @@ def from_sacct_row(row: dict[str, str], cluster: str, resv_names: dict[str, str]
         time_limit_s=parse_duration(limit) if limit else parse_duration(row.get("Timelimit")),
         labels=_labels(nodes_text, placement, job_id_raw=row.get("JobIDRaw"),
                        reservation_id=None if resv_id in ("", "0") else resv_id),
-        gpus=gpus,
+        gpus=gpus, eligible=parse_time(row.get("Eligible")),
+        gpus_requested=float(tres_gpus(parse_tres(row.get("ReqTRES")))[0]),
     )
 
 
@@ -217,7 +219,9 @@ def from_scontrol_job(record: str, cluster: str) -> Allocation:
                                 d.get("HetJobId"), d.get("HetJobOffset")),
         name=d.get("JobName", ""), user=user_name(d.get("UserId", "")), account=d.get("Account", ""),
         partition=d.get("Partition", ""), qos=d.get("QOS", ""), state=state,
-        submit=parse_time(d.get("SubmitTime")), start=parse_time(d.get("StartTime")),
+        eligible=parse_time(d.get("EligibleTime")), gpus_requested=float(total),
+        # a pending job's StartTime is the scheduler's forecast, not a start
+        submit=parse_time(d.get("SubmitTime")), start=None if state == PENDING else parse_time(d.get("StartTime")),
         end=None if state in HOLDING else parse_time(d.get("EndTime")),
         reservation="" if is_null(d.get("Reservation")) else d.get("Reservation", ""),
         time_limit_s=parse_duration(d.get("TimeLimit")),
@@ -262,7 +266,10 @@ def from_json_job(job: dict[str, Any], cluster: str) -> Allocation:
                                 job.get("het_job_id"), job.get("het_job_offset")),
         name=job.get("name") or "", user=job.get("user_name") or "", account=job.get("account") or "",
         partition=job.get("partition") or "", qos=job.get("qos") or "", state=state,
-        submit=parse_time(job.get("submit_time")), start=parse_time(job.get("start_time")),
+        eligible=parse_time(job.get("eligible_time")), gpus_requested=float(total),
+        # a pending job's start_time is the scheduler's forecast, not a start
+        submit=parse_time(job.get("submit_time")),
+        start=None if state == PENDING else parse_time(job.get("start_time")),
         end=None if state in HOLDING else parse_time(job.get("end_time")),
         reservation=job.get("resv_name") or "",
         time_limit_s=parse_duration(job.get("time_limit")),
@@ -284,6 +291,8 @@ def from_json_db_job(job: dict[str, Any], cluster: str,
         if t.get("type") == "gres" and t.get("count") is not None:
             tres[f"gres/{t.get('name')}"] = str(t["count"])
     gpus, placement = place_tres(nodes, tres)
+    req = {f"gres/{r.get('name')}": str(r["count"]) for r in (job.get("tres") or {}).get("requested") or []
+           if r.get("type") == "gres" and r.get("count") is not None}
     t = job.get("time") or {}
     state = parse_state(job.get("state"))
     resv = job.get("reservation") or {}
@@ -300,6 +309,7 @@ def from_json_db_job(job: dict[str, Any], cluster: str,
         partition=job.get("partition") or "", qos=job.get("qos") or "", state=state,
         submit=parse_time(t.get("submission")), start=parse_time(t.get("start")),
         end=None if state in HOLDING else parse_time(t.get("end")),
+        eligible=parse_time(t.get("eligible")), gpus_requested=float(tres_gpus(req)[0]),
         reservation=rname, time_limit_s=parse_duration(t.get("limit")),
         labels=_labels(nodes_text, placement, job_id_raw=number(job.get("job_id")), reservation_id=rid),
         gpus=gpus,

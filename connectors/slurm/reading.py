@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from auditor.records import Allocation, GpuInventory, Reservation
+from auditor.records import Allocation, GpuInventory, GpuQuota, Reservation
 
 
 @dataclass
@@ -16,6 +16,8 @@ class Reading:
     running: list[Allocation] = field(default_factory=list)
     running_complete: bool = False
     running_at: datetime | None = None  # when the running listing was taken
+    #: GPU jobs pending now, from the same listing (GPUs requested, eligible time): the waiting demand
+    pending: list[Allocation] = field(default_factory=list)
     history: list[Allocation] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     inventory: list[GpuInventory] = field(default_factory=list)
@@ -23,3 +25,4 @@ class Reading:
     #: AccountingStorageTRES lists gres/gpu (None = could not tell): when False, a finished job on a GPU
     #: node whose accounting row has no GPU count is stored with its GPU count unknown, never dropped
     gpu_accounted: bool | None = None
+    quotas: list[GpuQuota] = field(default_factory=list)  # GPU limits of QOS and accounts (cli backend)

@@ -17,7 +17,7 @@ import httpx
 from auditor.errors import ConfigError, SourceError
 from connectors.base import Problems, Window
 from connectors.slurm import inventory as inv
-from connectors.slurm import jobs
+from connectors.slurm import jobs, quotas
 from connectors.slurm.reading import Reading
 
 if TYPE_CHECKING:
@@ -120,6 +120,8 @@ class RestBackend:
                     continue
                 if a.state in jobs.HOLDING and a.gpus:
                     reading.running.append(a)
+                elif a.state == jobs.PENDING and a.gpus_requested > 0:
+                    reading.pending.append(a)
             reading.running_complete = ok
             per_node = inv.gpus_per_node(reading.inventory)
             resv = self.get(client, f"/slurm/{v}/reservations") or {}
@@ -142,6 +144,7 @@ class RestBackend:
                     reading.history.append(jobs.from_json_db_job(job, self.cluster, names))
                 except (ValueError, KeyError, TypeError, AttributeError) as exc:
                     problems.skip(f"{self.name}:/slurmdb/{v}/jobs", f"jobs[{i}]", str(exc), str(job)[:200])
+            reading.quotas = self._quotas(client, v, problems, now)
         name_reservations(reading, names)
         reading.reservations = inv.merge_reservations(reading.reservations, past, window, now)
         return reading
@@ -165,6 +168,29 @@ class RestBackend:
                 names[res.slurm_id] = res.name
             pieces.append(res)
         return names, inv.assemble_pieces(pieces)
+
+
+    def _quotas(self, client: httpx.Client, v: str, problems: Problems, now: datetime) -> list:
+        """GPU quotas of QOS and accounts from slurmdbd; an endpoint that fails costs the quotas only."""
+        out = []
+        for what in ("qos", "associations"):
+            path = f"/slurmdb/{v}/{what}"
+            try:
+                data = self.get(client, path, missing_ok=True) or {}
+            except SourceError as exc:
+                log.warning("%s (GPU quotas of %s skipped)", exc, what)
+                continue
+            items = data.get("QOS") if what == "qos" and "QOS" in data else data.get(what)  # 22.05: "QOS"
+            for i, obj in enumerate(items if isinstance(items, list) else []):
+                try:
+                    q = (quotas.from_json_qos(obj, self.cluster, now) if what == "qos" else
+                         quotas.from_json_assoc(obj, self.cluster, self.o.cluster_name, now))
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    problems.skip(f"{self.name}:{path}", f"{what}[{i}]", str(exc), str(obj)[:200])
+                    continue
+                if q is not None:
+                    out.append(q)
+        return out
 
 
 def name_reservations(reading: Reading, names: dict[str, str]) -> None:
