@@ -118,7 +118,7 @@ def test_demo_opportunity_cost(demo: tuple[dict, Path]) -> None:
     assert quotas["team-a"]["in_use_gpus"] == pytest.approx(1132 / 168) and not quotas["team-a"]["reclaim"]
     assert quotas["team-b"]["in_use_gpus"] == pytest.approx(202 / 168) and quotas["team-b"]["reclaim"]
     text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
-    assert "llm on hpc: 18.0 idle GPU-h while 1 jobs waited for 24.0 GPU-h" in text_report
+    assert "llm on hpc: 18.0 idle GPU-h while 1 job waited for 24.0 GPU-h" in text_report
     assert "quota hpc account team-b (platform)" in text_report and "reclaim candidate" in text_report
 
 

@@ -67,8 +67,13 @@ def _queue_line(summary: dict[str, Any]) -> list[str]:
         return []
     idle = sum(r["idle_gpu_hours"] for r in rows)
     jobs, waited = sum(r["waiting_jobs"] for r in rows), sum(r["waiting_gpu_hours"] for r in rows)
-    return [f"Idle while GPU jobs waited: {_hours(idle)} GPU-h while {jobs} jobs waited for {_hours(waited)} GPU-h "
-            f"({q['waiting_jobs']} GPU jobs waited in all, for {_hours(q.get('waiting_gpu_hours'))} GPU-h)"]
+    n = q["waiting_jobs"]
+    return [f"Idle while GPU jobs waited: {_hours(idle)} GPU-h while {_jobs(jobs)} waited for {_hours(waited)} GPU-h "
+            f"({_jobs(n, 'GPU job')} waited in all, for {_hours(q.get('waiting_gpu_hours'))} GPU-h)"]
+
+
+def _jobs(n: int, word: str = "job") -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def register(main: click.Group) -> None:
@@ -187,6 +192,6 @@ def register(main: click.Group) -> None:
         data = {"config": str(cfg_path), "since": start.isoformat(), "until": end.isoformat(),
                 "run_id": result.run_id, "seconds": round(seconds, 2), "reports": files, **result.summary}
         app.emit(data, lambda: f"gpu-audit demo: a simulated week ({start:%Y-%m-%d} .. {end:%Y-%m-%d}) of "
-                 "2 Slurm + 2 Kubernetes nodes x 8 GPUs\n\n" + headline(result.summary)
+                 "2 Slurm + 2 Kubernetes nodes x 8 GPUs, 1 Kubernetes node x 4 L40S\n\n" + headline(result.summary)
                  + ("\n\nReports: " + ", ".join(files) if files else "")
                  + f"\nConfig for further commands: gpu-audit -c {cfg_path} report ...   ({seconds:.1f}s)")
