@@ -157,6 +157,10 @@ class ClusterConfig(Strict):
     initial_days: float = Field(7, gt=0, le=MAX_DAYS, description="How far back the first collection reads.")
 
 
+#: Node event kinds (:data:`auditor.records.NODE_EVENT_KINDS`)
+InfraKind = Literal["xid", "throttle", "ecc_dbe", "row_remap", "drain", "down", "not_ready", "cordoned"]
+
+
 class Thresholds(Strict):
     """Verdict and finding rules (docs/definitions.md). Comparisons use a 1e-9 tolerance: a value exactly at
     a threshold is not below it, even after a unit conversion."""
@@ -218,6 +222,13 @@ class Thresholds(Strict):
     hint_util_pulse_high: float = Field(0.9, ge=0, le=1, description="...and below this.")
     hint_held_mib: float = Field(1024.0, ge=0, description="...memory held, no compute: peak memory at least "
                                  "this (MiB) while GPU-Util is below hint_util_pulse_low.")
+    infra_kinds: list[InfraKind] = Field(["xid", "throttle", "ecc_dbe", "row_remap", "drain", "down", "not_ready",
+                                          "cordoned"], description="Node event kinds whose intervals are "
+                                         "infrastructure-affected (their reserved time is `infra`, never idle "
+                                         "and in no user finding); leave one out to judge its time as usual.")
+    lemon_min_faults: int = Field(3, ge=1, description="lemon_node: a node with at least this many "
+                                  "infrastructure events (of the kinds above, distinct intervals, any of its "
+                                  "GPUs) in the audit window.")
 
 
 #: A price per GPU-hour above this is a typo (in any currency: ~1,000x a cloud H100 hour in VND or IDR).

@@ -21,6 +21,7 @@ from auditor.records import (
     Allocation,
     GpuBucket,
     GpuInventory,
+    NodeEvent,
     Record,
     Reservation,
 )
@@ -349,8 +350,10 @@ def close_unseen(conn: Connection, cluster: str, source: str, seen: int, account
 
 
 def _write(conn: Connection, allocs: list[Allocation], resv: list[Reservation], inv: list[GpuInventory],
-           buckets: list[GpuBucket], seen: int, cache: dict[tuple, int], stats: IngestStats) -> None:
+           buckets: list[GpuBucket], events: list[NodeEvent], seen: int, cache: dict[tuple, int],
+           stats: IngestStats) -> None:
     from auditor.store import meta
+    from auditor.store.events import ingest_events
 
     if resv:  # first: jobs named by reservation id only look their reservation up
         stats.reservations += ingest_reservations(conn, resv, seen)
@@ -363,6 +366,8 @@ def _write(conn: Connection, allocs: list[Allocation], resv: list[Reservation], 
         stats.inventory += ingest_inventory(conn, inv, seen)
     if buckets:
         stats.buckets += ingest_buckets(conn, buckets, cache, meta.rolled_up_before(conn))
+    if events:
+        stats.events += ingest_events(conn, events, seen)
 
 
 def _finish(conn: Connection, snapshots: list[Any], clusters: set[str], seen: int, stats: IngestStats) -> None:
@@ -402,7 +407,8 @@ def _row_by_row(store: Store, records: list[Record], seen: int, cache: dict[tupl
             try:
                 with conn.begin_nested():
                     _write(conn, *(([rec] if isinstance(rec, cls) else []) for cls in
-                                   (Allocation, Reservation, GpuInventory, GpuBucket)), seen, cache, one)
+                                   (Allocation, Reservation, GpuInventory, GpuBucket, NodeEvent)), seen, cache,
+                           one)
             except Exception as exc:
                 if isinstance(exc, DBAPIError) and exc.connection_invalidated:
                     raise StoreError(f"store {store.redacted_url()}: connection lost: {_reason(exc)}") from None
@@ -430,6 +436,7 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
     resv: list[Reservation] = []
     inv: list[GpuInventory] = []
     buckets: list[GpuBucket] = []
+    events: list[NodeEvent] = []
     snapshots: list[RunningSnapshot] = []
     bad: list[tuple[Any, str]] = []
     cache: dict[tuple, int] = {}
@@ -453,7 +460,7 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
 
         try:
             with store.begin() as conn:
-                _write(conn, allocs, resv, inv, buckets, seen_at_ts, cache, batch)
+                _write(conn, allocs, resv, inv, buckets, events, seen_at_ts, cache, batch)
                 if final:
                     finish(conn)
         except Exception:
@@ -462,10 +469,10 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             cache.clear()
             cache.update(saved)  # ids created by the rolled-back transaction are gone
             batch = IngestStats()
-            _row_by_row(store, [*allocs, *resv, *inv, *buckets], seen_at_ts, cache, batch, on_bad,
+            _row_by_row(store, [*allocs, *resv, *inv, *buckets, *events], seen_at_ts, cache, batch, on_bad,
                         finish if final else None)
         stats.add(batch)
-        for buf in (allocs, resv, inv, buckets):
+        for buf in (allocs, resv, inv, buckets, events):
             buf.clear()
 
     for rec in records:
@@ -485,6 +492,9 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             resv.append(rec)
         elif isinstance(rec, GpuInventory):
             inv.append(rec)
+            clusters.add(rec.cluster)
+        elif isinstance(rec, NodeEvent):
+            events.append(rec)
             clusters.add(rec.cluster)
         elif isinstance(rec, RunningSnapshot):
             snapshots.append(rec)

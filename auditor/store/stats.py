@@ -13,6 +13,7 @@ class IngestStats:
     inventory: int = 0
     buckets: int = 0
     closed: int = 0
+    events: int = 0  # node events (infrastructure: faults, drained/down/NotReady/cordoned nodes)
     quarantined: int = 0  # records refused at ingest (non-finite or absurd shares/GPU counts)
 
     def add(self, other: IngestStats) -> None:
