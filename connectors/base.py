@@ -12,7 +12,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from auditor.records import Allocation, GpuBucket, GpuInventory, Reservation
+from auditor.records import Allocation, GpuBucket, GpuInventory, NodeEvent, Reservation
 
 log = logging.getLogger("gpu_audit.input")
 
@@ -76,7 +76,7 @@ class Problems:
         return sum(self.counts.values())
 
 
-AllocationRecord = Allocation | Reservation | GpuInventory | RunningSnapshot
+AllocationRecord = Allocation | Reservation | GpuInventory | NodeEvent | RunningSnapshot
 
 
 @runtime_checkable
@@ -91,12 +91,13 @@ class AllocationSource(Protocol):
 
 @runtime_checkable
 class TelemetrySource(Protocol):
-    """Reads what the GPUs did, as normalised per-GPU buckets aligned to ``window.bucket_seconds``."""
+    """Reads what the GPUs did, as normalised per-GPU buckets aligned to ``window.bucket_seconds`` (and GPU
+    faults it saw, as :class:`~auditor.records.NodeEvent`)."""
 
     Options: ClassVar[type[BaseModel]]
     name: str
 
-    def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket]: ...
+    def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket | NodeEvent]: ...
 
 
 @dataclass(frozen=True, slots=True)

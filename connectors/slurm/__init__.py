@@ -1,5 +1,5 @@
 """Slurm allocation source (kind ``slurm``): jobs with their GPUs (indices while they run), advance
-reservations and GPU inventory, through the CLI, slurmrestd or pyslurm. See docs/slurm.md.
+reservations, GPU inventory and node events (drained or down, with the reason), through the CLI, slurmrestd or pyslurm. See docs/slurm.md.
 
 Every collect call reads the running jobs (the only moment Slurm shows GPU indices) and the accounting
 history of the window, merges them per job, and yields a :class:`RunningSnapshot` only when the running
@@ -132,6 +132,7 @@ def assemble(reading: Reading, window: Window, cluster: str,
                     "(add gres/gpu to AccountingStorageTRES); stored with GPU count unknown", cluster, unknown)
     yield from reading.reservations
     yield from reading.inventory
+    yield from reading.events
     if reading.running_complete:
         at = reading.running_at or now or datetime.now(UTC)
         yield RunningSnapshot(cluster=cluster, source="slurm", at=at)

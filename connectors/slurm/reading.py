@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from auditor.records import Allocation, GpuInventory, Reservation
+from auditor.records import Allocation, GpuInventory, NodeEvent, Reservation
 
 
 @dataclass
@@ -23,3 +23,5 @@ class Reading:
     #: AccountingStorageTRES lists gres/gpu (None = could not tell): when False, a finished job on a GPU
     #: node whose accounting row has no GPU count is stored with its GPU count unknown, never dropped
     gpu_accounted: bool | None = None
+    #: nodes drained or down, with their reason (slurmdbd's node events; cli backend)
+    events: list[NodeEvent] = field(default_factory=list)
