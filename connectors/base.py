@@ -42,6 +42,10 @@ class RunningSnapshot:
     source: str
     at: datetime
     accounts: tuple[str, ...] = ()  # when the listing covered only these accounts/namespaces
+    #: node event kinds the listing read the current state of (Kubernetes: not_ready, cordoned): ongoing
+    #: events of these kinds from ``event_source`` not seen in it have ended, at their last sighting
+    event_kinds: tuple[str, ...] = ()
+    event_source: str = ""
 
 
 @dataclass

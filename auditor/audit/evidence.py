@@ -41,7 +41,8 @@ def metrics(r: dict[str, Any]) -> dict[str, Any]:
     """The numbers every finding shows: what the dashboard said next to what SM activity says."""
     return {"reserved_gpu_hours": r["reserved_s"] / H, "observed_gpu_hours": r["observed_s"] / H,
             "coverage": _ratio(r["observed_s"], accountable(r)),
-            "infra_gpu_hours": (r.get("infra_s") or 0.0) / H, "idle_gpu_hours": r["idle_s"] / H, "idle_by_util_gpu_hours": r["idle_by_util_s"] / H,
+            "infra_gpu_hours": (r.get("infra_s") or 0.0) / H,
+            "idle_gpu_hours": r["idle_s"] / H, "idle_by_util_gpu_hours": r["idle_by_util_s"] / H,
             "mirage_gpu_hours": r["mirage_s"] / H, "low_gpu_hours": r["low_s"] / H,
             "working_gpu_hours": r["working_s"] / H, "busy_unverified_gpu_hours": r["busy_unverified_s"] / H,
             "unknown_gpu_hours": r["unknown_s"] / H, "verified_gpu_hours": verified(r) / H,

@@ -16,7 +16,16 @@ from auditor import energy
 from auditor.audit import infra, rightsize
 from auditor.audit.efficiency import low_efficiency
 from auditor.audit.episodes import idle_episodes
-from auditor.audit.evidence import _finding, _ratio, accountable, judged, util_only, verified, whole_allocation_finding, whole_idle
+from auditor.audit.evidence import (
+    _finding,
+    _ratio,
+    accountable,
+    judged,
+    util_only,
+    verified,
+    whole_allocation_finding,
+    whole_idle,
+)
 from auditor.audit.judge import JOB_KEY, job_match
 from auditor.audit.reservations import idle_reservations
 from auditor.config import Config, Thresholds

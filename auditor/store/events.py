@@ -2,13 +2,17 @@
 
 Key: cluster, node, GPU (-1 = whole node), kind and start. An end time once known stays (a later sighting
 of the event as still ongoing does not reopen it); a reason once known stays unless a new one is given.
+A source that sees only the current state (Kubernetes: a cordoned node carries no time) reports an ongoing
+event from its sighting: a cordon continues the stored ongoing event of that node and kind (same row, later last
+sighting), and a complete listing that no longer shows it closes it at its last sighting
+(:func:`close_unseen_events`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, func
+from sqlalchemy import Connection, func, select, update
 
 from auditor.records import NodeEvent
 from auditor.store import schema
@@ -24,11 +28,30 @@ def _row(e: NodeEvent, seen: int) -> dict[str, Any]:
             "source": e.source or "", "first_seen_ts": seen, "last_seen_ts": seen}
 
 
+#: Kinds a source sees only as a current state, without a start time (a cordon has no timestamp)
+STATE_ONLY = ("cordoned",)
+
+
+def _continued(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """An ongoing sighting of a state-only kind (:data:`STATE_ONLY`) that is already ongoing in the store
+    takes the stored start: one row per cordon, not one per listing."""
+    t = schema.node_events
+    for r in rows:
+        if r["end_ts"] is not None or r["kind"] not in STATE_ONLY:
+            continue
+        start = conn.execute(select(func.min(t.c.start_ts)).where(
+            t.c.cluster == r["cluster"], t.c.node == r["node"], t.c.gpu_index == r["gpu_index"],
+            t.c.kind == r["kind"], t.c.end_ts.is_(None), t.c.start_ts <= r["start_ts"])).scalar()
+        if start is not None:
+            r["start_ts"] = start
+
+
 def ingest_events(conn: Connection, events: list[NodeEvent], seen: int) -> int:
     """Upsert ``events``; returns how many distinct events were written."""
     rows: dict[tuple, dict[str, Any]] = {}
-    for e in events:
-        r = _row(e, seen)
+    built = [_row(e, seen) for e in events]
+    _continued(conn, built)
+    for r in built:
         key = (r["cluster"], r["node"], r["gpu_index"], r["kind"], r["start_ts"])
         old = rows.get(key)
         if old is not None:  # the same event twice in one batch: keep the end and reason once known
@@ -42,3 +65,13 @@ def ingest_events(conn: Connection, events: list[NodeEvent], seen: int) -> int:
             "first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
             "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts)})
     return len(rows)
+
+
+def close_unseen_events(conn: Connection, cluster: str, source: str, kinds: tuple[str, ...], seen: int) -> int:
+    """After a complete listing of node states at ``seen``: ongoing events of ``kinds`` from ``source`` that it
+    did not show have ended, at their last sighting."""
+    t = schema.node_events
+    res = conn.execute(update(t).where(t.c.cluster == cluster, t.c.source == source, t.c.kind.in_(kinds),
+                                       t.c.end_ts.is_(None), t.c.last_seen_ts < seen)
+                       .values(end_ts=greatest(func.coalesce(t.c.last_seen_ts, t.c.start_ts), t.c.start_ts)))
+    return res.rowcount or 0

@@ -371,8 +371,12 @@ def _write(conn: Connection, allocs: list[Allocation], resv: list[Reservation], 
 
 
 def _finish(conn: Connection, snapshots: list[Any], clusters: set[str], seen: int, stats: IngestStats) -> None:
+    from auditor.store.events import close_unseen_events
+
     for s in snapshots:
         stats.closed += close_unseen(conn, s.cluster, s.source, seen, s.accounts)
+        if s.event_kinds:
+            close_unseen_events(conn, s.cluster, s.event_source, s.event_kinds, seen)
     upsert(conn, schema.clusters, [{"name": c, "first_seen_ts": seen, "last_seen_ts": seen} for c in sorted(clusters)],
            ("name",), {"first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
                        "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts)})

@@ -1,5 +1,6 @@
 """Slurm allocation source (kind ``slurm``): jobs with their GPUs (indices while they run), advance
-reservations, GPU inventory and node events (drained or down, with the reason), through the CLI, slurmrestd or pyslurm. See docs/slurm.md.
+reservations, GPU inventory and node events (drained or down, with the reason; cli backend), through the
+CLI, slurmrestd or pyslurm. See docs/slurm.md.
 
 Every collect call reads the running jobs (the only moment Slurm shows GPU indices) and the accounting
 history of the window, merges them per job, and yields a :class:`RunningSnapshot` only when the running
