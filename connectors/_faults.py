@@ -80,3 +80,30 @@ def to_events(cluster: str, bucket_s: int, hits: Hits, source: str) -> list[Node
                                  "; ".join(whys)[:REASON_MAX], source))
             run = []
     return out
+
+
+def promql(selector: str, spec: FaultSpec, bucket_s: int, step_s: int) -> list[tuple[str, str]]:
+    """(what, query) pairs that find one fault metric's faults per bucket on a Prometheus-compatible server,
+    evaluated at each bucket's end (``offset 1ms``: inside the bucket, as the value queries); a returned
+    point is a faulty bucket, its value the code or the increase. ``code``/``increase``: the value at the
+    bucket's end against the value at the previous bucket's end; ``nonzero``: any non-zero sample;
+    ``bits``: any fault bit set, one query per bit, sampled every ``step_s`` (PromQL has no bitwise AND)."""
+    prev = f"{selector} offset {bucket_s * 1000 + 1}ms"
+    now = f"{selector} offset 1ms"
+    if spec.rule == "code":
+        return [(spec.what, f"(({now}) != ({prev})) > 0")]
+    if spec.rule == "increase":
+        return [(spec.what, f"(({now}) - ({prev})) > 0")]
+    if spec.rule == "nonzero":
+        return [(spec.what, f"max_over_time({selector}[{bucket_s}s] offset 1ms) > 0")]
+    return [(f"{spec.what}: {name}", f"max_over_time((floor({selector} / {bit}) % 2)[{bucket_s}s:{step_s}s] "
+             "offset 1ms) > 0") for bit, name in sorted(THROTTLE_FAULT_BITS.items())]
+
+
+def reason(spec: FaultSpec, what: str, value: float) -> str:
+    """The reason of a faulty bucket from its query's value."""
+    if spec.rule == "code":
+        return f"{what} {int(value)}"
+    if spec.rule == "increase":
+        return f"{what} +{value:g}"
+    return what
