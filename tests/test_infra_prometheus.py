@@ -12,7 +12,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
