@@ -61,6 +61,15 @@ def test_field_names_are_dcgm_exporters() -> None:
     assert bits_named(0xFF) == ["HW slowdown", "SW thermal slowdown", "HW thermal slowdown", "HW power brake slowdown"]
 
 
+def test_shipped_counters_enable_the_fault_fields() -> None:
+    from test_aliases import ROOT, counters
+
+    ours = counters(ROOT / "deploy" / "dcgm-counters.csv")
+    faults = {n for n in ours if n in FAULT_ALIASES}
+    assert faults == {"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                      "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE"}
+
+
 def test_real_scrape_with_xid_zero_has_no_fault() -> None:
     src = build("scrape", "telemetry", {"paths": ["a100-mig-nvidia-docs.txt"]}, Context("c1", FIXTURES / "dcgm"))
     p = Problems()
