@@ -12,7 +12,11 @@ A100 each). Planted problems, and nothing else:
   which must show as unknown, never idle;
 - the feature-extract pod streams memory with little compute (low_efficiency, memory-bound);
 - reservation team-b-hackathon holds node 02 for a day and nobody comes (idle_reservation);
-- job 1030 runs while node 01's exporter is down (unmonitored: never billed as idle).
+- job 1030 runs while node 01's exporter is down (unmonitored: never billed as idle);
+- Slurm drains gpu-node-02 for 4 hours while eval task 1010_4 runs on it, and gpu-node-a's GPU 1 (under the
+  resnet training pod) throws XID 79, later XID 48, and hits a hardware power brake: that time is
+  infrastructure-affected (its own column, never idle), and gpu-node-a, with 3 faults, is a lemon
+  (lemon_node, for operations).
 """
 
 from __future__ import annotations
@@ -122,6 +126,12 @@ def fleet() -> list[Workload]:
     return w
 
 
+#: A drained node: cluster, node, from hour, to hour, the admin's reason (Slurm's node event).
+DRAIN = ("hpc", "gpu-node-02", 95.0, 99.0, "GPU 3 fell off the bus (XID 79), waiting for a reboot")
+#: GPU faults in telemetry: (cluster, node, GPU) -> [(from hour, DCGM_FI_DEV_XID_ERRORS value)] (the gauge keeps
+#: the last XID: a change to a new non-zero value is a fault) and the hour of a HW power brake (0x80).
+XIDS = {("k8s", "gpu-node-a", 1): [(0.0, 0), (55.0, 79), (65.0, 48)]}
+POWER_BRAKE = {("k8s", "gpu-node-a", 1): 75.0}
 #: Telemetry gaps: cluster, node, from hour, to hour (the exporter was down).
 GAPS = [("hpc", "gpu-node-01", 60.0, 66.0), ("hpc", "gpu-node-01", 148.0, 168.0)]
 #: An advance reservation nobody used: name, node, from hour, to hour.
@@ -155,7 +165,9 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
     extra.write_text(json.dumps(
         [{"type": "reservation", "name": name, "nodes": [node], "gpu_count": 8, "accounts": ["team-b"],
           "start": _iso(t0 + a * 3600), "end": _iso(t0 + b * 3600), "flags": ["MAINT"]}]
-        + [{"type": "inventory", "node": n, "gpus": 8, "model": "h100"} for n in NODES["hpc"]], indent=1),
+        + [{"type": "inventory", "node": n, "gpus": 8, "model": "h100"} for n in NODES["hpc"]]
+        + [{"type": "node_event", "node": DRAIN[1], "kind": "drain", "start": _iso(t0 + DRAIN[2] * 3600),
+            "end": _iso(t0 + DRAIN[3] * 3600), "reason": DRAIN[4]}], indent=1),
         encoding="utf-8")
     paths.append(extra)
     pods = out / "k8s-allocations.json"
@@ -208,6 +220,20 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random,
                     if telemetry == "util-only" and fld not in UTIL_ONLY_FIELDS:
                         continue
                     yield [sample_ts, node, str(g), uuid, metric, f"{values[fld]:.4f}", model, pod, ns]
+                yield from _fault_rows(cluster, node, g, hour, [sample_ts, node, str(g), uuid], [model, pod, ns])
+
+
+def _fault_rows(cluster: str, node: str, g: int, hour: float, head: list[str], tail: list[str]
+                ) -> Iterator[list[str]]:
+    """The planted GPU's fault fields: the last XID, and the clock-event reasons (0x80: HW power brake)."""
+    xids = XIDS.get((cluster, node, g))
+    if xids:
+        xid = [v for h, v in xids if h <= hour][-1]
+        yield [*head, "DCGM_FI_DEV_XID_ERRORS", str(xid), *tail]
+    brake = POWER_BRAKE.get((cluster, node, g))
+    if brake is not None:
+        yield [*head, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "128" if brake <= hour < brake + BUCKET / 3600 else "0",
+               *tail]
 
 
 def write_telemetry(out: Path, t0: int, days: int, seed: int, telemetry: str = "dcgm") -> list[Path]:

@@ -44,6 +44,9 @@ def test_demo_finds_exactly_the_planted_problems(demo: tuple[dict, Path]) -> Non
         ("low_efficiency", "c3e8-features"): (80.0, 0.0),   # 2 GPUs x 40 h, memory-bound
         ("idle_reservation", "team-b-hackathon"): (192.0, 192.0),  # 8 GPUs x 24 h, no job
         ("unmonitored", "1030"): (10.0, 0.0),               # exporter down: never idle
+        # gpu-node-a: XID 79, XID 48, a HW power brake (3 faults >= lemon_min_faults): for operations; its GPU-hours
+        # are the 3 faulty 5-min buckets under the resnet pod (3 x 5 min = 0.25 GPU-h), no idle
+        ("lemon_node", None): (0.25, 0.0),
     }
 
 
@@ -57,9 +60,12 @@ def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:
     assert data["idle_gpu_hours"] == pytest.approx(96 + 24 + 108 + 120 + 24)
     # the 6 h gap on 8 GPUs of job 1001, and job 1030 during the exporter outage
     assert data["unknown_gpu_hours"] == pytest.approx(48 + 10)
+    # infrastructure-affected: gpu-node-02 drained 4 h under eval task 1010_4 (2 GPUs) = 8, and the 3 faulty
+    # buckets of gpu-node-a GPU 1 under the resnet pod (3 x 5 min) = 0.25
+    assert data["infra_gpu_hours"] == pytest.approx(8 + 0.25)
     # everything else was planted as work (low or working), by hand: 2242 reserved - 372 idle - 58 unknown
-    # = 1812 (not the code's remainder identity: unknown is checked on its own above)
-    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1812)
+    # - 8.25 infra = 1803.75 (not the code's remainder identity: unknown is checked on its own above)
+    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1803.75)
     assert data.get("busy_unverified_gpu_hours", 0.0) == 0
     assert data["mean_gpu_util"] > 0.75 and data["mean_sm_active"] < 0.65
 
