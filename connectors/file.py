@@ -30,7 +30,7 @@ from auditor.records import (
 from auditor.timeutil import parse_time
 from connectors._coverage import coverage, interval, job_key
 from connectors._faults import FaultFolder, to_events
-from connectors._rows import check_regular, fixed_dir, read_rows, read_sacct_file
+from connectors._rows import check_regular, fixed_dir, read_bounded, read_rows, read_sacct_file
 from connectors.aliases import FAULT_ALIASES, METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
 from connectors.base import Context, Options, Problems, Window
 from connectors.slurm.saved import read_saved, sniff
@@ -244,10 +244,12 @@ class FileAllocations:
 
     class Options(Options):
         paths: list[str] = Field(description="Files or glob patterns, relative to the config file.")
-        format: Literal["auto", "csv", "json", "sacct", "scontrol", "slurm-json"] = Field(
+        format: Literal["auto", "csv", "json", "sacct", "scontrol", "slurm-json", "sacctmgr-events"] = Field(
             "auto", description="auto picks by content and extension: saved `scontrol show job -d` text "
             "(`scontrol`), Slurm jobs JSON from squeue/sacct --json or slurmrestd (`slurm-json`), .csv, "
-            ".json/.jsonl, else .sacct/.txt (sacct -P).")
+            ".json/.jsonl, else .sacct/.txt (sacct -P). `sacctmgr-events` (never picked by auto): saved "
+            "`sacctmgr -n -P show event event=node format=NodeName,Start,End,State,Reason` output: "
+            "drained/down nodes with their reason.")
 
     def __init__(self, context: Context, options: FileAllocations.Options) -> None:
         self.ctx, self.options, self.name = context, options, "file"
@@ -276,6 +278,12 @@ class FileAllocations:
             return
         if fmt in ("scontrol", "slurm-json"):  # parsing lives with the Slurm connector
             yield from read_saved(path, fmt, self.ctx.cluster, problems)
+            return
+        if fmt == "sacctmgr-events":
+            from connectors.slurm.events import parse_events
+
+            text = read_bounded(path).decode("utf-8", errors="replace")
+            yield from (("", e) for e in parse_events(text, self.ctx.cluster, problems, str(path)))
             return
         for loc, row in read_rows(path, fmt):
             if isinstance(row, str):

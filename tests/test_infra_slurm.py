@@ -36,6 +36,16 @@ def test_recorded_sacctmgr_events() -> None:
     assert all(e.gpu is None and e.source == "sacctmgr" and e.cluster == "lab" for e in evs)
 
 
+def test_saved_sacctmgr_events_file() -> None:
+    """The same recorded output as a saved file (file connector, format sacctmgr-events)."""
+    src = build("file", "allocations", {"paths": [FIX.name], "format": "sacctmgr-events"},
+                Context("lab", FIX.parent))
+    p = Problems()
+    evs = list(src.collect(Window(datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)), p))
+    assert p.total == 0 and [(e.node, e.kind) for e in evs] == [
+        ("gpu-node-01", "drain"), ("gpu-node-01", "down"), ("gpu-node-02", "drain"), ("gpu-node-02", "drain")]
+
+
 def test_states_and_bad_lines() -> None:
     assert [event_kind(s) for s in ("DOWN", "DOWN*", "IDLE+DRAIN", "DRAIN", "MIXED+DRAIN", "FAIL", "MAINT",
                                     "IDLE+POWERED_DOWN", "REBOOT_REQUESTED")] == \
