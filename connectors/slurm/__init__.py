@@ -136,7 +136,8 @@ def assemble(reading: Reading, window: Window, cluster: str,
     yield from reading.events
     if reading.running_complete:
         at = reading.running_at or now or datetime.now(UTC)
-        yield RunningSnapshot(cluster=cluster, source="slurm", at=at)
+        src, kinds = reading.event_states or ("", ())
+        yield RunningSnapshot(cluster=cluster, source="slurm", at=at, event_kinds=kinds, event_source=src)
 
 
 def _same_job(history: Allocation, running: Allocation) -> bool:

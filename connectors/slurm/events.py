@@ -2,7 +2,8 @@
 
 slurmdbd keeps each node state change as an event: ``sacctmgr -n -P show event event=node start=...
 end=... format=NodeName,Start,End,State,Reason`` lists them with their reason and ``End`` = ``Unknown``
-while the state lasts. DOWN (and NOT_RESPONDING) becomes ``down``; DRAIN, FAIL (a drain that is still
+while the state lasts. DOWN becomes ``down`` (NOT_RESPONDING alone does not: slurmctld marks the node DOWN
+after SlurmdTimeout); DRAIN, FAIL (a drain that is still
 draining running jobs) becomes ``drain``; other states (maintenance, power saving, reboot) are not faults
 and are skipped. Reason is the last column because Slurm prints it unescaped (it may contain ``|``).
 """
@@ -10,6 +11,8 @@ and are skipped. Reason is the last column because Slurm prints it unescaped (it
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
 
 from auditor.records import NodeEvent
 from connectors.base import Problems
@@ -21,7 +24,7 @@ EVENT_FIELDS = ("NodeName", "Start", "End", "State", "Reason")
 def event_kind(state: str) -> str | None:
     """Slurm node state (``DOWN``, ``DRAIN``, ``IDLE+DRAIN``, ``DOWN*``...) -> ``down``, ``drain`` or None."""
     parts = {p.strip("*~#!%$@^-").upper() for p in state.replace("+", " ").split()}
-    if parts & {"DOWN", "NOT_RESPONDING", "NO_RESPOND"}:
+    if "DOWN" in parts:  # NOT_RESPONDING alone (sinfo's "*") is transient: slurmctld marks DOWN after SlurmdTimeout
         return "down"
     if parts & {"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"}:
         return "drain"
@@ -56,3 +59,21 @@ def parse_events(text: str, cluster: str, problems: Problems, source: str) -> It
             continue
         for node in nodes:
             yield NodeEvent(cluster, node, kind, start, end, None, row["Reason"].strip(), "sacctmgr")
+
+
+#: Kinds the REST backend sees as a current state only (the node list): a listing closes those it no longer shows
+REST_STATE_KINDS = ("drain", "down")
+
+
+def from_json_node(node: dict[str, Any], cluster: str, now: datetime) -> NodeEvent | None:
+    """slurmrestd's node (``/slurm/vX/nodes``): ``state`` (text in v0.0.38 with ``state_flags``, a list from
+    v0.0.40) -> a ``drain``/``down`` event since ``reason_changed_at`` (else now), with its reason; None when
+    the node is in service."""
+    state = node.get("state")
+    words = [*(state if isinstance(state, list) else [str(state or "")]), *(node.get("state_flags") or [])]
+    kind = event_kind(" ".join(str(w) for w in words))
+    if kind is None:
+        return None
+    start = parse_time(node.get("reason_changed_at")) or now
+    return NodeEvent(cluster, str(node["name"]), kind, start, None, None, str(node.get("reason") or ""),
+                     "slurmrestd")

@@ -25,3 +25,6 @@ class Reading:
     gpu_accounted: bool | None = None
     #: nodes drained or down, with their reason (slurmdbd's node events; cli backend)
     events: list[NodeEvent] = field(default_factory=list)
+    #: (event source, kinds) when ``events`` is the current state only (slurmrestd's node list): the snapshot
+    #: closes ongoing events of these kinds the listing no longer shows
+    event_states: tuple[str, tuple[str, ...]] | None = None
