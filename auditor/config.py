@@ -157,6 +157,10 @@ class ClusterConfig(Strict):
     initial_days: float = Field(7, gt=0, le=MAX_DAYS, description="How far back the first collection reads.")
 
 
+#: Node event kinds (:data:`auditor.records.NODE_EVENT_KINDS`)
+InfraKind = Literal["xid", "throttle", "ecc_dbe", "row_remap", "drain", "down", "not_ready", "cordoned"]
+
+
 class Thresholds(Strict):
     """Verdict and finding rules (docs/definitions.md). Comparisons use a 1e-9 tolerance: a value exactly at
     a threshold is not below it, even after a unit conversion."""
@@ -238,6 +242,13 @@ class Thresholds(Strict):
     hygiene_unused_gpus: float = Field(0.25, ge=0, le=1, description="...or when at least this share of the "
                                        "GPUs the user's jobs requested (and telemetry saw) never worked (no "
                                        "low, working or busy-unverified second).")
+    infra_kinds: list[InfraKind] = Field(["xid", "throttle", "ecc_dbe", "row_remap", "drain", "down", "not_ready",
+                                          "cordoned"], description="Node event kinds whose intervals are "
+                                         "infrastructure-affected (their reserved time is `infra`, never idle "
+                                         "and in no user finding); leave one out to judge its time as usual.")
+    lemon_min_faults: int = Field(3, ge=1, description="lemon_node: a node with at least this many "
+                                  "infrastructure events (of the kinds above, distinct intervals, any of its "
+                                  "GPUs) in the audit window.")
 
 
 #: A price per GPU-hour above this is a typo (in any currency: ~1,000x a cloud H100 hour in VND or IDR).

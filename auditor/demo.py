@@ -17,6 +17,10 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
   (ghost_busy, for operations; not reserved, not billed);
 - the triton service uses < 50 % of its A100s' SMs and 30 GB: an L40S would do (right-sizing, team platform);
 - carol's eval-sweep tasks ask for 7 days and run 16 hours (request_hygiene).
+- Slurm drains gpu-node-02 for 4 hours while eval task 1010_4 runs on it, and gpu-node-a's GPU 1 (under the
+  resnet training pod) throws XID 79, later XID 48, and hits a hardware power brake: that time is
+  infrastructure-affected (its own column, never idle), and gpu-node-a, with 3 faults, is a lemon
+  (lemon_node, for operations).
 """
 
 from __future__ import annotations
@@ -126,6 +130,12 @@ def fleet() -> list[Workload]:
     return w
 
 
+#: A drained node: cluster, node, from hour, to hour, the admin's reason (Slurm's node event).
+DRAIN = ("hpc", "gpu-node-02", 95.0, 99.0, "GPU 3 fell off the bus (XID 79), waiting for a reboot")
+#: GPU faults in telemetry: (cluster, node, GPU) -> [(from hour, DCGM_FI_DEV_XID_ERRORS value)] (the gauge keeps
+#: the last XID: a change to a new non-zero value is a fault) and the hour of a HW power brake (0x80).
+XIDS = {("k8s", "gpu-node-a", 1): [(0.0, 0), (55.0, 79), (65.0, 48)]}
+POWER_BRAKE = {("k8s", "gpu-node-a", 1): 75.0}
 #: Telemetry gaps: cluster, node, from hour, to hour (the exporter was down).
 GAPS = [("hpc", "gpu-node-01", 60.0, 66.0), ("hpc", "gpu-node-01", 148.0, 168.0)]
 #: An advance reservation nobody used: name, node, from hour, to hour.
@@ -196,7 +206,9 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
         + [{"type": "inventory", "node": n, "gpus": 8, "model": "h100"} for n in NODES["hpc"]]
         + [{"type": "wait", "id": wid, "name": "train-big", "user": wuser, "account": wacct, "partition": "gpu",
             "gpus": wgpus, "eligible": _iso(t0 + wa * 3600), "end": _iso(t0 + wb * 3600), "state": "COMPLETED"}]
-        + [{"type": "quota", "kind": "account", "name": k, "gpus": n} for k, n in QUOTAS.items()], indent=1),
+        + [{"type": "quota", "kind": "account", "name": k, "gpus": n} for k, n in QUOTAS.items()]
+        + [{"type": "node_event", "node": DRAIN[1], "kind": "drain", "start": _iso(t0 + DRAIN[2] * 3600),
+            "end": _iso(t0 + DRAIN[3] * 3600), "reason": DRAIN[4]}], indent=1),
         encoding="utf-8")
     paths.append(extra)
     pods = out / "k8s-allocations.json"
@@ -251,6 +263,20 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random,
                     if telemetry == "util-only" and fld not in UTIL_ONLY_FIELDS:
                         continue
                     yield [sample_ts, node, str(g), uuid, metric, f"{values[fld]:.4f}", gpu_model, pod, ns]
+                yield from _fault_rows(cluster, node, g, hour, [sample_ts, node, str(g), uuid], [gpu_model, pod, ns])
+
+
+def _fault_rows(cluster: str, node: str, g: int, hour: float, head: list[str], tail: list[str]
+                ) -> Iterator[list[str]]:
+    """The planted GPU's fault fields: the last XID, and the clock-event reasons (0x80: HW power brake)."""
+    xids = XIDS.get((cluster, node, g))
+    if xids:
+        xid = [v for h, v in xids if h <= hour][-1]
+        yield [*head, "DCGM_FI_DEV_XID_ERRORS", str(xid), *tail]
+    brake = POWER_BRAKE.get((cluster, node, g))
+    if brake is not None:
+        yield [*head, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "128" if brake <= hour < brake + BUCKET / 3600 else "0",
+               *tail]
 
 
 def write_telemetry(out: Path, t0: int, days: int, seed: int, telemetry: str = "dcgm") -> list[Path]:

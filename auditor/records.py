@@ -184,4 +184,27 @@ class GpuQuota:
     seen_at: datetime | None = None
 
 
-Record = Allocation | Reservation | GpuBucket | GpuInventory | GpuWait | GpuQuota
+#: Kinds of infrastructure event (docs/definitions.md "Infrastructure-affected time"): GPU faults from
+#: telemetry, node states from the schedulers.
+NodeEventKind = Literal["xid", "throttle", "ecc_dbe", "row_remap", "drain", "down", "not_ready", "cordoned"]
+NODE_EVENT_KINDS: tuple[str, ...] = ("xid", "throttle", "ecc_dbe", "row_remap", "drain", "down", "not_ready",
+                                     "cordoned")
+
+
+@dataclass(slots=True)
+class NodeEvent:
+    """An interval when a node or one of its GPUs was not fit for work through no fault of its users: a GPU
+    fault (XID error, fault clock throttling, ECC double-bit error, row remapping) or a node the scheduler
+    drained, marked down, NotReady or cordoned. ``gpu`` None = the whole node; ``end`` None = ongoing."""
+
+    cluster: str
+    node: str
+    kind: str
+    start: datetime
+    end: datetime | None = None
+    gpu: int | None = None
+    reason: str = ""
+    source: str = ""  # e.g. "sacctmgr", "sinfo", "kubernetes", "dcgm"
+
+
+Record = Allocation | Reservation | GpuBucket | GpuInventory | GpuWait | GpuQuota | NodeEvent

@@ -79,6 +79,56 @@ KNOWN_UNSTORED: frozenset[str] = frozenset({
     "nvidia_gpu_jobUid",
 })
 
+#: How a GPU fault shows in a metric (README "Infrastructure-affected time"): ``code`` a gauge holding the
+#: last error code, a fault when it changes to a new non-zero value; ``nonzero`` a 0/1 flag; ``increase`` a
+#: counter, a fault when it grows (a reset is not one); ``bits`` a clock-event bitmask, a fault when one of
+#: :data:`THROTTLE_FAULT_BITS` is set.
+FaultRule = Literal["code", "nonzero", "increase", "bits"]
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    """An exported metric that reports GPU faults: the node event kind, the rule, and how to name it."""
+
+    kind: str
+    rule: FaultRule
+    what: str
+
+
+def _faults(kind: str, rule: FaultRule, what: str, *names: str) -> dict[str, FaultSpec]:
+    return {name: FaultSpec(kind, rule, what) for name in names}
+
+
+#: NVML clocks event (throttle) reasons that are faults: the hardware or its cooling, not the workload or
+#: a setting (GPU idle 0x1, application clocks 0x2, SW power cap 0x4, sync boost 0x10 and display clocks
+#: 0x100 are not). Values: nvml.h ``nvmlClocksEventReason*`` (= the deprecated ``nvmlClocksThrottleReason*``),
+#: the bits of DCGM_FI_DEV_CLOCK_THROTTLE_REASONS / DCGM_FI_DEV_CLOCKS_EVENT_REASONS.
+THROTTLE_FAULT_BITS: dict[int, str] = {0x8: "HW slowdown", 0x20: "SW thermal slowdown",
+                                       0x40: "HW thermal slowdown", 0x80: "HW power brake slowdown"}
+
+#: Exported metric name -> the GPU fault it reports (dcgm-exporter's names from its default counters CSV;
+#: nvidia_gpu_exporter's nvidia-smi clocks_event_reasons).
+FAULT_ALIASES: dict[str, FaultSpec] = {
+    **_faults("xid", "code", "XID", "DCGM_FI_DEV_XID_ERRORS"),
+    **_faults("xid", "increase", "XID errors", "DCGM_EXP_XID_ERRORS_COUNT"),
+    **_faults("throttle", "bits", "throttle", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+              "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "nvidia_smi_clocks_event_reasons_active",
+              "nvidia_smi_clocks_throttle_reasons_active"),
+    **_faults("throttle", "nonzero", "HW slowdown", "nvidia_smi_clocks_event_reasons_hw_slowdown",
+              "nvidia_smi_clocks_throttle_reasons_hw_slowdown"),
+    **_faults("throttle", "nonzero", "HW thermal slowdown", "nvidia_smi_clocks_event_reasons_hw_thermal_slowdown",
+              "nvidia_smi_clocks_throttle_reasons_hw_thermal_slowdown"),
+    **_faults("throttle", "nonzero", "HW power brake slowdown",
+              "nvidia_smi_clocks_event_reasons_hw_power_brake_slowdown",
+              "nvidia_smi_clocks_throttle_reasons_hw_power_brake_slowdown"),
+    **_faults("throttle", "nonzero", "SW thermal slowdown", "nvidia_smi_clocks_event_reasons_sw_thermal_slowdown",
+              "nvidia_smi_clocks_throttle_reasons_sw_thermal_slowdown"),
+    **_faults("ecc_dbe", "increase", "ECC double-bit errors", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+              "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"),
+    **_faults("row_remap", "increase", "uncorrectable remapped rows", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"),
+    **_faults("row_remap", "nonzero", "row remap failure", "DCGM_FI_DEV_ROW_REMAP_FAILURE"),
+}
+
 #: jobstats' exporter publishes the job holding a GPU as a *metric* whose value is the Slurm job id
 #: (``nvidia_gpu_jobId{minor_number="0",uuid=...} 1234567``, 0 = no job), not as a label.
 JOB_ID_METRICS: frozenset[str] = frozenset({"nvidia_gpu_jobId"})

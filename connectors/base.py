@@ -12,7 +12,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from auditor.records import Allocation, GpuBucket, GpuInventory, GpuQuota, GpuWait, Reservation
+from auditor.records import Allocation, GpuBucket, GpuInventory, GpuQuota, GpuWait, NodeEvent, Reservation
 
 log = logging.getLogger("gpu_audit.input")
 
@@ -42,6 +42,10 @@ class RunningSnapshot:
     source: str
     at: datetime
     accounts: tuple[str, ...] = ()  # when the listing covered only these accounts/namespaces
+    #: node event kinds the listing read the current state of (Kubernetes: not_ready, cordoned): ongoing
+    #: events of these kinds from ``event_source`` not seen in it have ended, at their last sighting
+    event_kinds: tuple[str, ...] = ()
+    event_source: str = ""
 
 
 @dataclass
@@ -76,7 +80,7 @@ class Problems:
         return sum(self.counts.values())
 
 
-AllocationRecord = Allocation | Reservation | GpuInventory | GpuWait | GpuQuota | RunningSnapshot
+AllocationRecord = Allocation | Reservation | GpuInventory | GpuWait | GpuQuota | NodeEvent | RunningSnapshot
 
 
 @runtime_checkable
@@ -91,12 +95,13 @@ class AllocationSource(Protocol):
 
 @runtime_checkable
 class TelemetrySource(Protocol):
-    """Reads what the GPUs did, as normalised per-GPU buckets aligned to ``window.bucket_seconds``."""
+    """Reads what the GPUs did, as normalised per-GPU buckets aligned to ``window.bucket_seconds`` (and GPU
+    faults it saw, as :class:`~auditor.records.NodeEvent`)."""
 
     Options: ClassVar[type[BaseModel]]
     name: str
 
-    def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket]: ...
+    def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket | NodeEvent]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,11 +17,21 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory, Reservation
+from auditor.records import (
+    METRIC_FIELDS,
+    NODE_EVENT_KINDS,
+    AllocatedGpu,
+    Allocation,
+    GpuBucket,
+    GpuInventory,
+    NodeEvent,
+    Reservation,
+)
 from auditor.timeutil import parse_time
 from connectors._coverage import coverage, interval, job_key
-from connectors._rows import check_regular, fixed_dir, read_rows, read_sacct_file
-from connectors.aliases import METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
+from connectors._faults import FaultFolder, to_events
+from connectors._rows import check_regular, fixed_dir, read_bounded, read_rows, read_sacct_file
+from connectors.aliases import FAULT_ALIASES, METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
 from connectors.base import Context, Options, Problems, Window
 from connectors.file_queue import QUEUE_ROWS
 from connectors.slurm.saved import read_saved, sniff
@@ -205,6 +215,20 @@ def inventory_from_row(cluster: str, row: dict[str, Any]) -> list[GpuInventory]:
             for i in range(count)]
 
 
+def node_event_from_row(cluster: str, row: dict[str, Any]) -> NodeEvent:
+    """A node or GPU out of service (``"type": "node_event"``: node, kind, start, end (empty: ongoing), gpu
+    (empty: the whole node), reason)."""
+    node, kind = str(row.get("node") or "").strip(), str(row.get("kind") or "")
+    if not node or kind not in NODE_EVENT_KINDS:
+        raise ValueError(f"node_event needs a node and a kind ({', '.join(NODE_EVENT_KINDS)})")
+    start, end = _time(row.get("start"), "start"), _time(row.get("end"), "end")
+    if start is None or (end is not None and end < start):
+        raise ValueError("node_event: start missing or after end")
+    gpu = row.get("gpu")
+    return NodeEvent(cluster, node, kind, start, end, None if gpu in (None, "") else int(gpu),
+                     str(row.get("reason") or ""), "file")
+
+
 def _files(ctx: Context, patterns: list[str]) -> list[Path]:
     out: list[Path] = []
     for p in patterns:
@@ -221,15 +245,18 @@ class FileAllocations:
 
     class Options(Options):
         paths: list[str] = Field(description="Files or glob patterns, relative to the config file.")
-        format: Literal["auto", "csv", "json", "sacct", "scontrol", "slurm-json"] = Field(
+        format: Literal["auto", "csv", "json", "sacct", "scontrol", "slurm-json", "sacctmgr-events"] = Field(
             "auto", description="auto picks by content and extension: saved `scontrol show job -d` text "
             "(`scontrol`), Slurm jobs JSON from squeue/sacct --json or slurmrestd (`slurm-json`), .csv, "
-            ".json/.jsonl, else .sacct/.txt (sacct -P).")
+            ".json/.jsonl, else .sacct/.txt (sacct -P). `sacctmgr-events` (never picked by auto): saved "
+            "`sacctmgr -n -P show event event=node format=NodeName,Start,End,State,Reason` output: "
+            "drained/down nodes with their reason.")
 
     def __init__(self, context: Context, options: FileAllocations.Options) -> None:
         self.ctx, self.options, self.name = context, options, "file"
 
-    def collect(self, window: Window, problems: Problems) -> Iterator[Allocation | Reservation | GpuInventory]:
+    def collect(self, window: Window, problems: Problems
+                ) -> Iterator[Allocation | Reservation | GpuInventory | NodeEvent]:
         for path in _files(self.ctx, self.options.paths):
             fmt = self.options.format
             if fmt == "auto":
@@ -246,12 +273,18 @@ class FileAllocations:
                 yield rec
 
     def _rows(self, path: Path, fmt: str, problems: Problems
-              ) -> Iterable[tuple[str, Allocation | Reservation | GpuInventory]]:
+              ) -> Iterable[tuple[str, Allocation | Reservation | GpuInventory | NodeEvent]]:
         if fmt == "sacct":
             yield from read_sacct_file(path, self.ctx.cluster, problems)
             return
         if fmt in ("scontrol", "slurm-json"):  # parsing lives with the Slurm connector
             yield from read_saved(path, fmt, self.ctx.cluster, problems)
+            return
+        if fmt == "sacctmgr-events":
+            from connectors.slurm.events import parse_events
+
+            text = read_bounded(path).decode("utf-8", errors="replace")
+            yield from (("", e) for e in parse_events(text, self.ctx.cluster, problems, str(path)))
             return
         for loc, row in read_rows(path, fmt):
             if isinstance(row, str):
@@ -268,8 +301,11 @@ class FileAllocations:
                     yield loc, allocation_from_row(self.ctx.cluster, row)
                 elif kind in QUEUE_ROWS:
                     yield loc, QUEUE_ROWS[kind](self.ctx.cluster, row)
+                elif kind == "node_event":
+                    yield loc, node_event_from_row(self.ctx.cluster, row)
                 else:
-                    raise ValueError(f"type: {str(kind)[:40]!r} is not allocation, reservation, inventory, wait, quota")
+                    raise ValueError(f"type: {str(kind)[:40]!r} is not allocation, reservation, inventory, wait, "
+                                     "quota or node_event")
             except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as exc:
                 problems.skip(str(path), loc, _reason(exc), _excerpt(row))
 
@@ -331,11 +367,13 @@ class FileTelemetry:
     def __init__(self, context: Context, options: FileTelemetry.Options) -> None:
         self.ctx, self.options, self.name = context, options, "file"
 
-    def collect(self, window: Window, problems: Problems) -> Iterator[GpuBucket]:
+    def collect(self, window: Window, problems: Problems) -> Iterator[GpuBucket | NodeEvent]:
+        faults = FaultFolder(window.bucket_seconds)  # GPU faults (XID, throttling, ECC, row remap)
         for path in _files(self.ctx, self.options.paths):
-            yield from self._read(path, window, problems)
+            yield from self._read(path, window, problems, faults)
+        yield from to_events(self.ctx.cluster, window.bucket_seconds, faults.hits(), "file")
 
-    def _read(self, path: Path, window: Window, problems: Problems) -> Iterator[GpuBucket]:
+    def _read(self, path: Path, window: Window, problems: Problems, faults: FaultFolder) -> Iterator[GpuBucket]:
         size = window.bucket_seconds
         lo, hi = int(window.since.timestamp()), int(window.until.timestamp())
         accs: dict[tuple[str, int, str, int], _Acc] = {}
@@ -359,6 +397,10 @@ class FileTelemetry:
                     field, unit = metric, stored_unit(metric)
                 elif metric in METRIC_ALIASES:
                     field, unit = METRIC_ALIASES[metric].field, METRIC_ALIASES[metric].unit
+                elif metric in FAULT_ALIASES:
+                    if lo <= ts < hi:
+                        faults.add(host, gpu, metric, float(row.get("value") or ""), ts)
+                    continue
                 else:
                     if metric not in unknown:
                         unknown.add(metric)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from auditor.records import AllocatedGpu, Allocation, GpuInventory, GpuWait
+from auditor.records import AllocatedGpu, Allocation, GpuInventory, GpuWait, NodeEvent
 
 GPU_PRODUCT = "nvidia.com/gpu.product"
 GPU_COUNT = "nvidia.com/gpu.count"
@@ -343,3 +343,26 @@ def node_inventory(node: Mapping[str, Any], cluster: str, is_gpu: GpuMatcher,
         layout = f"all-{info.mig_single_profile}"
     return [GpuInventory(cluster=cluster, host=info.name, gpu=i, model=info.model, mig_layout=layout,
                          seen_at=at) for i in range(count)]
+
+
+#: Node event kinds a node listing reports the current state of
+NODE_STATE_KINDS = ("not_ready", "cordoned")
+
+
+def node_events(node: Mapping[str, Any], cluster: str, at: datetime) -> list[NodeEvent]:
+    """A node's infrastructure state now (README "Infrastructure-affected time"): ``Ready`` False or Unknown
+    -> ``not_ready`` since the condition's lastTransitionTime; ``spec.unschedulable`` (cordoned) ->
+    ``cordoned`` since this sighting (a cordon carries no time; the store continues an ongoing one)."""
+    name = str((node.get("metadata") or {}).get("name") or "")
+    if not name:
+        return []
+    out = []
+    for c in (node.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "Ready" and str(c.get("status")) != "True":
+            why = ": ".join(str(x) for x in (c.get("reason"), c.get("message")) if x)
+            out.append(NodeEvent(cluster, name, "not_ready", parse_time(c.get("lastTransitionTime")) or at, None,
+                                 None, f"Ready={c.get('status')}" + (f" ({why})" if why else ""), "kubernetes"))
+    if (node.get("spec") or {}).get("unschedulable") is True:
+        out.append(NodeEvent(cluster, name, "cordoned", at, None, None, "cordoned (spec.unschedulable)",
+                             "kubernetes"))
+    return out

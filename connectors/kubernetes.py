@@ -24,14 +24,16 @@ from pydantic import Field, model_validator
 
 from auditor.config import SecretRef
 from auditor.errors import ConfigError, SourceError
-from auditor.records import Allocation, GpuInventory, GpuWait
+from auditor.records import Allocation, GpuInventory, GpuWait, NodeEvent
 from connectors.base import AllocationRecord, Context, Options, Problems, RunningSnapshot, Window
 from connectors.k8s_resources import (
+    NODE_STATE_KINDS,
     BadObject,
     GpuMatcher,
     NodeInfo,
     OwnerResolver,
     PodRules,
+    node_events,
     node_info,
     node_inventory,
     pod_allocation,
@@ -241,12 +243,16 @@ class KubernetesAllocations:
     def _full_listing(self, problems: Problems) -> list[AllocationRecord]:
         at = datetime.now(UTC)
         inventory: list[GpuInventory] = []
+        events: list[NodeEvent] = []
         nodes: dict[str, NodeInfo] = {}
         for node in self._list_all("nodes"):
             name = (node.get("metadata") or {}).get("name", "?")
             try:
                 nodes[name] = node_info(node)
-                inventory.extend(node_inventory(node, self.context.cluster, self.rules.is_gpu, at))
+                gpus = node_inventory(node, self.context.cluster, self.rules.is_gpu, at)
+                inventory.extend(gpus)
+                if gpus:  # NotReady or cordoned GPU nodes: infrastructure-affected time
+                    events.extend(node_events(node, self.context.cluster, at))
             except (BadObject, ValueError, TypeError, AttributeError) as exc:
                 problems.skip(SOURCE, f"node {name}", f"unreadable node: {exc}")
         self._nodes = nodes
@@ -268,8 +274,9 @@ class KubernetesAllocations:
                 for pod in page.get("items") or ():
                     self._wait(pod, waits)
         self._resource_version = rv
-        out: list[AllocationRecord] = [*inventory, *pods.values(), *waits.values()]
-        out.append(RunningSnapshot(self.context.cluster, SOURCE, at=at, accounts=tuple(self.options.namespaces)))
+        out: list[AllocationRecord] = [*inventory, *events, *pods.values(), *waits.values()]
+        out.append(RunningSnapshot(self.context.cluster, SOURCE, at=at, accounts=tuple(self.options.namespaces),
+                                   event_kinds=NODE_STATE_KINDS, event_source="kubernetes"))
         return out
 
     def _convert(self, pod: Mapping[str, Any], owners: OwnerResolver, problems: Problems

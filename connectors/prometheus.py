@@ -24,6 +24,7 @@ import logging
 import math
 import re
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -36,8 +37,10 @@ from pydantic import Field, field_validator
 
 from auditor.config import SecretRef
 from auditor.errors import SourceError
-from auditor.records import LABEL_FIELDS, METRIC_FIELDS, GpuBucket
+from auditor.records import LABEL_FIELDS, METRIC_FIELDS, GpuBucket, NodeEvent
+from connectors._faults import Hits, promql, reason, to_events
 from connectors.aliases import (
+    FAULT_ALIASES,
     JOB_ID_METRICS,
     LABEL_ALIASES,
     METRIC_ALIASES,
@@ -298,10 +301,25 @@ class PrometheusTelemetry:
             yield first, last
             first = last + b
 
-    def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket]:
+    def fault_hits(self, merged: Merge, name: str, what: str, data: Any, hits: Hits) -> None:
+        """Faulty buckets of one fault query (:mod:`connectors._faults`) into ``hits``."""
+        spec = FAULT_ALIASES[name]
+        for series in (data or {}).get("result") or ():
+            gkey = merged.key(series.get("metric") or {})
+            if gkey is None:
+                continue
+            for t, text in series.get("values") or ():
+                v = float(text)
+                if math.isfinite(v):
+                    hits[(gkey[0], gkey[1], spec.kind)][int(t) - merged.bucket_s].add(reason(spec, what, v))
+
+    def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket | NodeEvent]:
         try:
             have = self.existing_names(window, problems)
             todo = self.plan(have, window.bucket_seconds)
+            step = max(1, int(self.options.sample_interval_s or 30))
+            faults = [(name, what, q) for name, spec in FAULT_ALIASES.items() if name in have
+                      for what, q in promql(self.selector([name]), spec, window.bucket_seconds, step)]
             self.index_of = self.uuid_index(window, have, problems)
             if not todo:
                 gpuish = sorted(n for n in have if re.search(r"gpu|dcgm|nvidia|nvml", n, re.IGNORECASE))
@@ -315,15 +333,20 @@ class PrometheusTelemetry:
                     form = {"start": str(first + b), "end": str(last + b), "step": str(b)}
                     # each query runs in the collector's context: its retries share the source's time budget
                     futures = [pool.submit(contextvars.copy_context().run, self.request, "/api/v1/query_range",
-                                           {"query": q, **form}) for _, _, q in todo]
+                                           {"query": q, **form}) for _, _, q in [*todo, *faults]]
                     try:
                         merged = Merge(self, b, problems)
-                        for (kind, what, _), fut in zip(todo, futures, strict=True):
+                        for (kind, what, _), fut in zip(todo, futures[:len(todo)], strict=True):
                             merged.add(kind, what, self.decode(fut.result(), "query_range", problems))
+                        hits: Hits = defaultdict(lambda: defaultdict(set))
+                        for (name, what, _), fut in zip(faults, futures[len(todo):], strict=True):
+                            self.fault_hits(merged, name, what, self.decode(fut.result(), "query_range", problems),
+                                            hits)
                     finally:
                         for fut in futures:
                             fut.cancel()
                     yield from merged.buckets()
+                    yield from to_events(self.context.cluster, b, hits, "prometheus")
         finally:
             self.close()
 

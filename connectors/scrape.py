@@ -25,10 +25,12 @@ from typing import Literal
 from pydantic import Field
 
 from auditor.errors import SourceError
-from auditor.records import LABEL_FIELDS, GpuBucket
+from auditor.records import LABEL_FIELDS, GpuBucket, NodeEvent
 from connectors._coverage import coverage, interval, job_key
+from connectors._faults import FaultFolder, to_events
 from connectors._rows import MAX_FILE_BYTES, check_regular, fixed_dir, read_bounded
 from connectors.aliases import (
+    FAULT_ALIASES,
     JOB_ID_METRICS,
     METRIC_ALIASES,
     BadValue,
@@ -251,9 +253,10 @@ class ScrapeFiles:
             out.extend(matches)
         return out
 
-    def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket]:
+    def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket | NodeEvent]:
         lo, hi = window.since.timestamp(), window.until.timestamp()
         builder = BucketBuilder(self.context.cluster, window.bucket_seconds, problems)
+        self.faults = FaultFolder(window.bucket_seconds)
         self.seen: Counter[str] = Counter()
         for path in self.files():
             try:
@@ -266,7 +269,8 @@ class ScrapeFiles:
                 raise SourceError(self.name, f"cannot read {path}: {exc.strerror}") from None
             default_ts = self.options.at.timestamp() if self.options.at else mtime
             self._fold(str(path), text, default_ts, lo, hi, builder, problems)
-        out = list(builder.buckets())
+        out: list[GpuBucket | NodeEvent] = list(builder.buckets())
+        out += to_events(self.context.cluster, window.bucket_seconds, self.faults.hits(), "scrape")
         if not out and self.seen and not any(n in METRIC_ALIASES for n in self.seen):
             self.empty_reason = (f"{sum(self.seen.values())} samples but no supported GPU metric; most common "
                                  f"names: {common_names(self.seen)} (the alias table, docs/telemetry.md, "
@@ -320,7 +324,8 @@ class ScrapeFiles:
                     model_of[uuid] = s.labels["name"]
         job_of = self._job_ids(samples, default_ts)
         for s in samples:
-            if s.name not in METRIC_ALIASES:
+            fault = s.name in FAULT_ALIASES
+            if s.name not in METRIC_ALIASES and not fault:
                 continue
             where = f"line {s.line}"
             ts = s.ts if s.ts is not None else default_ts
@@ -331,11 +336,16 @@ class ScrapeFiles:
             gpu_text = pick_label(s.labels, "gpu")
             gpu = int(gpu_text) if gpu_text and gpu_text.isdigit() else index_of.get(uuid or "")
             if not host or gpu is None:
+                if fault:  # the GPU's utilization lines already say why (one reason per GPU metric, not more)
+                    continue
                 what = "host (set scrape.host)" if not host else \
                      "GPU index (no gpu label or nvidia_smi_index)"
                 problems.skip(source, where, f"{s.name}: no {what}", f"{s.name} {s.labels}")
                 continue
             instance = pick_label(s.labels, "gpu_instance") or ""
+            if fault:  # a GPU fault (XID, throttling, ECC, row remap): judged per series in time order
+                self.faults.add(host, gpu, s.name, s.value, ts, f"{instance}|{s.labels.get('xid', '')}")
+                continue
             model = pick_label(s.labels, "model") or model_of.get(uuid or "")
             profile = pick_label(s.labels, "gpu_profile")
             if profile:

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from oracle_infra import ALL_KINDS, Events, touches
 from oracle_rules import findings, price
 
 from auditor.config import PriceCard, Thresholds
-from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory
+from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory, NodeEvent
 
 EPS = 1e-9  # definitions: "v < t means v < t - 1e-9; v >= t means v >= t - 1e-9"
 HOUR = 3600
@@ -172,6 +173,8 @@ class GpuResult:
     share: float
     attribution: str = "unattributed"
     tied: tuple[str, str, int, str] | None = None
+    index: int | None = None  # the GPU index it was judged as (scheduler's, else the attributed one)
+    infra: float = 0.0  # infrastructure-affected seconds x share
     reserved: float = 0.0
     observed: float = 0.0
     unknown: float = 0.0
@@ -189,7 +192,8 @@ class GpuResult:
         return {"reserved": self.reserved, "observed": self.observed,
                 "idle": c["idle"] + c["idle_by_util"], "idle_by_util": c["idle_by_util"],
                 "mirage": c["mirage"], "low": c["low"], "working": c["working"],
-                "busy_unverified": c["busy_unverified"], "unknown": self.unknown, "effective": self.effective}
+                "busy_unverified": c["busy_unverified"], "unknown": self.unknown, "effective": self.effective,
+                "infra": self.infra}
 
 
 @dataclass
@@ -233,6 +237,7 @@ class Oracle:
         self.seen: Counter[str] = Counter()  # which rules this fleet exercised (coverage of the generator)
         self.rolled_before: float | None = None  # cutoff of the latest roll-up
         self.hourly: set[tuple] = set()  # (cluster, host, gpu, instance, hour) holding a rolled-up row
+        self.events = Events()
 
     # -- store ------------------------------------------------------------------------------------
     def ingest(self, records: list[Any]) -> None:
@@ -258,6 +263,8 @@ class Oracle:
                 self.allocs[k] = r
             elif isinstance(r, GpuInventory):
                 self.inventory.add((r.cluster, r.host, r.gpu))
+            elif isinstance(r, NodeEvent):
+                self.events.add(r)
 
     def prune(self, now: float, keep_weeks: float) -> None:
         """Roll fine rows older than the cutoff into hourly rows per (GPU, hour, job): samples and observed
@@ -309,7 +316,7 @@ class Oracle:
 
     def attribute(self, a: Allocation, a_s: float, a_e: float, by_gpu: dict) -> list[GpuResult]:
         """Index, whole node, labels, else unattributed (definitions "Attribution")."""
-        res = [GpuResult(g.node, k, g.share) for g, k in slots(a)]
+        res = [GpuResult(g.node, k, g.share, index=g.index) for g, k in slots(a)]
         gs = [g for g, _ in slots(a)]
         for r, g in zip(res, gs, strict=True):  # 1. index
             if g.index is not None:
@@ -323,7 +330,7 @@ class Oracle:
                 for r, _ in held:
                     t = (a.cluster, node, r.slot, "")
                     if t in self.tgpus:
-                        r.attribution, r.tied = "node", t
+                        r.attribution, r.tied, r.index = "node", t, r.slot
                         self.seen["attributed: whole node"] += 1
         for node in {g.node for g in gs}:  # 3. labels: slot k takes the k-th GPU (by index) naming the job
             cands = sorted(t[2] for t in self.tgpus if t[:2] == (a.cluster, node) and t[3] == "" and any(
@@ -331,13 +338,19 @@ class Oracle:
                 for ts, rows in by_gpu.get(t, {}).items() for row in rows))
             for r, g in zip(res, gs, strict=True):
                 if g.node == node and g.index is None and r.attribution == "unattributed" and r.slot < len(cands):
-                    r.attribution, r.tied = "label", (a.cluster, node, cands[r.slot], "")
+                    r.attribution, r.tied, r.index = "label", (a.cluster, node, cands[r.slot], ""), cands[r.slot]
                     self.seen["attributed: label"] += 1
         return res
 
     def judge(self, a: Allocation, r: GpuResult, a_s: float, a_e: float, th: Thresholds,
-              by_gpu: dict) -> None:
+              by_gpu: dict, window: tuple[float, float] = (-math.inf, math.inf)) -> None:
         r.reserved = r.share * (a_e - a_s)
+        kinds = getattr(th, "infra_kinds", ALL_KINDS)
+        mine = self.events.intervals(a.cluster, r.node, r.index, kinds, *window)  # the allocated GPU's
+        tied = self.events.intervals(*r.tied[:3], kinds, *window) if r.tied else []  # its telemetry GPU's
+        r.infra = r.share * union_length(mine, a_s, a_e)
+        if r.infra > 0:
+            self.seen["infrastructure-affected time"] += 1
         covered: list[tuple[float, float]] = []
         unobserved = 0.0
         for ts, sub in sorted(by_gpu.get(r.tied, {}).items()) if r.tied else []:
@@ -348,6 +361,9 @@ class Oracle:
             labelled = any(x.job for x in sub)
             apply = [x for x in sub if names(x.job, a)] if labelled else [x for x in sub if not x.job]
             if not apply:
+                continue
+            if touches(tied, ts, ts + w):  # infrastructure-affected bucket: judged by no verdict
+                self.seen["bucket skipped: infrastructure event"] += 1
                 continue
             row = combine(apply)
             self.seen["bucket judged"] += 1
@@ -385,9 +401,9 @@ class Oracle:
                 r.held = max(r.held if r.held is not None else -math.inf, row.metrics["fb_used_mib"])
             if row.metrics["sm_active"] is not None:
                 r.effective += r.share * obs * row.metrics["sm_active"]
-        untouched = (a_e - a_s) - union_length(covered, a_s, a_e)
+        untouched = (a_e - a_s) - union_length(covered + mine, a_s, a_e)
         r.unknown = r.share * (unobserved + untouched)
-        parts = sum(r.cls.values()) + r.unknown
+        parts = sum(r.cls.values()) + r.unknown + r.infra
         assert math.isclose(parts, r.reserved, rel_tol=1e-9, abs_tol=1e-6), \
             f"oracle identity broken (overlapping buckets?): {parts} != {r.reserved}"
 
@@ -405,7 +421,7 @@ class Oracle:
                 continue
             gpus = self.attribute(a, a_s, a_e, by_gpu)
             for r in gpus:
-                self.judge(a, r, a_s, a_e, th, by_gpu)
+                self.judge(a, r, a_s, a_e, th, by_gpu, (since, horizon))
             tot = {k: sum(g.sums()[k] for g in gpus) for k in gpus[0].sums()}
             p = price(prices, a)
             kinds, near = findings(tot, gpus, th, min_finding_gpu_hours)

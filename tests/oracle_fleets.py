@@ -43,6 +43,7 @@ ALL_FEATURES = {
     "id_reuse": "a job id reused by a later job",
     "backfill": "telemetry re-collected after a prune for hours already rolled up (dropped, never counted twice)",
     "rollup_unsampled": "rows without samples in an hour that is rolled up (the hourly span must not cover them)",
+    "infra": "node events (GPU faults, drained/NotReady nodes) that make reserved time infrastructure-affected",
 }
 
 
@@ -65,6 +66,8 @@ def detect() -> frozenset[str]:
         on.add("backfill")
     if "min_finding_gpu_hours" in Thresholds.model_fields:
         on.add("min_finding")
+    if "node_events" in schema.metadata.tables:
+        on.add("infra")
     uniq = [c for c in schema.allocations.constraints if c.__class__.__name__ == "UniqueConstraint"]
     if any({"start_ts", "submit_ts", "instance_ts"} & {col.name for col in c.columns} for c in uniq):
         on.add("id_reuse")
@@ -216,7 +219,26 @@ def thresholds(draw: st.DrawFn, features: frozenset[str]) -> Thresholds:
               "idle_sm": draw(st.sampled_from([0.05, 0.1])), "working_sm": draw(st.sampled_from([0.5, 0.3]))}
     if "min_finding" in features and "min_finding_gpu_hours" in Thresholds.model_fields:
         kw["min_finding_gpu_hours"] = draw(st.sampled_from([0.1, 0.1, 0.0, 0.5]))
+    if "infra" in features and draw(st.integers(0, 3)) == 0:  # a kind left out is judged as usual
+        kw["infra_kinds"] = draw(st.sampled_from([["drain", "not_ready"], ["xid"], []]))
     return Thresholds(**kw)
+
+
+def node_events(draw: st.DrawFn, nodes: list[dict[str, Any]]) -> list[Any]:
+    """0-3 node events at any second (not on bucket boundaries): a GPU's XID, a drained node, a NotReady node
+    still ongoing (a stale ongoing sighting of an ended one is ingested later, see fleets)."""
+    from auditor.records import NodeEvent
+
+    out: list[Any] = []
+    for _ in range(draw(st.integers(0, 3))):
+        nd = draw(st.sampled_from(nodes))
+        kind = draw(st.sampled_from(["xid", "drain", "not_ready"]))
+        start = T0 + draw(st.integers(-3600, HOURS * 3600))
+        end = None if kind == "not_ready" and draw(st.booleans()) else start + draw(st.integers(1, 7200))
+        gpu = draw(st.integers(0, nd["gpus"])) if kind == "xid" else None  # gpu == gpus: a GPU no job holds
+        out.append(NodeEvent(nd["cluster"], nd["name"], kind, dt(start), None if end is None else dt(end), gpu,
+                             f"{kind} on {nd['name']}"))
+    return out
 
 
 MODELS = [None, "NVIDIA-H100-80GB-HBM3", "a100", "L40S"]
@@ -293,6 +315,7 @@ def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
                       "inventory": draw(st.booleans())})
     js = draw(jobs(nodes, features))
     records: list[Any] = [j.alloc for j in js]
+    events = node_events(draw, nodes) if "infra" in features else []
     records += [GpuInventory(nd["cluster"], nd["name"], g) for nd in nodes if nd["inventory"]
                 for g in range(nd["gpus"])]
     second: list[Any] = []  # a second telemetry source (other fields, other interval)
@@ -316,7 +339,7 @@ def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
         return [r for r in rs if cutoff is not None and isinstance(r, GpuBucket) and r.start.timestamp() >= cutoff]
 
     # the second source before or after the first (ties keep the stored row); never a backfill after a prune
-    first = [("ingest", allocs + old(tele))]
+    first = [("ingest", allocs + old(tele) + events)]
     first.insert(draw(st.integers(0, 1)), ("ingest", old(second)))
     ops: list[tuple[Any, ...]] = first
     if cutoff is not None:
@@ -331,6 +354,9 @@ def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
         again = [r for r in tele if isinstance(r, GpuBucket)]
         again = new(again) if cutoff is not None else again
         ops.append(("ingest", again[: draw(st.integers(0, len(again)))]))
+    ended = [e for e in events if e.end is not None]
+    if ended and draw(st.booleans()):  # a stale "still ongoing" sighting of an ended event: the end stays
+        ops.append(("ingest", [dataclasses.replace(ended[0], end=None)]))
     if running and draw(st.booleans()):  # later sighting: it has ended
         ops.append(("ingest", [dataclasses.replace(a, end=dt(END + 600)) for a in running]))
     if cutoff is not None and cutoff + 3600 < END and draw(st.integers(0, 2)) == 0:

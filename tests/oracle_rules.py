@@ -88,9 +88,11 @@ def _judged(t: dict[str, float]) -> float:
 
 
 def _findings(tot: dict[str, float], gpus: list[GpuResult], th: Thresholds, c: _Cmp) -> set[str]:
-    if tot["reserved"] <= 0:
+    # infrastructure-affected time is the operator's: coverage is over the rest of the reserved time
+    mine = tot["reserved"] - tot.get("infra", 0.0)
+    if mine <= 0:
         return set()
-    if c.lt(tot["observed"] / tot["reserved"], th.unmonitored_coverage):
+    if c.lt(tot["observed"] / mine, th.unmonitored_coverage):
         return {"unmonitored"}
     j = _judged(tot)
     idle_share = (tot["idle"] + tot["mirage"]) / j if j > 0 else 0.0
@@ -108,8 +110,8 @@ def _findings(tot: dict[str, float], gpus: list[GpuResult], th: Thresholds, c: _
         for g in gpus:
             s = g.sums()
             gj = _judged(s)
-            if gj <= 0 or c.lt(s["observed"] / s["reserved"] if s["reserved"] > 0 else 0.0,
-                               th.unmonitored_coverage):
+            g_mine = s["reserved"] - s.get("infra", 0.0)
+            if gj <= 0 or c.lt(s["observed"] / g_mine if g_mine > 0 else 0.0, th.unmonitored_coverage):
                 continue
             if c.ge((s["idle"] + s["mirage"]) / gj, th.idle_gpus_fraction):
                 idle += 1

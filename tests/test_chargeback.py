@@ -21,7 +21,7 @@ from test_findings_extra import IDLE, WORK, job, pg_store, run
 from auditor.audit.run import run_audit
 from auditor.config import Config, PriceCard, ReportConfig, Team
 from auditor.errors import GpuAuditError
-from auditor.records import AllocatedGpu, Allocation, GpuBucket
+from auditor.records import AllocatedGpu, Allocation, GpuBucket, NodeEvent
 from auditor.report import chargeback as cb
 from auditor.store.engine import Store
 
@@ -81,6 +81,12 @@ def mixed() -> list[Any]:
     recs += run("n2", 1, 0, 24, gpu_util=0.01)
     recs += [GpuBucket("c", "n1", 3, T0 - timedelta(minutes=5 * i), 300, 10, **WORK) for i in range(1, 13)]
     recs += run("n1", 3, 0, 24, **IDLE)
+    # infrastructure events (README "Infrastructure-affected time"): an XID on n1/1 that does not start or end
+    # on a bucket boundary, n2 drained for 30 min (both its jobs), n3 NotReady from 1 h on, still ongoing
+    recs += [NodeEvent("c", "n1", "xid", T0 + timedelta(minutes=62), T0 + timedelta(minutes=72), gpu=1,
+                       reason="XID 79"),
+             NodeEvent("c", "n2", "drain", T0 + timedelta(minutes=30), T0 + timedelta(minutes=60), reason="fan"),
+             NodeEvent("c", "n3", "not_ready", T0 + timedelta(hours=1), None, reason="KubeletNotReady")]
     return recs
 
 
@@ -122,14 +128,20 @@ def hand_checked(store: Store, c: Config) -> None:
     # ml: idle 3 h x1 (idle) + edge clipped to [T0-1h, T0+2h): 1 h work, 2 h idle
     assert ml["reserved_gpu_hours"] == Decimal("6") and ml["idle_gpu_hours"] == Decimal("5")
     assert ml["working_gpu_hours"] == Decimal("1") and ml["reserved_cost"] == Decimal("24")
-    # bio: the pod holds half a GPU for 2 h, judged idle-by-util (low confidence) at the default price
-    assert bio["reserved_gpu_hours"] == Decimal("1") and bio["idle_by_util_gpu_hours"] == Decimal("1")
+    # bio: the pod holds half a GPU of n2 for 2 h, judged idle-by-util (low confidence) at the default price,
+    # except the 30 min n2 was drained: 0.5 h x 0.5 = 0.25 infrastructure-affected, 1.5 h x 0.5 = 0.75 idle
+    assert bio["reserved_gpu_hours"] == Decimal("1") and bio["idle_by_util_gpu_hours"] == Decimal("0.75")
+    assert bio["infra_gpu_hours"] == Decimal("0.25") and bio["unknown_gpu_hours"] == Decimal("0")
     assert bio["reserved_cost"] == Decimal("2") and bio["cost_per_effective_gpu_hour"] is None
     un = rows["(unmapped)"]
     # mix: 2 GPUs x 6 h = 12 (work 2, mirage 2, low 40/12, unknown 2 + 32/12); mig: 4/7 working;
     # dark: 2 unknown. MIG charged at 0.75 per slice-hour: 4 h -> 3.0
     assert un["reserved_gpu_hours"] == Decimal("14.571429")
     assert un["mirage_gpu_hours"] == Decimal("2") and un["low_gpu_hours"] == Decimal("3.333333")
+    # infra: the XID on n1/1 10 min (its 3 buckets 60-75 min judged by no verdict: 15 min of work less, the
+    # other 5 min unknown) + n2 drained 30 min x 1/7 (mig) + n3 NotReady 1 h of dark's 2 h
+    # = 1/6 + 1/14 + 1 = 1.238095; working = mix 2 h - 15 min + mig (4 h - 0.5 h) / 7 = 1.75 + 0.5 = 2.25
+    assert un["infra_gpu_hours"] == Decimal("1.238095") and un["working_gpu_hours"] == Decimal("2.25")
     assert un["reserved_cost"] == Decimal("12") * 4 + Decimal("3") + Decimal("2") * Decimal("2.5")
 
 

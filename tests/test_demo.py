@@ -30,6 +30,8 @@ def _subject(r) -> str:
     if r.kind == "idle_quota":
         return r.account
     ev = json.loads(r.evidence) if isinstance(r.evidence, str) else r.evidence
+    if r.kind == "lemon_node":
+        return ev["node"]
     return r.user_name or f"{ev['node']} GPU {ev['gpu_index']}"
 
 
@@ -65,6 +67,9 @@ def test_demo_finds_exactly_the_planted_problems(demo: tuple[dict, Path]) -> Non
         # team-b's quota of 8 GPUs x 168 h = 1344 GPU-h; in use: 1030's 10 h (unknown counts as in use) + the
         # eval sweep's 6 x 2 x 16 = 192 h working (1002's 96 mirage hours are idle): 1344 - 202 = 1142 unused
         ("idle_quota", "team-b"): (1142.0, 0.0),
+        # gpu-node-a: XID 79, XID 48, a HW power brake (3 faults >= lemon_min_faults): for operations; its GPU-hours
+        # are the 3 faulty 5-min buckets under the resnet pod (3 x 5 min = 0.25 GPU-h), no idle
+        ("lemon_node", "gpu-node-a"): (0.25, 0.0),
     }
 
 
@@ -99,9 +104,12 @@ def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:
     assert data["idle_gpu_hours"] == pytest.approx(96 + 24 + 108 + 120 + 24)
     # the 6 h gap on 8 GPUs of job 1001, and job 1030 during the exporter outage
     assert data["unknown_gpu_hours"] == pytest.approx(48 + 10)
+    # infrastructure-affected: gpu-node-02 drained 4 h under eval task 1010_4 (2 GPUs) = 8, and the 3 faulty
+    # buckets of gpu-node-a GPU 1 under the resnet pod (3 x 5 min) = 0.25
+    assert data["infra_gpu_hours"] == pytest.approx(8 + 0.25)
     # everything else was planted as work (low or working), by hand: 2242 reserved - 372 idle - 58 unknown
-    # = 1812 (not the code's remainder identity: unknown is checked on its own above)
-    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1812)
+    # - 8.25 infra = 1803.75 (not the code's remainder identity: unknown is checked on its own above)
+    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1803.75)
     assert data.get("busy_unverified_gpu_hours", 0.0) == 0
     assert data["mean_gpu_util"] > 0.75 and data["mean_sm_active"] < 0.65
 

@@ -35,7 +35,7 @@ FEATURES = detect()
 PRICES = PriceCard(default=2.0, models={"h100": 4.0, "a100": 2.5}, mig={"1g.10gb": 0.75})
 TOL_S = 1e-6 * HOUR  # 1e-6 GPU-hours
 SECONDS = ("reserved", "observed", "idle", "idle_by_util", "mirage", "low", "working", "busy_unverified",
-           "unknown", "effective")
+           "unknown", "effective", "infra")
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.service)])

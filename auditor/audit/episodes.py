@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import judge, verdict
+from auditor.audit import infra, judge, verdict
 from auditor.config import Thresholds
 
 CHUNK = 500
@@ -19,12 +19,13 @@ H = 3600.0
 _IDLE = verdict.in_codes("j.v", verdict.IDLE_CODES)
 
 
-def episodes_sql(dialect: str, th: Thresholds, ids: str) -> str:
+def episodes_sql(dialect: str, th: Thresholds, ids: str, skip: str = "") -> str:
     """Gaps and islands over the idle buckets (idle, idle-by-util or mirage, :mod:`auditor.audit.verdict`) of the
     candidate GPUs: a new island starts where the previous idle bucket of the same GPU ended before this
-    one began (a working or missing bucket in between). Seconds are observed seconds."""
+    one began (a working or missing bucket in between). Seconds are observed seconds. ``skip``: buckets of
+    infrastructure-affected time are left out (:mod:`auditor.audit.infra`): never a user's idle episode."""
     g, le = judge.fns(dialect)
-    rows = judge.rows_of(dialect, th, "c", "cc", ["gid", "aid", "gpu_index", "share"])
+    rows = judge.rows_of(dialect, th, "c", "cc", ["gid", "aid", "gpu_index", "share"], skip)
     return f"""WITH c AS (
   SELECT u.allocated_gpu_id AS gid, u.allocation_id AS aid, u.gpu_id, u.gpu_index, ag.share,
    {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey,
@@ -60,7 +61,8 @@ def idle_episodes(conn: Connection, run_id: int, working: list[dict[str, Any]], 
     spans: dict[int, list[Any]] = defaultdict(list)
     ids = sorted(cands)
     for i in range(0, len(ids), CHUNK):
-        sql = episodes_sql(conn.dialect.name, th, ", ".join(str(int(x)) for x in ids[i:i + CHUNK]))
+        sql = episodes_sql(conn.dialect.name, th, ", ".join(str(int(x)) for x in ids[i:i + CHUNK]),
+                           infra.skip(conn))
         for s in conn.execute(text(sql), {**p, "episode_s": ep_s, "gpu_frac": th.idle_gpus_fraction}):
             spans[s.aid].append(s)
     out = []

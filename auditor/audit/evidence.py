@@ -31,10 +31,17 @@ def util_only(r: dict[str, Any]) -> float:
     return r["idle_by_util_s"] + r["busy_unverified_s"]
 
 
+def accountable(r: dict[str, Any]) -> float:
+    """Reserved seconds the user answers for: reserved less infrastructure-affected time (a drained node, a
+    GPU fault: :mod:`auditor.audit.infra`), which is neither observed nor unknown to them."""
+    return r["reserved_s"] - (r.get("infra_s") or 0.0)
+
+
 def metrics(r: dict[str, Any]) -> dict[str, Any]:
     """The numbers every finding shows: what the dashboard said next to what SM activity says."""
     return {"reserved_gpu_hours": r["reserved_s"] / H, "observed_gpu_hours": r["observed_s"] / H,
-            "coverage": _ratio(r["observed_s"], r["reserved_s"]),
+            "coverage": _ratio(r["observed_s"], accountable(r)),
+            "infra_gpu_hours": (r.get("infra_s") or 0.0) / H,
             "idle_gpu_hours": r["idle_s"] / H, "idle_by_util_gpu_hours": r["idle_by_util_s"] / H,
             "mirage_gpu_hours": r["mirage_s"] / H, "low_gpu_hours": r["low_s"] / H,
             "working_gpu_hours": r["working_s"] / H, "busy_unverified_gpu_hours": r["busy_unverified_s"] / H,
@@ -55,7 +62,9 @@ def whole_allocation_finding(r: dict[str, Any], th: Thresholds) -> tuple[str, st
     """The finding about the whole allocation, if any: ("unmonitored", why) when too little of its reserved
     time had samples, or ("idle", why) when it was idle or mirage most of its observed time. Idle episodes
     and low efficiency skip these allocations (they are already reported)."""
-    coverage = _ratio(r["observed_s"], r["reserved_s"]) or 0.0
+    if accountable(r) <= 0:
+        return None  # all of it infrastructure-affected: nothing to say to the user
+    coverage = _ratio(r["observed_s"], accountable(r)) or 0.0
     if coverage < th.unmonitored_coverage:
         return "unmonitored", f"coverage {coverage:.0%} < {th.unmonitored_coverage:.0%} (reserved time with samples)"
     idle_frac = _ratio(r["idle_s"] + r["mirage_s"], judged(r)) or 0.0
@@ -65,7 +74,7 @@ def whole_allocation_finding(r: dict[str, Any], th: Thresholds) -> tuple[str, st
 
 
 #: Who acts on a finding: the job's owner, or operations (the driver or hardware, not the user's job)
-RECIPIENT = {"ghost_busy": "operations"}
+RECIPIENT = {"ghost_busy": "operations", "lemon_node": "operations"}
 
 
 def _finding(run_id: int, kind: str, r: dict[str, Any], ev: dict[str, Any], idle_h: float, since: int,
@@ -89,4 +98,4 @@ def _fn(conn: Connection) -> dict[str, str]:
 def whole_idle(r: dict[str, Any], th: Thresholds) -> bool:
     """True when :func:`auditor.audit.findings.classify` already reports the whole allocation (unmonitored, or
     idle/mirage for most of its observed time): an episode or low efficiency would say it twice."""
-    return r["reserved_s"] <= 0 or whole_allocation_finding(r, th) is not None
+    return accountable(r) <= 0 or whole_allocation_finding(r, th) is not None

@@ -13,10 +13,19 @@ from typing import Any
 from sqlalchemy import Connection, insert, text
 
 from auditor import energy
-from auditor.audit import rightsize
+from auditor.audit import infra, rightsize
 from auditor.audit.efficiency import low_efficiency
 from auditor.audit.episodes import idle_episodes
-from auditor.audit.evidence import _finding, _ratio, judged, util_only, verified, whole_allocation_finding, whole_idle
+from auditor.audit.evidence import (
+    _finding,
+    _ratio,
+    accountable,
+    judged,
+    util_only,
+    verified,
+    whole_allocation_finding,
+    whole_idle,
+)
 from auditor.audit.ghosts import unallocated_ghosts
 from auditor.audit.hygiene import request_hygiene
 from auditor.audit.judge import JOB_KEY, job_match
@@ -64,7 +73,7 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
     """The allocation-level findings of one allocation, most specific first. Shares are over all observed
     time (GPU-Util-only time included)."""
     out: list[tuple[str, dict]] = []
-    if r["reserved_s"] <= 0:
+    if accountable(r) <= 0:  # nothing but infrastructure-affected time: not the user's
         return out
     whole = whole_allocation_finding(r, th)
     if whole is not None and whole[0] == "unmonitored":
@@ -88,7 +97,7 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
         idle, busy = [], []
         for g in per_gpu:
             gj = judged(g)
-            if gj <= 0 or (_ratio(g["observed_s"], g["reserved_s"]) or 0) < th.unmonitored_coverage:
+            if gj <= 0 or (_ratio(g["observed_s"], accountable(g)) or 0) < th.unmonitored_coverage:
                 continue
             if (g["idle_s"] + g["mirage_s"]) / gj >= th.idle_gpus_fraction:
                 idle.append(g)
@@ -149,7 +158,7 @@ def per_gpu_rows(conn: Connection, run_id: int) -> dict[int, list[dict[str, Any]
     """Per-GPU seconds of the multi-GPU allocations of a run (only the columns the idle_gpus rule reads:
     a fleet has hundreds of thousands of these rows)."""
     cols = ("gpu_index", "reserved_s", "observed_s", "idle_s", "mirage_s", "low_s", "working_s",
-            "busy_unverified_s", "idle_peak_fb_mib", "node")
+            "busy_unverified_s", "infra_s", "idle_peak_fb_mib", "node")
     sql = (f"SELECT u.allocation_id, {', '.join('u.' + c for c in cols[:-1])}, ag.node FROM usage_gpu u JOIN "
            "(SELECT allocation_id FROM usage_gpu WHERE run_id = :run GROUP BY allocation_id HAVING COUNT(*) >= 2) m "
            "ON m.allocation_id = u.allocation_id JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
@@ -182,6 +191,8 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     rows += extra_findings(conn, run_id, per_alloc, gpus, th, cfg, since=since, until=until, horizon=horizon,
                            flagged=flagged, clusters=clusters, summary=extra)
     rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
+    nodes = infra.nodes_that_cost(conn, run_id, th, since, horizon, clusters)
+    rows += infra.lemon_findings(run_id, nodes, th)  # repeated faults matter even on a node nobody held
     thresholds = th.model_dump()
     by_id = {r["allocation_id"]: r for r in per_alloc}
     models = rightsize.cluster_models(conn, Pricing(cfg))
@@ -203,6 +214,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     summary = summarise(per_alloc, rows, cfg)
     summary["verification_by_node_group"] = verification(conn, run_id)
     summary["capacity"] = capacity(conn, since, until, horizon=horizon)
+    summary["infra_nodes"] = nodes
     summary["energy"] = energy.summary(per_alloc, cfg.energy)
     summary["right_sizing"] = rightsize.by_team(per_alloc, th, cfg.prices, models)
     summary.update(extra)
@@ -262,8 +274,8 @@ def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], c
     clusters: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for r in per_alloc:
         for c in ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
-                  "busy_unverified_s", "unknown_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s",
-                  "sm_observed_s"):
+                  "busy_unverified_s", "unknown_s", "infra_s", "effective_s", "gpu_util_s", "util_observed_s",
+                  "sm_s", "sm_observed_s"):
             tot[c] += r[c]
         k = clusters[r["cluster"]]
         k["reserved_s"] += r["reserved_s"]
@@ -272,6 +284,7 @@ def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], c
         k["unknown_s"] += r["unknown_s"]
         tot["reserved_cost"] += r["reserved_s"] / H * r["price"]
         tot["idle_cost"] += (r["idle_s"] + r["mirage_s"]) / H * r["price"]
+        tot["infra_cost"] += r["infra_s"] / H * r["price"]
     kinds: dict[str, int] = defaultdict(int)
     for f in findings:
         kinds[f["kind"]] += 1
@@ -279,13 +292,14 @@ def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], c
     util_only_h = (tot["idle_by_util_s"] + tot["busy_unverified_s"]) / H
     return {"allocations": len(per_alloc), "currency": cfg.prices.currency,
             "reserved_gpu_hours": tot["reserved_s"] / H, "observed_gpu_hours": tot["observed_s"] / H,
-            "coverage": _ratio(tot["observed_s"], tot["reserved_s"]),
+            "coverage": _ratio(tot["observed_s"], tot["reserved_s"] - tot["infra_s"]),
             "verified_gpu_hours": tot["sm_observed_s"] / H, "util_only_gpu_hours": util_only_h,
             "effective_gpu_hours": eff_h, "idle_gpu_hours": (tot["idle_s"] + tot["mirage_s"]) / H,
             "idle_only_gpu_hours": tot["idle_s"] / H, "idle_by_util_gpu_hours": tot["idle_by_util_s"] / H,
             "mirage_gpu_hours": tot["mirage_s"] / H, "low_gpu_hours": tot["low_s"] / H,
             "working_gpu_hours": tot["working_s"] / H, "busy_unverified_gpu_hours": tot["busy_unverified_s"] / H,
-            "unknown_gpu_hours": tot["unknown_s"] / H,
+            "unknown_gpu_hours": tot["unknown_s"] / H, "infra_gpu_hours": tot["infra_s"] / H,
+            "infra_cost": tot["infra_cost"],
             "mean_gpu_util": _ratio(tot["gpu_util_s"], tot["util_observed_s"]),
             "mean_sm_active": _ratio(tot["sm_s"], tot["sm_observed_s"]),
             "reserved_cost": tot["reserved_cost"], "idle_cost": tot["idle_cost"],

@@ -125,14 +125,17 @@ EXTRA = ("mirage_util", "mirage_power", "mirage_power_observed", "energy", "powe
 OBSERVED = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
 
 
-def usage_columns(get: dict[str, str], share: str, reserved: str) -> dict[str, str]:
-    """usage_gpu column -> SQL, from ``get`` (SUMS name -> an SQL value that is 0 when absent)."""
+def usage_columns(get: dict[str, str], share: str, reserved: str, infra: str = "0") -> dict[str, str]:
+    """usage_gpu column -> SQL, from ``get`` (SUMS name -> an SQL value that is 0 when absent) and ``infra``
+    (reserved seconds inside infrastructure intervals, :mod:`auditor.audit.infra`; no bucket that touches
+    one is in ``get``): unknown = reserved - observed - infra."""
     observed = "(" + " + ".join(get[k] for k in OBSERVED) + ")"
     out = {"reserved_s": f"{share} * {reserved}", "observed_s": f"{share} * {observed}",
+           "infra_s": f"{share} * {infra}",
            "idle_s": f"{share} * ({get['idle']} + {get['idle_by_util']})"}
     for k in ("idle_by_util", "mirage", "low", "working", "busy_unverified"):
         out[f"{k}_s"] = f"{share} * {get[k]}"
-    out["unknown_s"] = f"{share} * ({reserved} - {observed})"
+    out["unknown_s"] = f"{share} * ({reserved} - {observed} - {infra})"
     for k in ("gpu_util", "util_observed", "sm", "sm_observed", "tensor", "dram", "io_bps"):
         out[f"{k}_s"] = f"{share} * {get[k]}"
     for k in EXTRA:
@@ -173,14 +176,15 @@ def sqlite_rows(th: Thresholds, frm: str, jkey: str, *, grouped: bool) -> str:
     return judged_rows("sqlite", th, [("t.a_s", "a_s"), ("t.a_e", "a_e")], frm, jkey, correlated=True)
 
 
-def rows_of(dialect: str, th: Thresholds, src: str, alias: str, names: list[str]) -> str:
+def rows_of(dialect: str, th: Thresholds, src: str, alias: str, names: list[str], skip: str = "") -> str:
     """A FROM item ``j``: the judged rows of every candidate row of ``src`` (aliased ``alias``, with
     columns gpu_id, a_s, a_e, jkey, lab and ``names``, which j carries along). PostgreSQL reads each
     candidate's buckets through a LATERAL index scan (a join of a handful of candidates was planned as a
-    scan of the whole bucket table); SQLite's planner walks the index by itself."""
+    scan of the whole bucket table); SQLite's planner walks the index by itself. ``skip``: a further
+    bucket condition (:data:`auditor.audit.infra.SKIP`: buckets of infrastructure-affected time)."""
     a = alias
     cond = (f"b.gpu_id = {a}.gpu_id AND b.bucket_ts >= {a}.a_s - {LOOKBACK} AND b.bucket_ts < {a}.a_e"
-            f" AND b.bucket_ts + b.bucket_s > {a}.a_s")
+            f" AND b.bucket_ts + b.bucket_s > {a}.a_s{skip}")
     keys = [(f"{a}.{k}", k) for k in (*names, "a_s", "a_e")]
     if dialect == "postgresql":
         rows = judged_rows(dialect, th, keys, f"FROM gpu_buckets b WHERE {cond}", f"{a}.jkey", lab=f"{a}.lab",

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
 
-from auditor.audit import judge
+from auditor.audit import infra, judge
 from auditor.audit.episodes import _IDLE
 from auditor.audit.evidence import _fn
 from auditor.audit.money import UNMAPPED, Pricing
@@ -34,8 +34,9 @@ RESV_USED = """SELECT r.id AS rid, COUNT(*) AS jobs,
 """ + _RESV_JOBS + " GROUP BY r.id"
 
 
-def resv_idle_sql(dialect: str, th: Thresholds) -> str:
-    """Idle (observed, :mod:`auditor.audit.verdict`) GPU-seconds of the jobs inside each reservation."""
+def resv_idle_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
+    """Idle (observed, :mod:`auditor.audit.verdict`) GPU-seconds of the jobs inside each reservation
+    (``skip``: infrastructure-affected buckets left out, :mod:`auditor.audit.infra`)."""
     fn = dict(zip(("G", "L"), judge.fns(dialect), strict=True))
     x = ("""SELECT r.id AS rid, u.allocated_gpu_id AS gid, u.gpu_id, ag.share, {G}(a.start_ts, r.start_ts, :since)
        AS a_s, {L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon) AS a_e, tg.has_jobs AS lab, """
@@ -43,7 +44,7 @@ def resv_idle_sql(dialect: str, th: Thresholds) -> str:
          + _RESV_JOBS.replace("WHERE", """JOIN usage_gpu u ON u.allocation_id = a.id AND u.run_id = :run
        AND u.gpu_id IS NOT NULL JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id
        JOIN telemetry_gpus tg ON tg.id = u.gpu_id WHERE""")).format(**fn)
-    rows = judge.rows_of(dialect, th, f"({x})", "x", ["rid", "gid", "share"])
+    rows = judge.rows_of(dialect, th, f"({x})", "x", ["rid", "gid", "share"], skip)
     return f"SELECT j.rid, SUM(j.share * j.obs) AS idle_s FROM {rows} WHERE {_IDLE} GROUP BY j.rid"
 
 
@@ -77,7 +78,7 @@ def idle_reservations(conn: Connection, run_id: int, cfg: Config, p: dict[str, A
     if not resv:
         return []
     used = {r.rid: r for r in conn.execute(text(RESV_USED.format(**fn)), p)}
-    sql = resv_idle_sql(conn.dialect.name, th or cfg.thresholds)
+    sql = resv_idle_sql(conn.dialect.name, th or cfg.thresholds, infra.skip(conn))
     idle = {r.rid: r.idle_s or 0.0 for r in conn.execute(text(sql), p)}
     job_teams: dict[int, Counter] = defaultdict(Counter)
     for t in conn.execute(text(RESV_JOB_TEAMS.format(**fn)), p):

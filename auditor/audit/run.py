@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, text, update
 
+from auditor.audit import infra
 from auditor.audit.judge import EXTRA, JOB_KEY, LOOKBACK, SUMS, job_match, judged_rows, sqlite_rows, usage_columns
 from auditor.audit.money import Pricing
 from auditor.config import Config, Thresholds
@@ -97,7 +98,7 @@ ATTR_REST = """INSERT INTO _attr SELECT ag.id, a.id, NULL, ag.gpu_index, 'unattr
 WHERE ag.id NOT IN (SELECT allocated_gpu_id FROM _attr) AND """ + _IN_WINDOW
 
 USAGE_COLS = ("signal", "reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
-              "busy_unverified_s", "unknown_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s",
+              "busy_unverified_s", "unknown_s", "infra_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s",
               "sm_observed_s", "tensor_s", "dram_s", "io_bps_s", "max_gpu_mirage_s", *(f"{k}_s" for k in EXTRA))
 _INSERT = ("INSERT INTO usage_gpu (run_id, allocated_gpu_id, allocation_id, attribution, gpu_index, gpu_id, "
            + ", ".join(USAGE_COLS) + ", peak_fb_mib, idle_peak_fb_mib)\nSELECT :run_id, at.allocated_gpu_id, "
@@ -107,17 +108,21 @@ _FRM = ("FROM gpu_buckets b WHERE b.gpu_id = {t}.gpu_id AND b.bucket_ts >= {t}.a
         + " AND b.bucket_ts < {t}.a_e AND b.bucket_ts + b.bucket_s > {t}.a_s AND b.bucket_s > 0")
 
 
-def judge_sql(dialect: str, th: Thresholds) -> str:
+_INFRA = "COALESCE(ai.infra, 0)"
+_JOIN_INFRA = " LEFT JOIN _attr_infra ai ON ai.allocated_gpu_id = at.allocated_gpu_id"
+
+
+def judge_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     """The reference judgement (any engine, one set-based statement; PostgreSQL runs it): every attributed
     GPU's applicable rows combined per bucket (:func:`auditor.audit.judge.judged_rows`), summed per allocated GPU."""
     keys = [("t.allocated_gpu_id", "gid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
     frm = "FROM _attr t JOIN gpu_buckets b ON " + _FRM.format(t="t").removeprefix(
-        "FROM gpu_buckets b WHERE ")
+        "FROM gpu_buckets b WHERE ") + skip
     rows = judged_rows(dialect, th, keys, frm, "t.jkey", lab="t.lab")
     sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
-    cols = usage_columns({k: f"COALESCE(j.{k}, 0)" for k in SUMS}, "at.share", _RESERVED)
+    cols = usage_columns({k: f"COALESCE(j.{k}, 0)" for k in SUMS}, "at.share", _RESERVED, _INFRA)
     return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb, j.idle_fb\nFROM _attr at LEFT JOIN ("
-            f"SELECT j.gid, {sums} FROM ({rows}) j GROUP BY j.gid) j ON j.gid = at.allocated_gpu_id")
+            f"SELECT j.gid, {sums} FROM ({rows}) j GROUP BY j.gid) j ON j.gid = at.allocated_gpu_id" + _JOIN_INFRA)
 
 
 # SQLite runs the judgement as one correlated scan per allocated GPU (its buckets read in key order, all
@@ -128,8 +133,8 @@ def judge_sql(dialect: str, th: Thresholds) -> str:
 JUDGE_SQLITE_DDL = "CREATE TEMPORARY TABLE _judged (allocated_gpu_id INTEGER PRIMARY KEY, r TEXT)"
 
 
-def _sqlite_scan(th: Thresholds, grouped: bool) -> str:
-    rows = sqlite_rows(th, _FRM.format(t="t") + " AND t.a_e > t.a_s", "t.jkey", grouped=grouped)
+def _sqlite_scan(th: Thresholds, grouped: bool, skip: str = "") -> str:
+    rows = sqlite_rows(th, _FRM.format(t="t") + " AND t.a_e > t.a_s" + skip, "t.jkey", grouped=grouped)
     arr = ", ".join(f"CASE WHEN {a} IS NOT NULL THEN printf('%!.17g', {a}) END" for a in SUMS.values())
     return (f"INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array({arr}) FROM ({rows}) j) "
             f"FROM _attr t WHERE t.lab = {1 if grouped else 0} ORDER BY t.gpu_id, t.a_s")
@@ -138,24 +143,26 @@ def _sqlite_scan(th: Thresholds, grouped: bool) -> str:
 def _sqlite_write() -> str:
     idx = {k: i for i, k in enumerate(SUMS)}
     cols = usage_columns({k: f"COALESCE(CAST(json_extract(j.r, '$[{i}]') AS REAL), 0)" for k, i in idx.items()},
-                         "at.share", _RESERVED)
+                         "at.share", _RESERVED, _INFRA)
     return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS)
             + f", CAST(json_extract(j.r, '$[{idx['peak_fb']}]') AS REAL)"
             + f", CAST(json_extract(j.r, '$[{idx['idle_fb']}]') AS REAL)\n"
-            "FROM _attr at JOIN _judged j ON j.allocated_gpu_id = at.allocated_gpu_id")
+            "FROM _attr at JOIN _judged j ON j.allocated_gpu_id = at.allocated_gpu_id" + _JOIN_INFRA)
 
 
 def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thresholds) -> None:
-    """Judge every bucket of ``_attr`` into usage_gpu (judge_sql; on SQLite its two-step equivalent)."""
+    """Judge every bucket of ``_attr`` into usage_gpu (judge_sql; on SQLite its two-step equivalent); buckets
+    of infrastructure-affected time are left out (:mod:`auditor.audit.infra`)."""
+    skip = infra.skip(conn)
     if conn.dialect.name != "sqlite":
-        conn.execute(text(judge_sql(conn.dialect.name, th)), params)
+        conn.execute(text(judge_sql(conn.dialect.name, th, skip)), params)
         return
     conn.execute(text("DROP TABLE IF EXISTS _judged"))
     conn.execute(text(JUDGE_SQLITE_DDL))
     # walk _attr in (GPU, time) order so the bucket table is read sequentially, not in allocation order
     conn.execute(text("CREATE INDEX temp._attr_gpu_ts ON _attr (gpu_id, a_s, a_e)"))
-    conn.execute(text(_sqlite_scan(th, False)), params)
-    conn.execute(text(_sqlite_scan(th, True)), params)
+    conn.execute(text(_sqlite_scan(th, False, skip)), params)
+    conn.execute(text(_sqlite_scan(th, True, skip)), params)
     conn.execute(text(_sqlite_write()), params)
     conn.execute(text("DROP TABLE _judged"))
 
@@ -248,6 +255,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                 conn.execute(text("ANALYZE _attr"))  # a temporary table has no statistics: plans go wrong
             attribute_by_labels(conn, label_candidates(conn.dialect.name).format(**fn), {**p, "_cf": cluster_filter})
             conn.execute(text(ATTR_REST.format(**fn)), p)
+            infra.prepare(conn, th, s, horizon)
             judge(conn, fn, {**p, "run_id": run_id}, th)
             # fresh statistics, so the findings' per-allocation lookups use (run_id, allocation_id) and do not
             # scan the whole run once per chunk of allocations
@@ -269,6 +277,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                 conn.execute(insert(schema.usage_allocation), rows)
             summary = find_all(conn, run_id, per_alloc, th, cfg, since=s, until=u, horizon=horizon,
                                clusters=clusters)
+            infra.finish(conn)
             if refused:
                 summary["refused_allocations"] = len(refused)
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(

@@ -46,6 +46,8 @@ def headline(summary: dict[str, Any]) -> str:
         f"Idle GPU-hours:       {_hours(summary['idle_gpu_hours'])}  (of which mirage "
         f"{_hours(summary['mirage_gpu_hours'])}; cost {summary['idle_cost']:,.2f} {cur})",
         f"Unknown GPU-hours:    {_hours(summary['unknown_gpu_hours'])}  (no telemetry: never counted as idle)",
+        *([f"Infrastructure GPU-hours: {_hours(summary['infra_gpu_hours'])}  (faulty or drained nodes: never idle, "
+           f"cost {summary.get('infra_cost', 0.0):,.2f} {cur})"] if summary.get("infra_gpu_hours") else []),
         f"Verified by SM activity: {_hours(summary.get('verified_gpu_hours'))} GPU-h; GPU-Util only: "
         f"{_hours(summary.get('util_only_gpu_hours'))} GPU-h (busy-unverified "
         f"{_hours(summary.get('busy_unverified_gpu_hours'))}, idle-by-util "

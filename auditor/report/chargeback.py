@@ -2,8 +2,9 @@
 
 The schema is stable and documented in docs/chargeback.md (``SCHEMA`` names its version). Hours are
 rounded to 6 decimals and costs to 4 with decimal arithmetic; unknown GPU-hours take the rounding residue,
-so ``reserved = idle + mirage + low + working + busy_unverified + unknown`` holds exactly in every row and
-in the totals.
+so ``reserved = idle + mirage + low + working + busy_unverified + unknown + infra`` holds exactly in every
+row and in the totals (``infra``: infrastructure-affected GPU-hours, a drained node or a GPU fault: its own
+column, never idle).
 Reservation GPU-hours no job used are not charged here (they belong to no allocation); the audit reports
 them as ``idle_reservation`` findings.
 """
@@ -29,7 +30,7 @@ from auditor.store.engine import Store
 SCHEMA = "gpu-audit.chargeback/1"
 BY = ("account", "namespace", "team", "user", "cluster", "qos", "state")
 HOURS = ("reserved", "effective", "idle", "idle_by_util", "mirage", "low", "working", "busy_unverified",
-         "unknown")
+         "unknown", "infra")
 COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "allocations",
            *(f"{h}_gpu_hours" for h in HOURS), "reserved_cost", "idle_cost", "cost_per_effective_gpu_hour",
            "currency", *energy.KEYS, "audit_run_id")
@@ -106,7 +107,7 @@ def chargeback(store: Store, cfg: Config, since: datetime, until: datetime, by: 
         for r in conn.execute(text(sql), {"run": run_id}):
             hours = {h: _q(getattr(r, f"{h}_s") / 3600.0, H6) for h in HOURS}
             hours["unknown"] = hours["reserved"] - (hours["idle"] + hours["mirage"] + hours["low"]
-                                                    + hours["working"] + hours["busy_unverified"])
+                                                    + hours["working"] + hours["busy_unverified"] + hours["infra"])
             rows.append(_row(label, since, until, r.cluster, by, r.owner or "", int(r.allocations), hours,
                              _q(r.reserved_cost, C4), _q(r.idle_cost, C4), cfg.prices.currency, run_id))
             e = kwh.get((r.cluster, r.owner or ""), {})

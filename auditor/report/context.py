@@ -16,6 +16,7 @@ from sqlalchemy import Connection, select, text
 from auditor.config import Config, Thresholds
 from auditor.errors import GpuAuditError
 from auditor.report import sizing
+from auditor.report.nodes import nodes_section
 from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
@@ -49,6 +50,8 @@ ADVICE = {
     "idle_while_queued": "Other GPU jobs waited in this partition while these GPUs were idle: release them "
                          "when not computing, so the queue moves.",
     "idle_quota": "For operations: the quota holds more GPUs than its jobs use; lower it or lend the rest.",
+    "lemon_node": "For operations: this node faulted again and again (XID errors, throttling, ECC or row "
+                  "remapping, drains): take it out for repair or RMA; its users are not billed for that time.",
 }
 
 DEFINITIONS = {
@@ -342,6 +345,7 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
             "coverage": coverage_section(conn, run, cfg, full=full),
             "trend": trend(conn, run, tz), "thresholds": th,
             "capacity": list(summary.get("capacity") or []),
+            "nodes": nodes_section(summary, th, lambda ts: _when(ts, tz), full=full, top_n=n),
             "energy": summary.get("energy"),
             "opportunity": opportunity_section(summary, full=full, top_n=n),
             "judged": judged_in_words(th),
@@ -387,6 +391,7 @@ def headline(s: dict[str, Any]) -> dict[str, Any]:
             "effective_gpu_hours": s.get("effective_gpu_hours") or 0.0,
             "idle_gpu_hours": s.get("idle_gpu_hours") or 0.0, "mirage_gpu_hours": s.get("mirage_gpu_hours") or 0.0,
             "unknown_gpu_hours": s.get("unknown_gpu_hours") or 0.0,
+            "infra_gpu_hours": s.get("infra_gpu_hours") or 0.0, "infra_cost": s.get("infra_cost") or 0.0,
             "idle_by_util_gpu_hours": s.get("idle_by_util_gpu_hours") or 0.0,
             "verified_gpu_hours": s.get("verified_gpu_hours") or 0.0,
             "util_only_gpu_hours": s.get("util_only_gpu_hours") or 0.0,
@@ -394,7 +399,7 @@ def headline(s: dict[str, Any]) -> dict[str, Any]:
             "reserved_cost": s.get("reserved_cost") or 0.0, "idle_cost": s.get("idle_cost") or 0.0,
             "cost_per_effective_gpu_hour": s.get("cost_per_effective_gpu_hour"),
             "dashboard_busy": s.get("mean_gpu_util"), "sm_active": s.get("mean_sm_active"),
-            "coverage": _ratio(s.get("observed_gpu_hours"), reserved),
+            "coverage": _ratio(s.get("observed_gpu_hours"), reserved - (s.get("infra_gpu_hours") or 0.0)),
             "idle_share": _ratio(s.get("idle_gpu_hours"), reserved),
             "findings": s.get("findings") or {}}
 
@@ -402,7 +407,8 @@ def headline(s: dict[str, Any]) -> dict[str, Any]:
 def findings_csv_rows(store: Store, cfg: Config, run_id: int) -> list[dict[str, Any]]:
     """Every finding of the run, flat, for the CSV the cut tables point to."""
     tz = _tz(cfg)
-    kinds = tuple(sorted({*IDLE_KINDS, "request_hygiene", *[k for ks in SECTION_KINDS.values() for k in ks]}))
+    kinds = tuple(sorted({*IDLE_KINDS, "request_hygiene", "lemon_node",
+                          *[k for ks in SECTION_KINDS.values() for k in ks]}))
     with store.engine.connect() as conn:
         table = findings_table(conn, run_id, kinds, tz, full=True, top_n=0)
     return [{k: v for k, v in r.items() if k != "sparkline"} for r in table["rows"]]

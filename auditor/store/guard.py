@@ -19,11 +19,13 @@ from typing import Any
 from auditor.records import (
     LABEL_FIELDS,
     METRIC_FIELDS,
+    NODE_EVENT_KINDS,
     Allocation,
     GpuBucket,
     GpuInventory,
     GpuQuota,
     GpuWait,
+    NodeEvent,
     Reservation,
 )
 from auditor.store.reservations import money_problem
@@ -163,6 +165,19 @@ def clean(rec: Any) -> Any:
         _float(rec.gpus, "gpus")
         if not 0 <= rec.gpus <= MAX_QUEUE_GPUS:
             raise Unstorable(f"gpus: quota of {rec.gpus:g} GPUs is not a GPU count")
+    elif isinstance(rec, NodeEvent):
+        rec.node = _text(rec.node, "node", key=True)
+        if rec.kind not in NODE_EVENT_KINDS:
+            raise Unstorable(f"kind: {str(rec.kind)[:40]!r} is not one of {', '.join(NODE_EVENT_KINDS)}")
+        _time(rec.start, "start", optional=False)
+        _time(rec.end, "end")
+        if rec.end is not None and rec.end < rec.start:
+            raise Unstorable("end: before start")
+        _int(rec.gpu, "gpu", optional=True)
+        if rec.gpu is not None and rec.gpu < 0:
+            raise Unstorable(f"gpu: negative index {rec.gpu}")
+        rec.reason = _text(rec.reason, "reason")
+        rec.source = _text(rec.source, "source")[:32]
     if why := money_problem(rec):  # storable, but money from it would be non-finite or absurd
         raise Unstorable(why)
     return rec
@@ -183,4 +198,8 @@ def describe(rec: Any) -> tuple[str, str]:
         return f"quota {rec.kind} {str(rec.name)[:80]}", f"gpus={rec.gpus}"
     if isinstance(rec, GpuInventory):
         return f"inventory {str(rec.host)[:80]}/{rec.gpu}", ""
+    if isinstance(rec, NodeEvent):
+        start = rec.start.isoformat() if isinstance(rec.start, datetime) else str(rec.start)
+        where = str(rec.node)[:80] + ("" if rec.gpu is None else f"/{rec.gpu}")
+        return f"node event {str(rec.kind)[:16]} {where} at {start}", str(rec.reason)[:80]
     return type(rec).__name__, ""

@@ -23,6 +23,7 @@ from auditor.records import (
     GpuInventory,
     GpuQuota,
     GpuWait,
+    NodeEvent,
     Record,
     Reservation,
 )
@@ -351,9 +352,10 @@ def close_unseen(conn: Connection, cluster: str, source: str, seen: int, account
 
 
 def _write(conn: Connection, allocs: list[Allocation], resv: list[Reservation], inv: list[GpuInventory],
-           buckets: list[GpuBucket], seen: int, cache: dict[tuple, int], stats: IngestStats,
-           queue: list[GpuWait | GpuQuota] | None = None) -> None:
+           buckets: list[GpuBucket], events: list[NodeEvent], seen: int, cache: dict[tuple, int],
+           stats: IngestStats, queue: list[GpuWait | GpuQuota] | None = None) -> None:
     from auditor.store import meta
+    from auditor.store.events import ingest_events
     from auditor.store.queue import ingest_queue
 
     if queue:
@@ -371,11 +373,17 @@ def _write(conn: Connection, allocs: list[Allocation], resv: list[Reservation], 
         stats.inventory += ingest_inventory(conn, inv, seen)
     if buckets:
         stats.buckets += ingest_buckets(conn, buckets, cache, meta.rolled_up_before(conn))
+    if events:
+        stats.events += ingest_events(conn, events, seen)
 
 
 def _finish(conn: Connection, snapshots: list[Any], clusters: set[str], seen: int, stats: IngestStats) -> None:
+    from auditor.store.events import close_unseen_events
+
     for s in snapshots:
         stats.closed += close_unseen(conn, s.cluster, s.source, seen, s.accounts)
+        if s.event_kinds:
+            close_unseen_events(conn, s.cluster, s.event_source, s.event_kinds, seen)
     upsert(conn, schema.clusters, [{"name": c, "first_seen_ts": seen, "last_seen_ts": seen} for c in sorted(clusters)],
            ("name",), {"first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
                        "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts)})
@@ -410,8 +418,8 @@ def _row_by_row(store: Store, records: list[Record], seen: int, cache: dict[tupl
             try:
                 with conn.begin_nested():
                     _write(conn, *(([rec] if isinstance(rec, cls) else []) for cls in
-                                   (Allocation, Reservation, GpuInventory, GpuBucket)), seen, cache, one,
-                           [rec] if isinstance(rec, GpuWait | GpuQuota) else None)
+                                   (Allocation, Reservation, GpuInventory, GpuBucket, NodeEvent)), seen, cache,
+                           one, [rec] if isinstance(rec, GpuWait | GpuQuota) else None)
             except Exception as exc:
                 if isinstance(exc, DBAPIError) and exc.connection_invalidated:
                     raise StoreError(f"store {store.redacted_url()}: connection lost: {_reason(exc)}") from None
@@ -440,6 +448,7 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
     inv: list[GpuInventory] = []
     buckets: list[GpuBucket] = []
     queue: list[GpuWait | GpuQuota] = []
+    events: list[NodeEvent] = []
     snapshots: list[RunningSnapshot] = []
     bad: list[tuple[Any, str]] = []
     cache: dict[tuple, int] = {}
@@ -463,7 +472,7 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
 
         try:
             with store.begin() as conn:
-                _write(conn, allocs, resv, inv, buckets, seen_at_ts, cache, batch, queue)
+                _write(conn, allocs, resv, inv, buckets, events, seen_at_ts, cache, batch, queue)
                 if final:
                     finish(conn)
         except Exception:
@@ -472,10 +481,10 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             cache.clear()
             cache.update(saved)  # ids created by the rolled-back transaction are gone
             batch = IngestStats()
-            _row_by_row(store, [*allocs, *resv, *inv, *buckets, *queue], seen_at_ts, cache, batch, on_bad,
-                        finish if final else None)
+            _row_by_row(store, [*allocs, *resv, *inv, *buckets, *events, *queue], seen_at_ts, cache, batch,
+                        on_bad, finish if final else None)
         stats.add(batch)
-        for buf in (allocs, resv, inv, buckets, queue):
+        for buf in (allocs, resv, inv, buckets, events, queue):
             buf.clear()
 
     for rec in records:
@@ -498,6 +507,9 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             clusters.add(rec.cluster)
         elif isinstance(rec, GpuWait | GpuQuota):
             queue.append(rec)
+            clusters.add(rec.cluster)
+        elif isinstance(rec, NodeEvent):
+            events.append(rec)
             clusters.add(rec.cluster)
         elif isinstance(rec, RunningSnapshot):
             snapshots.append(rec)

@@ -1,5 +1,6 @@
 """Slurm allocation source (kind ``slurm``): jobs with their GPUs (indices while they run), advance
-reservations and GPU inventory, through the CLI, slurmrestd or pyslurm. See docs/slurm.md.
+reservations, GPU inventory and node events (drained or down, with the reason; cli backend), through the
+CLI, slurmrestd or pyslurm. See docs/slurm.md.
 
 Every collect call reads the running jobs (the only moment Slurm shows GPU indices) and the accounting
 history of the window, merges them per job, and yields a :class:`RunningSnapshot` only when the running
@@ -135,9 +136,11 @@ def assemble(reading: Reading, window: Window, cluster: str,
     yield from reading.reservations
     yield from reading.inventory
     yield from reading.quotas
+    yield from reading.events
     if reading.running_complete:
         at = reading.running_at or now or datetime.now(UTC)
-        yield RunningSnapshot(cluster=cluster, source="slurm", at=at)
+        src, kinds = reading.event_states or ("", ())
+        yield RunningSnapshot(cluster=cluster, source="slurm", at=at, event_kinds=kinds, event_source=src)
 
 
 def _same_job(history: Allocation, running: Allocation) -> bool:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from auditor.errors import SourceError
 from connectors.base import Problems, Window
+from connectors.slurm import events as ev
 from connectors.slurm import inventory as inv
 from connectors.slurm import jobs, quotas
 from connectors.slurm.parse import scontrol_records
@@ -94,6 +95,7 @@ class CliBackend:
         reading.history = self._history(window, problems, resv_names)
         reading.gpu_accounted = self._gpu_accounted()
         reading.quotas = self._quotas(problems)
+        reading.events = self._events(window, problems)
         return reading
 
     def _quotas(self, problems: Problems) -> list:
@@ -115,6 +117,20 @@ class CliBackend:
             out += (quotas.from_qos_rows(rows, self.cluster, now, bad) if what == "qos" else
                     quotas.from_assoc_rows(rows, self.cluster, self.o.cluster_name, now, bad))
         return out
+
+    def _events(self, window: Window, problems: Problems) -> list:
+        """Nodes drained or down in the window, from slurmdbd (:mod:`connectors.slurm.events`); accounting
+        unreachable: logged, no events (the jobs above still count)."""
+        args = ["-n", "-P", "show", "event", "event=node", f"start={_ts(window.since)}", f"end={_ts(window.until)}",
+                f"format={','.join(ev.EVENT_FIELDS)}"]
+        if self.o.cluster_name:
+            args.insert(4, f"cluster={self.o.cluster_name}")
+        try:
+            text = self.run(self.o.sacctmgr, *args)
+        except SourceError as exc:
+            log.warning("%s (node events skipped)", exc)
+            return []
+        return list(ev.parse_events(text, self.cluster, problems, f"{self.name}:sacctmgr show event"))
 
     def _gpu_accounted(self) -> bool | None:
         """Whether slurmdbd records GPU counts (AccountingStorageTRES has gres/gpu); None if unreadable."""

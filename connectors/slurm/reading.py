@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from auditor.records import Allocation, GpuInventory, GpuQuota, Reservation
+from auditor.records import Allocation, GpuInventory, GpuQuota, NodeEvent, Reservation
 
 
 @dataclass
@@ -26,3 +26,8 @@ class Reading:
     #: node whose accounting row has no GPU count is stored with its GPU count unknown, never dropped
     gpu_accounted: bool | None = None
     quotas: list[GpuQuota] = field(default_factory=list)  # GPU limits of QOS and accounts (cli backend)
+    #: nodes drained or down, with their reason (slurmdbd's node events; cli backend)
+    events: list[NodeEvent] = field(default_factory=list)
+    #: (event source, kinds) when ``events`` is the current state only (slurmrestd's node list): the snapshot
+    #: closes ongoing events of these kinds the listing no longer shows
+    event_states: tuple[str, tuple[str, ...]] | None = None

@@ -16,8 +16,8 @@ import httpx
 
 from auditor.errors import ConfigError, SourceError
 from connectors.base import Problems, Window
+from connectors.slurm import events, jobs, quotas
 from connectors.slurm import inventory as inv
-from connectors.slurm import jobs, quotas
 from connectors.slurm.reading import Reading
 
 if TYPE_CHECKING:
@@ -101,12 +101,16 @@ class RestBackend:
         with self._client() as client:
             v = self._negotiate(client)
             nodes = self.get(client, f"/slurm/{v}/nodes") or {}
+            nodes_ok = isinstance(nodes.get("nodes"), list)
             for i, node in enumerate(nodes.get("nodes") or []):
                 try:
                     reading.inventory.extend(inv.from_json_node(node, self.cluster, now))
+                    if (ev := events.from_json_node(node, self.cluster, now)) is not None:
+                        reading.events.append(ev)
                     if (sh := inv.node_shards(node)) is not None:
                         reading.shards[sh[0]] = sh[1]
                 except (ValueError, KeyError, TypeError) as exc:
+                    nodes_ok = False
                     problems.skip(f"{self.name}:/slurm/{v}/nodes", f"nodes[{i}]", str(exc), str(node)[:200])
             reading.running_at = datetime.now(UTC)
             live = self.get(client, f"/slurm/{v}/jobs") or {}
@@ -123,6 +127,8 @@ class RestBackend:
                 elif a.state == jobs.PENDING and a.gpus_requested > 0:
                     reading.pending.append(a)
             reading.running_complete = ok
+            if nodes_ok:  # the whole node list read: it is the current state, so it can end events
+                reading.event_states = ("slurmrestd", events.REST_STATE_KINDS)
             per_node = inv.gpus_per_node(reading.inventory)
             resv = self.get(client, f"/slurm/{v}/reservations") or {}
             for i, r in enumerate(resv.get("reservations") or []):

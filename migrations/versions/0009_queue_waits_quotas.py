@@ -2,14 +2,14 @@
 idle_while_queued and idle_quota.
 
 Revision ID: 0009_queue
-Revises: 0007_waste
+Revises: 0008_infra
 Create Date: 2026-11-30
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0009_queue"
-down_revision = "0007_waste"
+down_revision = "0008_infra"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,57 @@
+"""Column comments shared by several tables (kept apart so :mod:`auditor.store.schema` stays readable)."""
+
+from __future__ import annotations
+
+METRIC_COMMENTS = {
+    "gpu_util": "NVML GPU-Util as a 0-1 ratio: share of time any kernel ran (the misleading one).",
+    "gr_engine": "DCGM GR engine activity, 0-1 (time-based like GPU-Util).",
+    "sm_active": "DCGM SM activity, 0-1: share of cycles with a warp resident, averaged over all SMs.",
+    "sm_occupancy": "DCGM SM occupancy, 0-1.",
+    "tensor_active": "DCGM Tensor pipe activity, 0-1.",
+    "dram_active": "DCGM DRAM activity (memory bandwidth busy), 0-1.",
+    "fp64_active": "DCGM FP64 pipe activity, 0-1.",
+    "fp32_active": "DCGM FP32 pipe activity, 0-1.",
+    "fp16_active": "DCGM FP16 pipe activity, 0-1.",
+    "fb_used_mib": "Frame buffer memory used, MiB (bucket maximum).",
+    "power_w": "Board power draw, W.",
+    "pcie_tx_bps": "PCIe transmit, bytes/s.",
+    "pcie_rx_bps": "PCIe receive, bytes/s.",
+    "nvlink_tx_bps": "NVLink transmit, bytes/s.",
+    "nvlink_rx_bps": "NVLink receive, bytes/s.",
+}
+
+#: Per-GPU and per-allocation sums of an audit run (usage_gpu, usage_allocation)
+HOURS = {
+    "reserved_s": "Reserved GPU-seconds in the window (times share).",
+    "observed_s": "Reserved GPU-seconds covered by samples (coverage = observed/reserved); SM-verified "
+                  "(sm_observed_s) plus GPU-Util-only (idle_by_util_s + busy_unverified_s).",
+    "idle_s": "GPU-seconds judged idle (idle-by-util included).",
+    "idle_by_util_s": "Of idle_s, judged by the low-confidence GPU-Util fallback.",
+    "mirage_s": "GPU-seconds judged mirage: GPU-Util busy, SM activity idle.",
+    "low_s": "GPU-seconds judged low (idle_sm <= SM activity < working_sm).",
+    "working_s": "GPU-seconds judged working.",
+    "busy_unverified_s": "Observed GPU-seconds without SM activity that GPU-Util does not call idle: busy by "
+                         "GPU-Util (or no utilization field), work not verifiable.",
+    "unknown_s": "GPU-seconds without samples (or unattributed): reserved - observed - infra. Never idle.",
+    "effective_s": "Sum of observed seconds x SM activity x share: GPU-seconds of real work.",
+    "gpu_util_s": "Sum of observed seconds x GPU-Util (for the mean the dashboard shows).",
+    "util_observed_s": "Observed seconds of buckets that had GPU-Util.",
+    "sm_s": "Sum of observed seconds x SM activity over buckets that had it.",
+    "sm_observed_s": "Observed seconds verified by SM activity (idle + mirage + low + working).",
+    "tensor_s": "Sum of observed seconds x Tensor activity.",
+    "dram_s": "Sum of observed seconds x DRAM activity.",
+    "io_bps_s": "Sum of observed seconds x (PCIe + NVLink bytes/s), for the input/communication-wait hint.",
+    "max_gpu_mirage_s": "Longest mirage time of any single GPU (seconds, not share-weighted).",
+    "mirage_util_s": "Sum over mirage buckets of observed seconds x GPU-Util (mean GPU-Util while mirage; "
+                     "hung_collective, ghost_busy).",
+    "mirage_power_s": "Sum over mirage buckets with power of observed seconds x power (W): joules.",
+    "mirage_power_observed_s": "Observed mirage seconds that had a power reading.",
+    "energy_s": "Sum of observed seconds x power (W) x share: measured joules.",
+    "power_observed_s": "Observed seconds that had a power reading (the rest of reserved time is estimated "
+                        "from the model's idle power).",
+    "idle_energy_s": "Sum over idle, idle-by-util and mirage buckets of observed seconds x power: joules.",
+    "idle_power_observed_s": "Idle, idle-by-util and mirage seconds that had a power reading.",
+    "infra_s": "Infrastructure-affected GPU-seconds: reserved time inside a node event (XID error, fault "
+               "throttling, ECC/row-remap fault, drained/down/NotReady/cordoned node); judged by no other "
+               "class, never idle, billed in its own column.",
+}
