@@ -5,18 +5,21 @@ record and carries on."""
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import logging
 import os
 import stat
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from auditor.errors import SourceError
 from auditor.records import Allocation
-from connectors.base import Problems
+from auditor.timeutil import parse_time
+from connectors.base import Context, Problems
 
 MAX_FILE_BYTES = 256 * 1024 * 1024  # a scrape or saved listing larger than this is not one
 READ_TIME_LIMIT_S = 60.0  # reading one file longer than this (a stalled network mount) is an error
@@ -24,7 +27,6 @@ READ_TIME_LIMIT_S = 60.0  # reading one file longer than this (a stalled network
 
 def fixed_dir(pattern: Path) -> Path:
     """The directory part of a glob pattern before its first wildcard (``/a/b/*/x*.prom`` -> ``/a/b``)."""
-    import glob
 
     parts = pattern.parts
     for i, part in enumerate(parts):
@@ -212,3 +214,32 @@ def csv_rows(handle: Any) -> Iterator[tuple[str, dict[str, Any] | str]]:
             yield loc, "more fields than the header"
         else:
             yield loc, dict(zip(header, [*fields, *[""] * (len(header) - len(fields))], strict=True))
+
+
+def row_time(value: Any, what: str) -> datetime | None:
+    """A time cell of a file row: empty, "None" or "Unknown" is no time; anything else must parse (the error
+    names the field)."""
+    if value in (None, "", "None", "Unknown"):
+        return None
+    try:
+        return parse_time(str(value))
+    except ValueError:
+        raise ValueError(f"{what}: cannot parse time {str(value)[:40]!r}") from None
+
+
+def files_matching(ctx: Context, patterns: list[str]) -> list[Path]:
+    """The files a connector's ``paths`` name (globs expanded, sorted), each checked to be a regular file."""
+    out: list[Path] = []
+    for p in patterns:
+        full = ctx.path(p)
+        matches = sorted(Path(x) for x in glob.glob(str(full))) if any(c in p for c in "*?[") else [full]
+        for m in matches:
+            check_regular(m, fixed_dir(full) if m is not full else None)
+            out.append(m)
+    return out
+
+
+def error_reason(exc: BaseException) -> str:
+    """The first line of an exception's message, for a quarantine reason."""
+    text = str(exc).strip("'").strip()
+    return text.splitlines()[0] if text else type(exc).__name__

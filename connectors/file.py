@@ -7,33 +7,24 @@ the Slurm parsers (format "sacct").
 
 from __future__ import annotations
 
-import glob
 import json
 import re
 from collections.abc import Iterable, Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
 from auditor.records import (
-    METRIC_FIELDS,
-    NODE_EVENT_KINDS,
     AllocatedGpu,
     Allocation,
-    GpuBucket,
     GpuInventory,
     NodeEvent,
     Reservation,
 )
-from auditor.timeutil import parse_time
-from connectors._coverage import coverage, interval, job_key
-from connectors._faults import FaultFolder, to_events
-from connectors._rows import check_regular, fixed_dir, read_bounded, read_rows, read_sacct_file
-from connectors.aliases import FAULT_ALIASES, METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
+from connectors._rows import error_reason, files_matching, read_bounded, read_rows, read_sacct_file, row_time
 from connectors.base import Context, Options, Problems, Window
-from connectors.file_queue import QUEUE_ROWS
+from connectors.file_rows import EXTRA_ROWS
 from connectors.slurm.saved import read_saved, sniff
 
 MAX_GPUS = 1024  # per allocation: more is a typo or hostile input, not a job
@@ -69,15 +60,6 @@ def parse_gpus(text: str, model: str | None, share: float, mig: str | None) -> l
         else:
             gpus += [AllocatedGpu(m["node"], i, None, model, share, mig) for i in expand_indices(m["idx"])]
     return gpus
-
-
-def _time(value: Any, what: str) -> datetime | None:
-    if value in (None, "", "None", "Unknown"):
-        return None
-    try:
-        return parse_time(str(value))
-    except ValueError:
-        raise ValueError(f"{what}: cannot parse time {str(value)[:40]!r}") from None
 
 
 LABEL_DEPTH = 8  # a nested label value deeper than this is an error, not a label
@@ -156,7 +138,7 @@ def allocation_from_row(cluster: str, row: dict[str, Any]) -> Allocation:
         raise ValueError("gpus: no GPUs")
     if len(gpus) > MAX_GPUS:
         raise ValueError(f"gpus: {len(gpus)} GPUs in one allocation (more than {MAX_GPUS})")
-    start, end = _time(row.get("start"), "start"), _time(row.get("end"), "end")
+    start, end = row_time(row.get("start"), "start"), row_time(row.get("end"), "end")
     if start and end and end < start:
         raise ValueError(f"end {end.isoformat()} is before start {start.isoformat()}")
     source = row.get("source") or "file"
@@ -172,7 +154,7 @@ def allocation_from_row(cluster: str, row: dict[str, Any]) -> Allocation:
     return Allocation(cluster=cluster, source=source, external_id=ext, name=text["name"],
                       user=text["user"], account=text["account"],
                       partition=text["partition"], qos=text["qos"],
-                      state=text["state"], submit=_time(row.get("submit"), "submit"),
+                      state=text["state"], submit=row_time(row.get("submit"), "submit"),
                       start=start, end=end, reservation=text["reservation"],
                       owner_workload=text["owner"],
                       time_limit_s=time_limit,
@@ -190,7 +172,7 @@ def reservation_from_row(cluster: str, row: dict[str, Any]) -> Reservation:
     name = str(row.get("name") or "").strip()
     if not name:
         raise ValueError("name: missing")
-    start, end = _time(row.get("start"), "start"), _time(row.get("end"), "end")
+    start, end = row_time(row.get("start"), "start"), row_time(row.get("end"), "end")
     if start is None or end is None:
         raise ValueError("start and end are required for a reservation")
     if end <= start:
@@ -215,31 +197,6 @@ def inventory_from_row(cluster: str, row: dict[str, Any]) -> list[GpuInventory]:
             for i in range(count)]
 
 
-def node_event_from_row(cluster: str, row: dict[str, Any]) -> NodeEvent:
-    """A node or GPU out of service (``"type": "node_event"``: node, kind, start, end (empty: ongoing), gpu
-    (empty: the whole node), reason)."""
-    node, kind = str(row.get("node") or "").strip(), str(row.get("kind") or "")
-    if not node or kind not in NODE_EVENT_KINDS:
-        raise ValueError(f"node_event needs a node and a kind ({', '.join(NODE_EVENT_KINDS)})")
-    start, end = _time(row.get("start"), "start"), _time(row.get("end"), "end")
-    if start is None or (end is not None and end < start):
-        raise ValueError("node_event: start missing or after end")
-    gpu = row.get("gpu")
-    return NodeEvent(cluster, node, kind, start, end, None if gpu in (None, "") else int(gpu),
-                     str(row.get("reason") or ""), "file")
-
-
-def _files(ctx: Context, patterns: list[str]) -> list[Path]:
-    out: list[Path] = []
-    for p in patterns:
-        full = ctx.path(p)
-        matches = sorted(Path(x) for x in glob.glob(str(full))) if any(c in p for c in "*?[") else [full]
-        for m in matches:
-            check_regular(m, fixed_dir(full) if m is not full else None)
-            out.append(m)
-    return out
-
-
 class FileAllocations:
     """Allocations from CSV, JSON (a list or JSON Lines) or saved ``sacct -P`` output."""
 
@@ -257,7 +214,7 @@ class FileAllocations:
 
     def collect(self, window: Window, problems: Problems
                 ) -> Iterator[Allocation | Reservation | GpuInventory | NodeEvent]:
-        for path in _files(self.ctx, self.options.paths):
+        for path in files_matching(self.ctx, self.options.paths):
             fmt = self.options.format
             if fmt == "auto":
                 fmt = sniff(path) or {".csv": "csv", ".json": "json", ".jsonl": "json"}.get(
@@ -299,20 +256,13 @@ class FileAllocations:
                         yield loc, inv
                 elif kind == "allocation":
                     yield loc, allocation_from_row(self.ctx.cluster, row)
-                elif kind in QUEUE_ROWS:
-                    yield loc, QUEUE_ROWS[kind](self.ctx.cluster, row)
-                elif kind == "node_event":
-                    yield loc, node_event_from_row(self.ctx.cluster, row)
+                elif kind in EXTRA_ROWS:
+                    yield loc, EXTRA_ROWS[kind](self.ctx.cluster, row)
                 else:
                     raise ValueError(f"type: {str(kind)[:40]!r} is not allocation, reservation, inventory, wait, "
                                      "quota or node_event")
             except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as exc:
-                problems.skip(str(path), loc, _reason(exc), _excerpt(row))
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip("'").strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+                problems.skip(str(path), loc, error_reason(exc), _excerpt(row))
 
 
 def _excerpt(row: Any) -> str:
@@ -322,122 +272,7 @@ def _excerpt(row: Any) -> str:
         return "(not printable)"
 
 
-class _Acc:
-    """Running sums of one GPU bucket."""
-
-    __slots__ = ("sums", "counts", "instants", "labels", "uuid", "model")
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
-        self.instants: set[int] = set()
-        self.labels: dict[str, str] = {}
-        self.uuid: str | None = None
-        self.model: str | None = None
-
-    def add(self, field: str, value: float, ts: int) -> None:
-        if field == "fb_used_mib":
-            self.sums[field] = max(self.sums.get(field, 0.0), value)
-            self.counts[field] = 1
-        else:
-            self.sums[field] = self.sums.get(field, 0.0) + value
-            self.counts[field] = self.counts.get(field, 0) + 1
-        self.instants.add(ts)
-
-
-def stored_unit(field: str) -> Unit:
-    """The unit a canonical field name is stored in (long CSVs may use canonical names directly)."""
-    if field in RATIO_FIELDS:
-        return "ratio"
-    return {"fb_used_mib": "mib", "power_w": "watts"}.get(field, "bytes_per_s")  # type: ignore[return-value]
-
-
-LABEL_COLUMNS = ("pod", "namespace", "container", "hpc_job")
-
-
-class FileTelemetry:
-    """Telemetry from a long CSV: timestamp, host, gpu, uuid, metric, value[, model, gpu_instance, pod,
-    namespace, container, hpc_job]. Metric names are canonical fields (stored units) or any alias. Rows
-    with different job labels (hpc_job, or namespace/pod) are separate sub-rows; observed seconds and spans
-    come from the sample timestamps (:mod:`connectors._coverage`)."""
-
-    class Options(Options):
-        paths: list[str] = Field(description="Long-CSV files or glob patterns, relative to the config file.")
-
-    def __init__(self, context: Context, options: FileTelemetry.Options) -> None:
-        self.ctx, self.options, self.name = context, options, "file"
-
-    def collect(self, window: Window, problems: Problems) -> Iterator[GpuBucket | NodeEvent]:
-        faults = FaultFolder(window.bucket_seconds)  # GPU faults (XID, throttling, ECC, row remap)
-        for path in _files(self.ctx, self.options.paths):
-            yield from self._read(path, window, problems, faults)
-        yield from to_events(self.ctx.cluster, window.bucket_seconds, faults.hits(), "file")
-
-    def _read(self, path: Path, window: Window, problems: Problems, faults: FaultFolder) -> Iterator[GpuBucket]:
-        size = window.bucket_seconds
-        lo, hi = int(window.since.timestamp()), int(window.until.timestamp())
-        accs: dict[tuple[str, int, str, int], _Acc] = {}
-        unknown: set[str] = set()
-        for loc, row in read_rows(path, "csv"):
-            if isinstance(row, str):
-                problems.skip(str(path), loc, row)
-                continue
-            try:
-                if not row.get("timestamp"):
-                    raise ValueError("timestamp: missing")
-                ts = int(parse_time(row["timestamp"]).timestamp())
-                host = (row.get("host") or "").strip()
-                gpu = int(row.get("gpu") or "")
-                metric = (row.get("metric") or "").strip()
-                if not host:
-                    raise ValueError("host: missing")
-                if gpu < 0:
-                    raise ValueError(f"gpu: negative index {gpu}")
-                if metric in METRIC_FIELDS:
-                    field, unit = metric, stored_unit(metric)
-                elif metric in METRIC_ALIASES:
-                    field, unit = METRIC_ALIASES[metric].field, METRIC_ALIASES[metric].unit
-                elif metric in FAULT_ALIASES:
-                    if lo <= ts < hi:
-                        faults.add(host, gpu, metric, float(row.get("value") or ""), ts)
-                    continue
-                else:
-                    if metric not in unknown:
-                        unknown.add(metric)
-                        problems.skip(str(path), loc, f"unknown metric {metric[:60]!r} (further lines of "
-                                      "it skipped silently)")
-                    continue
-                raw = float(row.get("value") or "")
-                value, clamped = normalise(field, unit, raw)
-            except (ValueError, KeyError, TypeError, ArithmeticError, BadValue) as exc:
-                problems.skip(str(path), loc, _reason(exc), ",".join(str(v) for v in row.values()))
-                continue
-            if clamped:
-                problems.clamp(str(path), field)
-            if not lo <= ts < hi:
-                continue
-            labels = {lab: row[lab] for lab in LABEL_COLUMNS if row.get(lab)}
-            key = (host, gpu, (row.get("gpu_instance") or "").strip(), ts - ts % size, job_key(labels))
-            acc = accs.get(key)
-            if acc is None:
-                acc = accs[key] = _Acc()
-            acc.add(field, value, ts)
-            acc.uuid = acc.uuid or (row.get("uuid") or None)
-            acc.model = acc.model or (row.get("model") or None)
-            acc.labels.update(labels)
-        steps: dict[tuple[str, int, str], set[int]] = {}
-        for (host, gpu, inst, _start, _job), acc in accs.items():
-            steps.setdefault((host, gpu, inst), set()).update(acc.instants)
-        step = {k: interval(v) for k, v in steps.items()}
-        for (host, gpu, inst, start, job), acc in sorted(accs.items()):
-            values = {f: acc.sums[f] / acc.counts[f] for f in acc.sums}
-            obs, sp_s, sp_e = coverage(acc.instants, start, size, step[(host, gpu, inst)])
-            yield GpuBucket(cluster=self.ctx.cluster, host=host, gpu=gpu, gpu_instance=inst,
-                            start=datetime.fromtimestamp(start, window.since.tzinfo), seconds=size,
-                            samples=len(acc.instants), uuid=acc.uuid, model=acc.model, **values,
-                            **{k: acc.labels.get(k) for k in LABEL_COLUMNS}, observed_s=obs, span_start=sp_s,
-                            span_end=sp_e, job=job)
-
+from connectors.file_telemetry import FileTelemetry  # noqa: E402  (the kind's second class)
 
 ALLOCATIONS = FileAllocations
 TELEMETRY = FileTelemetry

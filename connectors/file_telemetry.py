@@ -1,0 +1,135 @@
+"""The file telemetry connector: a long CSV of samples (one metric value per row) folded into GPU buckets, with
+GPU faults (XID, throttling, ECC, row remap) as node events (docs/file-formats.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import Field
+
+from auditor.records import METRIC_FIELDS, GpuBucket, NodeEvent
+from auditor.timeutil import parse_time
+from connectors._coverage import coverage, interval, job_key
+from connectors._faults import FaultFolder, to_events
+from connectors._rows import error_reason, files_matching, read_rows
+from connectors.aliases import FAULT_ALIASES, METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
+from connectors.base import Context, Options, Problems, Window
+
+
+class _Acc:
+    """Running sums of one GPU bucket."""
+
+    __slots__ = ("sums", "counts", "instants", "labels", "uuid", "model")
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.instants: set[int] = set()
+        self.labels: dict[str, str] = {}
+        self.uuid: str | None = None
+        self.model: str | None = None
+
+    def add(self, field: str, value: float, ts: int) -> None:
+        if field == "fb_used_mib":
+            self.sums[field] = max(self.sums.get(field, 0.0), value)
+            self.counts[field] = 1
+        else:
+            self.sums[field] = self.sums.get(field, 0.0) + value
+            self.counts[field] = self.counts.get(field, 0) + 1
+        self.instants.add(ts)
+
+
+def stored_unit(field: str) -> Unit:
+    """The unit a canonical field name is stored in (long CSVs may use canonical names directly)."""
+    if field in RATIO_FIELDS:
+        return "ratio"
+    return {"fb_used_mib": "mib", "power_w": "watts"}.get(field, "bytes_per_s")  # type: ignore[return-value]
+
+
+LABEL_COLUMNS = ("pod", "namespace", "container", "hpc_job")
+
+
+class FileTelemetry:
+    """Telemetry from a long CSV: timestamp, host, gpu, uuid, metric, value[, model, gpu_instance, pod,
+    namespace, container, hpc_job]. Metric names are canonical fields (stored units) or any alias. Rows
+    with different job labels (hpc_job, or namespace/pod) are separate sub-rows; observed seconds and spans
+    come from the sample timestamps (:mod:`connectors._coverage`)."""
+
+    class Options(Options):
+        paths: list[str] = Field(description="Long-CSV files or glob patterns, relative to the config file.")
+
+    def __init__(self, context: Context, options: FileTelemetry.Options) -> None:
+        self.ctx, self.options, self.name = context, options, "file"
+
+    def collect(self, window: Window, problems: Problems) -> Iterator[GpuBucket | NodeEvent]:
+        faults = FaultFolder(window.bucket_seconds)  # GPU faults (XID, throttling, ECC, row remap)
+        for path in files_matching(self.ctx, self.options.paths):
+            yield from self._read(path, window, problems, faults)
+        yield from to_events(self.ctx.cluster, window.bucket_seconds, faults.hits(), "file")
+
+    def _read(self, path: Path, window: Window, problems: Problems, faults: FaultFolder) -> Iterator[GpuBucket]:
+        size = window.bucket_seconds
+        lo, hi = int(window.since.timestamp()), int(window.until.timestamp())
+        accs: dict[tuple[str, int, str, int], _Acc] = {}
+        unknown: set[str] = set()
+        for loc, row in read_rows(path, "csv"):
+            if isinstance(row, str):
+                problems.skip(str(path), loc, row)
+                continue
+            try:
+                if not row.get("timestamp"):
+                    raise ValueError("timestamp: missing")
+                ts = int(parse_time(row["timestamp"]).timestamp())
+                host = (row.get("host") or "").strip()
+                gpu = int(row.get("gpu") or "")
+                metric = (row.get("metric") or "").strip()
+                if not host:
+                    raise ValueError("host: missing")
+                if gpu < 0:
+                    raise ValueError(f"gpu: negative index {gpu}")
+                if metric in METRIC_FIELDS:
+                    field, unit = metric, stored_unit(metric)
+                elif metric in METRIC_ALIASES:
+                    field, unit = METRIC_ALIASES[metric].field, METRIC_ALIASES[metric].unit
+                elif metric in FAULT_ALIASES:
+                    if lo <= ts < hi:
+                        faults.add(host, gpu, metric, float(row.get("value") or ""), ts)
+                    continue
+                else:
+                    if metric not in unknown:
+                        unknown.add(metric)
+                        problems.skip(str(path), loc, f"unknown metric {metric[:60]!r} (further lines of "
+                                      "it skipped silently)")
+                    continue
+                raw = float(row.get("value") or "")
+                value, clamped = normalise(field, unit, raw)
+            except (ValueError, KeyError, TypeError, ArithmeticError, BadValue) as exc:
+                problems.skip(str(path), loc, error_reason(exc), ",".join(str(v) for v in row.values()))
+                continue
+            if clamped:
+                problems.clamp(str(path), field)
+            if not lo <= ts < hi:
+                continue
+            labels = {lab: row[lab] for lab in LABEL_COLUMNS if row.get(lab)}
+            key = (host, gpu, (row.get("gpu_instance") or "").strip(), ts - ts % size, job_key(labels))
+            acc = accs.get(key)
+            if acc is None:
+                acc = accs[key] = _Acc()
+            acc.add(field, value, ts)
+            acc.uuid = acc.uuid or (row.get("uuid") or None)
+            acc.model = acc.model or (row.get("model") or None)
+            acc.labels.update(labels)
+        steps: dict[tuple[str, int, str], set[int]] = {}
+        for (host, gpu, inst, _start, _job), acc in accs.items():
+            steps.setdefault((host, gpu, inst), set()).update(acc.instants)
+        step = {k: interval(v) for k, v in steps.items()}
+        for (host, gpu, inst, start, job), acc in sorted(accs.items()):
+            values = {f: acc.sums[f] / acc.counts[f] for f in acc.sums}
+            obs, sp_s, sp_e = coverage(acc.instants, start, size, step[(host, gpu, inst)])
+            yield GpuBucket(cluster=self.ctx.cluster, host=host, gpu=gpu, gpu_instance=inst,
+                            start=datetime.fromtimestamp(start, window.since.tzinfo), seconds=size,
+                            samples=len(acc.instants), uuid=acc.uuid, model=acc.model, **values,
+                            **{k: acc.labels.get(k) for k in LABEL_COLUMNS}, observed_s=obs, span_start=sp_s,
+                            span_end=sp_e, job=job)
