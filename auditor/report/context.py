@@ -213,6 +213,13 @@ def findings_table(conn: Connection, run_id: int, kinds: tuple[str, ...], tz: An
                                           "cost": agg.c or 0.0})
 
 
+SILENT_SQL = ("FROM gpu_inventory i WHERE NOT EXISTS (SELECT 1 FROM telemetry_gpus t JOIN gpu_buckets b "
+              "ON b.gpu_id = t.id WHERE t.cluster = i.cluster AND t.host = i.host AND t.gpu_index = "
+              "i.gpu_index AND b.bucket_ts >= :s AND b.bucket_ts < :u AND b.samples > 0)")
+SILENT_ROWS = ("SELECT i.cluster, i.host, i.gpu_index, i.model " + SILENT_SQL
+               + " ORDER BY i.cluster, i.host, i.gpu_index")
+
+
 def coverage_section(conn: Connection, run: dict[str, Any], cfg: Config, *, full: bool) -> dict[str, Any]:
     """Where telemetry is missing: per cluster coverage, unmonitored GPUs, inventory GPUs never heard of."""
     p = {"run": run["id"], "s": run["since_ts"], "u": run["until_ts"],
@@ -225,13 +232,8 @@ def coverage_section(conn: Connection, run: dict[str, Any], cfg: Config, *, full
         "SUM(CASE WHEN attribution = 'unattributed' THEN 1 ELSE 0 END) AS unattr, "
         "SUM(CASE WHEN observed_s < :cov * reserved_s THEN reserved_s ELSE 0 END) AS unmon_s "
         "FROM usage_gpu WHERE run_id = :run AND reserved_s > 0"), p).one()
-    silent_sql = ("FROM gpu_inventory i WHERE NOT EXISTS (SELECT 1 FROM telemetry_gpus t JOIN gpu_buckets b "
-                  "ON b.gpu_id = t.id WHERE t.cluster = i.cluster AND t.host = i.host AND t.gpu_index = "
-                  "i.gpu_index AND b.bucket_ts >= :s AND b.bucket_ts < :u AND b.samples > 0)")
-    silent = [dict(r._mapping) for r in conn.execute(text(
-        "SELECT i.cluster, i.host, i.gpu_index, i.model " + silent_sql + " ORDER BY i.cluster, i.host, "
-        "i.gpu_index" + _limit(full, cfg.report.top_n)), p)]
-    silent_total = conn.execute(text("SELECT COUNT(*) " + silent_sql), p).scalar() or 0
+    silent = [dict(r._mapping) for r in conn.execute(text(SILENT_ROWS + _limit(full, cfg.report.top_n)), p)]
+    silent_total = conn.execute(text("SELECT COUNT(*) " + SILENT_SQL), p).scalar() or 0
     inventory = conn.execute(text("SELECT COUNT(*) FROM gpu_inventory")).scalar() or 0
     return {"clusters": clusters, "allocated_gpus": int(g.n or 0), "unmonitored_gpus": int(g.unmon or 0),
             "unattributed_gpus": int(g.unattr or 0), "unmonitored_gpu_hours": (g.unmon_s or 0.0) / H,
