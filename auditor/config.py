@@ -157,6 +157,14 @@ class ClusterConfig(Strict):
     initial_days: float = Field(7, gt=0, le=MAX_DAYS, description="How far back the first collection reads.")
 
 
+class CollectConfig(Strict):
+    parallel: int = Field(1, ge=0, le=256, description="Clusters collected at once, each in its own worker "
+                          "process that streams its records to the store in batches (`gpu-audit collect "
+                          "--parallel N` overrides). 1: one cluster after another in this process (connector "
+                          "state such as a Kubernetes watch is kept between a daemon's collections); 0: one "
+                          "worker per cluster, at most the number of CPUs.")
+
+
 class Thresholds(Strict):
     """Verdict and finding rules (docs/definitions.md). Comparisons use a 1e-9 tolerance: a value exactly at
     a threshold is not below it, even after a unit conversion."""
@@ -401,6 +409,7 @@ class Channel(Strict):
 class Config(Strict):
     store: StoreConfig = Field(default_factory=StoreConfig, description="The SQL store.")
     clusters: list[ClusterConfig] = Field(default_factory=list, description="Clusters to audit.")
+    collect: CollectConfig = Field(default_factory=CollectConfig, description="How clusters are collected.")
     thresholds: Thresholds = Field(default_factory=Thresholds, description="Verdict and finding rules.")
     prices: PriceCard = Field(default_factory=PriceCard, description="Price card.")
     energy: EnergyConfig = Field(default_factory=EnergyConfig, description="Energy and carbon: idle power "
