@@ -8,6 +8,7 @@ numbers cannot disagree between them. Long tables are cut at ``report.top_n`` wi
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -100,7 +101,9 @@ def _tz(cfg: Config) -> Any:
         return UTC
 
 
+@lru_cache(maxsize=1 << 16)
 def _when(ts: int | None, tz: Any) -> str | None:
+    """``ts`` as local time text (cached: a report's findings share their bucket-aligned times)."""
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, UTC).astimezone(tz).strftime("%Y-%m-%d %H:%M %Z")
@@ -141,27 +144,39 @@ def _usage_row(r: dict[str, Any]) -> dict[str, Any]:
             "cost_per_effective_gpu_hour": reserved_cost / effective if effective > 0 else None}
 
 
-def usage_groups(conn: Connection, run_id: int, keys: list[str], *, full: bool, top_n: int
-                 ) -> dict[str, Any]:
-    """Usage summed by ``keys`` (columns of usage_allocation ``u`` or allocations ``a``), worst first."""
-    cols = ", ".join(f"{k} AS {k.split('.')[1]}" for k in keys)
-    base = (f"SELECT {cols}, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a "
-            f"ON a.id = u.allocation_id WHERE u.run_id = :run GROUP BY {', '.join(keys)}")
-    order = " ORDER BY idle_cost DESC, reserved_s DESC, " + ", ".join(k.split(".")[1] for k in keys)
-    rows = []
-    for r in conn.execute(text(base + order + _limit(full, top_n)), {"run": run_id}):
-        m = dict(r._mapping)
-        rows.append({**{k.split(".")[1]: m[k.split(".")[1]] for k in keys}, **_usage_row(m)})
-    total = conn.execute(text(f"SELECT COUNT(*) FROM ({base}) g"), {"run": run_id}).scalar() or 0
+def usage_totals(conn: Connection, run_id: int) -> dict[str, Any]:
+    """The run's usage summed over every allocation (the totals row of the team and account tables)."""
     tot = conn.execute(text(f"SELECT {USAGE_SUMS} FROM usage_allocation u WHERE u.run_id = :run"),
                        {"run": run_id}).one()._mapping
-    totals = _usage_row(dict(tot))
-    peak = max((r["idle_gpu_hours"] for r in rows), default=0.0)
-    for r in rows:
+    return _usage_row(dict(tot))
+
+
+def usage_group_rows(conn: Connection, run_id: int, keys: list[str]) -> list[dict[str, Any]]:
+    """Usage summed by ``keys`` (columns of usage_allocation ``u`` or allocations ``a``), worst first: every
+    group (groups are teams and accounts, not allocations, so the list stays short)."""
+    names = [k.split(".")[1] for k in keys]
+    cols = ", ".join(f"{k} AS {n}" for k, n in zip(keys, names, strict=True))
+    sql = (f"SELECT {cols}, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a "
+           f"ON a.id = u.allocation_id WHERE u.run_id = :run GROUP BY {', '.join(keys)}"
+           " ORDER BY idle_cost DESC, reserved_s DESC, " + ", ".join(names))
+    rows = []
+    for r in conn.execute(text(sql), {"run": run_id}):
+        m = r._mapping
+        rows.append({**{n: m[n] for n in names}, **_usage_row(dict(m))})
+    return rows
+
+
+def group_table(rows: list[dict[str, Any]], totals: dict[str, Any], *, full: bool, top_n: int
+                ) -> dict[str, Any]:
+    """A usage table of ``rows`` (from :func:`usage_group_rows`), cut at ``top_n`` unless ``full``, with
+    bars relative to the rows shown."""
+    shown = [dict(r) for r in (rows if full else rows[:top_n])]
+    peak = max((r["idle_gpu_hours"] for r in shown), default=0.0)
+    for r in shown:
         r["bar"] = r["idle_gpu_hours"] / peak if peak > 0 else 0.0
         r["reserved_bar"] = r["reserved_gpu_hours"] / totals["reserved_gpu_hours"] \
             if totals["reserved_gpu_hours"] else 0.0
-    return _table(rows, int(total), totals)
+    return _table(shown, len(rows), totals)
 
 
 FINDING_SQL = ("SELECT f.id, f.kind, f.cluster, f.allocation_id, f.reservation_id, f.account, f.user_name, "
@@ -309,12 +324,19 @@ def run_for_window(store: Store, since: datetime, until: datetime) -> int:
 
 
 def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
-                  now: datetime | None = None) -> dict[str, Any]:
-    """Everything a report shows about run ``run_id``; ``full`` keeps every table row (JSON export)."""
+                  now: datetime | None = None, keep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything a report shows about run ``run_id``; ``full`` keeps every table row (JSON export).
+    ``keep``, when given, receives the uncut team and account tables (the streamed JSON export uses them
+    rather than query them again)."""
     tz = _tz(cfg)
     n = cfg.report.top_n
     with store.engine.connect() as conn:
         run = load_run(conn, run_id)
+        totals = usage_totals(conn, run_id)
+        groups = {"teams": usage_group_rows(conn, run_id, ["u.team"]),
+                  "accounts": usage_group_rows(conn, run_id, ["a.cluster", "a.account", "u.team"])}
+        if keep is not None:
+            keep.update({k: group_table(v, totals, full=True, top_n=n) for k, v in groups.items()})
         summary = dict(run["summary"] or {})
         th = dict(run["thresholds"] or cfg.thresholds.model_dump())
         ctx: dict[str, Any] = {
@@ -324,8 +346,8 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
                     "days": (run["until_ts"] - run["since_ts"]) / 86400.0},
             "currency": summary.get("currency") or cfg.prices.currency, "top_n": n, "full": full,
             "headline": headline(summary),
-            "teams": usage_groups(conn, run_id, ["u.team"], full=full, top_n=n),
-            "accounts": usage_groups(conn, run_id, ["a.cluster", "a.account", "u.team"], full=full, top_n=n),
+            "teams": group_table(groups["teams"], totals, full=full, top_n=n),
+            "accounts": group_table(groups["accounts"], totals, full=full, top_n=n),
             "top_idle": findings_table(conn, run_id, IDLE_KINDS, tz, full=full, top_n=n),
             "coverage": coverage_section(conn, run, cfg, full=full),
             "trend": trend(conn, run, tz), "thresholds": th,

@@ -103,8 +103,8 @@ class _CsvOut:
         if self.fields is None:
             self.fields = [k for k in row if k != "sparkline"]
             self.w.writerow(self.fields)
-        cell = self.cell
-        self.pending.append([cell(row[k]) for k in self.fields])
+        cell = self.cell  # only text needs escaping; numbers and None pass as they are
+        self.pending.append([cell(v) if isinstance(v, str) else v for v in map(row.__getitem__, self.fields)])
         if len(self.pending) >= CHUNK:
             self.flush()
 
@@ -135,9 +135,11 @@ def _atomic(path: Path, stack: ExitStack) -> IO[str]:
 
 
 def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *, csv_path: Path,
-                  cell: Callable[[Any], Any], json_path: Path | None = None) -> None:
+                  cell: Callable[[Any], Any], json_path: Path | None = None,
+                  groups: dict[str, Any] | None = None) -> None:
     """Write the findings CSV (each cell through ``cell``, the escaping of :mod:`auditor.report.render`)
-    and, when ``json_path`` is given, the full JSON export of ``ctx``'s run."""
+    and, when ``json_path`` is given, the full JSON export of ``ctx``'s run; ``groups`` are its uncut team
+    and account tables when the caller has them (``build_context(keep=...)``)."""
     tz = report._tz(cfg)
     kinds = all_kinds()
     section = {k: "top_idle" for k in report.IDLE_KINDS}
@@ -156,10 +158,12 @@ def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *
         if json_path is None:
             return
         doc = dict(ctx, full=True)
-        n = cfg.report.top_n
-        doc["teams"] = report.usage_groups(conn, run_id, ["u.team"], full=True, top_n=n)
-        doc["accounts"] = report.usage_groups(conn, run_id, ["a.cluster", "a.account", "u.team"], full=True,
-                                              top_n=n)
+        if groups is None:
+            totals = ctx["teams"]["totals"]
+            groups = {"teams": report.usage_group_rows(conn, run_id, ["u.team"]),
+                      "accounts": report.usage_group_rows(conn, run_id, ["a.cluster", "a.account", "u.team"])}
+            groups = {k: report.group_table(v, totals, full=True, top_n=0) for k, v in groups.items()}
+        doc["teams"], doc["accounts"] = groups["teams"], groups["accounts"]
         for key, sp in spools.items():
             doc[key] = sp.done(ctx[key])
         doc["coverage"] = dict(ctx["coverage"], silent=_silent(conn, ctx, files))

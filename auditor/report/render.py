@@ -52,6 +52,9 @@ def plain(value: Any) -> str:
     """Text-safe: no control characters (terminal escapes, bidi overrides); newlines become spaces."""
     if value is None or isinstance(value, jinja2.runtime.Undefined):
         return ""
+    if type(value) is str and len(value) <= SHOWN_MAX and value.isprintable():
+        return value  # the common case: nothing to cut or strip (control, bidi and separator characters
+        # and newlines are all non-printable)
     if isinstance(value, Raw):
         return str(value)
     s = str(cap_shown(value)).replace("\r\n", " ").replace("\n", " ").replace("\r", " ").replace("\t", " ")
@@ -219,7 +222,8 @@ def write_reports(store: Store, cfg: Config, run_id: int, out_dir: Path | str,
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise GpuAuditError(f"cannot create report directory {out}: {exc.strerror}") from None
-    ctx = build_context(store, cfg, run_id, now=now)
+    groups: dict[str, Any] = {}
+    ctx = build_context(store, cfg, run_id, now=now, keep=groups)
     paths = []
     for f in fmts:
         p = out / f"report-{run_id}.{EXT[f]}"
@@ -227,7 +231,7 @@ def write_reports(store: Store, cfg: Config, run_id: int, out_dir: Path | str,
             p.write_text(render(ctx, f), encoding="utf-8")
         paths.append(p)
     csv_path = out / ctx["files"]["csv"]
-    write_exports(store, cfg, run_id, ctx, csv_path=csv_path, cell=csv_cell,
+    write_exports(store, cfg, run_id, ctx, csv_path=csv_path, cell=csv_cell, groups=groups,
                   json_path=out / f"report-{run_id}.json" if "json" in fmts else None)
     paths.append(csv_path)
     return paths
