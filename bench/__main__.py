@@ -14,8 +14,10 @@ Benchmarks (each a callable in :data:`BENCHMARKS`, run in that order, skipped wi
   (:mod:`bench.collect`).
 
 A module may take over its rows: when ``bench.pg``, ``bench.pg_ingest`` or ``bench.audit`` defines
-``rows(args, figures) -> list[Row]``, that function is called instead of the default here (``figures`` is
-the dict written by ``--json``; add your raw numbers to it).
+``rows(args, figures) -> list[Row]`` (``from bench.table import Row``), that function is called instead of
+the default here (``args``: the parsed flags, e.g. ``args.pg_gpus``, ``args.pg_url``, ``args.days``;
+``figures``: the dict written by ``--json``, add your raw numbers to it). :func:`audit_rows` turns the
+per-size dicts of :mod:`bench.audit` into the audit rows (seconds, audit/floor, judge/floor, RSS, scaling).
 
 Full run:  python -m bench          (1,024 / 4,096 / 16,384 GPUs x 7 days on SQLite and PostgreSQL, render
                                      of 12,288 GPUs, 4 clusters collected; hours on 2 cores)
@@ -31,11 +33,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from bench import fleet
+from bench.table import Row, table
 
 # the targets of issue 20 (and issue 9's SQLite ingest)
 AUDIT_S_16384 = 60.0  # seconds for the 16,384-GPU week
@@ -46,30 +49,6 @@ INGEST_ROWS_S, INGEST_RATIO = 500_000.0, 0.5  # SQLite Store.ingest (issue 9)
 PG_INGEST_ROWS_S, PG_INGEST_RATIO = 300_000.0, 0.5  # PostgreSQL COPY + merge, and vs a raw COPY
 RENDER_S = 5.0  # all formats of the ~200k-allocation run
 OTHER = ("bench_slurm", "bench_kubernetes", "bench_prometheus", "bench_jobstats", "bench_web")
-
-
-@dataclass
-class Row:
-    """One figure of the final table; ``target`` None means reported, not judged."""
-
-    name: str
-    value: float | None
-    unit: str
-    target: float | None = None
-    at_least: bool = False  # the target is a floor (rates), not a ceiling (seconds, ratios, memory)
-    note: str = ""
-
-    @property
-    def ratio(self) -> float | None:
-        return self.value / self.target if self.value is not None and self.target else None
-
-    @property
-    def status(self) -> str:
-        if self.value is None:
-            return "n/a"
-        if self.target is None:
-            return "-"
-        return "met" if (self.value >= self.target if self.at_least else self.value <= self.target) else "MISSED"
 
 
 Bench = Callable[[argparse.Namespace, dict[str, Any]], list[Row]]
@@ -87,30 +66,6 @@ def _hook(module: str) -> Bench | None:
         return getattr(importlib.import_module(f"bench.{module}"), "rows", None)
     except ImportError:
         return None
-
-
-def _num(v: float, unit: str) -> str:
-    if unit == "rows/s":
-        return f"{v:,.0f} rows/s"
-    if unit == "x":
-        return f"{v:.2f}x"
-    if unit == "MiB":
-        return f"{v:,.0f} MiB"
-    if unit == "s":
-        return f"{v:.2f} s"
-    return f"{v:,.2f} {unit}".strip()
-
-
-def table(rows: list[Row]) -> str:
-    """The closing table: figure | value | target | ratio | status."""
-    head = ("figure", "value", "target", "ratio", "status")
-    body = [(r.name, "n/a" if r.value is None else _num(r.value, r.unit),
-             "-" if r.target is None else ((">= " if r.at_least else "<= ") + _num(r.target, r.unit)),
-             "-" if r.ratio is None else f"{r.ratio:.2f}", r.status + (f"  ({r.note})" if r.note else ""))
-            for r in rows]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(4)]
-    fmt = "  ".join(f"{{:{'<' if i == 0 else '>'}{w}}}" for i, w in enumerate(widths)) + "  {}"
-    return "\n".join([fmt.format(*head), *(fmt.format(*b) for b in body)])
 
 
 # --- the benchmarks -------------------------------------------------------------------------------------
