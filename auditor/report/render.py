@@ -196,11 +196,16 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
             w.writerow({k: csv_cell(v) for k, v in r.items()})
 
 
+_FORMULA = ("=", "+", "-", "@")
+
+
 def csv_cell(v: Any) -> Any:
     """A CSV cell: text-safe, and a leading = + - @ (a spreadsheet formula) neutralised by a quote."""
+    if type(v) is str and len(v) <= SHOWN_MAX and v.isprintable():  # plain(v) is v itself
+        return "'" + v if v[:1] in _FORMULA else v
     if isinstance(v, str):
         v = plain(v)
-        if v[:1] in ("=", "+", "-", "@"):
+        if v[:1] in _FORMULA:
             return "'" + v
     return v
 
