@@ -96,3 +96,20 @@ def test_empty_run_and_csv_only(store: Store, tmp_path: Path) -> None:
     paths = render.write_reports(store, cfg, run_id, tmp_path / "t", ["text"], now=NOW)
     assert [p.suffix for p in paths] == [".txt", ".csv"] and not (tmp_path / "t" / f"report-{run_id}.json").exists()
     assert not list((tmp_path / "t").glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Kathmandu"])
+def test_cached_minute_text_equals_direct_formatting(zone: str) -> None:
+    """report._when caches by minute; every second around DST changes (Berlin: 1 h, Lord Howe: 30 min)
+    and in a +5:45 zone reads as datetime formats it directly."""
+    from zoneinfo import ZoneInfo
+
+    tz = ZoneInfo(zone)
+    starts = [datetime(2026, 3, 29, 0, 58, tzinfo=UTC), datetime(2026, 10, 25, 0, 58, tzinfo=UTC),
+              datetime(2026, 4, 4, 14, 58, tzinfo=UTC), datetime(2026, 10, 3, 15, 28, tzinfo=UTC)]
+    for start in starts:
+        base = int(start.timestamp())
+        for ts in range(base - 7, base + 240, 7):
+            want = datetime.fromtimestamp(ts, UTC).astimezone(tz).strftime("%Y-%m-%d %H:%M %Z")
+            assert report._when(ts, tz) == want, (zone, ts)
+    assert report._when(None, tz) is None

@@ -101,12 +101,18 @@ def _tz(cfg: Config) -> Any:
         return UTC
 
 
-@lru_cache(maxsize=1 << 16)
 def _when(ts: int | None, tz: Any) -> str | None:
-    """``ts`` as local time text (cached: a report's findings share their bucket-aligned times)."""
+    """``ts`` as local time text to the minute."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).astimezone(tz).strftime("%Y-%m-%d %H:%M %Z")
+    return _minute(int(ts // 60), tz)
+
+
+@lru_cache(maxsize=1 << 16)
+def _minute(minute: int, tz: Any) -> str:
+    """The text of one minute (cached: a week of findings falls into ~10,000 minutes; time zones change
+    offset on whole minutes, so every second of a minute reads the same)."""
+    return datetime.fromtimestamp(minute * 60, UTC).astimezone(tz).strftime("%Y-%m-%d %H:%M %Z")
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
