@@ -34,7 +34,7 @@ CHUNK = 2000  # rows converted and written at a time: memory is one chunk, not t
 CSV_DEFAULT_FIELDS = ["id", "kind", "cluster", "job_id", "job_name", "user", "account", "team", "gpu_hours",
                       "idle_gpu_hours", "cost"]
 # evidence no report row shows (finding_row reads job, reservation, gpus, means, coverage, rule, hints and the
-# sparkline): SQLite drops it before Python decodes the JSON (a third of each finding's evidence); its
+# sparkline): SQLite drops it before Python decodes the JSON (nearly half of each finding's evidence); its
 # json_remove copies the numbers that remain as written, so the decoded values are the same
 UNSHOWN = "'$.thresholds', '$.right_size'"
 ORDER = " ORDER BY f.cost DESC, f.idle_gpu_hours DESC, f.gpu_hours DESC, f.id"
@@ -86,7 +86,7 @@ class _Spool:
 def _findings(conn: Connection, kinds: tuple[str, ...], run_id: int) -> Iterator[dict[str, Any]]:
     """The run's findings of ``kinds`` in table order. The order is taken over ids alone, then the rows
     (evidence of a few KB each) are read by id in chunks: sorting the whole rows made the database move
-    every evidence blob through its sorter."""
+    every evidence blob through its sorter. Memory: the ids (one integer per finding) and one chunk."""
     marks = ", ".join(f":k{i}" for i in range(len(kinds)))
     params = {"run": run_id, **{f"k{i}": k for i, k in enumerate(kinds)}}
     ids = [r[0] for r in conn.execute(text(
@@ -99,7 +99,7 @@ def _findings(conn: Connection, kinds: tuple[str, ...], run_id: int) -> Iterator
         part = ids[i:i + CHUNK]  # integers read from the store: safe to write into the statement
         by_id = text(sql + f" AND f.id IN ({', '.join(map(str, map(int, part)))})")
         got = {m["id"]: dict(m) for m in conn.execute(by_id, params).mappings().all()}
-        yield from (got[x] for x in part)
+        yield from (got[x] for x in part if x in got)  # one pruned meanwhile is left out, not an error
 
 
 def _stream(conn: Connection, sql: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
