@@ -37,12 +37,25 @@ CSV_DEFAULT_FIELDS = ["id", "kind", "cluster", "job_id", "job_name", "user", "ac
 # sparkline): SQLite drops it before Python decodes the JSON (nearly half of each finding's evidence); its
 # json_remove copies the numbers that remain as written, so the decoded values are the same
 UNSHOWN = "'$.thresholds', '$.right_size'"
+# a sparkline (an object of arrays of numbers) goes to the JSON export as SQLite writes it: minified, the
+# numbers as stored (i.e. as Python wrote them), which is what decoding and encoding it again would give
+_IS_SPARK = "json_type(f.evidence, '$.sparkline') IN ('object', 'array')"
+_SQLITE_EVIDENCE = (f"CASE WHEN {_IS_SPARK} THEN json_remove(f.evidence, {UNSHOWN}, '$.sparkline') "
+                    f"ELSE json_remove(f.evidence, {UNSHOWN}) END AS evidence, "
+                    f"CASE WHEN {_IS_SPARK} THEN json_extract(f.evidence, '$.sparkline') END AS sparkline_json,")
 ORDER = " ORDER BY f.cost DESC, f.idle_gpu_hours DESC, f.gpu_hours DESC, f.id"
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str, ensure_ascii=False, allow_nan=False)
+_NO_SPARKLINE = ',"sparkline":null}'
+
+
 def _dumps(obj: Any) -> str:
-    """Compact JSON exactly as render_json(..., compact=True) writes each part."""
-    return jsonsafe.dumps(obj, separators=(",", ":"), default=str, ensure_ascii=False)
+    """Compact JSON exactly as render_json(..., compact=True) writes each part (one encoder for all)."""
+    try:
+        return _ENCODER.encode(obj)
+    except ValueError:  # a NaN or infinity: jsonsafe writes null for it
+        return jsonsafe.dumps(obj, separators=(",", ":"), default=str, ensure_ascii=False)
 
 
 class Spooled:
@@ -65,16 +78,23 @@ class _Spool:
     def __init__(self, stack: ExitStack) -> None:
         self.fh: IO[str] = stack.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8"))
         self.count = 0
-        self.pending: list[dict[str, Any]] = []
+        self.pending: list[str] = []
 
-    def add(self, row: dict[str, Any]) -> None:
-        self.pending.append(row)
+    def add(self, row: dict[str, Any], sparkline: str | None = None) -> None:
+        """``row`` as JSON; ``sparkline``, when given, is the JSON text of its sparkline (the row's own
+        ``sparkline``, its last key, is then None), written as it is rather than decoded and encoded."""
+        text = _dumps(row)
+        if sparkline is not None:
+            if not text.endswith(_NO_SPARKLINE):
+                raise ValueError("a finding row must end with its sparkline")
+            text = text[:-len(_NO_SPARKLINE)] + ',"sparkline":' + sparkline + "}"
+        self.pending.append(text)
         if len(self.pending) >= CHUNK:
             self.flush()
 
     def flush(self) -> None:
         if self.pending:
-            self.fh.write(("," if self.count else "") + _dumps(self.pending)[1:-1])
+            self.fh.write(("," if self.count else "") + ",".join(self.pending))
             self.count += len(self.pending)
             self.pending = []
 
@@ -93,8 +113,9 @@ def _findings(conn: Connection, kinds: tuple[str, ...], run_id: int) -> Iterator
         f"SELECT f.id FROM findings f WHERE f.run_id = :run AND f.kind IN ({marks})" + ORDER), params)]
     sql = report.FINDING_SQL.format(kinds=marks)
     if conn.dialect.name == "sqlite":  # PostgreSQL's driver decodes the json column itself
-        assert "f.evidence," in sql
-        sql = sql.replace("f.evidence,", f"json_remove(f.evidence, {UNSHOWN}) AS evidence,", 1)
+        if "f.evidence," not in sql:
+            raise ValueError("FINDING_SQL must select f.evidence")
+        sql = sql.replace("f.evidence,", _SQLITE_EVIDENCE, 1)
     for i in range(0, len(ids), CHUNK):
         part = ids[i:i + CHUNK]  # integers read from the store: safe to write into the statement
         by_id = text(sql + f" AND f.id IN ({', '.join(map(str, map(int, part)))})")
@@ -171,10 +192,11 @@ def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *
         spools = {key: _Spool(files) for key in ("top_idle", *report.SECTION_KINDS)} if json_path else {}
         out = _CsvOut(_atomic(csv_path, files), cell)
         for m in _findings(conn, kinds, run_id):
+            spark = m.pop("sparkline_json", None)
             row = report.finding_row(m, tz)
             out.add(row)
             if spools:
-                spools[section[row["kind"]]].add(row)
+                spools[section[row["kind"]]].add(row, spark)
         out.close()
         if json_path is None:
             return
