@@ -256,8 +256,10 @@ def _quarantine(conn: Any, cluster: str, problems: Problems) -> None:
 
 def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | None = None,
             since: datetime | None = None, until: datetime | None = None, now: datetime | None = None,
-            progress: Progress | None = None) -> CollectSummary:
-    """Collect every configured source once (allocations first, then telemetry), per cluster."""
+            progress: Progress | None = None, parallel: int | None = None) -> CollectSummary:
+    """Collect every configured source once (allocations first, then telemetry), per cluster; with
+    ``parallel`` (default ``collect.parallel``) other than 1 and several clusters, each cluster in a worker
+    process (:func:`collect_parallel`)."""
     now = now or utcnow()
     summary = CollectSummary()
     bucket = cfg.store.bucket_seconds
@@ -269,17 +271,111 @@ def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | 
     for name in clusters or []:
         if name not in known:
             raise GpuAuditError(f"unknown cluster {name!r} (configured: {', '.join(sorted(known)) or 'none'})")
-    for cluster in cfg.clusters:
-        if clusters and cluster.name not in clusters:
-            continue
-        for role in ("allocations", "telemetry"):
-            for i, src in enumerate(getattr(cluster, role)):
-                key = source_key(role, i, src)
-                try:
-                    window = plan_window(store, cluster, key, bucket, now, since, until, role)
-                except GpuAuditError as exc:
-                    summary.results.append(SourceResult(cluster.name, key, False, "", "", str(exc)))
-                    continue
-                summary.results.append(collect_source(store, cfg, cluster, role, i, src, window, base_dir,
-                                                      progress=progress))
+    chosen = [c for c in cfg.clusters if not clusters or c.name in clusters]
+    workers = workers_for(cfg.collect.parallel if parallel is None else parallel, len(chosen), store)
+    if workers > 1:
+        summary.results = collect_parallel(store, cfg, chosen, workers, base_dir=base_dir, since=since,
+                                           until=until, now=now, progress=progress)
+        return summary
+    for cluster in chosen:
+        summary.results += collect_cluster(store, cfg, cluster, base_dir=base_dir, since=since, until=until,
+                                           now=now, progress=progress)
     return summary
+
+
+def collect_cluster(store: Store, cfg: Config, cluster: ClusterConfig, *, base_dir: Path,
+                    since: datetime | None, until: datetime | None, now: datetime,
+                    progress: Progress | None = None) -> list[SourceResult]:
+    """Every source of one cluster, allocations first, each failing alone."""
+    out = []
+    for role in ("allocations", "telemetry"):
+        for i, src in enumerate(getattr(cluster, role)):
+            key = source_key(role, i, src)
+            try:
+                window = plan_window(store, cluster, key, cfg.store.bucket_seconds, now, since, until, role)
+            except GpuAuditError as exc:
+                out.append(SourceResult(cluster.name, key, False, "", "", str(exc)))
+                continue
+            out.append(collect_source(store, cfg, cluster, role, i, src, window, base_dir, progress=progress))
+    return out
+
+
+def workers_for(parallel: int, clusters: int, store: Store) -> int:
+    """Worker processes to use: ``parallel`` (0 = one per cluster up to the CPU count), never more than the
+    clusters; 1 (in this process) for an in-memory SQLite store, which another process cannot open."""
+    import os
+
+    url = store.engine.url
+    if url.get_backend_name() == "sqlite" and (url.database or ":memory:") == ":memory:":
+        return 1
+    n = parallel or os.cpu_count() or 1
+    return max(1, min(n, clusters))
+
+
+def _worker(send: Any, url: str, batch_rows: int, cfg: Config, name: str, base_dir: str,
+            window: tuple[datetime | None, datetime | None, datetime], level: int) -> None:
+    """A worker process (spawned): one cluster through its own store connection, records streamed in
+    batches by Store.ingest; its results, or one line saying why it failed, go back through ``send``."""
+    from auditor.logs import setup_logging
+
+    setup_logging(level)
+    store = Store.open(url, batch_rows)
+    try:
+        cluster = next(c for c in cfg.clusters if c.name == name)
+        since, until, now = window
+        send.send(collect_cluster(store, cfg, cluster, base_dir=Path(base_dir), since=since, until=until,
+                                  now=now))
+    except Exception as exc:  # anything else fails this cluster only
+        send.send(f"{type(exc).__name__}: {_one_line(str(getattr(exc, 'orig', None) or exc))}")
+    finally:
+        store.engine.dispose()
+        send.close()
+
+
+def collect_parallel(store: Store, cfg: Config, clusters: list[ClusterConfig], workers: int, *,
+                     base_dir: Path, since: datetime | None, until: datetime | None, now: datetime,
+                     progress: Progress | None = None, target: Callable[..., None] = _worker
+                     ) -> list[SourceResult]:
+    """Each cluster in a spawned worker process, at most ``workers`` at a time. Memory per worker is one
+    ingest batch (``store.batch_rows``), not a cluster's records. SQLite writers queue on the write lock
+    (BEGIN IMMEDIATE and the busy timeout); PostgreSQL takes them concurrently. A cluster whose worker
+    fails or dies gets one failed result; the others land. Results come back in configuration order."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("spawn")
+    url = store.engine.url.render_as_string(hide_password=False)
+    level = logging.getLogger("gpu_audit").getEffectiveLevel()
+    todo, running, done = list(clusters), {}, {}
+    try:
+        while todo or running:
+            while todo and len(running) < workers:
+                c = todo.pop(0)
+                recv, send = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=target, name=f"gpu-audit collect {c.name}", daemon=True,
+                                args=(send, url, store.batch_rows, cfg, c.name, str(base_dir),
+                                      (since, until, now), level))
+                p.start()
+                send.close()
+                running[recv] = (c, p)
+            for recv in wait(list(running)):
+                c, p = running.pop(recv)
+                try:
+                    got: Any = recv.recv()
+                except EOFError:
+                    got = None
+                recv.close()
+                p.join()
+                if not isinstance(got, list):
+                    why = got or f"the worker process died (exit code {p.exitcode})"
+                    got = [SourceResult(c.name, "worker", False, "", "", f"collecting {c.name} failed: {why}")]
+                    log.error("%s failed: %s", c.name, got[0].error)
+                done[c.name] = got
+                for r in got:
+                    if progress and r.ok:
+                        progress(f"{r.cluster} {r.source}", sum(v for v in r.stats.values()
+                                                                if isinstance(v, int)), True)
+    finally:
+        for _, p in running.values():
+            p.terminate()
+    return [r for c in clusters for r in done[c.name]]

@@ -159,6 +159,12 @@ class ClusterConfig(Strict):
 
 #: Node event kinds (:data:`auditor.records.NODE_EVENT_KINDS`)
 InfraKind = Literal["xid", "throttle", "ecc_dbe", "row_remap", "drain", "down", "not_ready", "cordoned"]
+class CollectConfig(Strict):
+    parallel: int = Field(1, ge=0, le=256, description="Clusters collected at once, each in its own worker "
+                          "process that streams its records to the store in batches (`gpu-audit collect "
+                          "--parallel N` overrides). 1: one cluster after another in this process (connector "
+                          "state such as a Kubernetes watch is kept between a daemon's collections); 0: one "
+                          "worker per cluster, at most the number of CPUs.")
 
 
 class Thresholds(Strict):
@@ -432,6 +438,7 @@ class Channel(Strict):
 class Config(Strict):
     store: StoreConfig = Field(default_factory=StoreConfig, description="The SQL store.")
     clusters: list[ClusterConfig] = Field(default_factory=list, description="Clusters to audit.")
+    collect: CollectConfig = Field(default_factory=CollectConfig, description="How clusters are collected.")
     thresholds: Thresholds = Field(default_factory=Thresholds, description="Verdict and finding rules.")
     prices: PriceCard = Field(default_factory=PriceCard, description="Price card.")
     energy: EnergyConfig = Field(default_factory=EnergyConfig, description="Energy and carbon: idle power "

@@ -17,19 +17,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _bench(tmp_path: Path, *args: str) -> tuple[str, dict]:
     out = tmp_path / "figures.json"
-    proc = subprocess.run([sys.executable, "-m", "bench", "--days", "1", "--out", str(tmp_path / "cache"),
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path / "cache"),
                            "--json", str(out), *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text())
 
 
+def _table(text: str) -> dict[str, list[str]]:
+    """The closing table's rows by figure name (columns split on runs of two or more spaces)."""
+    import re
+
+    lines = text.split("targets (ratio = value / target)\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert re.split(r"\s{2,}", lines[0].strip()) == ["figure", "value", "target", "ratio", "status"]
+    return {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", x.strip()) for x in lines[1:])}
+
+
 def test_bench_smoke_sqlite(tmp_path: Path) -> None:
-    text, figures = _bench(tmp_path, "--sizes", "32,64", "--ingest-gpus", "16", "--ingest-days", "1",
-                           "--pg-sizes", "")
+    text, figures = _bench(tmp_path)
     assert "Store.ingest" in text and "raw sqlite3 executemany" in text
-    assert "audit/floor" in text and "peak RSS" in text and "scaling 32 -> 64" in text
-    assert "render" in text and "targets" in text
     ing = figures["ingest"]
     assert ing["rows"] == 16 * 288 and ing["store_rows_s"] > 0 and ing["raw_rows_s"] > 0
     sizes = [r["gpus"] for r in figures["sqlite"]]
@@ -37,16 +43,38 @@ def test_bench_smoke_sqlite(tmp_path: Path) -> None:
     for r in figures["sqlite"]:
         assert r["rows"] > 0.9 * r["gpus"] * 288 and r["audit_s"] > 0 and r["floor_s"] > 0
         assert r["rss_mib"] > 0 and r["allocations"] > 0
-    assert figures["sqlite"][-1]["render_s"] is None or figures["sqlite"][-1]["render_s"] > 0
+    rows = _table(text)
+    # every figure of the issue is in the one table, with its target and ratio where it has one
+    for name in ("SQLite ingest: Store.ingest", "SQLite audit/floor 64 GPUs", "SQLite judge/floor 64 GPUs",
+                 "SQLite peak RSS 64 GPUs", "SQLite scaling 32 -> 64 GPUs (2x data)",
+                 "render all formats, {:,} allocations".format(figures["render"]["allocations"]),
+                 "render json+csv", "legacy render all formats (before)",
+                 "SQLite collect 2 clusters sequential", "SQLite collect speed-up (sequential / parallel)"):
+        assert name in rows, (name, sorted(rows))
+    assert rows["SQLite scaling 32 -> 64 GPUs (2x data)"][1] == "<= 2.25x"  # 4.5x per 4x data, pro rata
+    floor = rows["SQLite audit/floor 64 GPUs"]
+    assert floor[1] == "<= 10.00x" and floor[3].split()[0] in ("met", "MISSED")
+    r = figures["render"]
+    assert r["identical"] is True and r["new"]["total_s"] > 0
+    assert r["allocations"] == figures["sqlite"][-1]["allocations"]
+    (c,) = figures["collect"]
+    assert c["allocations"] > 0 and c["buckets"] > 0 and c["sequential_s"] > 0 and c["parallel_s"] > 0
+    assert {x["name"].strip() for x in figures["rows"]} == set(rows)
     # the second run reuses the cached stores (generation is reported, not redone)
-    text2, figures2 = _bench(tmp_path, "--sizes", "64", "--ingest-gpus", "0", "--pg-sizes", "")
+    text2, figures2 = _bench(tmp_path, "--gpus", "64", "--only", "audit")
     assert figures2["sqlite"][0]["reused"] is True and "(cached)" in text2
+    assert "render" not in figures2 and "SQLite audit 64 GPUs" in _table(text2)
 
 
 @pytest.mark.service
 def test_bench_smoke_postgresql(tmp_path: Path) -> None:
     need(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432 is not running")
-    text, figures = _bench(tmp_path, "--sizes", "", "--ingest-gpus", "0", "--pg-sizes", "32")
+    text, figures = _bench(tmp_path, "--engines", "postgresql", "--gpus", "32", "--ingest-gpus", "4")
     assert "PostgreSQL audit" in text and "audit/floor" in text
     (r,) = figures["pg"]
     assert r["rows"] > 0.9 * 32 * 288 and r["audit_s"] > 0 and r["floor_s"] > 0 and r["ingest_rows"] == r["rows"]
+    rows = _table(text)
+    assert "PostgreSQL audit/floor 32 GPUs" in rows and "PostgreSQL peak RSS 32 GPUs" in rows
+    assert "PostgreSQL collect speed-up (sequential / parallel)" in rows
+    if "pg_ingest" in figures:
+        assert any(name.startswith("PostgreSQL ingest") for name in rows)

@@ -83,9 +83,14 @@ def register(main: click.Group) -> None:
     @click.option("--cluster", "clusters", multiple=True, help="Only this cluster (repeatable).")
     @time_option("--since", "Re-read from this time instead of the watermark (backfill).")
     @time_option("--until", "Read up to this time (default now).")
+    @click.option("--parallel", type=click.IntRange(0, 256), default=None, metavar="N",
+                  help="Collect N clusters at once, each in a worker process (0: one per cluster up to the CPU "
+                       "count; 1: one after another; default: collect.parallel).")
     @pass_app
-    def collect(app: App, clusters: tuple[str, ...], since: str | None, until: str | None) -> None:
-        """Read allocations and telemetry from every configured source into the store."""
+    def collect(app: App, clusters: tuple[str, ...], since: str | None, until: str | None,
+                parallel: int | None) -> None:
+        """Read allocations and telemetry from every configured source into the store. Exit 0 ok, 1 every
+        source failed, 3 partial (some failed, the others were stored)."""
         from auditor.collect import collect as do_collect
         from auditor.timeutil import parse_time
 
@@ -95,7 +100,7 @@ def register(main: click.Group) -> None:
         except ValueError as exc:
             raise GpuAuditError(str(exc)) from None
         summary = do_collect(app.store(), app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,
-                             since=s, until=u, progress=_progress(app))
+                             since=s, until=u, progress=_progress(app), parallel=parallel)
         app.emit(summary.as_dict(), lambda: "\n".join(
             f"{r.cluster} {r.source}: " + (f"WARNING: {r.warning}" if r.ok and r.warning else
                                            f"ok ({r.stats.get('allocations', 0)} allocations, "

@@ -8,15 +8,17 @@ numbers cannot disagree between them. Long tables are cut at ``report.top_n`` wi
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import Connection, select, text
 
-from auditor.config import Config, Thresholds
+from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.report import sizing
 from auditor.report.nodes import nodes_section
+from auditor.report.words import ADVICE, DEFINITIONS, judged_in_words
 from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
@@ -29,80 +31,6 @@ SECTION_KINDS = {"episodes": ("idle_episode",), "reservations": ("idle_reservati
                  "queue_findings": ("idle_while_queued", "idle_quota")}
 TREND_WEEKS = 5
 
-ADVICE = {
-    "idle_allocation": "Release the GPUs when the job is not computing (scancel / delete the pod); "
-                       "for interactive work request a short time limit.",
-    "util_mirage": "GPU-Util reads busy but the SMs do no work: look for a process spinning or waiting on "
-                   "input, fix it or release the GPUs.",
-    "hung_collective": "The job is stuck, not slow: GPU-Util reads busy at idle power with memory held on "
-                       "several GPUs, the signature of a hung NCCL collective. Cancel it, and run with "
-                       "NCCL_DEBUG=INFO and a collective timeout (e.g. TORCH_NCCL_ASYNC_ERROR_HANDLING=1).",
-    "ghost_busy": "For operations: GPU-Util reads busy with no memory in use, so no process holds the GPU; "
-                  "a driver or hardware state. Check nvidia-smi and the XID log, reset or drain the GPU; "
-                  "the user is not at fault.",
-    "idle_gpus": "Right-size: request only the GPUs the job actually uses.",
-    "idle_episode": "Checkpoint and release the GPUs during long pauses instead of holding them.",
-    "low_efficiency": "Use a MIG slice or fewer GPUs, or profile the input pipeline.",
-    "idle_reservation": "Shrink or cancel the reservation, or let other jobs use it.",
-    "unmonitored": "Fix the GPU exporter on these nodes: without samples the time cannot be judged.",
-    "request_hygiene": "Request time limits close to the runtime (shorter jobs start sooner through backfill) "
-                       "and only the GPUs the job uses.",
-    "idle_while_queued": "Other GPU jobs waited in this partition while these GPUs were idle: release them "
-                         "when not computing, so the queue moves.",
-    "idle_quota": "For operations: the quota holds more GPUs than its jobs use; lower it or lend the rest.",
-    "lemon_node": "For operations: this node faulted again and again (XID errors, throttling, ECC or row "
-                  "remapping, drains): take it out for repair or RMA; its users are not billed for that time.",
-}
-
-DEFINITIONS = {
-    "idle": "A reserved GPU is idle in a time bucket when DCGM SM activity is below {idle_sm:.0%}, DRAM "
-            "activity below {idle_dram:.0%} and Tensor activity below {idle_tensor:.0%}. When GPU-Util "
-            "still reads {mirage_gpu_util:.0%} or more it is a mirage: the dashboard says busy, the chip "
-            "does no work. Idle GPU-hours count idle and mirage time. Without profiling fields GPU-Util judges: "
-            "below {idle_util:.0%} is idle-by-util (low confidence), otherwise busy-unverified (observed, "
-            "work not verifiable, never idle). Time without samples is unknown, never idle, and never billed "
-            "as idle.",
-    "effective": "Effective GPU-hours are the reserved GPU-hours weighted by SM activity (an hour at 30% "
-                 "SM activity is 0.3 effective GPU-hours): the work actually done. Cost per effective "
-                 "GPU-hour is the reserved cost divided by them; with perfect use it equals the price.",
-}
-
-
-def judged_in_words(th: dict[str, Any]) -> list[str]:
-    """How the run judged, as sentences a manager reads (the report's "How this was judged")."""
-    d = Thresholds().model_dump()
-
-    def g(k: str) -> Any:
-        return th.get(k, d[k]) if th.get(k) is not None else d[k]
-
-    def p(k: str) -> str:
-        return f"{g(k):.0%}"
-
-    out = [f"A reserved GPU counts as idle while its SMs are active less than {p('idle_sm')} of the time, "
-           f"memory bandwidth is below {p('idle_dram')} and the Tensor cores below {p('idle_tensor')}.",
-           f"If the dashboard's GPU-Util still reads {p('mirage_gpu_util')} or more at such a time, the idle time "
-           "is a mirage: nvidia-smi says busy, the chip does no work. Mirage time counts as idle.",
-           f"Between {p('idle_sm')} and {p('working_sm')} SM activity a GPU is in low use; from "
-           f"{p('working_sm')} it is working."]
-    if g("util_fallback"):
-        out.append(f"GPUs that report only GPU-Util are judged by it, with low confidence: below {p('idle_util')} "
-                   "is idle" + (f" when power is also under {g('idle_power_w'):g} W." if th.get("idle_power_w")
-                                 else "."))
-    else:
-        out.append("GPUs that report only GPU-Util are not judged: their time is unknown.")
-    out += [f"A job is an idle allocation when at least {p('idle_allocation_fraction')} of its observed time "
-            f"was idle and it reserved at least {g('idle_allocation_min_gpu_hours'):g} GPU-hours.",
-            f"One GPU of a multi-GPU job is reported when it was idle {p('idle_gpus_fraction')} of its time while "
-            "another GPU of the job worked.",
-            f"A GPU-Util mirage is reported once it lasts {g('mirage_min_minutes'):g} minutes.",
-            f"Idle spells of {g('episode_hours'):g} hours or more inside otherwise working jobs are idle episodes.",
-            f"Jobs averaging under {p('low_efficiency_sm')} SM activity over at least "
-            f"{g('low_efficiency_min_gpu_hours'):g} observed GPU-hours are low efficiency.",
-            f"A GPU with telemetry for less than {p('unmonitored_coverage')} of its reserved time is unmonitored: "
-            "its time is unknown and never billed as idle."]
-    return out
-
-
 def _tz(cfg: Config) -> Any:
     try:
         return ZoneInfo(cfg.report.timezone)
@@ -111,9 +39,17 @@ def _tz(cfg: Config) -> Any:
 
 
 def _when(ts: int | None, tz: Any) -> str | None:
+    """``ts`` as local time text to the minute."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).astimezone(tz).strftime("%Y-%m-%d %H:%M %Z")
+    return _minute(int(ts // 60), tz)
+
+
+@lru_cache(maxsize=1 << 16)
+def _minute(minute: int, tz: Any) -> str:
+    """The text of one minute (cached: a week of findings falls into ~10,000 minutes; time zones change
+    offset on whole minutes, so every second of a minute reads the same)."""
+    return datetime.fromtimestamp(minute * 60, UTC).astimezone(tz).strftime("%Y-%m-%d %H:%M %Z")
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -151,27 +87,41 @@ def _usage_row(r: dict[str, Any]) -> dict[str, Any]:
             "cost_per_effective_gpu_hour": reserved_cost / effective if effective > 0 else None}
 
 
-def usage_groups(conn: Connection, run_id: int, keys: list[str], *, full: bool, top_n: int
-                 ) -> dict[str, Any]:
-    """Usage summed by ``keys`` (columns of usage_allocation ``u`` or allocations ``a``), worst first."""
-    cols = ", ".join(f"{k} AS {k.split('.')[1]}" for k in keys)
-    base = (f"SELECT {cols}, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a "
-            f"ON a.id = u.allocation_id WHERE u.run_id = :run GROUP BY {', '.join(keys)}")
-    order = " ORDER BY idle_cost DESC, reserved_s DESC, " + ", ".join(k.split(".")[1] for k in keys)
-    rows = []
-    for r in conn.execute(text(base + order + _limit(full, top_n)), {"run": run_id}):
-        m = dict(r._mapping)
-        rows.append({**{k.split(".")[1]: m[k.split(".")[1]] for k in keys}, **_usage_row(m)})
-    total = conn.execute(text(f"SELECT COUNT(*) FROM ({base}) g"), {"run": run_id}).scalar() or 0
+def usage_totals(conn: Connection, run_id: int) -> dict[str, Any]:
+    """The run's usage summed over every allocation (the totals row of the team and account tables)."""
     tot = conn.execute(text(f"SELECT {USAGE_SUMS} FROM usage_allocation u WHERE u.run_id = :run"),
                        {"run": run_id}).one()._mapping
-    totals = _usage_row(dict(tot))
-    peak = max((r["idle_gpu_hours"] for r in rows), default=0.0)
-    for r in rows:
+    return _usage_row(dict(tot))
+
+
+def usage_group_rows(conn: Connection, run_id: int, keys: list[str]) -> list[dict[str, Any]]:
+    """Usage summed by ``keys`` (columns of usage_allocation ``u`` or allocations ``a``), worst first: every
+    group (groups are teams and accounts, not allocations, so the list stays short). Every usage row has
+    its allocation (ON DELETE CASCADE), so grouping by usage columns alone needs no join."""
+    names = [k.split(".")[1] for k in keys]
+    cols = ", ".join(f"{k} AS {n}" for k, n in zip(keys, names, strict=True))
+    join = "" if all(k.startswith("u.") for k in keys) else " JOIN allocations a ON a.id = u.allocation_id"
+    sql = (f"SELECT {cols}, {USAGE_SUMS} FROM usage_allocation u{join} WHERE u.run_id = :run "
+           f"GROUP BY {', '.join(keys)}"
+           " ORDER BY idle_cost DESC, reserved_s DESC, " + ", ".join(names))
+    rows = []
+    for r in conn.execute(text(sql), {"run": run_id}):
+        m = r._mapping
+        rows.append({**{n: m[n] for n in names}, **_usage_row(dict(m))})
+    return rows
+
+
+def group_table(rows: list[dict[str, Any]], totals: dict[str, Any], *, full: bool, top_n: int
+                ) -> dict[str, Any]:
+    """A usage table of ``rows`` (from :func:`usage_group_rows`), cut at ``top_n`` unless ``full``, with
+    bars relative to the rows shown."""
+    shown = [dict(r) for r in (rows if full else rows[:top_n])]
+    peak = max((r["idle_gpu_hours"] for r in shown), default=0.0)
+    for r in shown:
         r["bar"] = r["idle_gpu_hours"] / peak if peak > 0 else 0.0
         r["reserved_bar"] = r["reserved_gpu_hours"] / totals["reserved_gpu_hours"] \
             if totals["reserved_gpu_hours"] else 0.0
-    return _table(rows, int(total), totals)
+    return _table(shown, len(rows), totals)
 
 
 FINDING_SQL = ("SELECT f.id, f.kind, f.cluster, f.allocation_id, f.reservation_id, f.account, f.user_name, "
@@ -223,6 +173,13 @@ def findings_table(conn: Connection, run_id: int, kinds: tuple[str, ...], tz: An
                                           "cost": agg.c or 0.0})
 
 
+SILENT_SQL = ("FROM gpu_inventory i WHERE NOT EXISTS (SELECT 1 FROM telemetry_gpus t JOIN gpu_buckets b "
+              "ON b.gpu_id = t.id WHERE t.cluster = i.cluster AND t.host = i.host AND t.gpu_index = "
+              "i.gpu_index AND b.bucket_ts >= :s AND b.bucket_ts < :u AND b.samples > 0)")
+SILENT_ROWS = ("SELECT i.cluster, i.host, i.gpu_index, i.model " + SILENT_SQL
+               + " ORDER BY i.cluster, i.host, i.gpu_index")
+
+
 def coverage_section(conn: Connection, run: dict[str, Any], cfg: Config, *, full: bool) -> dict[str, Any]:
     """Where telemetry is missing: per cluster coverage, unmonitored GPUs, inventory GPUs never heard of."""
     p = {"run": run["id"], "s": run["since_ts"], "u": run["until_ts"],
@@ -235,13 +192,8 @@ def coverage_section(conn: Connection, run: dict[str, Any], cfg: Config, *, full
         "SUM(CASE WHEN attribution = 'unattributed' THEN 1 ELSE 0 END) AS unattr, "
         "SUM(CASE WHEN observed_s < :cov * reserved_s THEN reserved_s ELSE 0 END) AS unmon_s "
         "FROM usage_gpu WHERE run_id = :run AND reserved_s > 0"), p).one()
-    silent_sql = ("FROM gpu_inventory i WHERE NOT EXISTS (SELECT 1 FROM telemetry_gpus t JOIN gpu_buckets b "
-                  "ON b.gpu_id = t.id WHERE t.cluster = i.cluster AND t.host = i.host AND t.gpu_index = "
-                  "i.gpu_index AND b.bucket_ts >= :s AND b.bucket_ts < :u AND b.samples > 0)")
-    silent = [dict(r._mapping) for r in conn.execute(text(
-        "SELECT i.cluster, i.host, i.gpu_index, i.model " + silent_sql + " ORDER BY i.cluster, i.host, "
-        "i.gpu_index" + _limit(full, cfg.report.top_n)), p)]
-    silent_total = conn.execute(text("SELECT COUNT(*) " + silent_sql), p).scalar() or 0
+    silent = [dict(r._mapping) for r in conn.execute(text(SILENT_ROWS + _limit(full, cfg.report.top_n)), p)]
+    silent_total = conn.execute(text("SELECT COUNT(*) " + SILENT_SQL), p).scalar() or 0
     inventory = conn.execute(text("SELECT COUNT(*) FROM gpu_inventory")).scalar() or 0
     return {"clusters": clusters, "allocated_gpus": int(g.n or 0), "unmonitored_gpus": int(g.unmon or 0),
             "unattributed_gpus": int(g.unattr or 0), "unmonitored_gpu_hours": (g.unmon_s or 0.0) / H,
@@ -317,12 +269,19 @@ def run_for_window(store: Store, since: datetime, until: datetime) -> int:
 
 
 def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
-                  now: datetime | None = None) -> dict[str, Any]:
-    """Everything a report shows about run ``run_id``; ``full`` keeps every table row (JSON export)."""
+                  now: datetime | None = None, keep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything a report shows about run ``run_id``; ``full`` keeps every table row (JSON export).
+    ``keep``, when given, receives the uncut team and account tables (the streamed JSON export uses them
+    rather than query them again)."""
     tz = _tz(cfg)
     n = cfg.report.top_n
     with store.engine.connect() as conn:
         run = load_run(conn, run_id)
+        totals = usage_totals(conn, run_id)
+        groups = {"teams": usage_group_rows(conn, run_id, ["u.team"]),
+                  "accounts": usage_group_rows(conn, run_id, ["a.cluster", "a.account", "u.team"])}
+        if keep is not None:
+            keep.update({k: group_table(v, totals, full=True, top_n=n) for k, v in groups.items()})
         summary = dict(run["summary"] or {})
         th = dict(run["thresholds"] or cfg.thresholds.model_dump())
         ctx: dict[str, Any] = {
@@ -332,26 +291,22 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
                     "days": (run["until_ts"] - run["since_ts"]) / 86400.0},
             "currency": summary.get("currency") or cfg.prices.currency, "top_n": n, "full": full,
             "headline": headline(summary),
-            "teams": usage_groups(conn, run_id, ["u.team"], full=full, top_n=n),
-            "accounts": usage_groups(conn, run_id, ["a.cluster", "a.account", "u.team"], full=full, top_n=n),
+            "teams": group_table(groups["teams"], totals, full=full, top_n=n),
+            "accounts": group_table(groups["accounts"], totals, full=full, top_n=n),
             "top_idle": findings_table(conn, run_id, IDLE_KINDS, tz, full=full, top_n=n,
                                        where=" AND f.allocation_id IS NOT NULL"),
             # GPUs nobody held that read busy: for operations, no reserved or idle hours
             "ghosts": findings_table(conn, run_id, ("ghost_busy",), tz, full=full, top_n=n,
                                      where=" AND f.allocation_id IS NULL"),
-            "right_sizing": sizing.right_sizing(summary, full=full, top_n=n),
-            "request_hygiene": sizing.request_hygiene(conn, run_id, full=full, top_n=n,
-                                                      teams=summary.get("request_hygiene_by_team")),
             "coverage": coverage_section(conn, run, cfg, full=full),
             "trend": trend(conn, run, tz), "thresholds": th,
             "capacity": list(summary.get("capacity") or []),
-            "nodes": nodes_section(summary, th, lambda ts: _when(ts, tz), full=full, top_n=n),
             "energy": summary.get("energy"),
-            "opportunity": opportunity_section(summary, full=full, top_n=n),
             "judged": judged_in_words(th),
             "verification": verification_section(summary),
             "definitions": {k: v.format(**{**cfg.thresholds.model_dump(), **th}) for k, v in DEFINITIONS.items()},
             "files": {"json": f"report-{run_id}.json", "csv": f"findings-{run_id}.csv"},
+            **summary_sections(conn, run_id, summary, th, tz, full=full, top_n=n),
         }
         for key, kinds in SECTION_KINDS.items():
             ctx[key] = findings_table(conn, run_id, kinds, tz, full=full, top_n=n)
@@ -360,6 +315,22 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
     ctx["enforcement"] = report_section(store, cfg, run["since_ts"], int((now or utcnow()).timestamp()),
                                         lambda ts: _when(ts, tz))
     return ctx
+
+
+def summary_sections(conn: Connection, run_id: int, summary: dict[str, Any], th: dict[str, Any], tz: Any, *,
+                     full: bool, top_n: int) -> dict[str, Any]:
+    """The sections made from the run summary (and small per-user reads), cut at top_n unless ``full``: the
+    streamed JSON export (:mod:`auditor.report.export`) rebuilds exactly these uncut."""
+    return {"right_sizing": sizing.right_sizing(summary, full=full, top_n=top_n),
+            "request_hygiene": sizing.request_hygiene(conn, run_id, full=full, top_n=top_n,
+                                                      teams=summary.get("request_hygiene_by_team")),
+            "nodes": nodes_section(summary, th, lambda ts: _when(ts, tz), full=full, top_n=top_n),
+            "opportunity": opportunity_section(summary, full=full, top_n=top_n)}
+
+
+#: Finding kinds shown in no findings table of their own but listed in the findings CSV (request_hygiene
+#: per user, lemon_node per node: their report sections are built from the run summary)
+CSV_ONLY_KINDS = ("request_hygiene", "lemon_node")
 
 
 def opportunity_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[str, Any] | None:
@@ -407,8 +378,7 @@ def headline(s: dict[str, Any]) -> dict[str, Any]:
 def findings_csv_rows(store: Store, cfg: Config, run_id: int) -> list[dict[str, Any]]:
     """Every finding of the run, flat, for the CSV the cut tables point to."""
     tz = _tz(cfg)
-    kinds = tuple(sorted({*IDLE_KINDS, "request_hygiene", "lemon_node",
-                          *[k for ks in SECTION_KINDS.values() for k in ks]}))
+    kinds = tuple(sorted({*IDLE_KINDS, *CSV_ONLY_KINDS, *[k for ks in SECTION_KINDS.values() for k in ks]}))
     with store.engine.connect() as conn:
         table = findings_table(conn, run_id, kinds, tz, full=True, top_n=0)
     return [{k: v for k, v in r.items() if k != "sparkline"} for r in table["rows"]]

@@ -11,6 +11,7 @@ import copy
 import csv
 import re
 from collections.abc import Iterable
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from auditor import jsonsafe
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.report import charts
-from auditor.report.context import build_context, findings_csv_rows
+from auditor.report.context import build_context
 from auditor.store.engine import Store, resource_dir
 
 FORMATS = ("html", "text", "md", "json")
@@ -51,6 +52,9 @@ def plain(value: Any) -> str:
     """Text-safe: no control characters (terminal escapes, bidi overrides); newlines become spaces."""
     if value is None or isinstance(value, jinja2.runtime.Undefined):
         return ""
+    if type(value) is str and len(value) <= SHOWN_MAX and value.isprintable():
+        return value  # the common case: nothing to cut or strip (control, bidi and separator characters
+        # and newlines are all non-printable)
     if isinstance(value, Raw):
         return str(value)
     s = str(cap_shown(value)).replace("\r\n", " ").replace("\n", " ").replace("\r", " ").replace("\t", " ")
@@ -189,20 +193,31 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
         w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: _csv_cell(v) for k, v in r.items()})
+            w.writerow({k: csv_cell(v) for k, v in r.items()})
 
 
-def _csv_cell(v: Any) -> Any:
+_FORMULA = ("=", "+", "-", "@")
+
+
+def csv_cell(v: Any) -> Any:
+    """A CSV cell: text-safe, and a leading = + - @ (a spreadsheet formula) neutralised by a quote."""
+    if type(v) is str and len(v) <= SHOWN_MAX and v.isprintable():  # plain(v) is v itself
+        return "'" + v if v[:1] in _FORMULA else v
     if isinstance(v, str):
         v = plain(v)
-        if v[:1] in ("=", "+", "-", "@"):
+        if v[:1] in _FORMULA:
             return "'" + v
     return v
 
 
 def write_reports(store: Store, cfg: Config, run_id: int, out_dir: Path | str,
-                  formats: Iterable[str] = FORMATS) -> list[Path]:
-    """Write report-<run>.<ext> for each format plus findings-<run>.csv (what cut tables point to)."""
+                  formats: Iterable[str] = FORMATS, *, now: datetime | None = None) -> list[Path]:
+    """Write report-<run>.<ext> for each format plus findings-<run>.csv (what cut tables point to).
+
+    The report context is built once for every format; the JSON export (every row of every table) and the
+    CSV are streamed from the store in chunks (:mod:`auditor.report.export`), so memory stays bounded."""
+    from auditor.report.export import write_exports
+
     fmts = list(dict.fromkeys(formats)) or list(FORMATS)
     for f in fmts:
         if f not in FORMATS:
@@ -212,15 +227,16 @@ def write_reports(store: Store, cfg: Config, run_id: int, out_dir: Path | str,
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise GpuAuditError(f"cannot create report directory {out}: {exc.strerror}") from None
-    ctx = build_context(store, cfg, run_id)
+    groups: dict[str, Any] = {}
+    ctx = build_context(store, cfg, run_id, now=now, keep=groups)
     paths = []
     for f in fmts:
-        data = (render_json(build_context(store, cfg, run_id, full=True), compact=True) if f == "json"
-                else render(ctx, f))
         p = out / f"report-{run_id}.{EXT[f]}"
-        p.write_text(data, encoding="utf-8")
+        if f != "json":
+            p.write_text(render(ctx, f), encoding="utf-8")
         paths.append(p)
     csv_path = out / ctx["files"]["csv"]
-    write_csv(findings_csv_rows(store, cfg, run_id), csv_path)
+    write_exports(store, cfg, run_id, ctx, csv_path=csv_path, cell=csv_cell, groups=groups,
+                  json_path=out / f"report-{run_id}.json" if "json" in fmts else None)
     paths.append(csv_path)
     return paths
