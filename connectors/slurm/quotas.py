@@ -24,18 +24,22 @@ def _gpus(grp_tres: str) -> int:
     return tres_gpus(parse_tres(grp_tres))[0] if grp_tres.strip() else 0
 
 
-def from_qos_rows(rows: Iterator[tuple[int, dict[str, str] | str]], cluster: str, seen: datetime,
-                  bad: Bad) -> Iterator[GpuQuota]:
-    """QOS rows -> quotas of the QOS with a GPU limit; ``bad(lineno, why, text)`` for unreadable lines."""
+def _gpu_limits(rows: Iterator[tuple[int, dict[str, str] | str]], bad: Bad) -> Iterator[tuple[dict[str, str], float]]:
+    """Each readable row with the GPU count of its GrpTRES (0: no GPU limit); ``bad`` hears of the others."""
     for lineno, row in rows:
         if isinstance(row, str):
             bad(lineno, "wrong number of columns", row)
             continue
         try:
-            n = _gpus(row["GrpTRES"])
+            yield row, _gpus(row["GrpTRES"])
         except (ValueError, KeyError) as exc:
             bad(lineno, f"bad GrpTRES: {exc}", "|".join(row.values()))
-            continue
+
+
+def from_qos_rows(rows: Iterator[tuple[int, dict[str, str] | str]], cluster: str, seen: datetime,
+                  bad: Bad) -> Iterator[GpuQuota]:
+    """QOS rows -> quotas of the QOS with a GPU limit; ``bad(lineno, why, text)`` for unreadable lines."""
+    for row, n in _gpu_limits(rows, bad):
         if n > 0 and row["Name"]:
             yield GpuQuota(cluster=cluster, kind="qos", name=row["Name"], gpus=float(n), seen_at=seen)
 
@@ -43,18 +47,10 @@ def from_qos_rows(rows: Iterator[tuple[int, dict[str, str] | str]], cluster: str
 def from_assoc_rows(rows: Iterator[tuple[int, dict[str, str] | str]], cluster: str, slurm_cluster: str | None,
                     seen: datetime, bad: Bad) -> Iterator[GpuQuota]:
     """Account associations (no user) with a GPU limit, of ``slurm_cluster`` when one is configured."""
-    for lineno, row in rows:
-        if isinstance(row, str):
-            bad(lineno, "wrong number of columns", row)
-            continue
+    for row, n in _gpu_limits(rows, bad):
         if row.get("User") or not row.get("Account"):
             continue
         if slurm_cluster and row.get("Cluster") not in ("", slurm_cluster):
-            continue
-        try:
-            n = _gpus(row["GrpTRES"])
-        except (ValueError, KeyError) as exc:
-            bad(lineno, f"bad GrpTRES: {exc}", "|".join(row.values()))
             continue
         if n > 0:
             yield GpuQuota(cluster=cluster, kind="account", name=row["Account"], gpus=float(n), seen_at=seen)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -102,42 +103,37 @@ class RestBackend:
             v = self._negotiate(client)
             nodes = self.get(client, f"/slurm/{v}/nodes") or {}
             nodes_ok = isinstance(nodes.get("nodes"), list)
-            for i, node in enumerate(nodes.get("nodes") or []):
-                try:
-                    reading.inventory.extend(inv.from_json_node(node, self.cluster, now))
-                    if (ev := events.from_json_node(node, self.cluster, now)) is not None:
-                        reading.events.append(ev)
-                    if (sh := inv.node_shards(node)) is not None:
-                        reading.shards[sh[0]] = sh[1]
-                except (ValueError, KeyError, TypeError) as exc:
-                    nodes_ok = False
-                    problems.skip(f"{self.name}:/slurm/{v}/nodes", f"nodes[{i}]", str(exc), str(node)[:200])
+
+            def node_parts(node: dict) -> tuple:
+                return (inv.from_json_node(node, self.cluster, now), events.from_json_node(node, self.cluster, now),
+                        inv.node_shards(node))
+
+            bad_nodes: list[int] = []
+            for gpus, ev, sh in self._each(nodes.get("nodes"), node_parts, f"/slurm/{v}/nodes", "nodes", problems,
+                                           bad_nodes):
+                reading.inventory.extend(gpus)
+                if ev is not None:
+                    reading.events.append(ev)
+                if sh is not None:
+                    reading.shards[sh[0]] = sh[1]
+            nodes_ok = nodes_ok and not bad_nodes
             reading.running_at = datetime.now(UTC)
             live = self.get(client, f"/slurm/{v}/jobs") or {}
-            ok = isinstance(live.get("jobs"), list)
-            for i, job in enumerate(live.get("jobs") or []):
-                try:
-                    a = jobs.from_json_job(job, self.cluster)
-                except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    ok = False
-                    problems.skip(f"{self.name}:/slurm/{v}/jobs", f"jobs[{i}]", str(exc), str(job)[:200])
-                    continue
+            bad_jobs: list[int] = []
+            for a in self._each(live.get("jobs"), lambda job: jobs.from_json_job(job, self.cluster),
+                                f"/slurm/{v}/jobs", "jobs", problems, bad_jobs):
                 if a.state in jobs.HOLDING and a.gpus:
                     reading.running.append(a)
                 elif a.state == jobs.PENDING and a.gpus_requested > 0:
                     reading.pending.append(a)
-            reading.running_complete = ok
+            reading.running_complete = isinstance(live.get("jobs"), list) and not bad_jobs
             if nodes_ok:  # the whole node list read: it is the current state, so it can end events
                 reading.event_states = ("slurmrestd", events.REST_STATE_KINDS)
             per_node = inv.gpus_per_node(reading.inventory)
             resv = self.get(client, f"/slurm/{v}/reservations") or {}
-            for i, r in enumerate(resv.get("reservations") or []):
-                try:
-                    res = inv.from_json_reservation(r, self.cluster, per_node)
-                except (ValueError, KeyError, TypeError) as exc:
-                    problems.skip(f"{self.name}:/slurm/{v}/reservations", f"reservations[{i}]", str(exc),
-                                  str(r)[:200])
-                    continue
+            for res in self._each(resv.get("reservations"),
+                                  lambda r: inv.from_json_reservation(r, self.cluster, per_node),
+                                  f"/slurm/{v}/reservations", "reservations", problems):
                 if res.start < window.until and res.end > window.since:
                     reading.reservations.append(res)
             names, past = self._db_reservations(client, v, per_node, problems)
@@ -145,11 +141,9 @@ class RestBackend:
             params = {"start_time": (window.since - TZ_MARGIN).strftime(fmt),
                       "end_time": (window.until + TZ_MARGIN).strftime(fmt)}
             hist = self.get(client, f"/slurmdb/{v}/jobs", params=params) or {}
-            for i, job in enumerate(hist.get("jobs") or []):
-                try:
-                    reading.history.append(jobs.from_json_db_job(job, self.cluster, names))
-                except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    problems.skip(f"{self.name}:/slurmdb/{v}/jobs", f"jobs[{i}]", str(exc), str(job)[:200])
+            reading.history.extend(self._each(hist.get("jobs"),
+                                              lambda job: jobs.from_json_db_job(job, self.cluster, names),
+                                              f"/slurmdb/{v}/jobs", "jobs", problems))
             reading.quotas = self._quotas(client, v, problems, now)
         name_reservations(reading, names)
         reading.reservations = inv.merge_reservations(reading.reservations, past, window, now)
@@ -163,13 +157,9 @@ class RestBackend:
         data = self.get(client, f"/slurmdb/{v}/reservations", missing_ok=True) or {}
         names: dict[str, str] = {}
         pieces = []
-        for i, r in enumerate(data.get("reservations") or []):
-            try:
-                res = inv.from_json_db_reservation(r, self.cluster, per_node)
-            except (ValueError, KeyError, TypeError) as exc:
-                problems.skip(f"{self.name}:/slurmdb/{v}/reservations", f"reservations[{i}]", str(exc),
-                              str(r)[:200])
-                continue
+        convert = lambda r: inv.from_json_db_reservation(r, self.cluster, per_node)  # noqa: E731
+        for res in self._each(data.get("reservations"), convert, f"/slurmdb/{v}/reservations", "reservations",
+                              problems):
             if res.slurm_id:
                 names[res.slurm_id] = res.name
             pieces.append(res)
@@ -187,16 +177,22 @@ class RestBackend:
                 log.warning("%s (GPU quotas of %s skipped)", exc, what)
                 continue
             items = data.get("QOS") if what == "qos" and "QOS" in data else data.get(what)  # 22.05: "QOS"
-            for i, obj in enumerate(items if isinstance(items, list) else []):
-                try:
-                    q = (quotas.from_json_qos(obj, self.cluster, now) if what == "qos" else
-                         quotas.from_json_assoc(obj, self.cluster, self.o.cluster_name, now))
-                except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    problems.skip(f"{self.name}:{path}", f"{what}[{i}]", str(exc), str(obj)[:200])
-                    continue
-                if q is not None:
-                    out.append(q)
+            convert = ((lambda obj: quotas.from_json_qos(obj, self.cluster, now)) if what == "qos" else
+                       (lambda obj: quotas.from_json_assoc(obj, self.cluster, self.o.cluster_name, now)))
+            out += [q for q in self._each(items, convert, path, what, problems) if q is not None]
         return out
+
+    def _each(self, items: Any, convert: Callable[[Any], Any], path: str, what: str, problems: Problems,
+              failed: list[int] | None = None) -> Iterator[Any]:
+        """Each object of a listing converted; one that does not convert is quarantined (where: path and
+        index; why; an excerpt) and skipped, its index added to ``failed``. Not a list: nothing."""
+        for i, obj in enumerate(items if isinstance(items, list) else []):
+            try:
+                yield convert(obj)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                problems.skip(f"{self.name}:{path}", f"{what}[{i}]", str(exc), str(obj)[:200])
+                if failed is not None:
+                    failed.append(i)
 
 
 def name_reservations(reading: Reading, names: dict[str, str]) -> None:
