@@ -340,14 +340,22 @@ def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple
     if None in gids:
         telemetry_gpu_ids(conn, buckets, cache)
         gids = list(map(cache.__getitem__, keys))
-    rows = list(map(_row, gids, buckets))
-    from auditor.store import meta
+    streamed = None
+    if conn.dialect.name == "postgresql" and len(buckets) >= COPY_MIN_ROWS:
+        from auditor.store.ingest_pg import copy_stream
 
-    meta.check_width(conn, {r[3] for r in rows})
-    rows = _drop_rolled_up(conn, rows, rolled_up_before)
-    if not rows:
-        return 0
-    write_bucket_rows(conn, rows)
+        streamed = copy_stream(conn, buckets, gids, _row, BUCKET_COLS, bucket_sets("postgresql"), rolled_up_before)
+    if streamed is not None:
+        rows = streamed
+    else:
+        from auditor.store import meta
+
+        rows = list(map(_row, gids, buckets))
+        meta.check_width(conn, {r[3] for r in rows})
+        rows = _drop_rolled_up(conn, rows, rolled_up_before)
+        if not rows:
+            return 0
+        write_bucket_rows(conn, rows)
     labelled = {r[0] for r in rows if r[2]}
     if labelled:
         t = schema.telemetry_gpus

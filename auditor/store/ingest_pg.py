@@ -15,8 +15,8 @@ holds the k-th occurrence of each key, which keeps every key's order and so give
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from operator import itemgetter
+from collections.abc import Iterable, Sequence
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from sqlalchemy import Connection
@@ -69,7 +69,7 @@ def _ints_fit(rows: Sequence[tuple], types: Sequence[str]) -> bool:
     return True
 
 
-def copy_rows(dbapi_conn: Any, table: str, cols: Sequence[str], rows: Sequence[tuple],
+def copy_rows(dbapi_conn: Any, table: str, cols: Sequence[str], rows: Iterable[tuple],
               types: Sequence[str] | None = None) -> None:
     """COPY ``rows`` into ``table`` through psycopg 3's copy protocol: binary with ``types`` (about 3x
     cheaper to encode than text), else text."""
@@ -95,13 +95,12 @@ def check_gpu_ids(conn: Connection, ids: list[int]) -> None:
                          "the batch is written)")
 
 
-def _stored_in_range(conn: Connection, rows: Sequence[tuple], ids: list[int]) -> set[int]:
-    """Those of the GPU ``ids`` that already have a stored bucket in the batch's time range (rows of the
-    others cannot conflict: a key holds the GPU and the time)."""
-    stamps = list(map(itemgetter(1), rows))
+def _stored_in_range(conn: Connection, ids: list[int], lo: int, hi: int) -> set[int]:
+    """Those of the GPU ``ids`` that already have a stored bucket in the batch's time range [lo, hi] (rows
+    of the others cannot conflict: a key holds the GPU and the time)."""
     return {g for (g,) in conn.exec_driver_sql(
         "SELECT DISTINCT gpu_id FROM gpu_buckets WHERE gpu_id = ANY(%s) AND bucket_ts BETWEEN %s AND %s",
-        (ids, min(stamps), max(stamps)))}
+        (ids, lo, hi))}
 
 
 def _copy_new(conn: Connection, rows: Sequence[tuple], cols: Sequence[str], types: Sequence[str]) -> bool:
@@ -131,7 +130,8 @@ def copy_merge(conn: Connection, rows: Sequence[tuple], cols: Sequence[str], set
     types = _stage_types(conn, cols)
     # the rows of GPUs without stored rows in range go direct; a key twice among them (or a concurrent
     # writer's) makes the COPY fail and roll back, and then every row takes the merge
-    busy = _stored_in_range(conn, rows, ids)
+    stamps = list(map(itemgetter(1), rows))
+    busy = _stored_in_range(conn, ids, min(stamps), max(stamps))
     new = [r for r in rows if r[0] not in busy] if busy else rows
     rest = [r for r in rows if r[0] in busy] if busy else []
     if not new or not _copy_new(conn, new, cols, types):
@@ -146,3 +146,54 @@ def copy_merge(conn: Connection, rows: Sequence[tuple], cols: Sequence[str], set
         copy_rows(dbapi, STAGE, cols, part, types if _ints_fit(part, types) else None)
         conn.exec_driver_sql(merge)
     conn.exec_driver_sql(f"TRUNCATE {STAGE}")
+
+
+def copy_stream(conn: Connection, buckets: Sequence[Any], gids: list[int], make_row: Any, cols: Sequence[str],
+                sets: Sequence[str], rolled_up_before: int | None) -> list[tuple] | None:
+    """The usual batch (new telemetry of known width, every integer inside int4): the rows of its GPUs
+    that have nothing stored in the batch's time range are built WHILE they are COPYed into gpu_buckets, so
+    PostgreSQL inserts on one core as Python builds the next rows on the other; the other GPUs' rows go
+    through :func:`copy_merge`. Returns the rows written, or None (nothing written) when the whole batch
+    needs the general path."""
+    from auditor.store import meta, partitions
+
+    starts = list(map(attrgetter("start"), buckets))
+    lo, hi = int(min(starts).timestamp()), int(max(starts).timestamp())
+    widths = {int(w) for w in set(map(attrgetter("seconds"), buckets))}
+    samples = list(map(attrgetter("samples"), buckets))
+    if (rolled_up_before is not None and lo < rolled_up_before) or lo < INT4[0] or hi + max(widths) > INT4[1] \
+            or min(widths) < 0 or min(samples) < INT4[0] or max(samples) > INT4[1]:
+        return None
+    meta.check_width(conn, widths)
+    ids = sorted(set(gids))
+    check_gpu_ids(conn, ids)
+    partitions.ensure_weeks(conn, {int(s.timestamp()) for s in set(starts)})
+    busy = _stored_in_range(conn, ids, lo, hi)
+    if busy:
+        if len(busy) == len(ids):
+            return None
+        pick = [i for i, g in enumerate(gids) if g not in busy]
+        old = [make_row(g, b) for g, b in zip(gids, buckets, strict=True) if g in busy]
+        gids, buckets = [gids[i] for i in pick], [buckets[i] for i in pick]
+    conn.exec_driver_sql(f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGE} "
+                         "(LIKE gpu_buckets INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+    types = _stage_types(conn, cols)
+    rows: list[tuple] = []
+    keep = rows.append
+
+    def built() -> Any:
+        for r in map(make_row, gids, buckets):
+            keep(r)
+            yield r
+
+    conn.exec_driver_sql("SAVEPOINT gpu_bucket_copy")
+    try:
+        copy_rows(conn.connection.dbapi_connection, "gpu_buckets", cols, built(), types)  # type: ignore[arg-type]
+    except Exception:
+        conn.exec_driver_sql("ROLLBACK TO SAVEPOINT gpu_bucket_copy")
+        return None  # a key twice in the batch, a concurrent writer's row, a value _row refused: general path
+    conn.exec_driver_sql("RELEASE SAVEPOINT gpu_bucket_copy")
+    if busy:
+        copy_merge(conn, old, cols, sets, sorted(busy))
+        rows += old
+    return rows
