@@ -54,7 +54,8 @@ def measure(url: str, gpus: int, days: float, seed: int = 1) -> dict[str, Any]:
         ingest_s = time.perf_counter() - t
         with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("ANALYZE"))
-            size = conn.execute(text("SELECT pg_total_relation_size('gpu_buckets')")).scalar()
+            size = conn.execute(text(  # the partitions' sizes (a partitioned table itself holds nothing)
+                "SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('gpu_buckets')")).scalar()
         store.engine.dispose()
         child = subprocess.run([sys.executable, "-m", "bench.audit", surl, "--gpus", str(gpus), "--days",
                                 str(days), "--seed", str(seed)], capture_output=True, text=True, check=False,

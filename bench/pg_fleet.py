@@ -106,7 +106,7 @@ def fleet_schema(spec: FleetSpec, url: str, src: Path) -> tuple[str, Path, dict[
 
 
 def _audit(url: str, spec: FleetSpec) -> dict[str, Any]:
-    cmd = ["nice", sys.executable, "-m", "bench.audit", url, "--gpus", str(spec.gpus), "--days", str(spec.days),
+    cmd = [sys.executable, "-m", "bench.audit", url, "--gpus", str(spec.gpus), "--days", str(spec.days),
            "--seed", str(spec.seed)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
     if proc.returncode != 0:

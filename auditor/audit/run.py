@@ -107,17 +107,26 @@ _FRM = ("FROM gpu_buckets b WHERE b.gpu_id = {t}.gpu_id AND b.bucket_ts >= {t}.a
         + " AND b.bucket_ts < {t}.a_e AND b.bucket_ts + b.bucket_s > {t}.a_s AND b.bucket_s > 0")
 
 
-def judge_sql(dialect: str, th: Thresholds) -> str:
-    """The reference judgement (any engine, one set-based statement; PostgreSQL runs it): every attributed
-    GPU's applicable rows combined per bucket (:func:`auditor.audit.judge.judged_rows`), summed per allocated GPU."""
+def judge_sql(dialect: str, th: Thresholds, *, lateral: bool | None = None) -> str:
+    """The judgement in one set-based statement: every attributed GPU's applicable rows combined per bucket
+    (:func:`auditor.audit.judge.judged_rows`), summed per allocated GPU.
+
+    ``lateral`` (PostgreSQL's default): the sums of each allocated GPU in a LATERAL subquery over its own
+    buckets (an index range scan, aggregated as it is read). The grouped form (any engine, the reference
+    tests compare with) joins every bucket first and groups the whole result by allocated GPU: at 4,096 GPUs
+    PostgreSQL sorted 7.7 M joined rows on disk (600 MB) for it, a third of the judging time."""
+    sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
+    cols = usage_columns({k: f"COALESCE(j.{k}, 0)" for k in SUMS}, "at.share", _RESERVED)
+    head = _INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb, j.idle_fb\nFROM _attr at "
+    if lateral if lateral is not None else dialect == "postgresql":
+        keys = [("at.a_s", "a_s"), ("at.a_e", "a_e")]
+        rows = judged_rows(dialect, th, keys, _FRM.format(t="at"), "at.jkey", lab="at.lab", correlated=True)
+        return head + f"CROSS JOIN LATERAL (SELECT {sums} FROM ({rows}) j) j"
     keys = [("t.allocated_gpu_id", "gid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
     frm = "FROM _attr t JOIN gpu_buckets b ON " + _FRM.format(t="t").removeprefix(
         "FROM gpu_buckets b WHERE ")
     rows = judged_rows(dialect, th, keys, frm, "t.jkey", lab="t.lab")
-    sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
-    cols = usage_columns({k: f"COALESCE(j.{k}, 0)" for k in SUMS}, "at.share", _RESERVED)
-    return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb, j.idle_fb\nFROM _attr at LEFT JOIN ("
-            f"SELECT j.gid, {sums} FROM ({rows}) j GROUP BY j.gid) j ON j.gid = at.allocated_gpu_id")
+    return head + f"LEFT JOIN (SELECT j.gid, {sums} FROM ({rows}) j GROUP BY j.gid) j ON j.gid = at.allocated_gpu_id"
 
 
 # SQLite runs the judgement as one correlated scan per allocated GPU (its buckets read in key order, all
