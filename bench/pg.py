@@ -55,7 +55,8 @@ def measure(url: str, gpus: int, days: float, seed: int = 1) -> dict[str, Any]:
         with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("ANALYZE"))
             size = conn.execute(text(  # the partitions' sizes (a partitioned table itself holds nothing)
-                "SELECT CAST(sum(pg_total_relation_size(relid)) AS bigint) FROM pg_partition_tree('gpu_buckets')")).scalar()
+                "SELECT CAST(sum(pg_total_relation_size(relid)) AS bigint) "
+                "FROM pg_partition_tree('gpu_buckets')")).scalar()
         store.engine.dispose()
         child = subprocess.run([sys.executable, "-m", "bench.audit", surl, "--gpus", str(gpus), "--days",
                                 str(days), "--seed", str(seed)], capture_output=True, text=True, check=False,
