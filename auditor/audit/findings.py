@@ -116,9 +116,10 @@ def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizo
         (lambda x: f"CASE WHEN {x} IS NULL THEN '' ELSE printf('%.3f', {x}) END")  # printf: NULL -> 0.000
     agg = "string_agg({}, ';')" if pg else "group_concat({}, ';')"
     rng = "b.gpu_id = u.gpu_id AND b.bucket_ts >= w.s0 AND b.bucket_ts < w.e0"
-    # PostgreSQL: a LATERAL scan, so the time range is part of the index condition (as a join it read each
-    # GPU's whole week and filtered 90 % of it away); SQLite's planner uses the range by itself
-    buckets = (f"CROSS JOIN LATERAL (SELECT * FROM gpu_buckets b WHERE {rng}) b" if pg else
+    # PostgreSQL: a LATERAL scan (OFFSET 0 keeps it from being flattened back into a join), so the time range
+    # is part of the index condition (as a join it read each GPU's whole week and filtered 90 % of it away);
+    # SQLite's planner uses the range by itself
+    buckets = (f"CROSS JOIN LATERAL (SELECT * FROM gpu_buckets b WHERE {rng} OFFSET 0) b" if pg else
                f"JOIN gpu_buckets b ON {rng}")
     for i in range(0, len(ids), 500):
         marks = ", ".join(str(int(x)) for x in ids[i:i + 500])
