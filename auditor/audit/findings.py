@@ -21,6 +21,7 @@ from auditor.audit.judge import JOB_KEY, job_match
 from auditor.audit.reservations import idle_reservations
 from auditor.config import Config, Thresholds
 from auditor.store import schema
+from auditor.store.ingest_pg import copy_dicts
 
 SPARK_BINS = 48
 H = 3600.0
@@ -194,7 +195,10 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
             if f["allocation_id"] in by_id:
                 f["evidence"]["right_size"] = rightsize.hint(by_id[f["allocation_id"]], th, cfg.prices)
             f["evidence"]["thresholds"] = thresholds
-        conn.execute(insert(schema.findings), chunk)
+        if conn.dialect.name == "postgresql":  # COPY: binding 40 parameters per row cost seconds
+            copy_dicts(conn, schema.findings, chunk)
+        else:
+            conn.execute(insert(schema.findings), chunk)
         for f in chunk:
             f["evidence"] = None  # stored; only the kind is still needed (summary)
     summary = summarise(per_alloc, rows, cfg)

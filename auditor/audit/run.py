@@ -24,6 +24,7 @@ from auditor.audit.money import Pricing
 from auditor.config import Config, Thresholds
 from auditor.store import schema
 from auditor.store.engine import Store
+from auditor.store.ingest_pg import copy_dicts
 from auditor.timeutil import to_epoch, utcnow
 
 log = logging.getLogger("gpu_audit.audit")
@@ -275,7 +276,10 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                                  "idle_peak_fb_mib": r["idle_peak_fb_mib"],
                                  "gpus": r["gpus"], "reserved_cost": r["reserved_cost"],
                                  "idle_cost": r["idle_cost"]})
-                conn.execute(insert(schema.usage_allocation), rows)
+                if conn.dialect.name == "postgresql":
+                    copy_dicts(conn, schema.usage_allocation, rows)
+                else:
+                    conn.execute(insert(schema.usage_allocation), rows)
             summary = find_all(conn, run_id, per_alloc, th, cfg, since=s, until=u, horizon=horizon,
                                clusters=clusters)
             if refused:
