@@ -160,3 +160,22 @@ def test_prune_exchanges_whole_weeks_and_matches_the_row_wise_path(pg_schema_url
     assert _rows(pg) == again
     for s in (pg, lite):
         s.engine.dispose()
+
+
+def test_a_week_created_in_a_rolled_back_transaction_is_created_again(pg_schema_url: str) -> None:
+    from auditor.store import ingest
+
+    store = Store.open(pg_schema_url)
+    store.upgrade()
+    store.ingest(_buckets(MON, 1, gpus=1), seen_at_ts=1)
+    with store.engine.connect() as conn:
+        gid = conn.execute(text("SELECT id FROM telemetry_gpus")).scalar()
+    later = ingest._row(gid, _buckets(MON + timedelta(days=14), 1, gpus=1)[0])
+    with pytest.raises(RuntimeError), store.begin() as conn:
+        ingest.write_bucket_rows(conn, [later])  # creates the week of 2026-11-16 ...
+        ingest.write_bucket_rows(conn, [later[:1] + (later[1] + 300,) + later[2:]])  # ... and sees it
+        raise RuntimeError("rolled back")  # ... which takes the partition away again
+    assert _parts(store) == {"gpu_buckets_w20261102": 1}
+    store.ingest(_buckets(MON + timedelta(days=14), 2, gpus=1), seen_at_ts=2)  # same pooled connection
+    assert _parts(store) == {"gpu_buckets_w20261102": 1, "gpu_buckets_w20261116": 2}
+    store.engine.dispose()

@@ -4,7 +4,7 @@ One partition per week, bounds at Monday 00:00 UTC, named ``gpu_buckets_w<YYYYMM
 is NO default partition: a DEFAULT partition holding a row of some week makes every later ``CREATE TABLE
 ... PARTITION OF`` for that week fail (and scans it on each creation), and it would quietly grow into the
 unpartitioned table this replaces. Instead every writer creates the weeks it writes, on demand, first
-(:func:`ensure_weeks`, idempotent, cached per connection); a write to a missing week fails loudly
+(:func:`ensure_weeks`, idempotent); a write to a missing week fails loudly
 ("no partition of relation found"), it never lands in the wrong place. SQLite keeps one ``WITHOUT ROWID``
 table: everything here is a no-op there.
 """
@@ -66,23 +66,11 @@ def create_week(conn: Connection, lo: int) -> None:
 
 def ensure_weeks(conn: Connection, stamps: Iterable[int]) -> None:
     """Create the partitions for every week holding one of the epoch seconds ``stamps``, before writing
-    them. The weeks known to exist are cached on the connection; a rolled-back transaction may take a
-    created partition away again, so the cache is only trusted for weeks seen in the catalog."""
+    them. The catalog is read each time (one small query per batch): a cache of known weeks could outlive a
+    rolled-back transaction that created one."""
     if not partitioned(conn):
         return
     # a time outside int4 gets no partition: the write itself refuses it ("integer out of range")
     wanted = {week_lo(ts) for ts in stamps if INT4_MIN <= ts <= INT4_MAX}
-    info = conn.connection.info
-    known: set[int] = info.setdefault("gpu_buckets_weeks", set())
-    if wanted <= known:
-        return
-    have = set(weeks(conn))
-    for lo in sorted(wanted - have):
+    for lo in sorted(wanted - set(weeks(conn))):
         create_week(conn, lo)
-    known |= have & wanted  # not the ones just created: this transaction may still roll back
-
-
-def forget(conn: Connection) -> None:
-    """Drop what this connection cached about gpu_buckets (after a migration changed it)."""
-    for key in ("gpu_buckets_partitioned", "gpu_buckets_weeks"):
-        conn.connection.info.pop(key, None)

@@ -30,8 +30,7 @@ GPU_ID = ("telemetry_gpus.id (a foreign key on SQLite; on PostgreSQL every write
 
 
 def _forget() -> None:
-    for key in ("gpu_buckets_partitioned", "gpu_buckets_weeks"):
-        op.get_bind().connection.info.pop(key, None)
+    op.get_bind().connection.info.pop("gpu_buckets_partitioned", None)  # auditor.store.partitions' cache
 
 
 def _quote(s: str) -> str:
