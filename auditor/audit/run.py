@@ -77,26 +77,15 @@ WHERE ag.gpu_index IS NULL AND ag.id NOT IN (SELECT allocated_gpu_id FROM _attr)
  AND b.bucket_ts + b.bucket_s > {GREATEST}(a.start_ts, :since) AND {COND} AND """ + _IN_WINDOW
 
 
-# PostgreSQL: the same pairs, each tested by an EXISTS probe of the GPU's buckets in the interval (an index
-# range scan that stops at the first matching row); as a join it produced every matching bucket (1.1 M rows
-# at 4,096 GPUs) only to DISTINCT them away, and planned the comma-joined labels as a scan of every bucket
-_LABEL_PART_PG = """SELECT DISTINCT ag.allocation_id, ag.node, tg.id AS gpu_id, tg.gpu_index
-FROM allocated_gpus ag JOIN allocations a ON a.id = ag.allocation_id
-JOIN telemetry_gpus tg ON tg.cluster = a.cluster AND tg.host = ag.node AND tg.has_jobs = 1
-WHERE ag.gpu_index IS NULL AND ag.id NOT IN (SELECT allocated_gpu_id FROM _attr) AND EXISTS (
- SELECT 1 FROM gpu_buckets b WHERE b.gpu_id = tg.id AND b.bucket_ts >= {GREATEST}(a.start_ts, :since) - """ + str(
-    LOOKBACK) + """ AND b.bucket_ts < {LEAST}(COALESCE(a.end_ts, :horizon), :horizon)
- AND b.bucket_ts + b.bucket_s > {GREATEST}(a.start_ts, :since) AND {COND}) AND """ + _IN_WINDOW
-
-
 def label_candidates(dialect: str) -> str:
-    """Count-only allocated GPUs' candidate telemetry GPUs (allocation, node, telemetry GPU, index), in the
-    order slots are matched to them. SQLite (nested loops in the order written): one pass with the full
-    match; PostgreSQL: EXISTS probes (``_LABEL_PART_PG``)."""
+    """PostgreSQL: the exact-label rows by an equality it can hash, plus the comma-joined labels; SQLite
+    (nested loops either way): one pass with the full match."""
     match = job_match(dialect, "b.job", JOB_KEY)
     if dialect != "postgresql":
         return _LABEL_PART.replace("{COND}", match) + " ORDER BY ag.allocation_id, ag.node, tg.gpu_index, tg.id"
-    return _LABEL_PART_PG.replace("{COND}", match) + " ORDER BY ag.allocation_id, ag.node, tg.gpu_index, tg.id"
+    return ("SELECT * FROM (" + _LABEL_PART.replace("{COND}", "b.job = " + JOB_KEY) + " UNION "
+            + _LABEL_PART.replace("{COND}", "b.job LIKE '%,%' AND " + match)
+            + ") c ORDER BY allocation_id, node, gpu_index, gpu_id")
 
 
 UNRESOLVED = """SELECT ag.id, a.id AS allocation_id, ag.node, ag.slot FROM allocations a
