@@ -160,14 +160,24 @@ def bench_pg_audit(args: argparse.Namespace, figures: dict[str, Any]) -> list[Ro
     hook = _hook("pg")
     if hook is not None:
         return hook(args, figures)
-    from bench import pg
+    from bench import pg, pg_fleet
 
     for n in args.pg_gpus:
-        say(f"PostgreSQL audit, {n:,} GPUs (schema bench_<pid>, dropped after) ...")
-        r = pg.measure(args.pg_url, n, args.days, args.seed)
+        if args.quick:  # smoke: a throw-away schema, dropped after
+            say(f"PostgreSQL audit, {n:,} GPUs (schema bench_<pid>, dropped after) ...")
+            r = pg.measure(args.pg_url, n, args.days, args.seed)
+            figures["pg"].append(r)
+            say(f"{_audit_line(r)} | ingest {r['ingest_rows'] / r['ingest_s']:,.0f} rows/s | gpu_buckets "
+                f"{_per_gpu_week(r['bucket_bytes'], n, args.days)}")
+            continue
+        # the identical fleet the SQLite rows audit, copied into a kept schema fleet_<key> once
+        spec = fleet.FleetSpec(gpus=n, days=args.days, seed=args.seed)
+        say(f"PostgreSQL audit, {n:,} GPUs (the cached SQLite fleet, copied once into schema fleet_{spec.key()}) ...")
+        url, _, info = pg_fleet.fleet_schema(spec, args.pg_url, Path(args.out))
+        r = audit_child(url, n, args.days, args.seed)
+        r.update(pg_load=info)
         figures["pg"].append(r)
-        say(f"{_audit_line(r)} | ingest {r['ingest_rows'] / r['ingest_s']:,.0f} rows/s | gpu_buckets "
-            f"{_per_gpu_week(r['bucket_bytes'], n, args.days)}")
+        say(f"{_audit_line(r)} | copied into PostgreSQL in {info.get('load_s', 0):.0f}s")
     return audit_rows("pg", figures["pg"])
 
 

@@ -123,3 +123,30 @@ def test_out_of_range_integer_is_refused_not_wrapped(pg_schema_url: str, copy_mi
     store.engine.dispose()
     assert stored == [int(T0.timestamp())] and stats.buckets == 1
     assert len(refused) == 1 and "out of range" in refused[0]
+
+
+def test_new_rows_with_a_key_twice_fall_back_to_the_merge(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of GPUs with nothing stored go straight into gpu_buckets by COPY; a key twice among them makes
+    that COPY fail, its savepoint is rolled back and the batch merges in rounds: the same tables again."""
+    base = [r for r in fleet_records(FleetSpec(gpus=8, days=0.25, seed=5)) if isinstance(r, GpuBucket)]
+    batches = [base + _variants(base, 3)]  # one batch, fresh store: every GPU new, some keys twice
+    with pg_schema(pg_url) as a, pg_schema(pg_url) as b:
+        old = _load(a, batches, 10**9, monkeypatch)
+        new = _load(b, batches, 1, monkeypatch)
+    assert len(old) == len(base)
+    assert old == new
+
+
+def test_batch_of_new_and_stored_gpus(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose GPUs are half new (their rows stream straight into gpu_buckets) and half already stored
+    in its time range, with keys twice among those (merged in rounds): the same tables again."""
+    base = [r for r in fleet_records(FleetSpec(gpus=16, days=0.25, seed=9)) if isinstance(r, GpuBucket)]
+    hosts = sorted({b.host for b in base})
+    first = [b for b in base if b.host == hosts[0]]
+    assert first and len(first) < len(base)
+    batches = [first, base + _variants(first, 4)]
+    with pg_schema(pg_url) as a, pg_schema(pg_url) as b:
+        old = _load(a, batches, 10**9, monkeypatch)
+        new = _load(b, batches, 1, monkeypatch)
+    assert len(old) == len(base)
+    assert old == new

@@ -25,6 +25,7 @@ from auditor.audit.money import Pricing
 from auditor.config import Config, Thresholds
 from auditor.store import schema
 from auditor.store.engine import Store
+from auditor.store.ingest_pg import copy_dicts
 from auditor.timeutil import to_epoch, utcnow
 
 log = logging.getLogger("gpu_audit.audit")
@@ -112,17 +113,30 @@ _INFRA = "COALESCE(ai.infra, 0)"
 _JOIN_INFRA = " LEFT JOIN _attr_infra ai ON ai.allocated_gpu_id = at.allocated_gpu_id"
 
 
-def judge_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
-    """The reference judgement (any engine, one set-based statement; PostgreSQL runs it): every attributed
-    GPU's applicable rows combined per bucket (:func:`auditor.audit.judge.judged_rows`), summed per allocated GPU."""
+def judge_sql(dialect: str, th: Thresholds, skip: str = "", *, lateral: bool | None = None) -> str:
+    """The judgement in one set-based statement: every attributed GPU's applicable rows combined per bucket
+    (:func:`auditor.audit.judge.judged_rows`), summed per allocated GPU; ``skip`` leaves out buckets of
+    infrastructure-affected intervals (:func:`auditor.audit.infra.skip`), whose seconds come from
+    ``_attr_infra``.
+
+    ``lateral`` (PostgreSQL's default): the sums of each allocated GPU in a LATERAL subquery over its own
+    buckets (an index range scan, aggregated as it is read). The grouped form (any engine, the reference
+    tests compare with) joins every bucket first and groups the whole result by allocated GPU: at 4,096 GPUs
+    PostgreSQL sorted 7.7 M joined rows on disk (600 MB) for it, a third of the judging time."""
+    sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
+    cols = usage_columns({k: f"COALESCE(j.{k}, 0)" for k in SUMS}, "at.share", _RESERVED, _INFRA)
+    head = _INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb, j.idle_fb\nFROM _attr at "
+    if lateral if lateral is not None else dialect == "postgresql":
+        keys = [("at.a_s", "a_s"), ("at.a_e", "a_e")]
+        rows = judged_rows(dialect, th, keys, _FRM.format(t="at") + skip, "at.jkey", lab="at.lab",
+                           correlated=True)
+        return head + f"CROSS JOIN LATERAL (SELECT {sums} FROM ({rows}) j) j" + _JOIN_INFRA
     keys = [("t.allocated_gpu_id", "gid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
     frm = "FROM _attr t JOIN gpu_buckets b ON " + _FRM.format(t="t").removeprefix(
         "FROM gpu_buckets b WHERE ") + skip
     rows = judged_rows(dialect, th, keys, frm, "t.jkey", lab="t.lab")
-    sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
-    cols = usage_columns({k: f"COALESCE(j.{k}, 0)" for k in SUMS}, "at.share", _RESERVED, _INFRA)
-    return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb, j.idle_fb\nFROM _attr at LEFT JOIN ("
-            f"SELECT j.gid, {sums} FROM ({rows}) j GROUP BY j.gid) j ON j.gid = at.allocated_gpu_id" + _JOIN_INFRA)
+    return (head + f"LEFT JOIN (SELECT j.gid, {sums} FROM ({rows}) j GROUP BY j.gid) j ON j.gid = at.allocated_gpu_id"
+            + _JOIN_INFRA)
 
 
 # SQLite runs the judgement as one correlated scan per allocated GPU (its buckets read in key order, all
@@ -178,6 +192,27 @@ PER_ALLOCATION = ("SELECT g.*, a.cluster, a.source, a.external_id, a.name, a.use
                   "FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
                   "WHERE u.run_id = :run_id GROUP BY u.allocation_id) g "
                   "JOIN allocations a ON a.id = g.allocation_id ORDER BY g.allocation_id")
+
+
+_TEXT = ("cluster", "source", "account", "user_name", "gpu_model", "mig_profile")
+
+
+def per_allocation_rows(conn: Connection, run_id: int) -> list[dict[str, Any]]:
+    """The per-allocation totals as dicts (the audit's one per-allocation structure, ~260 k at 16,384
+    GPUs): streamed from the server in batches (the whole result is never buffered as well), with the
+    repeated texts interned and every zero sum one shared float, which keeps peak RSS near 1 GiB there."""
+    from sys import intern
+
+    zero = 0.0
+    out = []
+    sql = text(PER_ALLOCATION).execution_options(stream_results=True, yield_per=5000)  # this statement only
+    for m in conn.execute(sql, {"run_id": run_id}).mappings():
+        d = {k: (zero if v.__class__ is float and v == 0.0 else v) for k, v in m.items()}
+        for k in _TEXT:
+            if d.get(k).__class__ is str:
+                d[k] = intern(d[k])
+        out.append(d)
+    return out
 
 
 @dataclass
@@ -261,7 +296,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             # scan the whole run once per chunk of allocations
             conn.execute(text("ANALYZE usage_gpu"))
             conn.execute(text("DROP TABLE _attr"))
-            per_alloc = [dict(r._mapping) for r in conn.execute(text(PER_ALLOCATION), {"run_id": run_id})]
+            per_alloc = per_allocation_rows(conn, run_id)
             per_alloc, refused = pricing.price_rows(per_alloc, [*SUM_COLS, "max_gpu_mirage_s_max", "gpu_count"])
             refuse(conn, run_id, refused, now)
             for i in range(0, len(per_alloc), 5000):  # row dicts a chunk at a time: peak RSS at fleet scale
@@ -274,7 +309,10 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                                  "idle_peak_fb_mib": r["idle_peak_fb_mib"],
                                  "gpus": r["gpus"], "reserved_cost": r["reserved_cost"],
                                  "idle_cost": r["idle_cost"]})
-                conn.execute(insert(schema.usage_allocation), rows)
+                if conn.dialect.name == "postgresql":
+                    copy_dicts(conn, schema.usage_allocation, rows)
+                else:
+                    conn.execute(insert(schema.usage_allocation), rows)
             summary = find_all(conn, run_id, per_alloc, th, cfg, since=s, until=u, horizon=horizon,
                                clusters=clusters)
             infra.finish(conn)

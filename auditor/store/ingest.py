@@ -257,10 +257,18 @@ def write_bucket_rows(conn: Connection, rows: list[tuple], *, copy: bool | None 
     ``COPY_MIN_ROWS`` go through COPY + one set-based merge (:mod:`auditor.store.ingest_pg`), same result."""
     if copy is None:
         copy = conn.dialect.name == "postgresql" and len(rows) >= COPY_MIN_ROWS
+    ids: list[int] = []
+    if conn.dialect.name == "postgresql":
+        from auditor.store import partitions
+        from auditor.store.ingest_pg import check_gpu_ids
+
+        ids = sorted({r[0] for r in rows})
+        check_gpu_ids(conn, ids)  # the foreign key, once per batch (no per-row trigger on PostgreSQL)
+        partitions.ensure_weeks(conn, {r[1] for r in rows})
     if copy:
         from auditor.store.ingest_pg import copy_merge
 
-        copy_merge(conn, rows, BUCKET_COLS, bucket_sets("postgresql"))
+        copy_merge(conn, rows, BUCKET_COLS, bucket_sets("postgresql"), ids)
     else:
         conn.exec_driver_sql(_bucket_sql(conn.dialect.name), rows)
 
@@ -285,9 +293,16 @@ def telemetry_gpu_ids(conn: Connection, buckets: list[GpuBucket], cache: dict[tu
 def _row(gid: int, b: GpuBucket) -> tuple:
     seconds, samples = int(b.seconds), int(b.samples)
     obs = b.observed_s
-    obs = (float(seconds) if samples > 0 else 0.0) if obs is None else min(float(seconds), max(0.0, float(obs)))
     if samples <= 0:
         obs = 0.0
+    elif obs is None:
+        obs = float(seconds)
+    else:  # clamped to 0..seconds (NaN -> 0)
+        obs = float(obs)
+        if not obs > 0.0:
+            obs = 0.0
+        elif obs >= seconds:
+            obs = float(seconds)
     ts = int(b.start.timestamp())
     sp_s = sp_e = None
     if b.span_start is not None or b.span_end is not None:
@@ -323,16 +338,27 @@ def _drop_rolled_up(conn: Connection, rows: list[tuple], before: int | None) -> 
 def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int],
                    rolled_up_before: int | None = None) -> int:
     """The hot path: row tuples (no ORM objects), merged by :func:`write_bucket_rows`."""
-    telemetry_gpu_ids(conn, buckets, cache)
-    key = _BUCKET_KEY
-    rows = [_row(cache[key(b)], b) for b in buckets]
-    from auditor.store import meta
+    keys = list(map(_BUCKET_KEY, buckets))
+    gids = list(map(cache.get, keys))
+    if None in gids:
+        telemetry_gpu_ids(conn, buckets, cache)
+        gids = list(map(cache.__getitem__, keys))
+    streamed = None
+    if conn.dialect.name == "postgresql" and len(buckets) >= COPY_MIN_ROWS:
+        from auditor.store.ingest_pg import copy_stream
 
-    meta.check_width(conn, {r[3] for r in rows})
-    rows = _drop_rolled_up(conn, rows, rolled_up_before)
-    if not rows:
-        return 0
-    write_bucket_rows(conn, rows)
+        streamed = copy_stream(conn, buckets, gids, _row, BUCKET_COLS, bucket_sets("postgresql"), rolled_up_before)
+    if streamed is not None:
+        rows = streamed
+    else:
+        from auditor.store import meta
+
+        rows = list(map(_row, gids, buckets))
+        meta.check_width(conn, {r[3] for r in rows})
+        rows = _drop_rolled_up(conn, rows, rolled_up_before)
+        if not rows:
+            return 0
+        write_bucket_rows(conn, rows)
     labelled = {r[0] for r in rows if r[2]}
     if labelled:
         t = schema.telemetry_gpus

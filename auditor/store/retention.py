@@ -11,6 +11,10 @@ that already has an hourly row is DROPPED at ingest (logged with a count): the h
 and folding a re-collected copy in would count it twice. Work goes a day at a time, one transaction per
 day, so memory and locks stay bounded.
 
+PostgreSQL (weekly partitions): a week wholly before the cutoff is rolled up by exchanging its partition
+for a rolled-up copy, the old partition dropped (:mod:`auditor.store.retention_pg`); the days of a partial
+week go row-wise as above.
+
 Audit runs older than ``keep_runs_days`` are deleted with their usage and findings; the newest official
 (non what-if) run is always kept so reports and chargeback keep a base.
 """
@@ -96,6 +100,8 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
             res.runs_deleted = len(runs)
             return res
     if oldest is not None:
+        oldest = _roll_weeks(store, cutoff, res)
+    if oldest is not None:
         lo = oldest // DAY * DAY
         while lo < cutoff:
             hi = min(lo + DAY, cutoff)
@@ -116,6 +122,27 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
             conn.execute(text(f"DELETE FROM audit_runs WHERE id IN ({marks})"))
         res.runs_deleted += len(chunk)
     return res
+
+
+def _roll_weeks(store: Store, cutoff: int, res: PruneResult) -> int | None:
+    """PostgreSQL: whole weeks before the cutoff by exchanging their partitions (one transaction each,
+    :mod:`auditor.store.retention_pg`); returns the oldest fine row left for the row-wise days."""
+    from auditor.store import partitions, retention_pg
+
+    with store.engine.connect() as conn:
+        if not partitions.partitioned(conn):
+            return _oldest_fine(conn, cutoff)
+        weeks = retention_pg.whole_weeks(conn, cutoff)
+    for lo, rel in weeks:
+        with store.begin() as conn:
+            rolled, written = retention_pg.roll_week(conn, lo, rel, ROLLUP_DDL, ROLLUP, _COLS)
+            before = meta.rolled_up_before(conn)
+            if before is None or lo + WEEK > before:
+                meta.put(conn, "rolled_up_before", str(lo + WEEK))
+        res.fine_rows_rolled += rolled
+        res.hourly_rows_written += written
+    with store.engine.connect() as conn:
+        return _oldest_fine(conn, cutoff)
 
 
 def _roll(conn: Connection, lo: int, hi: int) -> tuple[int, int]:

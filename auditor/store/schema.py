@@ -141,7 +141,8 @@ telemetry_gpus = Table(
 gpu_buckets = Table(
     "gpu_buckets", metadata,
     Column("gpu_id", Integer, ForeignKey("telemetry_gpus.id"), primary_key=True,
-           comment="telemetry_gpus.id."),
+           comment="telemetry_gpus.id (a foreign key on SQLite; on PostgreSQL every writer takes it from "
+           "telemetry_gpus in the same transaction and checks the batch's ids set-wise)."),
     Column("bucket_ts", Integer, primary_key=True, autoincrement=False,
            comment="Bucket start (UTC epoch seconds), aligned to bucket_s."),
     Column("job", String(512), primary_key=True, default="", server_default="",
@@ -159,7 +160,9 @@ gpu_buckets = Table(
     Column("namespace", Text, comment="Namespace label from telemetry."),
     Column("container", Text, comment="Container label from telemetry."),
     sqlite_with_rowid=False,
-    comment="Normalised per-GPU telemetry buckets (never raw samples), one row per GPU, bucket and job.",
+    postgresql_partition_by="RANGE (bucket_ts)",
+    comment="Normalised per-GPU telemetry buckets (never raw samples), one row per GPU, bucket and job. "
+            "PostgreSQL: partitioned by week on bucket_ts (gpu_buckets_wYYYYMMDD, Monday 00:00 UTC).",
 )
 
 store_meta = Table(
