@@ -72,6 +72,9 @@ def cached(spec: FleetSpec, out: Path = OUT, log: Any = print) -> tuple[Path, di
     path = store_path(spec, out)
     meta = path.with_suffix(".json")
     if path.exists() and meta.exists():
+        store = Store.open(f"sqlite:///{path}")
+        store.upgrade()  # a store cached under an older migration head gets the newer tables (cheap)
+        store.engine.dispose()
         return path, json.loads(meta.read_text()), True
     log(f"  generating {spec.gpus:,} GPUs x {spec.days:g} days ({spec.gpus * spec.buckets_per_gpu:,} buckets) "
         f"-> {path.name} ...")
