@@ -190,12 +190,13 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
             if kind == "unmonitored":
                 idle_h = 0.0  # never counted or billed as idle
             rows.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
+    del gpus  # the per-GPU rows (hundreds of thousands at fleet scale) are done with: not held through the rest
     flagged = frozenset(f["allocation_id"] for f in rows)
     extra: dict[str, Any] = {}
     opp = opportunity(conn, run_id, per_alloc, th, cfg, {"since": since, "until": until, "horizon": horizon,
                                                          "run": run_id}, clusters)
     rows += opp.pop("findings")
-    rows += extra_findings(conn, run_id, per_alloc, gpus, th, cfg, since=since, until=until, horizon=horizon,
+    rows += extra_findings(conn, run_id, per_alloc, th, cfg, since=since, until=until, horizon=horizon,
                            flagged=flagged, clusters=clusters, summary=extra)
     rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
     nodes = infra.nodes_that_cost(conn, run_id, th, since, horizon, clusters)
@@ -322,8 +323,7 @@ def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], c
             "findings": dict(sorted(kinds.items()))}
 
 
-def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]],
-                   per_gpu: dict[int, list[dict[str, Any]]], th: Thresholds, cfg: Config, *,
+def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config, *,
                    since: int, until: int, horizon: int, flagged: frozenset[int] = frozenset(),
                    clusters: list[str] | None = None, summary: dict[str, Any] | None = None
                    ) -> list[dict[str, Any]]:
