@@ -77,7 +77,8 @@ def measure(url: str, gpus: int, days: float, seed: int, render: str | None) -> 
     out: dict[str, object] = {"gpus": gpus, "rows": rows, "audit_s": audit_s, "judge_s": judge_s[0],
                               "floor_s": min(f1, f2),
                               "rss_mib": rss_kib / 1024, "allocations": result.summary.get("allocations"),
-                              "findings": sum(result.summary.get("findings", {}).values())}
+                              "findings": sum(result.summary.get("findings", {}).values()),
+                              "steps": {k: round(v, 3) for k, v in result.steps.items()}}
     if render:
         try:
             from auditor.report.render import write_reports

@@ -31,6 +31,7 @@ from auditor.audit.hygiene import request_hygiene
 from auditor.audit.judge import JOB_KEY, job_match
 from auditor.audit.money import Pricing
 from auditor.audit.reservations import idle_reservations
+from auditor.audit.timing import step
 from auditor.config import Config, Thresholds
 from auditor.store import schema
 from auditor.store.ingest_pg import copy_dicts
@@ -181,25 +182,28 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     """Store the findings of one run; return the run's headline summary."""
     from auditor.audit.capacity import capacity
 
-    gpus = per_gpu_rows(conn, run_id)
-    rows: list[dict[str, Any]] = []
-    for r in per_alloc:
-        for kind, ev in classify(r, th, gpus.get(r["allocation_id"], [])):
-            idle_h = (ev.pop("partial_idle_gpu_hours", None) if kind == "idle_gpus"
-                      else (r["idle_s"] + r["mirage_s"]) / H)
-            if kind == "unmonitored":
-                idle_h = 0.0  # never counted or billed as idle
-            rows.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
-    del gpus  # the per-GPU rows (hundreds of thousands at fleet scale) are done with: not held through the rest
+    with step("core rules"):
+        gpus = per_gpu_rows(conn, run_id)
+        rows: list[dict[str, Any]] = []
+        for r in per_alloc:
+            for kind, ev in classify(r, th, gpus.get(r["allocation_id"], [])):
+                idle_h = (ev.pop("partial_idle_gpu_hours", None) if kind == "idle_gpus"
+                          else (r["idle_s"] + r["mirage_s"]) / H)
+                if kind == "unmonitored":
+                    idle_h = 0.0  # never counted or billed as idle
+                rows.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
+        del gpus  # the per-GPU rows (hundreds of thousands at fleet scale) are done with
     flagged = frozenset(f["allocation_id"] for f in rows)
     extra: dict[str, Any] = {}
-    opp = opportunity(conn, run_id, per_alloc, th, cfg, {"since": since, "until": until, "horizon": horizon,
-                                                         "run": run_id}, clusters)
+    with step("opportunity (queue, quota)"):
+        opp = opportunity(conn, run_id, per_alloc, th, cfg, {"since": since, "until": until, "horizon": horizon,
+                                                             "run": run_id}, clusters)
     rows += opp.pop("findings")
     rows += extra_findings(conn, run_id, per_alloc, th, cfg, since=since, until=until, horizon=horizon,
                            flagged=flagged, clusters=clusters, summary=extra)
     rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
-    nodes = infra.nodes_that_cost(conn, run_id, th, since, horizon, clusters)
+    with step("nodes that cost us"):
+        nodes = infra.nodes_that_cost(conn, run_id, th, since, horizon, clusters)
     rows += infra.lemon_findings(run_id, nodes, th)  # repeated faults matter even on a node nobody held
     thresholds = th.model_dump()
     by_id = {r["allocation_id"]: r for r in per_alloc}
@@ -207,27 +211,30 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     rows.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
     for i in range(0, len(rows), 5000):  # sparklines per chunk: never all of them in memory at once
         chunk = rows[i:i + 5000]
-        spark = sparklines(conn, run_id, sorted({f["allocation_id"] for f in chunk
-                                                 if f["allocation_id"] is not None}), since, horizon)
-        for f in chunk:
-            if f["allocation_id"] in spark:
-                f["evidence"]["sparkline"] = spark[f["allocation_id"]]
-            if f["allocation_id"] in by_id:
-                r = by_id[f["allocation_id"]]
-                f["evidence"]["right_size"] = rightsize.hint(r, th, cfg.prices, models.get(r["cluster"]))
-            f["evidence"]["thresholds"] = thresholds
-        if conn.dialect.name == "postgresql":  # COPY: binding 40 parameters per row cost seconds
-            copy_dicts(conn, schema.findings, chunk)
-        else:
-            conn.execute(insert(schema.findings), chunk)
-        for f in chunk:
-            f["evidence"] = None  # stored; only the kind is still needed (summary)
-    summary = summarise(per_alloc, rows, cfg)
-    summary["verification_by_node_group"] = verification(conn, run_id)
-    summary["capacity"] = capacity(conn, since, until, horizon=horizon)
-    summary["infra_nodes"] = nodes
-    summary["energy"] = energy.summary(per_alloc, cfg.energy)
-    summary["right_sizing"] = rightsize.by_team(per_alloc, th, cfg.prices, models)
+        with step("sparklines"):
+            spark = sparklines(conn, run_id, sorted({f["allocation_id"] for f in chunk
+                                                     if f["allocation_id"] is not None}), since, horizon)
+        with step("write findings"):
+            for f in chunk:
+                if f["allocation_id"] in spark:
+                    f["evidence"]["sparkline"] = spark[f["allocation_id"]]
+                if f["allocation_id"] in by_id:
+                    r = by_id[f["allocation_id"]]
+                    f["evidence"]["right_size"] = rightsize.hint(r, th, cfg.prices, models.get(r["cluster"]))
+                f["evidence"]["thresholds"] = thresholds
+            if conn.dialect.name == "postgresql":  # COPY: binding 40 parameters per row cost seconds
+                copy_dicts(conn, schema.findings, chunk)
+            else:
+                conn.execute(insert(schema.findings), chunk)
+            for f in chunk:
+                f["evidence"] = None  # stored; only the kind is still needed (summary)
+    with step("summary"):
+        summary = summarise(per_alloc, rows, cfg)
+        summary["verification_by_node_group"] = verification(conn, run_id)
+        summary["capacity"] = capacity(conn, since, until, horizon=horizon)
+        summary["infra_nodes"] = nodes
+        summary["energy"] = energy.summary(per_alloc, cfg.energy)
+        summary["right_sizing"] = rightsize.by_team(per_alloc, th, cfg.prices, models)
     summary.update(extra)
     summary["opportunity"] = opp
     return summary
@@ -333,11 +340,16 @@ def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]
     ``summary``: receives the per-team request-hygiene rollup (``request_hygiene_by_team``)."""
     p = {"since": since, "until": until, "horizon": horizon, "run": run_id}
     working = [r for r in per_alloc if not whole_idle(r, th)]
-    out = idle_episodes(conn, run_id, working, th, p)
-    out += low_efficiency(run_id, [r for r in working if r["allocation_id"] not in flagged], th, since, horizon)
-    out += idle_reservations(conn, run_id, cfg, p, clusters, th)
-    out += unallocated_ghosts(conn, run_id, th, p, clusters)
-    hygiene, teams = request_hygiene(conn, run_id, th, p)
+    with step("idle episodes"):
+        out = idle_episodes(conn, run_id, working, th, p)
+    with step("low efficiency"):
+        out += low_efficiency(run_id, [r for r in working if r["allocation_id"] not in flagged], th, since, horizon)
+    with step("idle reservations"):
+        out += idle_reservations(conn, run_id, cfg, p, clusters, th)
+    with step("ghosts on unallocated GPUs"):
+        out += unallocated_ghosts(conn, run_id, th, p, clusters)
+    with step("request hygiene"):
+        hygiene, teams = request_hygiene(conn, run_id, th, p)
     if summary is not None:
         summary["request_hygiene_by_team"] = teams
     return out + hygiene

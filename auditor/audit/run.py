@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, text, update
 
-from auditor.audit import infra
+from auditor.audit import infra, timing
 from auditor.audit.judge import EXTRA, JOB_KEY, LOOKBACK, SUMS, job_match, judged_rows, sqlite_rows, usage_columns
 from auditor.audit.money import Pricing
 from auditor.config import Config, Thresholds
@@ -221,6 +221,8 @@ class AuditResult:
     since: datetime
     until: datetime
     summary: dict[str, Any] = field(default_factory=dict)
+    #: wall-clock seconds per audit step (:mod:`auditor.audit.timing`)
+    steps: dict[str, float] = field(default_factory=dict)
 
 
 def _params(since: int, until: int, horizon: int) -> dict[str, Any]:
@@ -269,6 +271,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
         params.update({f"c{i}": c for i, c in enumerate(clusters)})
     params["_cf"] = cluster_filter
     pricing = Pricing(cfg)
+    steps = timing.start()
     with store.begin() as conn:
         run_id = conn.execute(insert(schema.audit_runs).values(
             started_ts=now, since_ts=s, until_ts=u, status="running", what_if=what_if,
@@ -284,38 +287,34 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             conn.execute(text("DROP TABLE IF EXISTS _attr"))
             conn.execute(text(ATTR_DDL))
             p = {k: v for k, v in params.items() if not k.startswith("_")}
-            conn.execute(text(ATTR_BY_INDEX.format(**fn)), p)
-            conn.execute(text(ATTR_BY_NODE.format(**fn)), p)
-            if conn.dialect.name == "postgresql":
-                conn.execute(text("ANALYZE _attr"))  # a temporary table has no statistics: plans go wrong
-            attribute_by_labels(conn, label_candidates(conn.dialect.name).format(**fn), {**p, "_cf": cluster_filter})
-            conn.execute(text(ATTR_REST.format(**fn)), p)
-            infra.prepare(conn, th, s, horizon)
-            judge(conn, fn, {**p, "run_id": run_id}, th)
-            # fresh statistics, so the findings' per-allocation lookups use (run_id, allocation_id) and do not
-            # scan the whole run once per chunk of allocations
-            conn.execute(text("ANALYZE usage_gpu"))
-            conn.execute(text("DROP TABLE _attr"))
-            per_alloc = per_allocation_rows(conn, run_id)
-            per_alloc, refused = pricing.price_rows(per_alloc, [*SUM_COLS, "max_gpu_mirage_s_max", "gpu_count"])
-            refuse(conn, run_id, refused, now)
-            for i in range(0, len(per_alloc), 5000):  # row dicts a chunk at a time: peak RSS at fleet scale
-                rows = []
-                for r in per_alloc[i:i + 5000]:
-                    rows.append({"run_id": run_id, "allocation_id": r["allocation_id"], "team": r["team"],
-                                 "gpu_model": r["gpu_model"], "price_per_gpu_hour": r["price"],
-                                 **{c: r[c] for c in SUM_COLS if c != "max_gpu_mirage_s"},
-                                 "max_gpu_mirage_s": r["max_gpu_mirage_s_max"], "peak_fb_mib": r["peak_fb_mib"],
-                                 "idle_peak_fb_mib": r["idle_peak_fb_mib"],
-                                 "gpus": r["gpus"], "reserved_cost": r["reserved_cost"],
-                                 "idle_cost": r["idle_cost"]})
+            with steps.step("attribute by index and node"):
+                conn.execute(text(ATTR_BY_INDEX.format(**fn)), p)
+                conn.execute(text(ATTR_BY_NODE.format(**fn)), p)
                 if conn.dialect.name == "postgresql":
-                    copy_dicts(conn, schema.usage_allocation, rows)
-                else:
-                    conn.execute(insert(schema.usage_allocation), rows)
+                    conn.execute(text("ANALYZE _attr"))  # a temporary table has no statistics: plans go wrong
+            with steps.step("attribute by labels"):
+                attribute_by_labels(conn, label_candidates(conn.dialect.name).format(**fn),
+                                    {**p, "_cf": cluster_filter})
+                conn.execute(text(ATTR_REST.format(**fn)), p)
+            with steps.step("infrastructure intervals"):
+                infra.prepare(conn, th, s, horizon)
+            with steps.step("judge buckets"):
+                judge(conn, fn, {**p, "run_id": run_id}, th)
+                # fresh statistics, so the findings' per-allocation lookups use (run_id, allocation_id) and do
+                # not scan the whole run once per chunk of allocations
+                conn.execute(text("ANALYZE usage_gpu"))
+                conn.execute(text("DROP TABLE _attr"))
+            with steps.step("per-allocation totals and money"):
+                per_alloc = per_allocation_rows(conn, run_id)
+                per_alloc, refused = pricing.price_rows(per_alloc, [*SUM_COLS, "max_gpu_mirage_s_max",
+                                                                    "gpu_count"])
+                refuse(conn, run_id, refused, now)
+                write_usage_allocation(conn, run_id, per_alloc)
             summary = find_all(conn, run_id, per_alloc, th, cfg, since=s, until=u, horizon=horizon,
                                clusters=clusters)
             infra.finish(conn)
+            log.info("audit run %d steps: %s", run_id,
+                     ", ".join(f"{k} {v:.2f} s" for k, v in steps.seconds.items()))
             if refused:
                 summary["refused_allocations"] = len(refused)
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
@@ -325,7 +324,25 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
                 status="failed", finished_ts=int(utcnow().timestamp())))
         raise
-    return AuditResult(run_id, since, until, summary)
+    return AuditResult(run_id, since, until, summary, steps.seconds)
+
+
+def write_usage_allocation(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]]) -> None:
+    """The per-allocation totals and money of a run, written 5,000 rows at a time (row dicts a chunk at a
+    time: peak RSS at fleet scale); COPY on PostgreSQL."""
+    for i in range(0, len(per_alloc), 5000):
+        rows = []
+        for r in per_alloc[i:i + 5000]:
+            rows.append({"run_id": run_id, "allocation_id": r["allocation_id"], "team": r["team"],
+                         "gpu_model": r["gpu_model"], "price_per_gpu_hour": r["price"],
+                         **{c: r[c] for c in SUM_COLS if c != "max_gpu_mirage_s"},
+                         "max_gpu_mirage_s": r["max_gpu_mirage_s_max"], "peak_fb_mib": r["peak_fb_mib"],
+                         "idle_peak_fb_mib": r["idle_peak_fb_mib"],
+                         "gpus": r["gpus"], "reserved_cost": r["reserved_cost"], "idle_cost": r["idle_cost"]})
+        if conn.dialect.name == "postgresql":
+            copy_dicts(conn, schema.usage_allocation, rows)
+        else:
+            conn.execute(insert(schema.usage_allocation), rows)
 
 
 def refuse(conn: Connection, run_id: int, refused: list[tuple[dict[str, Any], str]], now: int) -> None:
