@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -52,9 +53,11 @@ def _squash(model: str | None) -> str:
     return re.sub(r"[\s_-]+", "", (model or "").lower())
 
 
+@lru_cache(maxsize=1024)
 def model_mib(model: str | None) -> float | None:
     """GPU memory (MiB) of a model: the size its name states ("NVIDIA H100 80GB HBM3"), else
-    :data:`MODEL_MEMORY_GB`; None when neither says."""
+    :data:`MODEL_MEMORY_GB`; None when neither says. Cached: a site has a handful of model names and the
+    audit asks once per allocation."""
     m = _GB.search(model or "")
     if m:
         return float(m.group(1)) * 1024
@@ -63,6 +66,7 @@ def model_mib(model: str | None) -> float | None:
     return MODEL_MEMORY_GB[key] * 1024 if key else None
 
 
+@lru_cache(maxsize=1024)
 def has_mig(model: str | None) -> bool:
     """Whether the model supports MIG (A100, A30, H100, H200, H20, B200 families)."""
     name = _squash(model)

@@ -65,28 +65,30 @@ JOIN telemetry_gpus tg ON tg.cluster = a.cluster AND tg.host = ag.node AND tg.gp
  AND tg.gpu_index = ag.slot
 WHERE ag.gpu_index IS NULL AND ag.share >= 1 AND """ + _IN_WINDOW
 
-# telemetry GPUs of the node whose rows overlapping the reserved interval name the allocation exactly: rows
-# labelled with the job alone (an equality the engine can hash), plus comma-joined labels that list it
-# (CROSS JOIN: SQLite keeps this order, from the few count-only GPUs to their node's buckets; left to itself
-# it started from the labelled telemetry GPUs and paired each with every allocation of the cluster)
-_LABEL_PART = """SELECT DISTINCT ag.allocation_id, ag.node, tg.id AS gpu_id, tg.gpu_index
-FROM allocated_gpus ag CROSS JOIN allocations a CROSS JOIN telemetry_gpus tg CROSS JOIN gpu_buckets b
-WHERE ag.gpu_index IS NULL AND ag.id NOT IN (SELECT allocated_gpu_id FROM _attr) AND a.id = ag.allocation_id
- AND tg.cluster = a.cluster AND tg.host = ag.node AND tg.has_jobs = 1
- AND b.gpu_id = tg.id AND b.bucket_ts >= {GREATEST}(a.start_ts, :since) - """ + str(LOOKBACK) + """
+# telemetry GPUs of the node with a row that overlaps the reserved interval and names the allocation exactly,
+# once per (allocation, node) still unresolved (not once per count-only GPU), and one matching row is
+# enough: a probe that stops at the first match (PostgreSQL: a LATERAL ... LIMIT 1, which it cannot turn
+# into a hash semi-join over the whole bucket table; SQLite: EXISTS, walked through the bucket index).
+# Measured at 1,024 GPUs: 0.48 -> 0.30 s (PostgreSQL), 0.55 -> 0.30 s (SQLite), identical rows.
+_LABEL_KEYS = """SELECT k.allocation_id, k.node, tg.id AS gpu_id, tg.gpu_index
+FROM (SELECT DISTINCT ag.allocation_id, ag.node FROM allocated_gpus ag
+      WHERE ag.gpu_index IS NULL AND ag.id NOT IN (SELECT allocated_gpu_id FROM _attr)) k
+JOIN allocations a ON a.id = k.allocation_id
+JOIN telemetry_gpus tg ON tg.cluster = a.cluster AND tg.host = k.node AND tg.has_jobs = 1 """
+_LABEL_ROW = """SELECT 1 FROM gpu_buckets b WHERE b.gpu_id = tg.id
+ AND b.bucket_ts >= {GREATEST}(a.start_ts, :since) - """ + str(LOOKBACK) + """
  AND b.bucket_ts < {LEAST}(COALESCE(a.end_ts, :horizon), :horizon)
- AND b.bucket_ts + b.bucket_s > {GREATEST}(a.start_ts, :since) AND {COND} AND """ + _IN_WINDOW
+ AND b.bucket_ts + b.bucket_s > {GREATEST}(a.start_ts, :since) AND {COND}"""
+_LABEL_ORDER = " ORDER BY k.allocation_id, k.node, tg.gpu_index, tg.id"
 
 
 def label_candidates(dialect: str) -> str:
-    """PostgreSQL: the exact-label rows by an equality it can hash, plus the comma-joined labels; SQLite
-    (nested loops either way): one pass with the full match."""
-    match = job_match(dialect, "b.job", JOB_KEY)
-    if dialect != "postgresql":
-        return _LABEL_PART.replace("{COND}", match) + " ORDER BY ag.allocation_id, ag.node, tg.gpu_index, tg.id"
-    return ("SELECT * FROM (" + _LABEL_PART.replace("{COND}", "b.job = " + JOB_KEY) + " UNION "
-            + _LABEL_PART.replace("{COND}", "b.job LIKE '%,%' AND " + match)
-            + ") c ORDER BY allocation_id, node, gpu_index, gpu_id")
+    """(allocation, node, telemetry GPU, index) for every count-only allocation whose node's telemetry
+    rows name it (:func:`attribute_by_labels`)."""
+    row = _LABEL_ROW.replace("{COND}", job_match(dialect, "b.job", JOB_KEY))
+    if dialect == "postgresql":
+        return (_LABEL_KEYS + "CROSS JOIN LATERAL (" + row + " LIMIT 1) m WHERE " + _IN_WINDOW + _LABEL_ORDER)
+    return _LABEL_KEYS + "WHERE EXISTS (" + row + ") AND " + _IN_WINDOW + _LABEL_ORDER
 
 
 UNRESOLVED = """SELECT ag.id, a.id AS allocation_id, ag.node, ag.slot FROM allocations a
