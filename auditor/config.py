@@ -115,6 +115,10 @@ class StoreConfig(Strict):
                                 "(use it when the URL carries a password); overrides `url`.")
     bucket_seconds: int = Field(300, ge=60, le=3600, description="Telemetry bucket length in seconds.")
     batch_rows: int = Field(50_000, ge=100, le=10_000_000, description="Rows per ingest transaction.")
+    judge_connections: int = Field(0, ge=0, le=16, description="PostgreSQL: connections that attribute and "
+                                    "judge an audit's allocations at once, each a share of them (0 = one per "
+                                    "CPU core, at most 4; 1 = the audit's own connection only). SQLite always "
+                                    "judges in one.")
 
     def resolved_url(self) -> str:
         if self.url_env:

@@ -14,6 +14,8 @@ from auditor.simulate import FleetSpec, populate
 from auditor.store.engine import Store
 
 SPEC = FleetSpec(gpus=64, days=1, seed=15)
+#: seed 7 draws a block of Kubernetes pods (357 of 674 allocated GPUs count-only, attributed by labels)
+LABELLED = FleetSpec(gpus=128, days=1, seed=7)
 
 
 def _usage(store: Store, run_id: int) -> list[tuple]:
@@ -86,4 +88,61 @@ def test_sparklines_equal_a_python_reading_of_the_rows(store_url: str) -> None:
                 assert bins[name][k] == (pytest.approx(exp, abs=1.5e-3) if exp is not None else None), (aid, k, name)
                 checked += exp is not None
     assert checked > 500
+    store.engine.dispose()
+
+
+def _findings(store: Store, run_id: int) -> list[tuple]:
+    with store.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(
+            "SELECT kind, allocation_id, gpu_hours, idle_gpu_hours FROM findings WHERE run_id = :r "
+            "ORDER BY kind, allocation_id, gpu_hours"), {"r": run_id})]
+
+
+def test_judging_in_several_connections_equals_one(pg_schema_url: str) -> None:
+    """store.judge_connections = 3: three connections each attribute and judge a third of the allocations
+    (by id); usage and findings equal the one-connection audit's, row by row, and attribution by telemetry
+    labels (count-only allocations) is among them."""
+    spec = LABELLED  # a block of Kubernetes pods (count-only GPUs) beside Slurm jobs
+    store = Store.open(pg_schema_url)
+    store.upgrade()
+    populate(store, spec)
+    one = audit.run_audit(store, Config(store={"judge_connections": 1}), spec.start, spec.end)
+    three = audit.run_audit(store, Config(store={"judge_connections": 3}), spec.start, spec.end)
+    assert "judge: other connections' shares" in three.steps and "judge: other connections' shares" not in one.steps
+    a, b = _usage(store, one.run_id), _usage(store, three.run_id)
+    assert len(a) == len(b) > 50
+    assert [x for x, y in zip(a, b, strict=True) if not _same(x, y)] == []
+    with store.engine.connect() as conn:  # the shares attributed by telemetry labels too
+        kinds = {r[0] for r in conn.execute(text("SELECT DISTINCT attribution FROM usage_gpu WHERE run_id = :r"),
+                                            {"r": three.run_id})}
+    assert kinds >= {"index", "label"}
+    fa, fb = _findings(store, one.run_id), _findings(store, three.run_id)
+    assert len(fa) == len(fb) > 0
+    assert [x for x, y in zip(fa, fb, strict=True) if not _same(x, y)] == []
+    assert one.summary["reserved_gpu_hours"] == pytest.approx(three.summary["reserved_gpu_hours"], rel=1e-12)
+    store.engine.dispose()
+
+
+def test_a_failed_share_fails_the_audit_and_leaves_no_usage(pg_schema_url: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """One judging connection fails after the others committed their usage rows: the run is marked failed,
+    the error reaches the caller, and no usage row of that run stays behind."""
+    store = Store.open(pg_schema_url)
+    store.upgrade()
+    populate(store, SPEC)
+    inner = audit._judge_share
+
+    def failing(*args: object) -> None:
+        inner(*args)  # type: ignore[arg-type]
+        if args[-2] == 2:  # share 2 of 3 commits its rows, then fails
+            raise RuntimeError("share 2 lost its connection")
+
+    monkeypatch.setattr(audit, "_judge_share", failing)
+    with pytest.raises(RuntimeError, match="share 2"):
+        audit.run_audit(store, Config(store={"judge_connections": 3}), SPEC.start, SPEC.end)
+    with store.engine.connect() as conn:
+        run_id, status = conn.execute(text("SELECT id, status FROM audit_runs ORDER BY id DESC LIMIT 1")).one()
+        left = conn.execute(text("SELECT COUNT(*) FROM usage_gpu WHERE run_id = :r"), {"r": run_id}).scalar()
+    assert status == "failed"
+    assert left == 0
     store.engine.dispose()

@@ -12,7 +12,10 @@ time without profiling fields is judged by GPU-Util (idle-by-util or busy-unveri
 from __future__ import annotations
 
 import logging
+import os
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -217,6 +220,56 @@ def per_allocation_rows(conn: Connection, run_id: int) -> list[dict[str, Any]]:
     return out
 
 
+def judge_connections(cfg: Config, conn: Connection) -> int:
+    """How many connections judge this audit (``store.judge_connections``): one on SQLite."""
+    if conn.dialect.name != "postgresql":
+        return 1
+    n = cfg.store.judge_connections
+    return n if n > 0 else max(1, min(4, os.cpu_count() or 1))
+
+
+def _setup_pg(conn: Connection) -> None:
+    if conn.dialect.name == "postgresql" and (conn.dialect.server_version_info or (0,)) >= (11,):
+        # JIT compiling the judging statement cost more than it ran (0.7 s of 1.5 s at 512 GPUs), and its
+        # per-GPU sort spilled to disk with the default work_mem
+        conn.execute(text("SET LOCAL jit = off"))
+        conn.execute(text("SET LOCAL work_mem = '64MB'"))
+
+
+def _attribute_and_judge(conn: Connection, th: Thresholds, fn: dict[str, str], p: dict[str, Any], run_id: int,
+                         since: int, horizon: int, share: int, shares: int, steps: timing.Steps | None) -> None:
+    """Attribute and judge share ``share`` of ``shares`` of the audit's allocations (by allocation id) into
+    usage_gpu; the infrastructure intervals (``_infra``) stay for the finding rules of this connection."""
+    step = steps.step if steps is not None else (lambda _name: nullcontext())
+    cf = fn["cluster_filter"] + (f" AND MOD(a.id, {shares}) = {share}" if shares > 1 else "")
+    fn = {**fn, "cluster_filter": cf}
+    conn.execute(text("DROP TABLE IF EXISTS _attr"))
+    conn.execute(text(ATTR_DDL))
+    with step("attribute by index and node"):
+        conn.execute(text(ATTR_BY_INDEX.format(**fn)), p)
+        conn.execute(text(ATTR_BY_NODE.format(**fn)), p)
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("ANALYZE _attr"))  # a temporary table has no statistics: plans go wrong
+    with step("attribute by labels"):
+        attribute_by_labels(conn, label_candidates(conn.dialect.name).format(**fn), {**p, "_cf": cf})
+        conn.execute(text(ATTR_REST.format(**fn)), p)
+    with step("infrastructure intervals"):
+        infra.prepare(conn, th, since, horizon)
+    with step("judge buckets"):
+        judge(conn, fn, {**p, "run_id": run_id}, th)
+        conn.execute(text("DROP TABLE _attr"))
+
+
+def _judge_share(store: Store, cfg: Config, th: Thresholds, fn: dict[str, str], p: dict[str, Any], run_id: int,
+                 since: int, horizon: int, share: int, shares: int) -> None:
+    """One other connection's share of the judging (a thread: the driver waits on the server without the GIL),
+    committed on its own."""
+    with store.begin() as conn:
+        _setup_pg(conn)
+        _attribute_and_judge(conn, th, fn, p, run_id, since, horizon, share, shares, None)
+        infra.finish(conn)
+
+
 @dataclass
 class AuditResult:
     run_id: int
@@ -280,32 +333,25 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             thresholds=th.model_dump())).inserted_primary_key[0]
     try:
         with store.begin() as conn:
-            if conn.dialect.name == "postgresql" and (conn.dialect.server_version_info or (0,)) >= (11,):
-                # JIT compiling the judging statement cost more than it ran (0.7 s of 1.5 s at 512 GPUs), and
-                # its per-GPU sort spilled to disk with the default work_mem
-                conn.execute(text("SET LOCAL jit = off"))
-                conn.execute(text("SET LOCAL work_mem = '64MB'"))
+            _setup_pg(conn)
             fn = {**_fn(conn), "cluster_filter": cluster_filter}
-            conn.execute(text("DROP TABLE IF EXISTS _attr"))
-            conn.execute(text(ATTR_DDL))
             p = {k: v for k, v in params.items() if not k.startswith("_")}
-            with steps.step("attribute by index and node"):
-                conn.execute(text(ATTR_BY_INDEX.format(**fn)), p)
-                conn.execute(text(ATTR_BY_NODE.format(**fn)), p)
-                if conn.dialect.name == "postgresql":
-                    conn.execute(text("ANALYZE _attr"))  # a temporary table has no statistics: plans go wrong
-            with steps.step("attribute by labels"):
-                attribute_by_labels(conn, label_candidates(conn.dialect.name).format(**fn),
-                                    {**p, "_cf": cluster_filter})
-                conn.execute(text(ATTR_REST.format(**fn)), p)
-            with steps.step("infrastructure intervals"):
-                infra.prepare(conn, th, s, horizon)
+            n = judge_connections(cfg, conn)
+            with ThreadPoolExecutor(max_workers=n - 1) if n > 1 else nullcontext() as pool:
+                # PostgreSQL runs one query on one core: the other shares of the allocations are attributed and
+                # judged in connections of their own at the same time (each commits its usage_gpu rows; a failed
+                # audit deletes them), this connection takes share 0
+                others = [pool.submit(_judge_share, store, cfg, th, fn, p, run_id, s, horizon, k, n)
+                          for k in range(1, n)] if pool is not None else []
+                _attribute_and_judge(conn, th, fn, p, run_id, s, horizon, 0, n, steps)
+                if others:
+                    with steps.step("judge: other connections' shares"):
+                        for f in others:
+                            f.result()
             with steps.step("judge buckets"):
-                judge(conn, fn, {**p, "run_id": run_id}, th)
                 # fresh statistics, so the findings' per-allocation lookups use (run_id, allocation_id) and do
                 # not scan the whole run once per chunk of allocations
                 conn.execute(text("ANALYZE usage_gpu"))
-                conn.execute(text("DROP TABLE _attr"))
             with steps.step("per-allocation totals and money"):
                 per_alloc = per_allocation_rows(conn, run_id)
                 per_alloc, refused = pricing.price_rows(per_alloc, [*SUM_COLS, "max_gpu_mirage_s_max",
@@ -323,6 +369,8 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                 status="ok", finished_ts=int(utcnow().timestamp()), summary=summary))
     except Exception:
         with store.begin() as conn:
+            # usage rows other judging connections committed (store.judge_connections)
+            conn.execute(schema.usage_gpu.delete().where(schema.usage_gpu.c.run_id == run_id))
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
                 status="failed", finished_ts=int(utcnow().timestamp())))
         raise
