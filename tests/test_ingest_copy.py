@@ -3,6 +3,7 @@ upsert leaves (service test: real PostgreSQL)."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -150,3 +151,54 @@ def test_batch_of_new_and_stored_gpus(pg_url: str, monkeypatch: pytest.MonkeyPat
         new = _load(b, batches, 1, monkeypatch)
     assert len(old) == len(base)
     assert old == new
+
+
+def test_copy_dicts_binary_stores_what_text_copy_and_insert_store(pg_schema_url: str) -> None:
+    """Audit output written by binary COPY (copy_dicts) equals the same rows written by text COPY and by an
+    INSERT: None, JSON with quotes and non-ASCII text, floats, Decimals; a float in an integer column and
+    an integer past int4 take text COPY, where PostgreSQL refuses them as an INSERT would."""
+    from decimal import Decimal
+
+    from sqlalchemy import insert
+
+    from auditor.store import ingest_pg, schema
+
+    store = Store.open(pg_schema_url)
+    store.upgrade()
+    with store.begin() as conn:
+        run = conn.execute(insert(schema.audit_runs).values(started_ts=1, since_ts=0, until_ts=1, status="ok",
+                                                            what_if=False)).inserted_primary_key[0]
+    ev = {"rule": 'idle "92 %" – GPU 0', "sparkline": {"sm": [None, 0.5]}, "n": [1, 2.5]}
+    rows = [{"run_id": run, "kind": "idle_allocation", "cluster": "c1", "allocation_id": None, "account": "",
+             "user_name": "zoë", "team": "t", "start_ts": 1_700_000_000, "end_ts": 1_700_003_600,
+             "gpu_hours": 1.25, "idle_gpu_hours": Decimal("0.5"), "cost": 0.1 + 0.2, "evidence": ev},
+            {"run_id": run, "kind": "lemon_node", "cluster": "c1", "allocation_id": None, "account": "a,b",
+             "user_name": "", "team": "", "start_ts": 0, "end_ts": None, "gpu_hours": 0.0,
+             "idle_gpu_hours": 0.0, "cost": -0.0, "evidence": {}}]
+
+    def stored(kind_prefix: str) -> list[tuple]:
+        with store.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(
+                "SELECT kind, cluster, allocation_id, account, user_name, team, start_ts, end_ts, gpu_hours, "
+                "idle_gpu_hours, cost, CAST(evidence AS TEXT) FROM findings WHERE cluster = :c ORDER BY id"),
+                {"c": kind_prefix})]
+
+    with store.begin() as conn:
+        ingest_pg.copy_dicts(conn, schema.findings, rows)
+    binary = stored("c1")
+    with store.begin() as conn:
+        conn.execute(text("DELETE FROM findings"))
+        saved = dict(ingest_pg._BINARY)
+        ingest_pg._BINARY.clear()  # no binary format: text COPY
+        try:
+            ingest_pg.copy_dicts(conn, schema.findings, rows)
+        finally:
+            ingest_pg._BINARY.update(saved)
+    assert stored("c1") == binary
+    assert binary[0][8:11] == (1.25, 0.5, 0.1 + 0.2) and binary[1][2:4] == (None, "a,b")
+    assert binary[1][7] is None
+    assert json.loads(binary[0][11]) == ev
+    for bad in ({"start_ts": 1.5}, {"end_ts": 2 ** 31}):  # refused by PostgreSQL, not truncated or wrapped
+        with pytest.raises(Exception, match="integer|out of range"), store.begin() as conn:
+            ingest_pg.copy_dicts(conn, schema.findings, [{**rows[1], **bad}])
+    store.engine.dispose()

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, insert, select, text, update
@@ -28,7 +29,7 @@ from auditor.audit.money import Pricing
 from auditor.config import Config, Thresholds
 from auditor.store import schema
 from auditor.store.engine import Store
-from auditor.store.ingest_pg import copy_dicts
+from auditor.store.ingest_pg import copy_tuples
 from auditor.timeutil import to_epoch, utcnow
 
 log = logging.getLogger("gpu_audit.audit")
@@ -377,22 +378,24 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
     return AuditResult(run_id, since, until, summary, steps.seconds)
 
 
+#: usage_allocation column <- per-allocation row key (run_id aside)
+_UA_KEYS = {"allocation_id": "allocation_id", "team": "team", "gpu_model": "gpu_model", "price_per_gpu_hour": "price",
+            **{c: c for c in SUM_COLS if c != "max_gpu_mirage_s"}, "max_gpu_mirage_s": "max_gpu_mirage_s_max",
+            "peak_fb_mib": "peak_fb_mib", "idle_peak_fb_mib": "idle_peak_fb_mib", "gpus": "gpus",
+            "reserved_cost": "reserved_cost", "idle_cost": "idle_cost"}
+
+
 def write_usage_allocation(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]]) -> None:
-    """The per-allocation totals and money of a run, written 5,000 rows at a time (row dicts a chunk at a
-    time: peak RSS at fleet scale); COPY on PostgreSQL."""
+    """The per-allocation totals and money of a run, 5,000 rows at a time (peak RSS at fleet scale): COPY of
+    tuples taken straight from the rows on PostgreSQL, an INSERT of row dicts on SQLite."""
+    get = itemgetter(*_UA_KEYS.values())
+    cols = ["run_id", *_UA_KEYS]
     for i in range(0, len(per_alloc), 5000):
-        rows = []
-        for r in per_alloc[i:i + 5000]:
-            rows.append({"run_id": run_id, "allocation_id": r["allocation_id"], "team": r["team"],
-                         "gpu_model": r["gpu_model"], "price_per_gpu_hour": r["price"],
-                         **{c: r[c] for c in SUM_COLS if c != "max_gpu_mirage_s"},
-                         "max_gpu_mirage_s": r["max_gpu_mirage_s_max"], "peak_fb_mib": r["peak_fb_mib"],
-                         "idle_peak_fb_mib": r["idle_peak_fb_mib"],
-                         "gpus": r["gpus"], "reserved_cost": r["reserved_cost"], "idle_cost": r["idle_cost"]})
+        chunk = [(run_id, *get(r)) for r in per_alloc[i:i + 5000]]
         if conn.dialect.name == "postgresql":
-            copy_dicts(conn, schema.usage_allocation, rows)
+            copy_tuples(conn, schema.usage_allocation.name, cols, chunk)
         else:
-            conn.execute(insert(schema.usage_allocation), rows)
+            conn.execute(insert(schema.usage_allocation), [dict(zip(cols, r, strict=True)) for r in chunk])
 
 
 def refuse(conn: Connection, run_id: int, refused: list[tuple[dict[str, Any], str]], now: int) -> None:

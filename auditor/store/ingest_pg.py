@@ -199,10 +199,41 @@ def copy_stream(conn: Connection, buckets: Sequence[Any], gids: list[int], make_
     return rows
 
 
+#: Binary COPY formats by column type: varchar and json take their text bytes in binary (their recv
+#: functions read text), so the text dumper writes them.
+_BINARY = {"int4": "int4", "int8": "int8", "float8": "float8", "bool": "bool", "text": "text", "varchar": "text",
+           "json": "text"}
+
+
+def _table_types(conn: Connection, table: str) -> dict[str, str]:
+    """Column -> PostgreSQL type name of ``table``, read once per connection."""
+    info = conn.connection.info
+    key = ("_copy_types", table)
+    if key not in info:
+        info[key] = dict(conn.exec_driver_sql(
+            "SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+            f"WHERE a.attrelid = '{table}'::regclass AND a.attnum > 0 AND NOT a.attisdropped").all())
+    return info[key]
+
+
+def _binary_ok(rows: Sequence[tuple], types: Sequence[str]) -> bool:
+    """Binary COPY takes these rows as text COPY would: every integer column holds Python ints that fit
+    (a float there, or an int past int4, goes through text COPY, where PostgreSQL refuses it itself)."""
+    for i, t in enumerate(types):
+        if t in ("int4", "int8"):
+            lo, hi = INT4 if t == "int4" else (-(2 ** 63), 2 ** 63 - 1)
+            for v in map(itemgetter(i), rows):
+                if v is not None and (v.__class__ is not int or not lo <= v <= hi):
+                    return False
+    return True
+
+
 def copy_dicts(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> None:
     """Bulk insert of row dicts into ``table`` (a Table: audit output such as usage_allocation, findings) by
-    text COPY: an INSERT of tens of thousands of 40-column rows spent seconds binding parameters. Columns
-    a row leaves out take their scalar Python default, as an INSERT would; JSON values go as JSON text."""
+    COPY: an INSERT of tens of thousands of 40-column rows spent seconds binding parameters. Binary COPY
+    (7x cheaper to encode than text for 14,000 rows of 30 floats) when every column has a binary format
+    here and the integers fit, else text. Columns a row leaves out take their scalar Python default, as an
+    INSERT would; JSON values go as JSON text."""
     from auditor import jsonsafe
 
     if not rows:
@@ -212,4 +243,13 @@ def copy_dicts(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> 
     get = [(c.name, c.default.arg if c.default is not None and c.default.is_scalar else None) for c in cols]
     out = [tuple(jsonsafe.dumps(v) if isinstance(v := r.get(n, d), dict | list) else v for n, d in get)
            for r in rows]
-    copy_rows(conn.connection.dbapi_connection, table.name, [c.name for c in cols], out)
+    copy_tuples(conn, table.name, [c.name for c in cols], out)
+
+
+def copy_tuples(conn: Connection, table: str, cols: Sequence[str], rows: Sequence[tuple]) -> None:
+    """COPY ``rows`` (tuples in ``cols`` order) into ``table``: binary when every column has a binary
+    format here and the integers fit (:func:`_binary_ok`), else text."""
+    pg = _table_types(conn, table)
+    types = [_BINARY.get(pg.get(c, "")) for c in cols]
+    binary = all(types) and _binary_ok(rows, types)  # type: ignore[arg-type]
+    copy_rows(conn.connection.dbapi_connection, table, cols, rows, types if binary else None)  # type: ignore[arg-type]
