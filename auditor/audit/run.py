@@ -386,16 +386,17 @@ _UA_KEYS = {"allocation_id": "allocation_id", "team": "team", "gpu_model": "gpu_
 
 
 def write_usage_allocation(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]]) -> None:
-    """The per-allocation totals and money of a run, 5,000 rows at a time (peak RSS at fleet scale): COPY of
-    tuples taken straight from the rows on PostgreSQL, an INSERT of row dicts on SQLite."""
+    """The per-allocation totals and money of a run, 5,000 rows at a time (peak RSS at fleet scale): tuples
+    taken straight from the rows, by COPY on PostgreSQL and executemany on SQLite."""
     get = itemgetter(*_UA_KEYS.values())
     cols = ["run_id", *_UA_KEYS]
+    sql = f"INSERT INTO usage_allocation ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
     for i in range(0, len(per_alloc), 5000):
         chunk = [(run_id, *get(r)) for r in per_alloc[i:i + 5000]]
         if conn.dialect.name == "postgresql":
             copy_tuples(conn, schema.usage_allocation.name, cols, chunk)
-        else:
-            conn.execute(insert(schema.usage_allocation), [dict(zip(cols, r, strict=True)) for r in chunk])
+        else:  # the driver's executemany of tuples (per-allocation step 1.8-2.4 -> 1.1 s at 1,024 GPUs)
+            conn.exec_driver_sql(sql, chunk)
 
 
 def refuse(conn: Connection, run_id: int, refused: list[tuple[dict[str, Any], str]], now: int) -> None:
