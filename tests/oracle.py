@@ -362,7 +362,8 @@ class Oracle:
             apply = [x for x in sub if names(x.job, a)] if labelled else [x for x in sub if not x.job]
             if not apply:
                 continue
-            if touches(tied, ts, ts + w):  # infrastructure-affected bucket: judged by no verdict
+            if touches(tied, max(ts, a_s), min(ts + w, a_e)):  # its reserved part infrastructure-affected:
+                # judged by no verdict
                 self.seen["bucket skipped: infrastructure event"] += 1
                 continue
             row = combine(apply)

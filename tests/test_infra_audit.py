@@ -125,3 +125,24 @@ def test_same_events_twice_and_an_end_once_known_stays(store: Store) -> None:
                                  "last_seen_ts FROM node_events")).all()
     assert [tuple(r) for r in rows] == [("n1", -1, "drain", int(T0.timestamp()), int(T0.timestamp()) + 1800,
                                          "fan", 1, 3)]
+
+
+def test_an_event_outside_the_reserved_part_of_a_bucket_leaves_it_judged(store: Store) -> None:
+    """n3 was drained 0-1 min; job C starts on it at 2 min (inside the same 5-minute bucket) and holds GPU 0
+    for 1 h, idle throughout. The drain touches the bucket but not the job: the bucket's reserved part
+    (2-5 min, 3 min) is judged idle, not left unknown. Hand count: idle 3 + 55 (buckets 5-60 min) + 2
+    (60-62 min) = 60 min; infra 0, unknown 0. A second drain at 30-31 min, inside the job, still leaves
+    its bucket (30-35 min) to no verdict: 1 min infra, 4 min unknown, 55 idle."""
+    start = minutes(2)
+    store.ingest([job("C", [AllocatedGpu("n3", 0)], hours=1, start=start), *run("n3", 0, 0, 13, **IDLE),
+                  NodeEvent("c", "n3", "drain", minutes(0), minutes(1), reason="reboot", source="sacctmgr")],
+                 seen_at_ts=0)
+    res = run_audit(store, Config(), W0, W1)
+    c = usage(store, res.run_id)[("C", 0)]
+    assert c["reserved_s"] == 60 * M and c["infra_s"] == 0
+    assert c["idle_s"] == 60 * M and c["unknown_s"] == 0
+    store.ingest([NodeEvent("c", "n3", "drain", minutes(30), minutes(31), reason="psu", source="sacctmgr")],
+                 seen_at_ts=0)
+    res = run_audit(store, Config(), W0, W1)
+    c = usage(store, res.run_id)[("C", 0)]
+    assert c["infra_s"] == 1 * M and c["unknown_s"] == 4 * M and c["idle_s"] == 55 * M

@@ -5,8 +5,8 @@ error or row remapping; a node Slurm drained or marked down; a Kubernetes node N
 an interval of a GPU (or of every GPU of the node) as infrastructure-affected. During an audit:
 
 - ``_infra`` (temporary): per telemetry GPU, the merged intervals of its events and its node's events.
-  Buckets that overlap one are judged by no verdict (:data:`SKIP`): neither idle nor working, in no user
-  finding (idle episodes, idle reservations skip them too);
+  Buckets whose reserved part overlaps one are judged by no verdict (:data:`SKIP`): neither idle nor
+  working, in no user finding (idle episodes, idle reservations skip them too);
 - ``_attr_infra`` (temporary): per allocated GPU, the seconds of its reserved interval inside its events
   (exact, not rounded to buckets): the usage column ``infra_s``. Unknown = reserved - observed - infra.
 
@@ -23,9 +23,11 @@ from sqlalchemy import Connection, text
 from auditor.config import Thresholds
 
 WHOLE_NODE = -1
-#: Bucket condition (``b`` = gpu_buckets): the bucket overlaps no infrastructure interval of its GPU
-SKIP = (" AND NOT EXISTS (SELECT 1 FROM _infra i WHERE i.gpu_id = b.gpu_id AND i.s < b.bucket_ts + b.bucket_s"
-        " AND i.e > b.bucket_ts)")
+#: Bucket condition (``b`` = gpu_buckets, ``{a}`` the allocated interval a_s, a_e): the part of the bucket
+#: inside the reserved interval overlaps no infrastructure interval of its GPU. An event outside the
+#: reserved part (a drain that ended before the job started) leaves the bucket judged.
+SKIP = (" AND NOT EXISTS (SELECT 1 FROM _infra i WHERE i.gpu_id = b.gpu_id"
+        " AND i.s < {L}(b.bucket_ts + b.bucket_s, {a}.a_e) AND i.e > {G}(b.bucket_ts, {a}.a_s))")
 _FLAG = "gpu_audit_infra"
 
 EVENTS = """SELECT cluster, node, gpu_index, kind, start_ts, end_ts FROM node_events
@@ -49,8 +51,17 @@ def overlap(intervals: list[tuple[int, int]], a_s: int, a_e: int) -> int:
 
 
 def skip(conn: Connection) -> str:
-    """:data:`SKIP` when this audit has infrastructure intervals on a telemetry GPU, else "" (no cost)."""
+    """:data:`SKIP` (a template: :func:`clip` fills it in) when this audit has infrastructure intervals on a
+    telemetry GPU, else "" (no cost)."""
     return SKIP if conn.info.get(_FLAG) else ""
+
+
+def clip(skip: str, dialect: str, alias: str) -> str:
+    """The bucket condition ``skip`` (:func:`skip`) for the allocated interval of ``alias`` (a_s, a_e)."""
+    if not skip:
+        return ""
+    g, le = ("GREATEST", "LEAST") if dialect == "postgresql" else ("max", "min")
+    return skip.format(a=alias, G=g, L=le)
 
 
 def _events(conn: Connection, th: Thresholds, since: int, horizon: int) -> dict[tuple[str, str], dict[int, list]]:

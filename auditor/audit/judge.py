@@ -16,7 +16,7 @@ Used by the audit on both engines, idle episodes and idle reservations, so all r
 
 from __future__ import annotations
 
-from auditor.audit import verdict
+from auditor.audit import infra, verdict
 from auditor.config import Thresholds
 
 #: Metrics the verdict and the per-GPU sums read; ``io_bps`` is PCIe + NVLink bytes/s of a row.
@@ -212,7 +212,7 @@ def rows_of(dialect: str, th: Thresholds, src: str, alias: str, names: list[str]
     bucket condition (:data:`auditor.audit.infra.SKIP`: buckets of infrastructure-affected time)."""
     a = alias
     cond = (f"b.gpu_id = {a}.gpu_id AND b.bucket_ts >= {a}.a_s - {LOOKBACK} AND b.bucket_ts < {a}.a_e"
-            f" AND b.bucket_ts + b.bucket_s > {a}.a_s{skip}")
+            f" AND b.bucket_ts + b.bucket_s > {a}.a_s{infra.clip(skip, dialect, a)}")
     keys = [(f"{a}.{k}", k) for k in (*names, "a_s", "a_e")]
     if dialect == "postgresql":
         rows = judged_rows(dialect, th, keys, f"FROM gpu_buckets b WHERE {cond}", f"{a}.jkey", lab=f"{a}.lab",

@@ -145,12 +145,13 @@ def judge_sql(dialect: str, th: Thresholds, skip: str = "", *, lateral: bool | N
     head = _INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb, j.idle_fb\nFROM _attr at "
     if lateral if lateral is not None else dialect == "postgresql":
         keys = [("at.a_s", "a_s"), ("at.a_e", "a_e")]
-        rows = judged_rows(dialect, th, keys, _FRM.format(t="at") + skip, "at.jkey", lab="at.lab",
+        rows = judged_rows(dialect, th, keys, _FRM.format(t="at") + infra.clip(skip, dialect, "at"), "at.jkey",
+                           lab="at.lab",
                            correlated=True)
         return head + f"CROSS JOIN LATERAL (SELECT {sums} FROM ({rows}) j) j" + _JOIN_INFRA
     keys = [("t.allocated_gpu_id", "gid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
     frm = "FROM _attr t JOIN gpu_buckets b ON " + _FRM.format(t="t").removeprefix(
-        "FROM gpu_buckets b WHERE ") + skip
+        "FROM gpu_buckets b WHERE ") + infra.clip(skip, dialect, "t")
     rows = judged_rows(dialect, th, keys, frm, "t.jkey", lab="t.lab")
     return (head + f"LEFT JOIN (SELECT j.gid, {sums} FROM ({rows}) j GROUP BY j.gid) j ON j.gid = at.allocated_gpu_id"
             + _JOIN_INFRA)
@@ -165,7 +166,8 @@ JUDGE_SQLITE_DDL = "CREATE TEMPORARY TABLE _judged (allocated_gpu_id INTEGER PRI
 
 
 def _sqlite_scan(th: Thresholds, grouped: bool, skip: str = "") -> str:
-    rows = sqlite_rows(th, _FRM.format(t="t") + " AND t.a_e > t.a_s" + skip, "t.jkey", grouped=grouped)
+    rows = sqlite_rows(th, _FRM.format(t="t") + " AND t.a_e > t.a_s" + infra.clip(skip, "sqlite", "t"), "t.jkey",
+                       grouped=grouped)
     if grouped:  # the rare GPUs with job labels: their rows combined per bucket first
         sums, frm = SUMS, f"({rows}) j"
     else:  # one row per bucket: sums per verdict, then SUMS off those (PIVOT)
