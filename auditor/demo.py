@@ -253,7 +253,7 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random,
                            if w.start_h <= hour < w.start_h + w.hours]
                 w = running[0] if running else None
                 prof = w.profile_at(g, hour) if w else (GHOST if ghost_at(cluster, node, g, hour) else FREE)
-                values = prof.at(ts, rng)
+                values = prof.at(ts - t0, rng)  # the daily cycle from the week's start: the same week at any hour
                 uuid = f"GPU-{cluster}-{node}-{g}"
                 pod = ns = ""
                 if w and w.source == "kubernetes":
