@@ -130,9 +130,36 @@ def audit_rows(engine: str, results: list[dict[str, Any]]) -> list[Row]:
 
 
 def _audit_line(r: dict[str, Any]) -> str:
+    """One audit's figures, and on a second line its slowest steps (auditor.audit.timing)."""
+    steps = sorted((r.get("steps") or {}).items(), key=lambda kv: -kv[1])
+    split = "" if not steps else ("\n          steps: " + ", ".join(f"{k} {v:.1f}s" for k, v in steps[:8])
+                                  + (f", {len(steps) - 8} more {sum(v for _k, v in steps[8:]):.1f}s"
+                                     if len(steps) > 8 else ""))
     return (f"{r['gpus']:>7,} GPUs {r['rows']:>12,} rows {r['allocations']:>8,} allocs | audit {r['audit_s']:.2f}s "
             f"| floor {r['floor_s']:.2f}s | audit/floor {r['audit_s'] / r['floor_s']:.1f}x | judge "
-            f"{r['judge_s']:.2f}s = {r['judge_s'] / r['floor_s']:.1f}x floor | peak RSS {r['rss_mib']:.0f} MiB")
+            f"{r['judge_s']:.2f}s = {r['judge_s'] / r['floor_s']:.1f}x floor | peak RSS {r['rss_mib']:.0f} MiB"
+            + split)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: absolute seconds differ between machines (the same audit code took
+    21 s for the 4,096-GPU week on one 2-core machine, 2026-11-30 12:25 UTC, and 53 s on another at 13:40),
+    the ratios much less. The calibration is a fixed pure-Python loop, so two runs' machines can be compared."""
+    import os
+    import platform
+
+    model = ""
+    try:
+        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    t = time.perf_counter()
+    acc = 0
+    for i in range(10_000_000):
+        acc += i
+    return {"cpu": model or platform.processor(), "cores": os.cpu_count(),
+            "python_loop_10m_s": round(time.perf_counter() - t, 3), "load_avg": round(os.getloadavg()[0], 2)}
 
 
 def bench_audit(args: argparse.Namespace, figures: dict[str, Any]) -> list[Row]:
@@ -240,6 +267,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[Row] = []
     say(f"gpu-audit bench ({time.strftime('%Y-%m-%d %H:%M')} UTC): {args.days:g} days at 5-min buckets; "
         f"engines {', '.join(args.engines)}")
+    figures["machine"] = m = machine()
+    say(f"machine: {m['cpu']}, {m['cores']} cores; a 10-million-step Python loop takes {m['python_loop_10m_s']:.2f}s "
+        f"(compare runs by it); load average {m['load_avg']}")
     for name, fn in BENCHMARKS:
         if args.only and name not in args.only:
             continue
