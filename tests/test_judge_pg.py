@@ -3,7 +3,9 @@ bucket): the usage it writes equals the grouped reference statement's, row by ro
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -24,9 +26,17 @@ def _usage(store: Store, run_id: int) -> list[tuple]:
             "SELECT * FROM usage_gpu WHERE run_id = :r ORDER BY allocated_gpu_id"), {"r": run_id})]
 
 
-def _same(x: tuple, y: tuple) -> bool:
-    return all(u == v or (isinstance(u, float) and isinstance(v, float)
-                          and math.isclose(u, v, rel_tol=1e-12, abs_tol=1e-9)) for u, v in zip(x, y, strict=True))
+def _same(x: Any, y: Any) -> bool:
+    """Equal, floats to 1e-12 (sums in another order), JSON text compared as the values it holds."""
+    if isinstance(x, str) and isinstance(y, str) and x[:1] == "{" and y[:1] == "{":
+        return _same(json.loads(x), json.loads(y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    if isinstance(x, list | tuple) and isinstance(y, list | tuple):
+        return len(x) == len(y) and all(_same(u, v) for u, v in zip(x, y, strict=True))
+    if isinstance(x, float) and isinstance(y, float):
+        return math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-9)
+    return x == y
 
 
 def test_lateral_judge_equals_the_grouped_reference(pg_schema_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,13 +104,15 @@ def test_sparklines_equal_a_python_reading_of_the_rows(store_url: str) -> None:
 def _findings(store: Store, run_id: int) -> list[tuple]:
     with store.engine.connect() as conn:
         return [tuple(r) for r in conn.execute(text(
-            "SELECT kind, allocation_id, gpu_hours, idle_gpu_hours FROM findings WHERE run_id = :r "
+            "SELECT kind, allocation_id, gpu_hours, idle_gpu_hours, CAST(evidence AS TEXT) FROM findings "
+            "WHERE run_id = :r "
             "ORDER BY kind, allocation_id, gpu_hours"), {"r": run_id})]
 
 
 def test_judging_in_several_connections_equals_one(pg_schema_url: str) -> None:
     """store.judge_connections = 3: three connections each attribute and judge a third of the allocations
-    (by id); usage and findings equal the one-connection audit's, row by row, and attribution by telemetry
+    (by id) and the sparklines are read in three connections; usage and findings (their evidence, sparklines
+    included, as stored text) equal the one-connection audit's, row by row, and attribution by telemetry
     labels (count-only allocations) is among them."""
     spec = LABELLED  # a block of Kubernetes pods (count-only GPUs) beside Slurm jobs
     store = Store.open(pg_schema_url)
@@ -108,7 +120,8 @@ def test_judging_in_several_connections_equals_one(pg_schema_url: str) -> None:
     populate(store, spec)
     one = audit.run_audit(store, Config(store={"judge_connections": 1}), spec.start, spec.end)
     three = audit.run_audit(store, Config(store={"judge_connections": 3}), spec.start, spec.end)
-    assert "judge: other connections' shares" in three.steps and "judge: other connections' shares" not in one.steps
+    assert "attribute and judge: wall (3 connections)" in three.steps
+    assert not any("wall" in k for k in one.steps)
     a, b = _usage(store, one.run_id), _usage(store, three.run_id)
     assert len(a) == len(b) > 50
     assert [x for x, y in zip(a, b, strict=True) if not _same(x, y)] == []
@@ -119,6 +132,7 @@ def test_judging_in_several_connections_equals_one(pg_schema_url: str) -> None:
     fa, fb = _findings(store, one.run_id), _findings(store, three.run_id)
     assert len(fa) == len(fb) > 0
     assert [x for x, y in zip(fa, fb, strict=True) if not _same(x, y)] == []
+    assert sum('"sparkline"' in f[4] for f in fb) > 10
     assert one.summary["reserved_gpu_hours"] == pytest.approx(three.summary["reserved_gpu_hours"], rel=1e-12)
     store.engine.dispose()
 

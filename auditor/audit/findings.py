@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, text
 
 from auditor import energy
-from auditor.audit import infra, rightsize
+from auditor.audit import infra, parallel, rightsize
 from auditor.audit.efficiency import low_efficiency
 from auditor.audit.episodes import idle_episodes
 from auditor.audit.evidence import (
@@ -135,8 +135,8 @@ def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizo
     # SQLite's planner uses the range by itself
     buckets = (f"CROSS JOIN LATERAL (SELECT * FROM gpu_buckets b WHERE {rng} OFFSET 0) b" if pg else
                f"JOIN gpu_buckets b ON {rng}")
-    for i in range(0, len(ids), 500):
-        marks = ", ".join(str(int(x)) for x in ids[i:i + 500])
+
+    def block(c: Connection, marks: str) -> list[Any]:
         sql = f"""SELECT aid, {agg.format("CAST(bin AS TEXT) || ':' || " + fmt("sm") + " || ':' || " + fmt("util"))}
         AS packed FROM (
          SELECT u.allocation_id AS aid,
@@ -146,10 +146,14 @@ def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizo
                 {JOB_KEY} AS jkey FROM allocations a WHERE a.id IN ({marks})) w
          JOIN usage_gpu u ON u.run_id = :run AND u.allocation_id = w.id
          {buckets}
-         WHERE b.samples > 0 AND w.e0 > w.s0 AND (b.job = '' OR {job_match(conn.dialect.name, "b.job", "w.jkey")})
+         WHERE b.samples > 0 AND w.e0 > w.s0 AND (b.job = '' OR {job_match(c.dialect.name, "b.job", "w.jkey")})
          GROUP BY u.allocation_id, CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER)) bins
         GROUP BY aid"""
-        for aid, packed in conn.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}):
+        return c.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}).fetchall()
+
+    blocks = [", ".join(str(int(x)) for x in ids[i:i + 500]) for i in range(0, len(ids), 500)]
+    for rows in parallel.map_read(conn, block, blocks):  # several connections at once where the run allows
+        for aid, packed in rows:
             sm: list[float | None] = [None] * SPARK_BINS
             util: list[float | None] = [None] * SPARK_BINS
             for item in (packed or "").split(";"):
@@ -170,7 +174,9 @@ def per_gpu_rows(conn: Connection, run_id: int) -> dict[int, list[dict[str, Any]
     sql = (f"SELECT u.allocation_id, {', '.join('u.' + c for c in cols[:-1])}, ag.node FROM usage_gpu u JOIN "
            "(SELECT allocation_id FROM usage_gpu WHERE run_id = :run GROUP BY allocation_id HAVING COUNT(*) >= 2) m "
            "ON m.allocation_id = u.allocation_id JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
-           "WHERE u.run_id = :run")
+           "WHERE u.run_id = :run ORDER BY u.allocation_id, ag.node, u.allocated_gpu_id")
+    # ordered: the idle_gpus evidence lists GPUs in this order (without it, the order rows happened to be
+    # stored in, which differs when several connections judged the run)
     out: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in conn.execute(text(sql), {"run": run_id}):
         out[r[0]].append(dict(zip(cols, r[1:], strict=True)))

@@ -85,9 +85,10 @@ def _of_gpu(per: dict[int, list], idx: int | None) -> list[tuple[int, int]]:
     return merge([*per.get(WHOLE_NODE, []), *own])
 
 
-def prepare(conn: Connection, th: Thresholds, since: int, horizon: int) -> int:
+def prepare(conn: Connection, th: Thresholds, since: int, horizon: int, *, allocated: bool = True) -> int:
     """Fill ``_infra`` and ``_attr_infra`` for the allocated GPUs in ``_attr``; returns the allocated GPUs
-    with infrastructure-affected time."""
+    with infrastructure-affected time. ``allocated=False``: ``_infra`` only (a connection that judged
+    nothing itself and runs the finding rules)."""
     conn.execute(text("DROP TABLE IF EXISTS _infra"))
     conn.execute(text("DROP TABLE IF EXISTS _attr_infra"))
     conn.execute(text("CREATE TEMPORARY TABLE _infra (gpu_id INTEGER, s INTEGER, e INTEGER)"))
@@ -107,10 +108,10 @@ def prepare(conn: Connection, th: Thresholds, since: int, horizon: int) -> int:
             per = ev.get((r.cluster, r.host))
             if per:
                 rows += [{"g": r.id, "s": s, "e": e} for s, e in _of_gpu(per, r.gpu_index)]
-        for r in conn.execute(text(
+        for r in ([] if not allocated else conn.execute(text(
                 "SELECT at.allocated_gpu_id AS gid, at.gpu_index, at.a_s, at.a_e, a.cluster, ag.node FROM _attr at"
                 " JOIN allocated_gpus ag ON ag.id = at.allocated_gpu_id JOIN allocations a ON a.id = at.allocation_id"
-                f" WHERE ag.node IN ({names})"), p):
+                f" WHERE ag.node IN ({names})"), p)):
             per = ev.get((r.cluster, r.node))
             if per and (x := overlap(_of_gpu(per, r.gpu_index), int(r.a_s), int(r.a_e))) > 0:
                 attr.append({"g": r.gid, "x": x})

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, text, update
 
-from auditor.audit import infra, timing
+from auditor.audit import infra, parallel, timing
 from auditor.audit.judge import (
     BY_VERDICT,
     EXTRA,
@@ -280,13 +280,15 @@ def _attribute_and_judge(conn: Connection, th: Thresholds, fn: dict[str, str], p
 
 
 def _judge_share(store: Store, cfg: Config, th: Thresholds, fn: dict[str, str], p: dict[str, Any], run_id: int,
-                 since: int, horizon: int, share: int, shares: int) -> None:
-    """One other connection's share of the judging (a thread: the driver waits on the server without the GIL),
-    committed on its own."""
+                 since: int, horizon: int, share: int, shares: int) -> dict[str, float]:
+    """One connection's share of the judging (a thread: the driver waits on the server without the GIL),
+    committed on its own; returns its seconds per step."""
+    mine = timing.Steps()
     with store.begin() as conn:
         _setup_pg(conn)
-        _attribute_and_judge(conn, th, fn, p, run_id, since, horizon, share, shares, None)
+        _attribute_and_judge(conn, th, fn, p, run_id, since, horizon, share, shares, mine)
         infra.finish(conn)
+    return mine.seconds
 
 
 @dataclass
@@ -353,20 +355,23 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
     try:
         with store.begin() as conn:
             _setup_pg(conn)
+            conn.info.pop(parallel.KEY, None)
             fn = {**_fn(conn), "cluster_filter": cluster_filter}
             p = {k: v for k, v in params.items() if not k.startswith("_")}
             n = judge_connections(cfg, conn)
-            with ThreadPoolExecutor(max_workers=n - 1) if n > 1 else nullcontext() as pool:
-                # PostgreSQL runs one query on one core: the other shares of the allocations are attributed and
-                # judged in connections of their own at the same time (each commits its usage_gpu rows; a failed
-                # audit deletes them), this connection takes share 0
-                others = [pool.submit(_judge_share, store, cfg, th, fn, p, run_id, s, horizon, k, n)
-                          for k in range(1, n)] if pool is not None else []
-                _attribute_and_judge(conn, th, fn, p, run_id, s, horizon, 0, n, steps)
-                if others:
-                    with steps.step("judge: other connections' shares"):
-                        for f in others:
-                            f.result()
+            if n > 1:
+                # PostgreSQL runs one query on one core: n connections attribute and judge a share of the
+                # allocations each at the same time and commit their usage rows (a failed audit deletes them),
+                # so helper connections can read the run's usage later (:mod:`auditor.audit.parallel`)
+                with steps.step(f"attribute and judge: wall ({n} connections)"), ThreadPoolExecutor(n) as pool:
+                    shares = [f.result() for f in [pool.submit(_judge_share, store, cfg, th, fn, p, run_id, s,
+                                                               horizon, k, n) for k in range(n)]]
+                for name in shares[0]:  # the slowest share's time per step: the critical path
+                    steps.seconds[name] = max(x.get(name, 0.0) for x in shares)
+                infra.prepare(conn, th, s, horizon, allocated=False)  # _infra, for the finding rules
+                conn.info[parallel.KEY] = n
+            else:
+                _attribute_and_judge(conn, th, fn, p, run_id, s, horizon, 0, 1, steps)
             with steps.step("judge buckets"):
                 # fresh statistics, so the findings' per-allocation lookups use (run_id, allocation_id) and do
                 # not scan the whole run once per chunk of allocations
@@ -384,10 +389,12 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                      ", ".join(f"{k} {v:.2f} s" for k, v in steps.seconds.items()))
             if refused:
                 summary["refused_allocations"] = len(refused)
+            conn.info.pop(parallel.KEY, None)  # the pooled connection's info outlives this audit
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
                 status="ok", finished_ts=int(utcnow().timestamp()), summary=summary))
     except Exception:
         with store.begin() as conn:
+            conn.info.pop(parallel.KEY, None)
             # usage rows other judging connections committed (store.judge_connections)
             conn.execute(schema.usage_gpu.delete().where(schema.usage_gpu.c.run_id == run_id))
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(

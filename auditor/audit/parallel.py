@@ -1,0 +1,51 @@
+"""Helper connections for the read-only parts of a PostgreSQL audit.
+
+PostgreSQL runs one query on one core. When every share of the judging was committed by its own connection
+(``store.judge_connections`` > 1, :func:`auditor.audit.run.run_audit`), the usage rows of the run are
+visible to any connection, so the per-finding queries that only read (sparklines) can run in several
+connections at once. The audit's own connection keeps its transaction (usage_allocation, findings) and its
+temporary tables; a helper sees neither, so only queries that need neither are handed out here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, text
+
+T = TypeVar("T")
+R = TypeVar("R")
+#: conn.info key: how many connections may read this audit's committed usage at once
+KEY = "gpu_audit_readers"
+
+
+def readers(conn: Connection) -> int:
+    """Connections that may read this run's usage at once (1: only ``conn`` itself)."""
+    return int(conn.info.get(KEY, 1))
+
+
+def _on_helper(conn: Connection, fn: Callable[[Connection, T], R], item: T) -> R:
+    with conn.engine.connect() as c, c.begin():
+        c.execute(text("SET LOCAL jit = off"))
+        return fn(c, item)
+
+
+def map_read(conn: Connection, fn: Callable[[Connection, T], R], items: Sequence[T]) -> Iterator[R]:
+    """``fn(connection, item)`` for every item, results in order: on ``conn`` one after the other, or on
+    :func:`readers` helper connections at once (at most that many results waiting, so memory stays one
+    batch per connection)."""
+    n = readers(conn)
+    if n <= 1 or len(items) <= 1:
+        for item in items:
+            yield fn(conn, item)
+        return
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        pending: list[Any] = []
+        for item in items:
+            pending.append(pool.submit(_on_helper, conn, fn, item))
+            if len(pending) >= n:
+                yield pending.pop(0).result()
+        for f in pending:
+            yield f.result()
