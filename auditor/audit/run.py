@@ -241,12 +241,15 @@ def per_allocation_rows(conn: Connection, run_id: int) -> list[dict[str, Any]]:
     zero = 0.0
     out = []
     sql = text(PER_ALLOCATION).execution_options(stream_results=True, yield_per=5000)  # this statement only
-    for m in conn.execute(sql, {"run_id": run_id}).mappings():
-        d = {k: (zero if v.__class__ is float and v == 0.0 else v) for k, v in m.items()}
-        for k in _TEXT:
-            if d.get(k).__class__ is str:
-                d[k] = intern(d[k])
-        out.append(d)
+    res = conn.execute(sql, {"run_id": run_id})
+    keys = tuple(res.keys())
+    texts = [i for i, k in enumerate(keys) if k in _TEXT]
+    for row in res:  # plain rows, not mappings: 3.5 -> 2.8 s for 64,507 allocations on PostgreSQL
+        vals = [zero if v.__class__ is float and v == 0.0 else v for v in row]
+        for i in texts:
+            if vals[i].__class__ is str:
+                vals[i] = intern(vals[i])
+        out.append(dict(zip(keys, vals, strict=True)))
     return out
 
 
@@ -328,11 +331,19 @@ def attribute_by_labels(conn: Connection, sql: str, params: dict[str, Any]) -> i
         cands = found.get((r.allocation_id, r.node))
         if cands and r.slot < len(cands):
             rows.append({"g": r.id, "gpu": cands[r.slot][0], "idx": cands[r.slot][1]})
-    if rows:
+    if rows:  # one set-based insert (a statement per GPU cost 8 s at 16,384 GPUs on PostgreSQL)
+        conn.execute(text("DROP TABLE IF EXISTS _lab"))
+        conn.execute(text("CREATE TEMPORARY TABLE _lab (g INTEGER PRIMARY KEY, gpu INTEGER, idx INTEGER)"))
+        if conn.dialect.name == "postgresql":
+            copy_tuples(conn, "_lab", ["g", "gpu", "idx"], [(r["g"], r["gpu"], r["idx"]) for r in rows])
+        else:
+            conn.exec_driver_sql("INSERT INTO _lab (g, gpu, idx) VALUES (?, ?, ?)",
+                                 [(r["g"], r["gpu"], r["idx"]) for r in rows])
         conn.execute(text(
-            "INSERT INTO _attr SELECT ag.id, a.id, :gpu, :idx, 'label', " + _CLIP.format(**_fn(conn))
-            + _TAIL + ", 1 FROM allocated_gpus ag JOIN allocations a ON a.id = ag.allocation_id "
-            "WHERE ag.id = :g"), [{"since": params["since"], "horizon": params["horizon"], **r} for r in rows])
+            "INSERT INTO _attr SELECT ag.id, a.id, l.gpu, l.idx, 'label', " + _CLIP.format(**_fn(conn))
+            + _TAIL + ", 1 FROM _lab l JOIN allocated_gpus ag ON ag.id = l.g JOIN allocations a ON "
+            "a.id = ag.allocation_id"), {"since": params["since"], "horizon": params["horizon"]})
+        conn.execute(text("DROP TABLE _lab"))
     return len(rows)
 
 
