@@ -160,3 +160,35 @@ def test_a_failed_share_fails_the_audit_and_leaves_no_usage(pg_schema_url: str,
     assert status == "failed"
     assert left == 0
     store.engine.dispose()
+
+
+def test_a_run_abandoned_a_day_ago_is_swept(store_url: str) -> None:
+    """A killed audit leaves its run "running" and the usage rows its judging connections committed; the
+    next audit a day later marks it failed and deletes those rows (a run started an hour ago is left alone:
+    it may still be judging). Both engines."""
+    from sqlalchemy import insert
+
+    from auditor.store import schema
+    from auditor.timeutil import utcnow
+
+    store = Store.open(store_url)
+    store.upgrade()
+    populate(store, SPEC)
+    now = int(utcnow().timestamp())
+    with store.begin() as conn:
+        old, recent = (conn.execute(insert(schema.audit_runs).values(
+            started_ts=now - age, since_ts=0, until_ts=1, status="running", what_if=False)).inserted_primary_key[0]
+            for age in (audit.ABANDONED_S + 60, 3600))
+        gid, aid = conn.execute(text("SELECT id, allocation_id FROM allocated_gpus LIMIT 1")).one()
+        for run in (old, recent):
+            conn.execute(insert(schema.usage_gpu).values(run_id=run, allocated_gpu_id=gid, allocation_id=aid,
+                                                         attribution="index", reserved_s=60.0))
+    audit.run_audit(store, Config(), SPEC.start, SPEC.end)
+    with store.engine.connect() as conn:
+        status = dict(conn.execute(text("SELECT id, status FROM audit_runs WHERE id IN (:a, :b)"),
+                                   {"a": old, "b": recent}).all())
+        left = dict(conn.execute(text("SELECT run_id, COUNT(*) FROM usage_gpu WHERE run_id IN (:a, :b) "
+                                      "GROUP BY run_id"), {"a": old, "b": recent}).all())
+    assert status == {old: "failed", recent: "running"}
+    assert left == {recent: 1}
+    store.engine.dispose()
