@@ -90,6 +90,16 @@ def telemetry(path: Path, jobs: dict[str, tuple[str, int, float, int]], now: int
                     w.writerow([ts, node, idx, "", metric, value, job])
 
 
+def early_in_minute(latest_s: float = 20.0) -> None:
+    """Wait for the next minute when this one is past ``latest_s`` seconds: a collection and the enforcement
+    run after it must fall in the same minute (each ends its window at its own last whole minute; a run a
+    minute after the collection judged 17 % of its window covered and rightly refused to act: seen in CI
+    under load, for the dry run, the applied run and the slurmrestd run)."""
+    into = time.time() % 60
+    if into > latest_s:
+        time.sleep(60 - into + 1)
+
+
 def collect_until_seen(cfg: Path, store: Store, jobs: list[str]) -> None:
     """Collect until every job is in the store: a collection reads up to the last whole bucket, so a job
     that started within the current minute (bucket_seconds = 60) shows up one bucket later."""
@@ -154,6 +164,7 @@ def test_policy_cancels_idle_leaves_exempt_and_working(jobs: dict[str, str], tmp
         """Telemetry up to this moment, collected: each enforcement run judges the window ending at its own
         last whole minute, and on a loaded 2-core machine the dry run and the applied run can be a minute
         apart (the applied run once saw only 17 % of its window covered and rightly refused to act)."""
+        early_in_minute()
         telemetry(tmp_path / "telemetry.csv", {j: (*gpu_of(store, j)[:2], sm[k], gpu_of(store, j)[2])
                                                for k, j in jobs.items()}, int(time.time()))
         gpu_audit(cfg, "collect")
@@ -211,6 +222,7 @@ def test_rest_backend_cancels_through_slurmrestd(jobs: dict[str, str], tmp_path:
     collect_until_seen(cfg, store, [jobs["idle_rest"]])
     node, idx, start = gpu_of(store, jobs["idle_rest"])
     time.sleep(max(0.0, start + WINDOW_H * 3600 + 75 - time.time()))
+    early_in_minute()
     now = int(time.time())
     telemetry(tmp_path / "telemetry.csv", {jobs["idle_rest"]: (node, idx, 0.0, start)}, now)
     gpu_audit(cfg, "collect")
