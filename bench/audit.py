@@ -42,9 +42,9 @@ def floor_seconds(store: object) -> tuple[float, int]:
 
 
 def _time_judge() -> list[float]:
-    """Time the bucket-judging step (auditor.audit.run.judge) inside the audit: the part that reads every bucket,
+    """Time the bucket-judging step (auditor.audit.usage.judge) inside the audit: the part that reads every bucket,
     i.e. what the floor compares with; the rest is per-allocation work (findings, sparklines, money)."""
-    from auditor.audit import run as audit
+    from auditor.audit import usage as audit
 
     spent = [0.0]
     inner = audit.judge
@@ -75,12 +75,13 @@ def measure(url: str, gpus: int, days: float, seed: int, render: str | None) -> 
     rss_kib = peak_rss_kib()
     f2, _ = floor_seconds(store)
     # judging in several connections (PostgreSQL): the slowest connection's judging, not their sum
-    judge = result.steps.get("judge buckets", judge_s[0]) if any("wall" in k for k in result.steps) else judge_s[0]
+    judge = result.steps.get("judge buckets", judge_s[0]) if result.judge_connections > 1 else judge_s[0]
     out: dict[str, object] = {"gpus": gpus, "rows": rows, "audit_s": audit_s, "judge_s": judge,
                               "floor_s": min(f1, f2),
                               "rss_mib": rss_kib / 1024, "allocations": result.summary.get("allocations"),
                               "findings": sum(result.summary.get("findings", {}).values()),
-                              "steps": {k: round(v, 3) for k, v in result.steps.items()}}
+                              "steps": {k: round(v, 3) for k, v in result.steps.items()},
+                              "judge_connections": result.judge_connections}
     if render:
         try:
             from auditor.report.render import write_reports

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from auditor.audit import run as audit
+from auditor.audit import usage
 from auditor.config import Config, Thresholds
 from auditor.simulate import FleetSpec, populate
 from auditor.store.engine import Store
@@ -43,12 +44,12 @@ def test_lateral_judge_equals_the_grouped_reference(pg_schema_url: str, monkeypa
     store = Store.open(pg_schema_url)
     store.upgrade()
     populate(store, SPEC)
-    assert "LATERAL" in audit.judge_sql("postgresql", Thresholds())
+    assert "LATERAL" in usage.judge_sql("postgresql", Thresholds())
     for th in (Thresholds(), Thresholds(util_fallback=False), Thresholds(working_sm=0.03, idle_power_w=100.0)):
         fast = audit.run_audit(store, Config(), SPEC.start, SPEC.end, thresholds=th)
         with monkeypatch.context() as m:
-            m.setattr(audit, "judge", lambda conn, fn, params, th: conn.execute(
-                text(audit.judge_sql("postgresql", th, lateral=False)), params))
+            m.setattr(usage, "judge", lambda conn, fn, params, th: conn.execute(
+                text(usage.judge_sql("postgresql", th, lateral=False)), params))
             ref = audit.run_audit(store, Config(), SPEC.start, SPEC.end, thresholds=th)
         a, b = _usage(store, fast.run_id), _usage(store, ref.run_id)
         assert len(a) == len(b) > 50
@@ -122,6 +123,7 @@ def test_judging_in_several_connections_equals_one(pg_schema_url: str) -> None:
     three = audit.run_audit(store, Config(store={"judge_connections": 3}), spec.start, spec.end)
     assert "attribute and judge: wall (3 connections)" in three.steps
     assert not any("wall" in k for k in one.steps)
+    assert (one.judge_connections, three.judge_connections) == (1, 3)
     a, b = _usage(store, one.run_id), _usage(store, three.run_id)
     assert len(a) == len(b) > 50
     assert [x for x, y in zip(a, b, strict=True) if not _same(x, y)] == []
@@ -144,14 +146,14 @@ def test_a_failed_share_fails_the_audit_and_leaves_no_usage(pg_schema_url: str,
     store = Store.open(pg_schema_url)
     store.upgrade()
     populate(store, SPEC)
-    inner = audit._judge_share
+    inner = audit.judge_share
 
     def failing(*args: object) -> None:
         inner(*args)  # type: ignore[arg-type]
         if args[-2] == 2:  # share 2 of 3 commits its rows, then fails
             raise RuntimeError("share 2 lost its connection")
 
-    monkeypatch.setattr(audit, "_judge_share", failing)
+    monkeypatch.setattr(audit, "judge_share", failing)
     with pytest.raises(RuntimeError, match="share 2"):
         audit.run_audit(store, Config(store={"judge_connections": 3}), SPEC.start, SPEC.end)
     with store.engine.connect() as conn:

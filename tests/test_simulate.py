@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from sqlalchemy import text
 
 from auditor.audit import run as audit
+from auditor.audit import usage
 from auditor.config import Config, Thresholds
 from auditor.records import Allocation, GpuBucket
 from auditor.simulate import FleetSpec, fleet_jobs, fleet_records, populate
@@ -78,8 +79,8 @@ def sim_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return store
 
 
-def _reference_judge(conn, fn, params, th) -> None:  # noqa: ANN001 - same signature as audit.judge
-    conn.execute(text(audit.judge_sql(conn.dialect.name, th)), params)
+def _reference_judge(conn, fn, params, th) -> None:  # noqa: ANN001 - same signature as usage.judge
+    conn.execute(text(usage.judge_sql(conn.dialect.name, th)), params)
 
 
 def _usage(store: Store, run_id: int) -> list[tuple]:
@@ -99,7 +100,7 @@ def test_sqlite_judge_agrees_with_reference_query(sim_store: Store, th: Threshol
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     spec = SIM
     fast = audit.run_audit(sim_store, Config(), spec.start, spec.end, thresholds=th)
-    monkeypatch.setattr(audit, "judge", _reference_judge)
+    monkeypatch.setattr(usage, "judge", _reference_judge)
     ref = audit.run_audit(sim_store, Config(), spec.start, spec.end, thresholds=th)
     a, b = _usage(sim_store, fast.run_id), _usage(sim_store, ref.run_id)
     assert len(a) == len(b) > 100

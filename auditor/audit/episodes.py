@@ -10,6 +10,7 @@ from sqlalchemy import Connection, text
 
 from auditor.audit import infra, judge, verdict
 from auditor.config import Thresholds
+from auditor.store.sqlfuncs import greatest_least
 
 CHUNK = 500
 
@@ -24,7 +25,7 @@ def episodes_sql(dialect: str, th: Thresholds, ids: str, skip: str = "") -> str:
     candidate GPUs: a new island starts where the previous idle bucket of the same GPU ended before this
     one began (a working or missing bucket in between). Seconds are observed seconds. ``skip``: buckets of
     infrastructure-affected time are left out (:mod:`auditor.audit.infra`): never a user's idle episode."""
-    g, le = judge.fns(dialect)
+    g, le = greatest_least(dialect)
     rows = judge.rows_of(dialect, th, "c", "cc", ["gid", "aid", "gpu_index", "share"], skip)
     return f"""WITH c AS (
   SELECT u.allocated_gpu_id AS gid, u.allocation_id AS aid, u.gpu_id, u.gpu_index, ag.share,

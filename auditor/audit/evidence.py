@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from auditor.config import Thresholds
+from auditor.store.sqlfuncs import sql_names
 
 H = 3600.0
 
@@ -91,8 +92,7 @@ def _finding(run_id: int, kind: str, r: dict[str, Any], ev: dict[str, Any], idle
 
 
 def _fn(conn: Connection) -> dict[str, str]:
-    pg = conn.dialect.name == "postgresql"
-    return {"G": "GREATEST" if pg else "max", "L": "LEAST" if pg else "min"}
+    return sql_names(conn.dialect.name)
 
 
 def whole_idle(r: dict[str, Any], th: Thresholds) -> bool:

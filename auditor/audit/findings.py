@@ -35,6 +35,7 @@ from auditor.audit.timing import step
 from auditor.config import Config, Thresholds
 from auditor.store import schema
 from auditor.store.ingest_pg import copy_dicts
+from auditor.store.sqlfuncs import greatest_least
 
 SPARK_BINS = 48
 H = 3600.0
@@ -125,7 +126,7 @@ def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizo
     The bins of one allocation come back as one packed string (one row per allocation, not per bin)."""
     out: dict[int, dict] = {}
     pg = conn.dialect.name == "postgresql"
-    g, le = ("GREATEST", "LEAST") if pg else ("max", "min")
+    g, le = greatest_least(conn.dialect.name)
     fmt = (lambda x: f"COALESCE(CAST(ROUND(CAST({x} AS NUMERIC), 3) AS TEXT), '')") if pg else \
         (lambda x: f"CASE WHEN {x} IS NULL THEN '' ELSE printf('%.3f', {x}) END")  # printf: NULL -> 0.000
     agg = "string_agg({}, ';')" if pg else "group_concat({}, ';')"

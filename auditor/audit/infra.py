@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from auditor.config import Thresholds
+from auditor.store.sqlfuncs import sql_names
 
 WHOLE_NODE = -1
 #: Bucket condition (``b`` = gpu_buckets, ``{a}`` the allocated interval a_s, a_e): the part of the bucket
@@ -60,8 +61,7 @@ def clip(skip: str, dialect: str, alias: str) -> str:
     """The bucket condition ``skip`` (:func:`skip`) for the allocated interval of ``alias`` (a_s, a_e)."""
     if not skip:
         return ""
-    g, le = ("GREATEST", "LEAST") if dialect == "postgresql" else ("max", "min")
-    return skip.format(a=alias, G=g, L=le)
+    return skip.format(a=alias, **sql_names(dialect))
 
 
 def _events(conn: Connection, th: Thresholds, since: int, horizon: int) -> dict[tuple[str, str], dict[int, list]]:

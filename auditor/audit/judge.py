@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from auditor.audit import infra, verdict
 from auditor.config import Thresholds
+from auditor.store.sqlfuncs import greatest_least
 
 #: Metrics the verdict and the per-GPU sums read; ``io_bps`` is PCIe + NVLink bytes/s of a row.
 METRICS = ("sm_active", "dram_active", "tensor_active", "gpu_util", "gr_engine", "power_w", "fb_used_mib",
@@ -31,17 +32,17 @@ LOOKBACK = 3600
 JOB_KEY = "CASE WHEN a.source = 'slurm' THEN a.external_id ELSE a.account || '/' || a.name END"
 
 
-def fns(dialect: str) -> tuple[str, str]:
-    """(GREATEST, LEAST) of the engine: SQLite spells them as multi-argument max()/min()."""
-    return ("GREATEST", "LEAST") if dialect == "postgresql" else ("max", "min")
+def list_match(dialect: str, job: str, key: str) -> str:
+    """The comma-joined job list ``job`` (two jobs or more) names ``key`` exactly: ``123_4`` never matches
+    ``12314``, nor ``1`` the list ``11,2``."""
+    pos = "strpos" if dialect == "postgresql" else "instr"
+    return f"({job} LIKE '%,%' AND {pos}(',' || {job} || ',', ',' || {key} || ',') > 0)"
 
 
 def job_match(dialect: str, job: str, key: str) -> str:
-    """The comma-separated job list ``job`` names ``key`` exactly (``123_4`` never matches ``12314``)."""
-    pos = "strpos" if dialect == "postgresql" else "instr"
+    """The job label ``job`` (one job, or a comma-separated list) names ``key`` exactly."""
     # equality first (the common single-job label), the list search only for comma-joined labels
-    return (f"({job} <> '' AND ({job} = {key} OR ({job} LIKE '%,%' AND "
-            f"{pos}(',' || {job} || ',', ',' || {key} || ',') > 0)))")
+    return f"({job} <> '' AND ({job} = {key} OR {list_match(dialect, job, key)}))"
 
 
 def _raw(name: str) -> str:
@@ -77,7 +78,7 @@ def judged_rows(dialect: str, th: Thresholds, keys: list[tuple[str, str]], frm: 
 def _combine(dialect: str) -> list[str]:
     """Aggregates that combine the applicable rows of one bucket (definitions.md): observed seconds summed
     up to the bucket width, metrics weighted by observed seconds (one row: its own values), span hull."""
-    _g, le = fns(dialect)
+    _g, le = greatest_least(dialect)
     agg = ["b.bucket_ts AS bucket_ts", "MAX(b.bucket_s) AS bucket_s", "SUM(b.samples) AS samples",
            f"{le}(MAX(b.bucket_s), SUM(b.observed_s)) AS observed_s",
            "MIN(COALESCE(b.span_start, b.bucket_ts)) AS span_start",
@@ -186,7 +187,7 @@ def _obs(c: verdict.Col, a_s: str, a_e: str, g: str, le: str) -> str:
 
 
 def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, io: str, dialect: str = "sqlite") -> str:
-    g, le = fns(dialect)
+    g, le = greatest_least(dialect)
     metrics = [f"{c(m)} AS {m}" for m in METRICS if m != "io_bps"] + [f"{io} AS io_bps"]
     return (f"{_obs(c, a_s, a_e, g, le)} AS obs, {', '.join(metrics)}, "
             f"{verdict.case(th, c, working_first=True)} AS v")

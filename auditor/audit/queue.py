@@ -26,6 +26,7 @@ from sqlalchemy import Connection, text
 from auditor.audit import judge, verdict
 from auditor.audit.evidence import _finding
 from auditor.config import Config, Thresholds
+from auditor.store.sqlfuncs import greatest_least
 
 H = 3600.0
 CELL = 300
@@ -67,7 +68,7 @@ def overlap_sql(dialect: str, th: Thresholds) -> str:
     """One row per (idle bucket of an allocated GPU, piece of its queue's wait union in the bucket's cells):
     the allocation, the bucket clipped to the allocation [t0, t1), its idle observed seconds x share, and the
     seconds of [t0, t1) the piece covers (pieces are disjoint: their sum is the union's cover)."""
-    g, le = judge.fns(dialect)
+    g, le = greatest_least(dialect)
     rows = judge.rows_of(dialect, th, "c", "cc", ["aid", "gid", "share", "cluster", "part"])
     return f"""WITH c AS (
   SELECT u.allocated_gpu_id AS gid, u.allocation_id AS aid, u.gpu_id, ag.share, a.cluster, a.partition AS part,
@@ -124,7 +125,7 @@ def idle_while_queued(conn: Connection, run_id: int, per_alloc: list[dict[str, A
     """(findings, summary): per allocation, idle GPU-hours while jobs waited; per team and cluster, "idle
     GPU-hours while N jobs waited for M GPU-hours". Pairs stay in temporary tables: only per-allocation and
     per-group sums reach Python."""
-    g, le = judge.fns(conn.dialect.name)
+    g, le = greatest_least(conn.dialect.name)
     _drop(conn)
     conn.execute(text("CREATE TEMPORARY TABLE _queue_w AS " + WAITS.format(G=g, L=le)), p)
     if clusters:

@@ -13,6 +13,7 @@ from auditor.audit.episodes import _IDLE
 from auditor.audit.evidence import _fn
 from auditor.audit.money import UNMAPPED, Pricing
 from auditor.config import Config, Thresholds
+from auditor.store.sqlfuncs import sql_names
 
 H = 3600.0
 
@@ -37,7 +38,7 @@ RESV_USED = """SELECT r.id AS rid, COUNT(*) AS jobs,
 def resv_idle_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     """Idle (observed, :mod:`auditor.audit.verdict`) GPU-seconds of the jobs inside each reservation
     (``skip``: infrastructure-affected buckets left out, :mod:`auditor.audit.infra`)."""
-    fn = dict(zip(("G", "L"), judge.fns(dialect), strict=True))
+    fn = sql_names(dialect)
     x = ("""SELECT r.id AS rid, u.allocated_gpu_id AS gid, u.gpu_id, ag.share, {G}(a.start_ts, r.start_ts, :since)
        AS a_s, {L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon) AS a_e, tg.has_jobs AS lab, """
          + judge.JOB_KEY + " AS jkey "

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 
 log = logging.getLogger("gpu_audit.audit")
 
@@ -32,16 +33,21 @@ class Steps:
             log.debug("audit step %s: %.3f s", name, spent)
 
 
-_current = Steps()
+#: The running audit's split. A context variable, not a module global: two audits at once in one process
+#: (the daemon's and a what-if run's, in two threads) each time into their own split.
+_current: ContextVar[Steps | None] = ContextVar("gpu_audit_steps", default=None)
 
 
 def start() -> Steps:
-    """A fresh split for a new audit run (the last one stays readable through its result)."""
-    global _current
-    _current = Steps()
-    return _current
+    """A fresh split for a new audit run in this thread or task (the last one stays readable through its
+    result)."""
+    steps = Steps()
+    _current.set(steps)
+    return steps
 
 
-def step(name: str) -> contextmanager:  # type: ignore[valid-type]
-    """Time ``name`` into the current audit's split."""
-    return _current.step(name)
+def step(name: str) -> AbstractContextManager[None]:
+    """Time ``name`` into the current audit's split (nothing outside an audit, e.g. a finding rule called
+    on its own)."""
+    steps = _current.get()
+    return steps.step(name) if steps is not None else nullcontext()

@@ -29,7 +29,7 @@ from auditor.records import (
 )
 from auditor.store import schema
 from auditor.store.reservations import ingest_reservations, money_problem, name_reservations, quarantine_rows
-from auditor.store.sqlfuncs import Merge, greatest, least, upsert
+from auditor.store.sqlfuncs import Merge, greatest, greatest_least, least, upsert
 from auditor.timeutil import to_epoch
 
 if TYPE_CHECKING:
@@ -235,7 +235,7 @@ def bucket_sets(dialect: str) -> list[str]:
     from the row that has it, from the one with more samples if both do (tie: the stored one); samples and
     observed seconds the maximum; the span of the row with more samples. Ingesting the same rows again
     changes nothing; one source's row never blanks another source's fields."""
-    big = "GREATEST" if dialect == "postgresql" else "max"
+    big, _ = greatest_least(dialect)
     more = "excluded.samples > gpu_buckets.samples"
     return [f"samples = {big}(gpu_buckets.samples, excluded.samples)",
             f"observed_s = {big}(gpu_buckets.observed_s, excluded.observed_s)",

@@ -46,25 +46,26 @@ INT4 = (-(2**31), 2**31 - 1)
 
 
 def _stage_types(conn: Connection, cols: Sequence[str]) -> list[str]:
-    """PostgreSQL type names of the staging table's ``cols`` (for binary COPY), read once per connection."""
-    info = conn.connection.info
-    key = ("_gpu_bucket_stage_types", tuple(cols))
-    if key not in info:
-        got = dict(conn.exec_driver_sql(
-            "SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
-            f"WHERE a.attrelid = '{STAGE}'::regclass AND a.attnum > 0 AND NOT a.attisdropped").all())
-        info[key] = [got[c] for c in cols]
-    return info[key]
+    """PostgreSQL type names of the staging table's ``cols`` (for binary COPY)."""
+    got = _table_types(conn, STAGE)
+    return [got[c] for c in cols]
+
+
+INT8 = (-(2**63), 2**63 - 1)
 
 
 def _ints_fit(rows: Sequence[tuple], types: Sequence[str]) -> bool:
-    """Binary COPY writes an int4 from the low 32 bits of a Python int (silently wrapping): only rows whose
-    integers all fit go binary; otherwise text COPY lets PostgreSQL refuse them, as the upsert would."""
-    lo, hi = INT4
+    """Binary COPY takes these rows as text COPY would: every int4/int8 column holds Python ints inside
+    the type's range. Binary COPY writes an int from its low bits (silently wrapping) and a float's
+    integer part; a float there, or an int out of range, goes through text COPY, where PostgreSQL refuses
+    it itself, as the upsert would. (Checked per column with C-speed min/max and a set of types.)"""
     for i, t in enumerate(types):
-        if t == "int4":
+        if t in ("int4", "int8"):
             vals = [v for v in map(itemgetter(i), rows) if v is not None]
-            if vals and (min(vals) < lo or max(vals) > hi):
+            if not vals:
+                continue
+            lo, hi = INT4 if t == "int4" else INT8
+            if set(map(type, vals)) != {int} or min(vals) < lo or max(vals) > hi:
                 return False
     return True
 
@@ -216,18 +217,6 @@ def _table_types(conn: Connection, table: str) -> dict[str, str]:
     return info[key]
 
 
-def _binary_ok(rows: Sequence[tuple], types: Sequence[str]) -> bool:
-    """Binary COPY takes these rows as text COPY would: every integer column holds Python ints that fit
-    (a float there, or an int past int4, goes through text COPY, where PostgreSQL refuses it itself)."""
-    for i, t in enumerate(types):
-        if t in ("int4", "int8"):
-            lo, hi = INT4 if t == "int4" else (-(2 ** 63), 2 ** 63 - 1)
-            for v in map(itemgetter(i), rows):
-                if v is not None and (v.__class__ is not int or not lo <= v <= hi):
-                    return False
-    return True
-
-
 def copy_dicts(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> None:
     """Bulk insert of row dicts into ``table`` (a Table: audit output such as usage_allocation, findings) by
     COPY: an INSERT of tens of thousands of 40-column rows spent seconds binding parameters. Binary COPY
@@ -248,8 +237,8 @@ def copy_dicts(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> 
 
 def copy_tuples(conn: Connection, table: str, cols: Sequence[str], rows: Sequence[tuple]) -> None:
     """COPY ``rows`` (tuples in ``cols`` order) into ``table``: binary when every column has a binary
-    format here and the integers fit (:func:`_binary_ok`), else text."""
+    format here and the integers fit (:func:`_ints_fit`), else text."""
     pg = _table_types(conn, table)
     types = [_BINARY.get(pg.get(c, "")) for c in cols]
-    binary = all(types) and _binary_ok(rows, types)  # type: ignore[arg-type]
+    binary = all(types) and _ints_fit(rows, types)  # type: ignore[arg-type]
     copy_rows(conn.connection.dbapi_connection, table, cols, rows, types if binary else None)  # type: ignore[arg-type]

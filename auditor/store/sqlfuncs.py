@@ -35,6 +35,20 @@ def _least_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
     return f"min({compiler.process(element.clauses, **kw)})"
 
 
+def sql_names(dialect: str) -> dict[str, str]:
+    """GREATEST and LEAST as ``dialect`` spells them in SQL text (SQLite: multi-argument max()/min()),
+    under both the long keys (``GREATEST``, ``LEAST``) and the short ones (``G``, ``L``) the audit's SQL
+    templates use. The one place this spelling lives."""
+    g, le = ("GREATEST", "LEAST") if dialect == "postgresql" else ("max", "min")
+    return {"GREATEST": g, "LEAST": le, "G": g, "L": le}
+
+
+def greatest_least(dialect: str) -> tuple[str, str]:
+    """(GREATEST, LEAST) of the engine, for f-strings (see :func:`sql_names`)."""
+    n = sql_names(dialect)
+    return n["G"], n["L"]
+
+
 Merge = Callable[[Table, Any], Any]
 
 

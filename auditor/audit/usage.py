@@ -1,0 +1,162 @@
+"""Judging: the attributed GPUs of ``_attr`` -> one ``usage_gpu`` row each (seconds idle, working, unknown...).
+
+One set-based statement per engine: every attributed GPU's applicable rows combined per bucket and judged
+(:mod:`auditor.audit.judge`, :mod:`auditor.audit.verdict`), summed per allocated GPU. On PostgreSQL the
+allocations can be split over several connections judging at once (``store.judge_connections``: the server
+runs one query on one core), each committing its share.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from auditor.audit import infra, timing
+from auditor.audit.attribute import attribute
+from auditor.audit.judge import (
+    BY_VERDICT,
+    EXTRA,
+    LOOKBACK,
+    PIVOT,
+    SUMS,
+    judged_rows,
+    sqlite_rows,
+    usage_columns,
+)
+from auditor.config import Config, Thresholds
+from auditor.store.engine import Store
+
+USAGE_COLS = ("signal", "reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
+              "busy_unverified_s", "unknown_s", "infra_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s",
+              "sm_observed_s", "tensor_s", "dram_s", "io_bps_s", "max_gpu_mirage_s", *(f"{k}_s" for k in EXTRA))
+_INSERT = ("INSERT INTO usage_gpu (run_id, allocated_gpu_id, allocation_id, attribution, gpu_index, gpu_id, "
+           + ", ".join(USAGE_COLS) + ", peak_fb_mib, idle_peak_fb_mib)\nSELECT :run_id, at.allocated_gpu_id, "
+           "at.allocation_id, at.attribution, at.gpu_index, at.gpu_id, ")
+_RESERVED = "(at.a_e - at.a_s)"
+_FRM = ("FROM gpu_buckets b WHERE b.gpu_id = {t}.gpu_id AND b.bucket_ts >= {t}.a_s - " + str(LOOKBACK)
+        + " AND b.bucket_ts < {t}.a_e AND b.bucket_ts + b.bucket_s > {t}.a_s AND b.bucket_s > 0")
+
+
+_INFRA = "COALESCE(ai.infra, 0)"
+_JOIN_INFRA = " LEFT JOIN _attr_infra ai ON ai.allocated_gpu_id = at.allocated_gpu_id"
+
+
+def judge_sql(dialect: str, th: Thresholds, skip: str = "", *, lateral: bool | None = None) -> str:
+    """The judgement in one set-based statement: every attributed GPU's applicable rows combined per bucket
+    (:func:`auditor.audit.judge.judged_rows`), summed per allocated GPU; ``skip`` leaves out buckets of
+    infrastructure-affected intervals (:func:`auditor.audit.infra.skip`), whose seconds come from
+    ``_attr_infra``.
+
+    ``lateral`` (PostgreSQL's default): the sums of each allocated GPU in a LATERAL subquery over its own
+    buckets (an index range scan, aggregated as it is read). The grouped form (any engine, the reference
+    tests compare with) joins every bucket first and groups the whole result by allocated GPU: at 4,096 GPUs
+    PostgreSQL sorted 7.7 M joined rows on disk (600 MB) for it, a third of the judging time."""
+    sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
+    cols = usage_columns({k: f"COALESCE(j.{k}, 0)" for k in SUMS}, "at.share", _RESERVED, _INFRA)
+    head = _INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb, j.idle_fb\nFROM _attr at "
+    if lateral if lateral is not None else dialect == "postgresql":
+        keys = [("at.a_s", "a_s"), ("at.a_e", "a_e")]
+        rows = judged_rows(dialect, th, keys, _FRM.format(t="at") + infra.clip(skip, dialect, "at"), "at.jkey",
+                           lab="at.lab",
+                           correlated=True)
+        return head + f"CROSS JOIN LATERAL (SELECT {sums} FROM ({rows}) j) j" + _JOIN_INFRA
+    keys = [("t.allocated_gpu_id", "gid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
+    frm = "FROM _attr t JOIN gpu_buckets b ON " + _FRM.format(t="t").removeprefix(
+        "FROM gpu_buckets b WHERE ") + infra.clip(skip, dialect, "t")
+    rows = judged_rows(dialect, th, keys, frm, "t.jkey", lab="t.lab")
+    return (head + f"LEFT JOIN (SELECT j.gid, {sums} FROM ({rows}) j GROUP BY j.gid) j ON j.gid = at.allocated_gpu_id"
+            + _JOIN_INFRA)
+
+
+# SQLite runs the judgement as one correlated scan per allocated GPU (its buckets read in key order, all
+# sums folded into one JSON array; %!.17g round-trips reals exactly), then one join writes usage_gpu.
+# A LEFT JOIN of a grouped subquery would be materialised (every bucket copied) by SQLite. GPUs whose
+# telemetry never carried a job label take the fast path (one row per bucket, nothing to combine).
+# tests/test_simulate.py checks that it agrees with judge_sql.
+JUDGE_SQLITE_DDL = "CREATE TEMPORARY TABLE _judged (allocated_gpu_id INTEGER PRIMARY KEY, r TEXT)"
+
+
+def _sqlite_scan(th: Thresholds, grouped: bool, skip: str = "") -> str:
+    rows = sqlite_rows(th, _FRM.format(t="t") + " AND t.a_e > t.a_s" + infra.clip(skip, "sqlite", "t"), "t.jkey",
+                       grouped=grouped)
+    if grouped:  # the rare GPUs with job labels: their rows combined per bucket first
+        sums, frm = SUMS, f"({rows}) j"
+    else:  # one row per bucket: sums per verdict, then SUMS off those (PIVOT)
+        by_v = ", ".join(f"{sql} AS {k}" for k, sql in BY_VERDICT.items())
+        sums, frm = PIVOT, f"(SELECT j.v AS v, {by_v} FROM ({rows}) j GROUP BY j.v) g"
+    arr = ", ".join(f"CASE WHEN {a} IS NOT NULL THEN printf('%!.17g', {a}) END" for a in sums.values())
+    return (f"INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array({arr}) FROM {frm}) "
+            f"FROM _attr t WHERE t.lab = {1 if grouped else 0} ORDER BY t.gpu_id, t.a_s")
+
+
+def _sqlite_write() -> str:
+    idx = {k: i for i, k in enumerate(SUMS)}
+    cols = usage_columns({k: f"COALESCE(CAST(json_extract(j.r, '$[{i}]') AS REAL), 0)" for k, i in idx.items()},
+                         "at.share", _RESERVED, _INFRA)
+    return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS)
+            + f", CAST(json_extract(j.r, '$[{idx['peak_fb']}]') AS REAL)"
+            + f", CAST(json_extract(j.r, '$[{idx['idle_fb']}]') AS REAL)\n"
+            "FROM _attr at JOIN _judged j ON j.allocated_gpu_id = at.allocated_gpu_id" + _JOIN_INFRA)
+
+
+def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thresholds) -> None:
+    """Judge every bucket of ``_attr`` into usage_gpu (judge_sql; on SQLite its two-step equivalent); buckets
+    of infrastructure-affected time are left out (:mod:`auditor.audit.infra`)."""
+    skip = infra.skip(conn)
+    if conn.dialect.name != "sqlite":
+        conn.execute(text(judge_sql(conn.dialect.name, th, skip)), params)
+        return
+    conn.execute(text("DROP TABLE IF EXISTS _judged"))
+    conn.execute(text(JUDGE_SQLITE_DDL))
+    # walk _attr in (GPU, time) order so the bucket table is read sequentially, not in allocation order
+    conn.execute(text("CREATE INDEX temp._attr_gpu_ts ON _attr (gpu_id, a_s, a_e)"))
+    conn.execute(text(_sqlite_scan(th, False, skip)), params)
+    conn.execute(text(_sqlite_scan(th, True, skip)), params)
+    conn.execute(text(_sqlite_write()), params)
+    conn.execute(text("DROP TABLE _judged"))
+
+
+def judge_connections(cfg: Config, conn: Connection) -> int:
+    """How many connections judge this audit (``store.judge_connections``): one on SQLite."""
+    if conn.dialect.name != "postgresql":
+        return 1
+    n = cfg.store.judge_connections
+    return n if n > 0 else max(1, min(4, os.cpu_count() or 1))
+
+
+def setup_pg(conn: Connection) -> None:
+    if conn.dialect.name == "postgresql" and (conn.dialect.server_version_info or (0,)) >= (11,):
+        # JIT compiling the judging statement cost more than it ran (0.7 s of 1.5 s at 512 GPUs), and its
+        # per-GPU sort spilled to disk with the default work_mem
+        conn.execute(text("SET LOCAL jit = off"))
+        conn.execute(text("SET LOCAL work_mem = '64MB'"))
+
+
+def attribute_and_judge(conn: Connection, th: Thresholds, fn: dict[str, str], p: dict[str, Any], run_id: int,
+                        since: int, horizon: int, share: int, shares: int, steps: timing.Steps | None) -> None:
+    """Attribute and judge share ``share`` of ``shares`` of the audit's allocations (by allocation id) into
+    usage_gpu; the infrastructure intervals (``_infra``) stay for the finding rules of this connection."""
+    step = steps.step if steps is not None else (lambda _name: nullcontext())
+    cf = fn["cluster_filter"] + (f" AND MOD(a.id, {shares}) = {share}" if shares > 1 else "")
+    fn = {**fn, "cluster_filter": cf}
+    attribute(conn, fn, p, cf, step)
+    with step("infrastructure intervals"):
+        infra.prepare(conn, th, since, horizon)
+    with step("judge buckets"):
+        judge(conn, fn, {**p, "run_id": run_id}, th)
+        conn.execute(text("DROP TABLE _attr"))
+
+
+def judge_share(store: Store, cfg: Config, th: Thresholds, fn: dict[str, str], p: dict[str, Any], run_id: int,
+                 since: int, horizon: int, share: int, shares: int) -> dict[str, float]:
+    """One connection's share of the judging (a thread: the driver waits on the server without the GIL),
+    committed on its own; returns its seconds per step."""
+    mine = timing.Steps()
+    with store.begin() as conn:
+        setup_pg(conn)
+        attribute_and_judge(conn, th, fn, p, run_id, since, horizon, share, shares, mine)
+        infra.finish(conn)
+    return mine.seconds
