@@ -44,6 +44,7 @@ def test_nodes_table_in_every_format(store: Store, tmp_path: Path) -> None:
     table = [ln for ln in section.splitlines() if ln.startswith("|")]
     assert len(table) == 5 and {md_columns(ln) for ln in table} == {8}
     assert "NODES THAT COST US" in txt and "n2 [LEMON]: 3 events (3 x XID error)" in txt
+    assert "Total: 6 events, 1 lemon node, " in txt  # a count of one takes the singular (not "1 lemon nodes")
     assert "Infrastructure:       " + render.fmt_hours(101 / 60) + " GPU-h" in txt
     data = json.loads(body[".json"])
     assert data["nodes"]["rows"][1]["faults_by_kind"] == {"xid": 3}

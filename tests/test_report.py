@@ -427,3 +427,12 @@ def test_inline_sparklines_are_whole_pngs(world: tuple[Store, Config, int], tmp_
         assert kind == b"IEND"
     longest = max(len(u) for u in uris)
     assert longest > render.SHOWN_MAX, f"no image longer than the cap ({longest}): the test would prove nothing"
+
+
+def test_counts_take_the_singular_for_one() -> None:
+    """Report counts read "1 episode", "2 episodes", "0 reservations" (the HTML report once said "1 episodes")."""
+    from auditor.report.render import plural
+
+    assert [plural(n, "episode") for n in (0, 1, 2, 12345)] == ["0 episodes", "1 episode", "2 episodes",
+                                                                 "12,345 episodes"]
+    assert plural(1, "lemon node") == "1 lemon node" and plural(None, "team") == "0 teams"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Connection, insert, text
@@ -121,9 +122,11 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
     return out
 
 
-def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int) -> dict[int, dict]:
+def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int, *,
+               helpers_only: bool = False) -> dict[int, dict]:
     """Per allocation: mean SM activity and GPU-Util in up to 48 time bins (None = no data there).
-    The bins of one allocation come back as one packed string (one row per allocation, not per bin)."""
+    The bins of one allocation come back as one packed string (one row per allocation, not per bin).
+    ``helpers_only``: read on helper connections only (called from a background thread, see find_all)."""
     out: dict[int, dict] = {}
     pg = conn.dialect.name == "postgresql"
     g, le = greatest_least(conn.dialect.name)
@@ -153,7 +156,7 @@ def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizo
         return c.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}).fetchall()
 
     blocks = [", ".join(str(int(x)) for x in ids[i:i + 500]) for i in range(0, len(ids), 500)]
-    for rows in parallel.map_read(conn, block, blocks):  # several connections at once where the run allows
+    for rows in parallel.map_read(conn, block, blocks, helpers_only=helpers_only):  # several at once if allowed
         for aid, packed in rows:
             sm: list[float | None] = [None] * SPARK_BINS
             util: list[float | None] = [None] * SPARK_BINS
@@ -189,6 +192,12 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     """Store the findings of one run; return the run's headline summary."""
     from auditor.audit.capacity import capacity
 
+    p = {"since": since, "until": until, "horizon": horizon, "run": run_id}
+    # reads of committed rows only, begun now on a helper connection where the run has them (else run where
+    # they are used): they overlap the Python of the rules below
+    ghosts = parallel.later(conn, unallocated_ghosts, run_id, th, p, clusters)
+    checked = parallel.later(conn, verification, run_id)
+    room = parallel.later(conn, lambda c: capacity(c, since, until, horizon=horizon))
     with step("core rules"):
         gpus = per_gpu_rows(conn, run_id)
         rows: list[dict[str, Any]] = []
@@ -207,7 +216,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
                                                              "run": run_id}, clusters)
     rows += opp.pop("findings")
     rows += extra_findings(conn, run_id, per_alloc, th, cfg, since=since, until=until, horizon=horizon,
-                           flagged=flagged, clusters=clusters, summary=extra)
+                           flagged=flagged, clusters=clusters, summary=extra, ghosts=ghosts)
     rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
     with step("nodes that cost us"):
         nodes = infra.nodes_that_cost(conn, run_id, th, since, horizon, clusters)
@@ -216,11 +225,21 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     by_id = {r["allocation_id"]: r for r in per_alloc}
     models = rightsize.cluster_models(conn, Pricing(cfg))
     rows.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
-    for i in range(0, len(rows), 5000):  # sparklines per chunk: never all of them in memory at once
-        chunk = rows[i:i + 5000]
+    chunks = [rows[i:i + 5000] for i in range(0, len(rows), 5000)]  # never every sparkline in memory at once
+
+    def spark_ahead(chunk: list[dict[str, Any]]) -> Callable[[], dict[int, dict]]:
+        """The chunk's sparklines, read on helper connections while the chunk before is written, where the
+        run has helpers (at most two chunks' sparklines in memory)."""
+        ids = sorted({f["allocation_id"] for f in chunk if f["allocation_id"] is not None})
+        return parallel.ahead(conn, lambda: sparklines(conn, run_id, ids, since, horizon,
+                                                        helpers_only=parallel.readers(conn) > 1))
+
+    pending = spark_ahead(chunks[0]) if chunks else None
+    for k, chunk in enumerate(chunks):
         with step("sparklines"):
-            spark = sparklines(conn, run_id, sorted({f["allocation_id"] for f in chunk
-                                                     if f["allocation_id"] is not None}), since, horizon)
+            spark = pending()  # type: ignore[misc]
+        if k + 1 < len(chunks):
+            pending = spark_ahead(chunks[k + 1])
         with step("write findings"):
             for f in chunk:
                 if f["allocation_id"] in spark:
@@ -237,8 +256,8 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
                 f["evidence"] = None  # stored; only the kind is still needed (summary)
     with step("summary"):
         summary = summarise(per_alloc, rows, cfg)
-        summary["verification_by_node_group"] = verification(conn, run_id)
-        summary["capacity"] = capacity(conn, since, until, horizon=horizon)
+        summary["verification_by_node_group"] = checked()
+        summary["capacity"] = room()
         summary["infra_nodes"] = nodes
         summary["energy"] = energy.summary(per_alloc, cfg.energy)
         summary["right_sizing"] = rightsize.by_team(per_alloc, th, cfg.prices, models)
@@ -339,12 +358,13 @@ def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], c
 
 def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config, *,
                    since: int, until: int, horizon: int, flagged: frozenset[int] = frozenset(),
-                   clusters: list[str] | None = None, summary: dict[str, Any] | None = None
-                   ) -> list[dict[str, Any]]:
+                   clusters: list[str] | None = None, summary: dict[str, Any] | None = None,
+                   ghosts: Callable[[], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """idle_episode, low_efficiency, idle_reservation, ghost_busy on GPUs nobody held and request_hygiene
     findings of one run (finding-table rows).
     ``flagged``: allocations a core rule already reported (idle GPUs explain a low mean: no low_efficiency).
-    ``summary``: receives the per-team request-hygiene rollup (``request_hygiene_by_team``)."""
+    ``summary``: receives the per-team request-hygiene rollup (``request_hygiene_by_team``).
+    ``ghosts``: the ghost findings begun earlier (:func:`auditor.audit.parallel.later`), else read here."""
     p = {"since": since, "until": until, "horizon": horizon, "run": run_id}
     working = [r for r in per_alloc if not whole_idle(r, th)]
     with step("idle episodes"):
@@ -354,7 +374,7 @@ def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]
     with step("idle reservations"):
         out += idle_reservations(conn, run_id, cfg, p, clusters, th)
     with step("ghosts on unallocated GPUs"):
-        out += unallocated_ghosts(conn, run_id, th, p, clusters)
+        out += ghosts() if ghosts is not None else unallocated_ghosts(conn, run_id, th, p, clusters)
     with step("request hygiene"):
         hygiene, teams = request_hygiene(conn, run_id, th, p)
     if summary is not None:

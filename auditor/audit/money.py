@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from operator import itemgetter
 from typing import Any
 
 from auditor.config import Config
@@ -75,6 +76,8 @@ class Pricing:
         finite (a corrupt share in an old store, say) is refused with a reason instead of failing the audit
         for everyone; :func:`auditor.audit.run.run_audit` quarantines it."""
         ok, refused = [], []
+        keys = (*number_keys, "price", "reserved_cost", "idle_cost")
+        values = itemgetter(*keys)
         for r in rows:
             try:
                 r["team"] = self.team_of(r)
@@ -84,10 +87,15 @@ class Pricing:
             except (ArithmeticError, TypeError, ValueError) as exc:
                 refused.append((r, f"cost not computable: {type(exc).__name__}"))
                 continue
-            bad = [k for k in (*number_keys, "price", "reserved_cost", "idle_cost")
-                   if r.get(k) is not None and not math.isfinite(float(r[k]))]
+            try:  # a finite sum means every number is finite (a NaN or an infinity makes the sum one)
+                if math.isfinite(sum(values(r))):
+                    ok.append(r)
+                    continue
+            except (KeyError, TypeError):  # a None, a missing key or a non-number: the slow check says which
+                pass
+            bad = [k for k in keys if r.get(k) is not None and not math.isfinite(float(r[k]))]
             if bad:
                 refused.append((r, f"not a finite number: {', '.join(bad)}"))
-            else:
+            else:  # finite numbers whose sum overflowed
                 ok.append(r)
         return ok, refused

@@ -50,6 +50,9 @@ PER_ALLOCATION = ("SELECT g.*, a.cluster, a.source, a.external_id, a.name, a.use
                   "JOIN allocations a ON a.id = g.allocation_id ORDER BY g.allocation_id")
 
 
+#: the numbers of a per-allocation row that must be finite (max_gpu_mirage_s comes back as its MAX)
+NUMBER_KEYS = [*(c for c in SUM_COLS if c != "max_gpu_mirage_s"), "max_gpu_mirage_s_max", "gpu_count"]
+
 _TEXT = ("cluster", "source", "account", "user_name", "gpu_model", "mig_profile")
 
 
@@ -151,8 +154,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                     conn.execute(text("ANALYZE usage_gpu"))
             with steps.step("per-allocation totals and money"):
                 per_alloc = per_allocation_rows(conn, run_id)
-                per_alloc, refused = pricing.price_rows(per_alloc, [*SUM_COLS, "max_gpu_mirage_s_max",
-                                                                    "gpu_count"])
+                per_alloc, refused = pricing.price_rows(per_alloc, NUMBER_KEYS)
                 refuse(conn, run_id, refused, now)
                 write_usage_allocation(conn, run_id, per_alloc)
             summary = find_all(conn, run_id, per_alloc, th, cfg, since=s, until=u, horizon=horizon,

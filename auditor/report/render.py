@@ -99,8 +99,14 @@ def fmt_signed(v: float | None) -> str:
     return "" if v is None else f"{v:+,.1f}"
 
 
+def plural(n: int | None, word: str, many: str | None = None) -> str:
+    """``1 episode``, ``2 episodes``, ``0 episodes``: a count with its noun (``many`` for irregular plurals)."""
+    n = int(n or 0)
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
 def _filters(env: jinja2.Environment) -> None:
-    env.filters.update(hours=fmt_hours, shorten=shorten,
+    env.filters.update(hours=fmt_hours, shorten=shorten, plural=plural,
                        pct=fmt_pct, money=fmt_money, signed=fmt_signed, plain=plain, raw=Raw,
                        mdbar=lambda v, w=12: Raw("`" + charts.text_bar(v, 1.0, width=w) + "`"),
                        textbar=lambda v, w=20: charts.text_bar(v, 1.0, width=w),
