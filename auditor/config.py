@@ -117,8 +117,9 @@ class StoreConfig(Strict):
     batch_rows: int = Field(50_000, ge=100, le=10_000_000, description="Rows per ingest transaction.")
     judge_connections: int = Field(0, ge=0, le=16, description="PostgreSQL: connections that attribute and "
                                     "judge an audit's allocations at once, each a share of them (0 = one per "
-                                    "CPU core, at most 4; 1 = the audit's own connection only). SQLite always "
-                                    "judges in one.")
+                                    "CPU core, at most 4; 1 = the audit's own connection only). Above 1, read-only "
+                                    "finding queries (sparklines, ghosts on unallocated GPUs) also run on extra "
+                                    "connections while the audit works on. SQLite always judges in one.")
 
     def resolved_url(self) -> str:
         if self.url_env:
