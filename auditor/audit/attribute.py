@@ -61,6 +61,14 @@ _LABELS_SEEN = """SELECT b.gpu_id, b.job, MIN(b.bucket_ts) AS t0, MAX(b.bucket_t
 FROM telemetry_gpus tg0 JOIN gpu_buckets b ON b.gpu_id = tg0.id
 WHERE tg0.has_jobs = 1 AND b.job <> '' AND b.bucket_ts >= :since - """ + str(LOOKBACK) + """ AND b.bucket_ts < :horizon
 GROUP BY b.gpu_id, b.job"""
+# PostgreSQL: one index range scan per labelled GPU (LATERAL), not a scan of every bucket of the window
+# filtered on job <> '' (at 16,384 GPUs, 13 % of them labelled, the whole-table scan read 33 M rows in each
+# judging connection: 1.6 s of the 2.1-second candidate query)
+_LABELS_SEEN_PG = """SELECT tg0.id AS gpu_id, x.job, x.t0, x.t1 FROM telemetry_gpus tg0
+CROSS JOIN LATERAL (SELECT b.job, MIN(b.bucket_ts) AS t0, MAX(b.bucket_ts + b.bucket_s) AS t1 FROM gpu_buckets b
+  WHERE b.gpu_id = tg0.id AND b.job <> '' AND b.bucket_ts >= :since - """ + str(LOOKBACK) + """
+  AND b.bucket_ts < :horizon GROUP BY b.job) x
+WHERE tg0.has_jobs = 1"""
 _LABEL_PAIRS = """SELECT DISTINCT k.allocation_id, k.node, a.cluster, """ + JOB_KEY + """ AS jkey,
  {GREATEST}(a.start_ts, :since) AS s0, {LEAST}(COALESCE(a.end_ts, :horizon), :horizon) AS e0
 FROM (SELECT DISTINCT ag.allocation_id, ag.node FROM allocated_gpus ag
@@ -82,7 +90,8 @@ def label_candidates(dialect: str) -> str:
         "{LCOND}", list_match(dialect, "l.job", "q.jkey")))
     row = _LABEL_ROW.replace("{COND}", job_match(dialect, "b.job", "c.jkey"))
     probe = (f"CROSS JOIN LATERAL ({row} LIMIT 1) m" if dialect == "postgresql" else f"WHERE EXISTS ({row})")
-    return (f"WITH q AS ({_LABEL_PAIRS}), l AS ({_LABELS_SEEN}) SELECT c.allocation_id, c.node, c.gpu_id, "
+    seen = _LABELS_SEEN_PG if dialect == "postgresql" else _LABELS_SEEN
+    return (f"WITH q AS ({_LABEL_PAIRS}), l AS ({seen}) SELECT c.allocation_id, c.node, c.gpu_id, "
             f"c.gpu_index FROM ({parts}) c {probe} ORDER BY c.allocation_id, c.node, c.gpu_index, c.gpu_id")
 
 
