@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from auditor.audit import episodes, usage
 from auditor.audit import run as audit
+from auditor.audit import usage
 from auditor.config import Config, Thresholds
 from auditor.simulate import FleetSpec, populate
 from auditor.store.engine import Store
@@ -110,13 +110,12 @@ def _findings(store: Store, run_id: int) -> list[tuple]:
             "ORDER BY kind, allocation_id, gpu_hours"), {"r": run_id})]
 
 
-def test_judging_in_several_connections_equals_one(pg_schema_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_judging_in_several_connections_equals_one(pg_schema_url: str) -> None:
     """store.judge_connections = 3: three connections each attribute and judge a third of the allocations
-    (by id), and the sparklines and idle episodes are read in three connections; usage and findings (their
-    evidence, sparklines included, as stored text) equal the one-connection audit's, row by row, and
-    attribution by telemetry labels (count-only allocations) is among them."""
+    (by id) and the sparklines are read in three connections; usage and findings (their evidence, sparklines
+    included, as stored text) equal the one-connection audit's, row by row, and attribution by telemetry
+    labels (count-only allocations) is among them."""
     spec = LABELLED  # a block of Kubernetes pods (count-only GPUs) beside Slurm jobs
-    monkeypatch.setattr(episodes, "CHUNK", 3)  # idle episodes read in many blocks, on the helper connections
     store = Store.open(pg_schema_url)
     store.upgrade()
     populate(store, spec)

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import infra, judge, parallel, verdict
+from auditor.audit import infra, judge, verdict
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import greatest_least
 
@@ -61,18 +61,10 @@ def idle_episodes(conn: Connection, run_id: int, working: list[dict[str, Any]], 
              if r["low_s"] + r["working_s"] + r["busy_unverified_s"] > 0 and r["idle_s"] + r["mirage_s"] > 0}
     spans: dict[int, list[Any]] = defaultdict(list)
     ids = sorted(cands)
-    skip = infra.skip(conn)
-    params = {**p, "episode_s": ep_s, "gpu_frac": th.idle_gpus_fraction}
-
-    def block(c: Connection, marks: str) -> list[Any]:
-        return c.execute(text(episodes_sql(c.dialect.name, th, marks, skip)), params).fetchall()
-
-    blocks = [", ".join(str(int(x)) for x in ids[i:i + CHUNK]) for i in range(0, len(ids), CHUNK)]
-    # the chunks read committed rows only, so they go to helper connections at once where the run has them;
-    # not when infrastructure intervals are left out: those live in this connection's temporary table
-    read = parallel.map_read(conn, block, blocks) if not skip else (block(conn, b) for b in blocks)
-    for rows in read:
-        for s in rows:
+    for i in range(0, len(ids), CHUNK):
+        sql = episodes_sql(conn.dialect.name, th, ", ".join(str(int(x)) for x in ids[i:i + CHUNK]),
+                           infra.skip(conn))
+        for s in conn.execute(text(sql), {**p, "episode_s": ep_s, "gpu_frac": th.idle_gpus_fraction}):
             spans[s.aid].append(s)
     out = []
     for aid, rows in spans.items():
