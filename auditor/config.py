@@ -109,17 +109,22 @@ def read_secret_file(path: Path, what: str) -> str:
     return text.strip().splitlines()[0].strip() if text.strip() else ""
 
 
+#: The most connections an audit judges in (``store.judge_connections``); the store sizes its pool by it
+MAX_JUDGE_CONNECTIONS = 16
+
+
 class StoreConfig(Strict):
     url: str = Field("sqlite:///gpu-audit.db", description="SQLAlchemy URL of the store.")
     url_env: str | None = Field(None, description="Environment variable holding the store URL "
                                 "(use it when the URL carries a password); overrides `url`.")
     bucket_seconds: int = Field(300, ge=60, le=3600, description="Telemetry bucket length in seconds.")
     batch_rows: int = Field(50_000, ge=100, le=10_000_000, description="Rows per ingest transaction.")
-    judge_connections: int = Field(0, ge=0, le=16, description="PostgreSQL: connections that attribute and "
-                                    "judge an audit's allocations at once, each a share of them (0 = one per "
-                                    "CPU core, at most 4; 1 = the audit's own connection only). Above 1, read-only "
-                                    "finding queries (sparklines, ghosts on unallocated GPUs) also run on extra "
-                                    "connections while the audit works on. SQLite always judges in one.")
+    judge_connections: int = Field(0, ge=0, le=MAX_JUDGE_CONNECTIONS,
+                                   description="PostgreSQL: connections that attribute and judge an audit's "
+                                   "allocations at once, each a share of them (0 = one per CPU core, at most 4; "
+                                   "1 = the audit's own connection only). Above 1, read-only finding queries "
+                                   "(sparklines, ghosts on unallocated GPUs) also run on extra connections while "
+                                   "the audit works on. SQLite always judges in one.")
 
     def resolved_url(self) -> str:
         if self.url_env:

@@ -194,3 +194,28 @@ def test_a_run_abandoned_a_day_ago_is_swept(store_url: str) -> None:
     assert status == {old: "failed", recent: "running"}
     assert left == {recent: 1}
     store.engine.dispose()
+
+
+def test_the_most_judging_connections_all_get_a_connection_at_once(pg_schema_url: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """store.judge_connections at its maximum: every share holds its connection at the same time (a barrier
+    makes them wait for each other), beside the audit's own. With SQLAlchemy's default pool (5 + 10) the
+    16th share waited for a connection that the others held, and a large audit failed on the pool timeout."""
+    import threading
+
+    from auditor.config import MAX_JUDGE_CONNECTIONS
+
+    store = Store.open(pg_schema_url)
+    store.upgrade()
+    populate(store, SPEC)
+    everyone = threading.Barrier(MAX_JUDGE_CONNECTIONS, timeout=20)
+    inner = usage.attribute_and_judge
+
+    def together(*args: object) -> None:
+        everyone.wait()  # BrokenBarrierError when a share cannot get its connection in time
+        inner(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(usage, "attribute_and_judge", together)
+    res = audit.run_audit(store, Config(store={"judge_connections": MAX_JUDGE_CONNECTIONS}), SPEC.start, SPEC.end)
+    assert res.judge_connections == MAX_JUDGE_CONNECTIONS and res.summary["reserved_gpu_hours"] > 0
+    store.engine.dispose()

@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from auditor import jsonsafe
+from auditor.config import MAX_JUDGE_CONNECTIONS
 from auditor.errors import StoreError
 from auditor.records import Record
 from auditor.store import schema
@@ -80,10 +81,18 @@ def make_engine(url: str) -> Engine:
         return engine
     try:
         # JSON columns (evidence, summaries) never get a NaN token: PostgreSQL's json type rejects it
-        return create_engine(u, pool_pre_ping=True, json_serializer=jsonsafe.dumps)
+        # the pool holds what one audit may open at once: its own connection, up to MAX_JUDGE_CONNECTIONS
+        # judging or sparkline helpers and the background reads of auditor.audit.parallel.later (with the
+        # default 5 + 10, 16 judging connections queued for a connection and a large audit timed out)
+        return create_engine(u, pool_pre_ping=True, json_serializer=jsonsafe.dumps, pool_size=5,
+                             max_overflow=POOL_HEADROOM + MAX_JUDGE_CONNECTIONS)
     except ModuleNotFoundError as exc:
         extra = " (pip install 'gpu-audit[postgres]')" if u.get_backend_name() == "postgresql" else ""
         raise StoreError(f"store.url needs the database driver {exc.name!r}, which is not installed{extra}") from None
+
+
+#: pool connections beyond the judging ones: the audit's own, its background reads, an ANALYZE, the web UI
+POOL_HEADROOM = 8
 
 
 class Store:
