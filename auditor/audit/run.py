@@ -24,7 +24,7 @@ from auditor.audit import infra, parallel, timing
 from auditor.audit.money import Pricing
 from auditor.audit.usage import attribute_and_judge, judge_connections, judge_share, setup_pg
 from auditor.config import Config, Thresholds
-from auditor.store import schema
+from auditor.store import cascade, schema
 from auditor.store.engine import Store
 from auditor.store.ingest_pg import copy_tuples
 from auditor.store.sqlfuncs import sql_names
@@ -165,6 +165,9 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             if refused:
                 summary["refused_allocations"] = len(refused)
             conn.info.pop(parallel.KEY, None)  # the pooled connection's info outlives this audit
+            if swept := cascade.sweep_run(conn, run_id):
+                log.warning("audit run %d: %d row(s) dropped: their GPU or reservation was deleted by an ingest "
+                            "while the audit ran", run_id, swept)
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
                 status="ok", finished_ts=int(utcnow().timestamp()), summary=summary))
     except Exception:

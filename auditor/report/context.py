@@ -97,7 +97,8 @@ def usage_totals(conn: Connection, run_id: int) -> dict[str, Any]:
 def usage_group_rows(conn: Connection, run_id: int, keys: list[str]) -> list[dict[str, Any]]:
     """Usage summed by ``keys`` (columns of usage_allocation ``u`` or allocations ``a``), worst first: every
     group (groups are teams and accounts, not allocations, so the list stays short). Every usage row has
-    its allocation (ON DELETE CASCADE), so grouping by usage columns alone needs no join."""
+    its allocation (nothing deletes allocations; :mod:`auditor.store.cascade`), so grouping by usage columns
+    alone needs no join."""
     names = [k.split(".")[1] for k in keys]
     cols = ", ".join(f"{k} AS {n}" for k, n in zip(keys, names, strict=True))
     join = "" if all(k.startswith("u.") for k in keys) else " JOIN allocations a ON a.id = u.allocation_id"

@@ -8,10 +8,10 @@ import json
 import math
 from typing import Any
 
-from sqlalchemy import Connection, delete, select, tuple_, update
+from sqlalchemy import Connection, select, tuple_, update
 
 from auditor.records import Allocation, Reservation
-from auditor.store import schema
+from auditor.store import cascade, schema
 from auditor.timeutil import to_epoch
 
 #: More GPUs than this in one reservation is a corrupt record, not a reservation.
@@ -69,8 +69,7 @@ def ingest_reservations(conn: Connection, items: list[Reservation], seen: int) -
             conn.execute(t.insert().values(**row))
             continue
         keep, *extra = sorted(same, key=lambda s: s.id)
-        if extra:
-            conn.execute(delete(t).where(t.c.id.in_([s.id for s in extra])))
+        cascade.delete_reservations(conn, [s.id for s in extra])
         history = row["end_ts"] <= seen and all(s.end_ts <= (s.last_seen_ts or 0) for s in same)
         if history and row["slurm_id"] and all(s.slurm_id == row["slurm_id"] for s in same):
             row["start_ts"] = min(row["start_ts"], *(s.start_ts for s in same))

@@ -229,12 +229,17 @@ audit_runs = Table(
 )
 
 
+#: The audit's output tables have no per-row foreign keys on PostgreSQL (migration 0011_audit_output_fks)
+_NO_PG_FK = (" (a foreign key on SQLite; none on PostgreSQL: the audit takes the id from that table, and "
+             "auditor.store.cascade deletes these rows with their parent).")
+
+
 usage_gpu = Table(
     "usage_gpu", metadata,
     Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), primary_key=True,
-           comment="audit_runs.id."),
+           comment="audit_runs.id" + _NO_PG_FK),
     Column("allocated_gpu_id", Integer, ForeignKey("allocated_gpus.id", ondelete="CASCADE"),
-           primary_key=True, comment="allocated_gpus.id."),
+           primary_key=True, comment="allocated_gpus.id" + _NO_PG_FK),
     Column("allocation_id", Integer, nullable=False, comment="allocations.id."),
     Column("attribution", String(16), nullable=False,
            comment="index (node+GPU from the scheduler), label (telemetry labels), node (whole node) or "
@@ -253,9 +258,9 @@ usage_gpu = Table(
 usage_allocation = Table(
     "usage_allocation", metadata,
     Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), primary_key=True,
-           comment="audit_runs.id."),
+           comment="audit_runs.id" + _NO_PG_FK),
     Column("allocation_id", Integer, ForeignKey("allocations.id", ondelete="CASCADE"), primary_key=True,
-           comment="allocations.id."),
+           comment="allocations.id" + _NO_PG_FK),
     Column("team", Text, nullable=False, default="", comment="Team from the mapping."),
     Column("gpu_model", Text, comment="GPU model (first GPU)."),
     Column("price_per_gpu_hour", Float, nullable=False, default=0.0, comment="Price card rate applied."),
@@ -273,15 +278,15 @@ findings = Table(
     "findings", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True, comment="Finding id."),
     Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False,
-           comment="audit_runs.id."),
+           comment="audit_runs.id" + _NO_PG_FK),
     Column("kind", String(32), nullable=False, comment="idle_allocation, idle_gpus, util_mirage, "
            "hung_collective, ghost_busy, idle_episode, low_efficiency, idle_reservation, unmonitored, "
            "idle_while_queued or idle_quota (no allocation: account = the quota's account, evidence.quota)."),
     Column("cluster", String(128), nullable=False, comment="Cluster name."),
     Column("allocation_id", Integer, ForeignKey("allocations.id", ondelete="CASCADE"),
-           comment="allocations.id, when about an allocation."),
+           comment="allocations.id, when about an allocation" + _NO_PG_FK),
     Column("reservation_id", Integer, ForeignKey("reservations.id", ondelete="CASCADE"),
-           comment="reservations.id, when about a reservation."),
+           comment="reservations.id, when about a reservation" + _NO_PG_FK),
     Column("account", Text, nullable=False, default="", comment="Account or namespace."),
     Column("user_name", Text, nullable=False, default="", comment="User."),
     Column("team", Text, nullable=False, default="", comment="Team."),
