@@ -8,105 +8,26 @@ appear, so an error reads ``clusters[0].telemetry[1].url: field required``.
 from __future__ import annotations
 
 import os
-import stat
 import tomllib
-import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from auditor.config.base import (
+    SecretRef,
+    Strict,
+    check_store_url,
+    check_timezone,
+    check_url,
+)
+from auditor.config.thresholds import Thresholds
 from auditor.energy import EnergyConfig
 from auditor.errors import ConfigError
 
 ENV_VAR = "GPU_AUDIT_CONFIG"
 MAX_DAYS = 3660  # ten years: the bound of every span in days (larger ones overflow dates later)
-
-
-def check_timezone(name: str) -> str:
-    """An IANA time zone name, checked now so the daemon and the reports cannot fail on it later."""
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ValueError(f"unknown time zone {name[:60]!r} (an IANA name such as Europe/Berlin)") from None
-    return name
-
-
-def check_url(value: str, what: str) -> None:
-    """A URL whose port is a number in 1..65535 (urllib only notices when a request is made)."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(value.strip())
-        parts.port  # noqa: B018 - raises ValueError on a port out of range or not a number
-    except ValueError:
-        raise ConfigError(f"{what}: bad port in URL (a number from 1 to 65535)") from None
-    if parts.port == 0:
-        raise ConfigError(f"{what}: bad port in URL (a number from 1 to 65535)")
-
-
-def check_store_url(value: str, what: str) -> None:
-    """A SQLAlchemy URL that parses, with a valid port; never echoes the URL (it may hold a password)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        u = make_url(value.strip())
-    except (ArgumentError, ValueError):
-        raise ValueError(f"{what} is not a valid SQLAlchemy URL (value not shown)") from None
-    if u.port is not None and not 1 <= u.port <= 65535:
-        raise ValueError(f"{what}: port {u.port} is not in 1..65535")
-
-
-class Strict(BaseModel):
-    """Unknown keys are errors: a typo must not silently fall back to a default."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no NaN/inf anywhere
-
-
-class SecretRef(Strict):
-    """Where a secret lives: an environment variable or a file. Never the secret itself."""
-
-    env: str | None = Field(None, description="Environment variable holding the secret.")
-    file: Path | None = Field(None, description="File holding the secret (first line, stripped).")
-
-    def resolve(self, what: str) -> str | None:
-        """Read the secret now; the value never goes into config dumps, logs or exceptions."""
-        if self.env:
-            value = os.environ.get(self.env)
-            if value is None:
-                raise ConfigError(f"{what}: environment variable {self.env} is not set")
-            return remember_secret(value.strip())  # a trailing newline would end up in a header
-        if self.file:
-            return remember_secret(read_secret_file(self.file, what))
-        return None
-
-    def __repr__(self) -> str:
-        return f"SecretRef(env={self.env!r}, file={str(self.file) if self.file else None!r})"
-
-
-def remember_secret(value: str) -> str:
-    """Register a resolved secret so every log line and CLI error scrubs it (see auditor.logs.scrub)."""
-    from auditor.logs import register_secret
-
-    register_secret(value)
-    return value
-
-
-def read_secret_file(path: Path, what: str) -> str:
-    """Read a secrets file, warning when others can read it (the value itself is never shown)."""
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot read secret file {path}: {exc.strerror}") from None
-    if mode & (stat.S_IRGRP | stat.S_IROTH):
-        warnings.warn(f"{what}: secret file {path} is readable by group/others; chmod 600 it",
-                      stacklevel=2)
-    return text.strip().splitlines()[0].strip() if text.strip() else ""
 
 
 #: The most connections an audit judges in (``store.judge_connections``); the store sizes its pool by it
@@ -167,104 +88,12 @@ class ClusterConfig(Strict):
     initial_days: float = Field(7, gt=0, le=MAX_DAYS, description="How far back the first collection reads.")
 
 
-#: Node event kinds (:data:`auditor.records.NODE_EVENT_KINDS`)
-InfraKind = Literal["xid", "throttle", "ecc_dbe", "row_remap", "drain", "down", "not_ready", "cordoned"]
 class CollectConfig(Strict):
     parallel: int = Field(1, ge=0, le=256, description="Clusters collected at once, each in its own worker "
                           "process that streams its records to the store in batches (`gpu-audit collect "
                           "--parallel N` overrides). 1: one cluster after another in this process (connector "
                           "state such as a Kubernetes watch is kept between a daemon's collections); 0: one "
                           "worker per cluster, at most the number of CPUs.")
-
-
-class Thresholds(Strict):
-    """Verdict and finding rules (docs/definitions.md). Comparisons use a 1e-9 tolerance: a value exactly at
-    a threshold is not below it, even after a unit conversion."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-    idle_sm: float = Field(0.05, ge=0, le=1, description="SM activity below this is idle.")
-    idle_dram: float = Field(0.05, ge=0, le=1, description="...and DRAM activity below this.")
-    idle_tensor: float = Field(0.01, ge=0, le=1, description="...and Tensor activity below this.")
-    mirage_gpu_util: float = Field(0.5, ge=0, le=1, description="An idle bucket whose GPU-Util (0-1) is "
-                                   "at least this is a mirage: reads busy, does no work.")
-    mirage_gr_engine: float = Field(0.5, ge=0, le=1, description="...or whose GR engine activity is.")
-    working_sm: float = Field(0.5, ge=0, le=1, description="SM activity at or above this is working; "
-                              "between idle_sm and this is low.")
-    util_fallback: bool = Field(True, description="Judge GPUs without profiling fields by GPU-Util "
-                                "(low-confidence verdict idle-by-util). Off: such buckets are "
-                                "busy_unverified (observed, never idle).")
-    idle_util: float = Field(0.05, ge=0, le=1, description="Fallback: GPU-Util below this is idle-by-util.")
-    idle_power_w: float | None = Field(None, ge=0, description="Fallback: and power below this (W); "
-                                       "unset = power not required.")
-    idle_allocation_fraction: float = Field(0.8, ge=0, le=1, description="idle_allocation: share of "
-                                            "observed reserved time that is idle or mirage.")
-    idle_allocation_min_gpu_hours: float = Field(1.0, ge=0, description="idle_allocation: minimum "
-                                                 "reserved GPU-hours.")
-    idle_gpus_fraction: float = Field(0.8, ge=0, le=1, description="idle_gpus: a GPU idle this share of "
-                                      "its observed time while another GPU of the allocation works.")
-    idle_gpus_worked_fraction: float = Field(0.5, ge=0, le=1, description="idle_gpus: a GPU counts as "
-                                             "busy when low, working or busy-unverified this share of its "
-                                             "observed time.")
-    mirage_min_minutes: float = Field(30, ge=0, description="util_mirage (and hung_collective, ghost_busy): "
-                                      "minimum mirage minutes of one GPU.")
-    hung_gpu_util: float = Field(0.9, ge=0, le=1, description="hung_collective: mean GPU-Util (0-1) over the "
-                                 "mirage time at least this...")
-    hung_max_power_w: float = Field(150.0, ge=0, description="...mean power over the mirage time at most this "
-                                    "(W, near idle; no power reading: not hung)...")
-    hung_held_mib: float = Field(1024.0, ge=0, description="...memory held while idle or mirage at least this "
-                                 "(MiB), in an allocation of 2 or more GPUs: a hung collective (NCCL).")
-    ghost_gpu_util: float = Field(0.9, ge=0, le=1, description="ghost_busy: mean GPU-Util over the mirage time "
-                                  "at least this...")
-    ghost_max_fb_mib: float = Field(16.0, ge=0, description="...while at most this much memory (MiB) was used "
-                                    "in idle and mirage time: no process, a driver or hardware state.")
-    unmonitored_coverage: float = Field(0.5, ge=0, le=1, description="unmonitored: observed share of "
-                                        "reserved time below this.")
-    episode_hours: float = Field(2.0, gt=0, description="idle_episode: minimum contiguous idle span.")
-    low_efficiency_sm: float = Field(0.25, ge=0, le=1, description="low_efficiency: mean SM activity "
-                                     "below this.")
-    low_efficiency_min_gpu_hours: float = Field(4.0, ge=0, description="low_efficiency: minimum observed "
-                                                "GPU-hours.")
-    queue_min_idle_gpu_hours: float = Field(1.0, ge=0, description="idle_while_queued: minimum idle GPU-hours "
-                                            "of an allocation while GPU jobs of its partition waited.")
-    idle_quota_min_gpus: float = Field(1.0, ge=0, description="idle_quota: minimum unused GPUs of a quota "
-                                       "(quota - average GPUs in use)...")
-    idle_quota_fraction: float = Field(0.5, ge=0, le=1, description="...and minimum unused share of the "
-                                       "quota.")
-    min_finding_gpu_hours: float = Field(0.1, ge=0, description="Findings about fewer reserved GPU-hours "
-                                         "than this are not listed (e.g. unmonitored 9-second array tasks).")
-    hint_dram_high: float = Field(0.4, ge=0, le=1, description="low_efficiency hint memory-bound: mean DRAM "
-                                  "activity at least this.")
-    hint_tensor_share: float = Field(0.5, ge=0, description="...compute-bound (tensor): mean Tensor activity "
-                                     "at least this share of mean SM activity.")
-    hint_io_bps: float = Field(1e9, ge=0, description="...input/communication wait: PCIe + NVLink bytes/s at "
-                               "least this while DRAM is below hint_dram_low.")
-    hint_dram_low: float = Field(0.1, ge=0, le=1, description="...DRAM activity below this counts as low.")
-    hint_util_pulse_low: float = Field(0.1, ge=0, le=1, description="...input wait: mean GPU-Util at least "
-                                       "this (kernels in bursts)...")
-    hint_util_pulse_high: float = Field(0.9, ge=0, le=1, description="...and below this.")
-    hint_held_mib: float = Field(1024.0, ge=0, description="...memory held, no compute: peak memory at least "
-                                 "this (MiB) while GPU-Util is below hint_util_pulse_low.")
-    # issue 19: ghosts on GPUs nobody held, right-sizing to a smaller model, Slurm request hygiene
-    ghost_unallocated_min_minutes: float = Field(30, ge=0, description="ghost_busy on a GPU with no "
-                                                 "allocation: minimum minutes of GPU-Util >= ghost_gpu_util "
-                                                 "(summed over the window) before it is reported.")
-    rightsize_model_max_sm: float = Field(0.5, ge=0, le=1, description="Right-sizing to a smaller model: an "
-                                          "allocation whose mean SM activity is at most this (and whose peak "
-                                          "memory fits) would have fit the cheapest such model in its cluster.")
-    hygiene_min_jobs: int = Field(5, ge=1, description="request_hygiene: a user is judged on at least this "
-                                  "many ended Slurm GPU jobs in the window (per cluster).")
-    hygiene_runtime_ratio: float = Field(0.25, ge=0, le=1, description="request_hygiene: flagged when the "
-                                         "median of runtime / time limit over the user's jobs is below this...")
-    hygiene_unused_gpus: float = Field(0.25, ge=0, le=1, description="...or when at least this share of the "
-                                       "GPUs the user's jobs requested (and telemetry saw) never worked (no "
-                                       "low, working or busy-unverified second).")
-    infra_kinds: list[InfraKind] = Field(["xid", "throttle", "ecc_dbe", "row_remap", "drain", "down", "not_ready",
-                                          "cordoned"], description="Node event kinds whose intervals are "
-                                         "infrastructure-affected (their reserved time is `infra`, never idle "
-                                         "and in no user finding); leave one out to judge its time as usual.")
-    lemon_min_faults: int = Field(3, ge=1, description="lemon_node: a node with at least this many "
-                                  "infrastructure events (of the kinds above, distinct intervals, any of its "
-                                  "GPUs) in the audit window.")
 
 
 #: A price per GPU-hour above this is a typo (in any currency: ~1,000x a cloud H100 hour in VND or IDR).
