@@ -159,15 +159,17 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                 write_usage_allocation(conn, run_id, per_alloc)
             summary = find_all(conn, run_id, per_alloc, th, cfg, since=s, until=u, horizon=horizon,
                                clusters=clusters)
+            with steps.step("rows of GPUs deleted meanwhile"):
+                swept = cascade.sweep_run(conn, run_id)
+            if swept:
+                log.warning("audit run %d: %d row(s) dropped: their GPU or reservation was deleted by an ingest "
+                            "while the audit ran", run_id, swept)
             infra.finish(conn)
             log.info("audit run %d steps: %s", run_id,
                      ", ".join(f"{k} {v:.2f} s" for k, v in steps.seconds.items()))
             if refused:
                 summary["refused_allocations"] = len(refused)
             conn.info.pop(parallel.KEY, None)  # the pooled connection's info outlives this audit
-            if swept := cascade.sweep_run(conn, run_id):
-                log.warning("audit run %d: %d row(s) dropped: their GPU or reservation was deleted by an ingest "
-                            "while the audit ran", run_id, swept)
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
                 status="ok", finished_ts=int(utcnow().timestamp()), summary=summary))
     except Exception:
