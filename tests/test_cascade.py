@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from auditor.audit import run as audit_run
-from auditor.config import Config
+from auditor.config import Config, StoreConfig
 from auditor.records import AllocatedGpu, Allocation, GpuBucket, Reservation
 from auditor.store.engine import Store
 
@@ -37,6 +37,12 @@ def _usage_gpus(store: Store, run_id: int) -> list[tuple[int, int]]:
     with store.engine.connect() as conn:
         return sorted(tuple(r) for r in conn.execute(text(
             "SELECT allocated_gpu_id, gpu_index FROM usage_gpu WHERE run_id = :r"), {"r": run_id}))
+
+
+def _reservation_findings(store: Store, run_id: int) -> list[int]:
+    with store.engine.connect() as conn:
+        return [r for (r,) in conn.execute(text("SELECT reservation_id FROM findings WHERE run_id = :r AND "
+                                                "reservation_id IS NOT NULL"), {"r": run_id})]
 
 
 def _allocated(store: Store) -> dict[int, int]:
@@ -121,7 +127,6 @@ def test_rows_of_a_gpu_an_ingest_deleted_while_the_audit_ran_are_dropped(
     import threading
 
     from auditor.audit import usage
-    from auditor.config import StoreConfig
 
     store = Store.open(pg_schema_url)
     store.upgrade()
@@ -145,4 +150,40 @@ def test_rows_of_a_gpu_an_ingest_deleted_while_the_audit_ran_are_dropped(
     assert res.judge_connections == connections and once.locked()
     assert _usage_gpus(store, res.run_id) == [(slots[0], 0)]
     other.engine.dispose()
+    store.engine.dispose()
+
+
+def test_the_sweep_reads_the_run_only_after_a_delete(pg_schema_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep is skipped unless a GPU or reservation was deleted since the audit began (the store_meta
+    token): a row that refers to nothing but was not left by a delete (planted here) stays; once a delete
+    changed the token, the next audit's sweep removes the rows of its run that refer to nothing."""
+    from sqlalchemy import insert
+
+    from auditor.store import cascade, schema
+
+    store = Store.open(pg_schema_url)
+    store.upgrade()
+    store.ingest([_job(0, 1), *_buckets()], seen_at_ts=1)
+    real = audit_run.per_allocation_rows
+    delete_too = False
+
+    def plant(conn, run_id):  # type: ignore[no-untyped-def]
+        with store.begin() as other:
+            other.execute(insert(schema.usage_gpu).values(run_id=run_id, allocated_gpu_id=10**6, allocation_id=1,
+                                                          attribution="index"))
+            other.execute(insert(schema.findings).values(run_id=run_id, kind="idle_reservation", cluster="c",
+                                                         reservation_id=10**6))
+            if delete_too:
+                cascade.delete_allocated_gpus(other, [10**6 + 1])  # nothing to delete, but a delete all the same
+        return real(conn, run_id)
+
+    monkeypatch.setattr(audit_run, "per_allocation_rows", plant)
+    cfg = Config(store=StoreConfig(judge_connections=1))
+    first = audit_run.run_audit(store, cfg, T0, T0 + timedelta(hours=2))
+    assert (10**6, None) in _usage_gpus(store, first.run_id)  # no delete: not swept
+    assert _reservation_findings(store, first.run_id) == [10**6]
+    delete_too = True
+    second = audit_run.run_audit(store, cfg, T0, T0 + timedelta(hours=2))
+    assert (10**6, None) not in _usage_gpus(store, second.run_id)
+    assert _reservation_findings(store, second.run_id) == []
     store.engine.dispose()

@@ -119,6 +119,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
     steps = timing.start()
     with store.begin() as conn:
         abandoned(conn, now)
+        deleted = cascade.deletions(conn)  # before anything is judged (cascade.sweep_run)
         run_id = conn.execute(insert(schema.audit_runs).values(
             started_ts=now, since_ts=s, until_ts=u, status="running", what_if=what_if,
             thresholds=th.model_dump())).inserted_primary_key[0]
@@ -160,7 +161,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             summary = find_all(conn, run_id, per_alloc, th, cfg, since=s, until=u, horizon=horizon,
                                clusters=clusters)
             with steps.step("rows of GPUs deleted meanwhile"):
-                swept = cascade.sweep_run(conn, run_id)
+                swept = cascade.sweep_run(conn, run_id, deleted)
             if swept:
                 log.warning("audit run %d: %d row(s) dropped: their GPU or reservation was deleted by an ingest "
                             "while the audit ran", run_id, swept)

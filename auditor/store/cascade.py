@@ -15,16 +15,28 @@ explicit delete finds nothing left to do there):
 
 One race is left that a foreign key closed with its row lock: ingest may delete a GPU (or a reservation) after
 the audit read it and before the audit commits the rows that refer to it. :func:`sweep_run` deletes such rows
-as the last statement of the audit's transaction, set-wise.
+set-wise after the audit wrote its findings, when a delete happened since the audit began: every delete here
+writes a fresh token to ``store_meta`` (:data:`DELETED`), and the audit compares it with the token it read
+before judging (the sweep read the 16,384-GPU bench run's 380,895 rows in 0.39 s, for nothing in nearly
+every run).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Collection
 
 from sqlalchemy import Connection, delete, text
 
-from auditor.store import schema
+from auditor.store import meta, schema
+
+#: ``store_meta`` key: a fresh token each time a GPU or a reservation is deleted
+DELETED = "parents_deleted"
+
+
+def deletions(conn: Connection) -> str | None:
+    """The token of the latest delete (None: never); an audit reads it before it judges."""
+    return meta.get(conn, DELETED)
 
 
 def delete_allocated_gpus(conn: Connection, ids: Collection[int]) -> None:
@@ -34,6 +46,7 @@ def delete_allocated_gpus(conn: Connection, ids: Collection[int]) -> None:
     ug, g = schema.usage_gpu, schema.allocated_gpus
     conn.execute(delete(ug).where(ug.c.allocated_gpu_id.in_(list(ids))))
     conn.execute(delete(g).where(g.c.id.in_(list(ids))))
+    meta.put(conn, DELETED, uuid.uuid4().hex)
 
 
 def delete_reservations(conn: Connection, ids: Collection[int]) -> None:
@@ -43,6 +56,7 @@ def delete_reservations(conn: Connection, ids: Collection[int]) -> None:
     f, r = schema.findings, schema.reservations
     conn.execute(delete(f).where(f.c.reservation_id.in_(list(ids))))
     conn.execute(delete(r).where(r.c.id.in_(list(ids))))
+    meta.put(conn, DELETED, uuid.uuid4().hex)
 
 
 #: An audit run's rows whose parent a concurrent ingest deleted (PostgreSQL; the foreign key on SQLite)
@@ -54,8 +68,9 @@ _ORPHANS = [
 ]
 
 
-def sweep_run(conn: Connection, run_id: int) -> int:
-    """Delete the run's rows whose GPU or reservation was deleted while it ran; returns how many."""
-    if conn.dialect.name != "postgresql":
+def sweep_run(conn: Connection, run_id: int, before: str | None) -> int:
+    """Delete the run's rows whose GPU or reservation was deleted while it ran (``before``: the
+    :func:`deletions` token read before it judged); returns how many."""
+    if conn.dialect.name != "postgresql" or deletions(conn) == before:
         return 0
     return sum(conn.execute(text(sql), {"r": run_id}).rowcount or 0 for sql in _ORPHANS)
