@@ -57,6 +57,12 @@ def _fks(store: Store, table: str) -> int:
                                      "to_regclass(:t)"), {"t": table}).scalar() or 0)
 
 
+def _comment(store: Store, table: str, column: str) -> str | None:
+    with store.engine.connect() as conn:
+        return conn.execute(text("SELECT col_description(to_regclass(:t), a.attnum) FROM pg_attribute a WHERE "
+                                 "a.attrelid = to_regclass(:t) AND a.attname = :c"), {"t": table, "c": column}).scalar()
+
+
 def test_migration_drops_the_output_tables_keys_and_back(pg_schema_url: str) -> None:
     from alembic import command
 
@@ -67,18 +73,21 @@ def test_migration_drops_the_output_tables_keys_and_back(pg_schema_url: str) -> 
     store.upgrade()
     assert [_fks(store, t) for t in OUTPUT_TABLES] == [0, 0, 0]
     assert _fks(store, "allocated_gpus") == 1  # not an output table: kept
-    with store.engine.connect() as conn:
-        comment = conn.execute(text("SELECT col_description('usage_gpu'::regclass, 2)")).scalar()
-    assert comment.startswith("allocated_gpus.id (a foreign key on SQLite; none on PostgreSQL")
+    from auditor.store import schema
+
+    for table, column in [("usage_gpu", "run_id"), ("usage_gpu", "allocated_gpu_id"), ("usage_allocation", "run_id"),
+                          ("usage_allocation", "allocation_id"), ("findings", "run_id"),
+                          ("findings", "allocation_id"), ("findings", "reservation_id"), ("store_meta", "key")]:
+        assert _comment(store, table, column) == schema.metadata.tables[table].c[column].comment, (table, column)
+    assert _comment(store, "usage_gpu", "allocated_gpu_id").startswith(
+        "allocated_gpus.id (a foreign key on SQLite; none on PostgreSQL")
     with store.begin() as conn:  # a row that refers to nothing can now land ...
         conn.execute(text("INSERT INTO findings (run_id, kind, cluster, account, user_name, team, gpu_hours, "
                           "idle_gpu_hours, cost) VALUES (999, 'idle_allocation', 'c', '', '', '', 0, 0, 0)"))
     command.downgrade(store.alembic_config(), "0010_partitions")  # ... and is what the downgrade deletes
     assert [_fks(store, t) for t in OUTPUT_TABLES] == [2, 2, 3]
     assert store.count("findings") == 0
-    with store.engine.connect() as conn:
-        comment = conn.execute(text("SELECT col_description('usage_gpu'::regclass, 2)")).scalar()
-    assert comment == "allocated_gpus.id."
+    assert _comment(store, "usage_gpu", "allocated_gpu_id") == "allocated_gpus.id."
     store.engine.dispose()
 
 

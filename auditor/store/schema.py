@@ -167,7 +167,8 @@ gpu_buckets = Table(
 
 store_meta = Table(
     "store_meta", metadata,
-    Column("key", String(64), primary_key=True, comment="Setting, e.g. bucket_seconds or rolled_up_before."),
+    Column("key", String(64), primary_key=True, comment="Setting, e.g. bucket_seconds or rolled_up_before; "
+           "parents_deleted: a fresh token at each delete of an allocated GPU or reservation (auditor.store.cascade)."),
     Column("value", String(255), nullable=False, comment="Its value."),
     comment="Facts about the stored data: the bucket width it was collected at, how far it is rolled up.",
 )

@@ -5,8 +5,8 @@ triggers checked against audit_runs, allocations, allocated_gpus and reservation
 to write the 259,530 usage_allocation rows of the 16,384-GPU bench week (docs/performance.md). The audit
 takes every id it writes from those tables in its own statements, so the checks could never fail; what the
 foreign keys still did is ON DELETE CASCADE, and the code that deletes those parents now deletes the
-dependants itself (:mod:`auditor.store.cascade`). SQLite keeps its foreign keys (its checks are cheap and
-it has one writer).
+dependants itself (:mod:`auditor.store.cascade`, which also writes ``store_meta.parents_deleted``). SQLite
+keeps its foreign keys (its checks are cheap and it has one writer).
 
 Downgrade deletes the rows that refer to nothing (what the cascade would have deleted) and adds the keys back.
 
@@ -44,12 +44,18 @@ def _old_comment(table: str, column: str, parent: str) -> str:
     return f"{parent}.id."
 
 
+META_KEY = "Setting, e.g. bucket_seconds or rolled_up_before."
+NEW_META_KEY = ("Setting, e.g. bucket_seconds or rolled_up_before; parents_deleted: a fresh token at each delete of an "
+                "allocated GPU or reservation (auditor.store.cascade).")
+
+
 def upgrade() -> None:
     if op.get_context().dialect.name != "postgresql":
         return
     for table, column, parent in KEYS:
         op.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {_name(table, column, parent)}")
         _comment(table, column, _old_comment(table, column, parent).rstrip(".") + NEW_COMMENT)
+    _comment("store_meta", "key", NEW_META_KEY)
 
 
 def downgrade() -> None:
@@ -61,3 +67,4 @@ def downgrade() -> None:
         op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {_name(table, column, parent)} FOREIGN KEY ({column}) "
                    f"REFERENCES {parent} (id) ON DELETE CASCADE")
         _comment(table, column, _old_comment(table, column, parent))
+    _comment("store_meta", "key", META_KEY)
