@@ -170,7 +170,12 @@ def test_findings_thresholds(sqlite_store: Store) -> None:
 
     ev = json.loads(ev) if isinstance(ev, str) else ev
     assert ev["idle_gpus"] == 3 and ev["total_gpus"] == 4 and ev["idle_gpu_indices"] == [1, 2, 3]
-    assert len(ev["sparkline"]["sm"]) == 48 and ev["thresholds"]["idle_sm"] == 0.05
+    assert len(ev["sparkline"]["sm"]) == 48
+    # the thresholds are stored once, with the run (a finding's evidence does not repeat them)
+    assert "thresholds" not in ev
+    with sqlite_store.engine.connect() as conn:
+        th = conn.execute(text("SELECT thresholds FROM audit_runs WHERE id = :r"), {"r": r.run_id}).scalar()
+    assert (json.loads(th) if isinstance(th, str) else th)["idle_sm"] == 0.05
 
 
 def test_share_weights_hours(sqlite_store: Store) -> None:

@@ -296,7 +296,8 @@ findings = Table(
     Column("gpu_hours", Float, nullable=False, default=0.0, comment="GPU-hours the finding is about."),
     Column("idle_gpu_hours", Float, nullable=False, default=0.0, comment="Idle (+mirage) GPU-hours."),
     Column("cost", Float, nullable=False, default=0.0, comment="Cost of the idle GPU-hours."),
-    Column("evidence", JSON, comment="Metrics, window, thresholds, coverage and a sparkline."),
+    Column("evidence", JSON, comment="Metrics, window, coverage and a sparkline (the thresholds are the run's: "
+                                     "audit_runs.thresholds)."),
     Index(None, "run_id", "kind"),
     comment="What the audit flagged, each with its evidence.",
 )
