@@ -176,7 +176,7 @@ def test_the_sweep_reads_the_run_only_after_a_delete(pg_schema_url: str, monkeyp
     real = audit_run.per_allocation_rows
     delete_too = False
 
-    def plant(conn, run_id):  # type: ignore[no-untyped-def]
+    def plant(conn, run_id, *args):  # type: ignore[no-untyped-def]
         with store.begin() as other:
             other.execute(insert(schema.usage_gpu).values(run_id=run_id, allocated_gpu_id=10**6, allocation_id=1,
                                                           attribution="index"))
@@ -184,7 +184,7 @@ def test_the_sweep_reads_the_run_only_after_a_delete(pg_schema_url: str, monkeyp
                                                          reservation_id=10**6))
             if delete_too:
                 cascade.delete_allocated_gpus(other, [10**6 + 1])  # nothing to delete, but a delete all the same
-        return real(conn, run_id)
+        return real(conn, run_id, *args)
 
     monkeypatch.setattr(audit_run, "per_allocation_rows", plant)
     cfg = Config(store=StoreConfig(judge_connections=1))

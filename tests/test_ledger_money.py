@@ -75,6 +75,38 @@ def test_team_label_same_chargeback_on_both_engines(store: Store) -> None:
         "search": (Decimal("1"), Decimal("2"))}
 
 
+def _audit_teams(store: Store, cfg: Config) -> dict[str, str]:
+    from auditor.audit.run import run_audit
+
+    run = run_audit(store, cfg, W0, W1)
+    with store.engine.connect() as conn:
+        return dict(conn.execute(text("SELECT a.external_id, u.team FROM usage_allocation u JOIN allocations a "
+                                      "ON a.id = u.allocation_id WHERE u.run_id = :r"), {"r": run.run_id}).all())
+
+
+@pytest.mark.service
+def test_team_label_read_by_the_server_as_python_read_it(store: Store) -> None:
+    """The audit reads the team label's value in SQL (auditor.audit.run.team_label_sql) instead of parsing
+    labels in Python; by hand, namespace ns-ml is team ml: a label team=vision wins (p1); an empty label
+    (p2), no labels (p3) and labels that are no JSON object (p5: text that is no JSON on SQLite, a JSON array
+    on PostgreSQL) fall back to the namespace; a value with a quote is kept as it is (p4). A label name no
+    JSON path quotes (we"ird) reads the whole labels instead: p6 -> odd, the rest -> ml."""
+    def pod(uid: str, labels: dict[str, str]) -> Allocation:
+        return Allocation("c", "kubernetes", uid, name=uid, account="ns-ml", start=T0, end=T0 + H, labels=labels,
+                          gpus=[AllocatedGpu("k1", None)])
+
+    store.ingest([pod("p1", {"team": "vision"}), pod("p2", {"team": ""}), pod("p3", {}),
+                  pod("p4", {"team": 'a"b'}), pod("p5", {"team": "lost"}), pod("p6", {'we"ird': "odd"})],
+                 seen_at_ts=int(W1.timestamp()))
+    bad = "'not json'" if store.engine.dialect.name == "sqlite" else "'[\"team\", \"x\"]'"
+    with store.begin() as conn:
+        conn.execute(text(f"UPDATE allocations SET labels = {bad} WHERE external_id = 'p5'"))
+    assert _audit_teams(store, config()) == {"p1": "vision", "p2": "ml", "p3": "ml", "p4": 'a"b', "p5": "ml",
+                                             "p6": "ml"}
+    odd = config().model_copy(update={"team_label": 'we"ird'})
+    assert _audit_teams(store, odd) == {"p1": "ml", "p2": "ml", "p3": "ml", "p4": "ml", "p5": "ml", "p6": "odd"}
+
+
 @pytest.mark.service
 def test_chargeback_by_qos_and_by_state(store: Store) -> None:
     """Hand, by qos: batch = p1 6 + p2 1 = 7 GPU-h / 14.00; high = 2 / 4.00; normal = 16 / 32.00.

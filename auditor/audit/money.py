@@ -27,15 +27,21 @@ class Pricing:
 
     def team_of(self, row: dict[str, Any]) -> str:
         """``team_label`` (pod label) first, then the account/namespace and user mappings. Labels come back
-        from the store as a dict on PostgreSQL and as JSON text on SQLite: both are read the same way."""
-        labels = row.get("labels") or {}
-        if isinstance(labels, str):
-            try:
-                labels = json.loads(labels)
-            except ValueError:
-                labels = {}
-        if isinstance(labels, dict) and labels.get(self.team_label):
-            return str(labels[self.team_label])
+        from the store as a dict on PostgreSQL and as JSON text on SQLite: both are read the same way; an
+        audit's rows carry the label's value alone (``label_team``, read by the server:
+        :func:`auditor.audit.run.team_label_sql`)."""
+        if "label_team" in row:
+            value = row["label_team"]
+        else:
+            labels = row.get("labels") or {}
+            if isinstance(labels, str):
+                try:
+                    labels = json.loads(labels)
+                except ValueError:
+                    labels = {}
+            value = labels.get(self.team_label) if isinstance(labels, dict) else None
+        if value:
+            return str(value)
         account = row.get("account") or ""
         if row.get("source") == "kubernetes":
             team = self.by_namespace.get(account) or self.by_account.get(account)

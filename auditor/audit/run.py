@@ -39,7 +39,7 @@ def _fn(conn: Connection) -> dict[str, str]:
 
 SUM_COLS = [c for c in schema.usage_allocation.c.keys() if c.endswith("_s")]
 
-PER_ALLOCATION = ("SELECT g.*, a.cluster, a.source, a.external_id, a.name, a.user_name, a.account, a.labels, "
+PER_ALLOCATION = ("SELECT g.*, a.cluster, a.source, a.external_id, a.name, a.user_name, a.account, {team_label}, "
                   "a.gpu_count, a.start_ts, a.end_ts FROM (SELECT u.allocation_id, COUNT(*) AS gpus, "
                   "MAX(u.peak_fb_mib) AS peak_fb_mib, MAX(u.idle_peak_fb_mib) AS idle_peak_fb_mib, "
                   "MAX(u.max_gpu_mirage_s) AS max_gpu_mirage_s_max, "
@@ -53,10 +53,23 @@ PER_ALLOCATION = ("SELECT g.*, a.cluster, a.source, a.external_id, a.name, a.use
 #: the numbers of a per-allocation row that must be finite (max_gpu_mirage_s comes back as its MAX)
 NUMBER_KEYS = [*(c for c in SUM_COLS if c != "max_gpu_mirage_s"), "max_gpu_mirage_s_max", "gpu_count"]
 
-_TEXT = ("cluster", "source", "account", "user_name", "gpu_model", "mig_profile")
+_TEXT = ("cluster", "source", "account", "user_name", "gpu_model", "mig_profile", "label_team")
 
 
-def per_allocation_rows(conn: Connection, run_id: int) -> list[dict[str, Any]]:
+def team_label_sql(dialect: str, team_label: str) -> tuple[str, dict[str, str]]:
+    """The select item of the team label's value (``label_team``, what :meth:`Pricing.team_of` reads
+    first) and its parameter: read by the server, so the audit does not parse every allocation's labels as
+    JSON (1.2 s of the 4,096-GPU week) nor keep them in memory. A label name no JSON path can quote
+    falls back to the whole ``labels``."""
+    if dialect == "postgresql":  # NULL where labels is not an object or lacks the key
+        return "a.labels ->> :team_label AS label_team", {"team_label": team_label}
+    if dialect == "sqlite" and '"' not in team_label and "\\" not in team_label:
+        return ("CASE WHEN json_valid(a.labels) AND json_type(a.labels) = 'object' THEN "
+                "json_extract(a.labels, :team_path) END AS label_team"), {"team_path": f'$."{team_label}"'}
+    return "a.labels", {}
+
+
+def per_allocation_rows(conn: Connection, run_id: int, team_label: str = "team") -> list[dict[str, Any]]:
     """The per-allocation totals as dicts (the audit's one per-allocation structure, ~260 k at 16,384
     GPUs): streamed from the server in batches (the whole result is never buffered as well), with the
     repeated texts interned and every zero sum one shared float, which keeps peak RSS near 1 GiB there."""
@@ -64,8 +77,9 @@ def per_allocation_rows(conn: Connection, run_id: int) -> list[dict[str, Any]]:
 
     zero = 0.0
     out = []
-    sql = text(PER_ALLOCATION).execution_options(stream_results=True, yield_per=5000)  # this statement only
-    res = conn.execute(sql, {"run_id": run_id})
+    label, lp = team_label_sql(conn.dialect.name, team_label)
+    sql = text(PER_ALLOCATION.format(team_label=label)).execution_options(stream_results=True, yield_per=5000)
+    res = conn.execute(sql, {"run_id": run_id, **lp})
     keys = tuple(res.keys())
     texts = [i for i, k in enumerate(keys) if k in _TEXT]
     for row in res:  # plain rows, not mappings: 3.5 -> 2.8 s for 64,507 allocations on PostgreSQL
@@ -154,7 +168,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                 else:
                     conn.execute(text("ANALYZE usage_gpu"))
             with steps.step("per-allocation totals and money"):
-                per_alloc = per_allocation_rows(conn, run_id)
+                per_alloc = per_allocation_rows(conn, run_id, cfg.team_label)
                 per_alloc, refused = pricing.price_rows(per_alloc, NUMBER_KEYS)
                 refuse(conn, run_id, refused, now)
                 write_usage_allocation(conn, run_id, per_alloc)
