@@ -50,10 +50,12 @@ def intensity(cfg: EnergyConfig, cluster: str) -> float | None:
     return cfg.grid_gco2_per_kwh.get(cluster, cfg.default_grid_gco2_per_kwh)
 
 
-def energy(r: Mapping[str, Any], cfg: EnergyConfig, model: str | None, cluster: str) -> dict[str, float | None]:
+def energy(r: Mapping[str, Any], cfg: EnergyConfig, model: str | None, cluster: str,
+           watts: float | None = None) -> dict[str, float | None]:
     """kWh (measured + estimated) of all reserved and of idle (incl. mirage) time, and kg CO2, of one
-    allocation (or a group of one model and cluster) from its usage sums (seconds x share)."""
-    w = idle_watts(cfg, model)
+    allocation (or a group of one model and cluster) from its usage sums (seconds x share). ``watts``: the
+    model's :func:`idle_watts`, where the caller looked it up once for many allocations."""
+    w = idle_watts(cfg, model) if watts is None else watts
     est_s = max(0.0, float(r["reserved_s"] or 0) - float(r["power_observed_s"] or 0))
     idle_est_s = max(0.0, float(r["idle_s"] or 0) + float(r["mirage_s"] or 0) - float(r["idle_power_observed_s"] or 0))
     out: dict[str, float | None] = {
@@ -78,8 +80,13 @@ def summary(rows: Iterable[Mapping[str, Any]], cfg: EnergyConfig) -> dict[str, A
     """Run totals and per cluster (the run summary and the report's energy section)."""
     tot: dict[str, float | None] = dict.fromkeys(KEYS, 0.0)
     by: dict[str, dict[str, float | None]] = defaultdict(lambda: dict.fromkeys(KEYS, 0.0))
+    watts: dict[str | None, float] = {}  # per model: idle_watts sorts the table at every call
     for r in rows:
-        e = energy(r, cfg, r.get("gpu_model"), r["cluster"])
+        model = r.get("gpu_model")
+        w = watts.get(model)
+        if w is None:
+            w = watts[model] = idle_watts(cfg, model)
+        e = energy(r, cfg, model, r["cluster"], w)
         add(tot, e)
         add(by[r["cluster"]], e)
     return {**tot, "by_cluster": [{"cluster": c, "grid_gco2_per_kwh": intensity(cfg, c), **v}

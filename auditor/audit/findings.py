@@ -209,6 +209,8 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
                     idle_h = 0.0  # never counted or billed as idle
                 rows.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
         del gpus  # the per-GPU rows (hundreds of thousands at fleet scale) are done with
+        # the allocations not reported as a whole, judged once for the episode, efficiency and right-sizing rules
+        working = [r for r in per_alloc if not whole_idle(r, th)]
     flagged = frozenset(f["allocation_id"] for f in rows)
     extra: dict[str, Any] = {}
     with step("opportunity (queue, quota)"):
@@ -216,7 +218,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
                                                              "run": run_id}, clusters)
     rows += opp.pop("findings")
     rows += extra_findings(conn, run_id, per_alloc, th, cfg, since=since, until=until, horizon=horizon,
-                           flagged=flagged, clusters=clusters, summary=extra, ghosts=ghosts)
+                           flagged=flagged, clusters=clusters, summary=extra, ghosts=ghosts, working=working)
     rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
     with step("nodes that cost us"):
         nodes = infra.nodes_that_cost(conn, run_id, th, since, horizon, clusters)
@@ -260,7 +262,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
         summary["capacity"] = room()
         summary["infra_nodes"] = nodes
         summary["energy"] = energy.summary(per_alloc, cfg.energy)
-        summary["right_sizing"] = rightsize.by_team(per_alloc, th, cfg.prices, models)
+        summary["right_sizing"] = rightsize.by_team(working, th, cfg.prices, models, working=True)
     summary.update(extra)
     summary["opportunity"] = opp
     return summary
@@ -359,14 +361,17 @@ def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], c
 def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config, *,
                    since: int, until: int, horizon: int, flagged: frozenset[int] = frozenset(),
                    clusters: list[str] | None = None, summary: dict[str, Any] | None = None,
-                   ghosts: Callable[[], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+                   ghosts: Callable[[], list[dict[str, Any]]] | None = None,
+                   working: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """idle_episode, low_efficiency, idle_reservation, ghost_busy on GPUs nobody held and request_hygiene
     findings of one run (finding-table rows).
     ``flagged``: allocations a core rule already reported (idle GPUs explain a low mean: no low_efficiency).
     ``summary``: receives the per-team request-hygiene rollup (``request_hygiene_by_team``).
-    ``ghosts``: the ghost findings begun earlier (:func:`auditor.audit.parallel.later`), else read here."""
+    ``ghosts``: the ghost findings begun earlier (:func:`auditor.audit.parallel.later`), else read here.
+    ``working``: the rows of ``per_alloc`` not reported as a whole (:func:`whole_idle`), where already known."""
     p = {"since": since, "until": until, "horizon": horizon, "run": run_id}
-    working = [r for r in per_alloc if not whole_idle(r, th)]
+    if working is None:
+        working = [r for r in per_alloc if not whole_idle(r, th)]
     with step("idle episodes"):
         out = idle_episodes(conn, run_id, working, th, p)
     with step("low efficiency"):

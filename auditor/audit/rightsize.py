@@ -135,13 +135,14 @@ def hint(r: dict[str, Any], th: Thresholds, prices: PriceCard,
 
 
 def by_team(per_alloc: list[dict[str, Any]], th: Thresholds, prices: PriceCard,
-            models: dict[str, list[Option]]) -> list[dict[str, Any]]:
+            models: dict[str, list[Option]], *, working: bool = False) -> list[dict[str, Any]]:
     """Per team and recommended option: the allocations that did work (not reported idle or unmonitored as a
     whole) whose best right-sizing option (largest saving) it is, their reserved GPU-hours, the GPU-hours
-    of the current model they would free, and the money saved. Costliest first."""
+    of the current model they would free, and the money saved. Costliest first. ``working``: the rows are
+    already only those (:func:`auditor.audit.evidence.whole_idle` was asked once per allocation)."""
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in per_alloc:
-        if whole_idle(r, th):
+        if not working and whole_idle(r, th):
             continue
         h = hint(r, th, prices, models.get(r["cluster"]))
         if h is None:
