@@ -62,7 +62,7 @@ def test_sparklines_equal_a_python_reading_of_the_rows(store_url: str) -> None:
     """The sparkline bins (PostgreSQL reads each GPU's range by a LATERAL index scan): mean SM activity and
     GPU-Util of the sampled rows (unlabelled, or labelled with the job) in 48 equal bins of the allocation's
     clipped interval, recomputed here in Python from the raw rows."""
-    from auditor.audit.findings import SPARK_BINS, sparklines
+    from auditor.audit.sparklines import SPARK_BINS, sparklines
 
     store = Store.open(store_url)
     store.upgrade()

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, text
 
-from auditor import energy
+from auditor import energy, jsonsafe
 from auditor.audit import infra, parallel, rightsize
 from auditor.audit.efficiency import low_efficiency
 from auditor.audit.episodes import idle_episodes
@@ -29,16 +29,14 @@ from auditor.audit.evidence import (
 )
 from auditor.audit.ghosts import unallocated_ghosts
 from auditor.audit.hygiene import request_hygiene
-from auditor.audit.judge import JOB_KEY, job_match
 from auditor.audit.money import Pricing
 from auditor.audit.reservations import idle_reservations
+from auditor.audit.sparklines import sparkline_texts
 from auditor.audit.timing import step
 from auditor.config import Config, Thresholds
 from auditor.store import schema
 from auditor.store.ingest_pg import copy_dicts
-from auditor.store.sqlfuncs import greatest_least
 
-SPARK_BINS = 48
 H = 3600.0
 
 
@@ -122,54 +120,6 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
     return out
 
 
-def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int, *,
-               helpers_only: bool = False) -> dict[int, dict]:
-    """Per allocation: mean SM activity and GPU-Util in up to 48 time bins (None = no data there).
-    The bins of one allocation come back as one packed string (one row per allocation, not per bin).
-    ``helpers_only``: read on helper connections only (called from a background thread, see find_all)."""
-    out: dict[int, dict] = {}
-    pg = conn.dialect.name == "postgresql"
-    g, le = greatest_least(conn.dialect.name)
-    fmt = (lambda x: f"COALESCE(CAST(ROUND(CAST({x} AS NUMERIC), 3) AS TEXT), '')") if pg else \
-        (lambda x: f"CASE WHEN {x} IS NULL THEN '' ELSE printf('%.3f', {x}) END")  # printf: NULL -> 0.000
-    agg = "string_agg({}, ';')" if pg else "group_concat({}, ';')"
-    rng = "b.gpu_id = u.gpu_id AND b.bucket_ts >= w.s0 AND b.bucket_ts < w.e0"
-    # PostgreSQL: a LATERAL scan (OFFSET 0 keeps it from being flattened back into a join), so the time range
-    # is part of the index condition (as a join it read each GPU's whole week and filtered 90 % of it away);
-    # SQLite's planner uses the range by itself
-    buckets = (f"CROSS JOIN LATERAL (SELECT * FROM gpu_buckets b WHERE {rng} OFFSET 0) b" if pg else
-               f"JOIN gpu_buckets b ON {rng}")
-
-    def block(c: Connection, marks: str) -> list[Any]:
-        sql = f"""SELECT aid, {agg.format("CAST(bin AS TEXT) || ':' || " + fmt("sm") + " || ':' || " + fmt("util"))}
-        AS packed FROM (
-         SELECT u.allocation_id AS aid,
-          CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER) AS bin,
-          AVG(b.sm_active) AS sm, AVG(b.gpu_util) AS util
-         FROM (SELECT a.id, {g}(a.start_ts, :since) AS s0, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS e0,
-                {JOB_KEY} AS jkey FROM allocations a WHERE a.id IN ({marks})) w
-         JOIN usage_gpu u ON u.run_id = :run AND u.allocation_id = w.id
-         {buckets}
-         WHERE b.samples > 0 AND w.e0 > w.s0 AND (b.job = '' OR {job_match(c.dialect.name, "b.job", "w.jkey")})
-         GROUP BY u.allocation_id, CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER)) bins
-        GROUP BY aid"""
-        return c.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}).fetchall()
-
-    blocks = [", ".join(str(int(x)) for x in ids[i:i + 500]) for i in range(0, len(ids), 500)]
-    for rows in parallel.map_read(conn, block, blocks, helpers_only=helpers_only):  # several at once if allowed
-        for aid, packed in rows:
-            sm: list[float | None] = [None] * SPARK_BINS
-            util: list[float | None] = [None] * SPARK_BINS
-            for item in (packed or "").split(";"):
-                b, s_sm, s_util = item.split(":")
-                k = int(b)
-                if 0 <= k < SPARK_BINS:
-                    sm[k] = float(s_sm) if s_sm else None
-                    util[k] = float(s_util) if s_util else None
-            out[aid] = {"sm": sm, "util": util}
-    return out
-
-
 def per_gpu_rows(conn: Connection, run_id: int) -> dict[int, list[dict[str, Any]]]:
     """Per-GPU seconds of the multi-GPU allocations of a run (only the columns the idle_gpus rule reads:
     a fleet has hundreds of thousands of these rows)."""
@@ -234,8 +184,8 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
         """The chunk's sparklines, read on helper connections while the chunk before is written, where the
         run has helpers (at most two chunks' sparklines in memory)."""
         ids = sorted({f["allocation_id"] for f in chunk if f["allocation_id"] is not None})
-        return parallel.ahead(conn, lambda: sparklines(conn, run_id, ids, since, horizon,
-                                                        helpers_only=parallel.readers(conn) > 1))
+        return parallel.ahead(conn, lambda: sparkline_texts(conn, run_id, ids, since, horizon,
+                                                            helpers_only=parallel.readers(conn) > 1))
 
     pending = spark_ahead(chunks[0]) if chunks else None
     for k, chunk in enumerate(chunks):
@@ -245,11 +195,12 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
             pending = spark_ahead(chunks[k + 1])
         with step("write findings"):
             for f in chunk:
-                if f["allocation_id"] in spark:
-                    f["evidence"]["sparkline"] = spark[f["allocation_id"]]
-                if f["allocation_id"] in by_id:
-                    r = by_id[f["allocation_id"]]
+                aid = f["allocation_id"]
+                if aid in by_id:
+                    r = by_id[aid]
                     f["evidence"]["right_size"] = rightsize.hint(r, th, cfg.prices, models.get(r["cluster"]))
+                if aid in spark:  # the sparkline's JSON text goes in as read (jsonsafe.Encoded)
+                    f["evidence"] = jsonsafe.with_member(jsonsafe.dumps(f["evidence"]), "sparkline", spark[aid])
             if conn.dialect.name == "postgresql":  # COPY: binding 40 parameters per row cost seconds
                 copy_dicts(conn, schema.findings, chunk)
             else:
