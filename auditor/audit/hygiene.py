@@ -89,8 +89,9 @@ def verdicts(st: dict[str, Any], th: Thresholds) -> list[str]:
 
 def _users(conn: Connection, run_id: int, th: Thresholds, p: dict[str, Any]
            ) -> Iterator[tuple[tuple[str, str], list[dict[str, Any]]]]:
-    rows = (dict(r._mapping) for r in conn.execute(
-        text(jobs_sql(th)), {"run": run_id, "since": p["since"], "horizon": p["horizon"]}))
+    res = conn.execute(text(jobs_sql(th)), {"run": run_id, "since": p["since"], "horizon": p["horizon"]})
+    keys = tuple(res.keys())
+    rows = (dict(zip(keys, r, strict=True)) for r in res)  # plain rows: a RowMapping per job cost 3x as much
     for key, group in groupby(rows, key=lambda r: (r["cluster"], r["user_name"])):
         yield key, list(group)
 

@@ -24,6 +24,7 @@ class Pricing:
                              key=lambda kv: -len(kv[0]))
         self.mig = {k.lower(): v for k, v in cfg.prices.mig.items()}
         self.team_label = cfg.team_label
+        self._model_prices: dict[str | None, float] = {}
 
     def team_of(self, row: dict[str, Any]) -> str:
         """``team_label`` (pod label) first, then the account/namespace and user mappings. Labels come back
@@ -61,11 +62,14 @@ class Pricing:
         return UNMAPPED
 
     def model_price(self, model: str | None) -> float:
-        m = (model or "").lower()
-        for key, price in self.models:
-            if key and key in m:
-                return price
-        return self.cfg.prices.default
+        """The price card's price of ``model`` (the longest key found in its name), else the default;
+        looked up once per model name (an audit asks once per allocation)."""
+        price = self._model_prices.get(model)
+        if price is None:
+            m = (model or "").lower()
+            price = next((p for key, p in self.models if key and key in m), self.cfg.prices.default)
+            self._model_prices[model] = price
+        return price
 
     def price(self, model: str | None, mig_profile: str | None, gpu_count: float, gpus: int) -> float:
         """Price per full-GPU-hour equivalent. Usage seconds are already share-weighted, so a MIG slice
