@@ -21,6 +21,20 @@ def strict(s: str) -> Any:
     return json.loads(s, parse_constant=bad)
 
 
+def test_bin_text_is_what_python_writes() -> None:
+    """Reports copy the stored evidence text (SQLite's json_remove) or parse and re-encode it (the in-memory
+    path): the same bytes only if each bin is written as json.dumps writes that float. Every value with 3
+    decimals in [-2, 2], and some large ones, in the stores' forms (SQLite printf %.3f, PostgreSQL
+    round(numeric, 3)::text)."""
+    from auditor.audit.sparklines import _number
+
+    for i in range(-2000, 2001):
+        text = f"{i / 1000:.3f}"
+        assert _number(text) == json.dumps(float(text)), text
+    for text in ("-0.000", "100.000", "123456789.125", "12345678901234567.000", "1e+20"):
+        assert _number(text) == json.dumps(float(text)), text
+
+
 def test_sparkline_text_parses_to_the_bins() -> None:
     # by hand: bin 0 = 0.12 / 0.5; bin 3 has no SM reading (''), GPU-Util 0.25; bin 47 read NaN (no JSON
     # number: null) and -0.000 (minus zero); bin 48 is outside the 48 bins (0..47) and ignored; all else null

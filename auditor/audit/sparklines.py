@@ -18,9 +18,16 @@ SPARK_BINS = 48
 
 
 def _number(s: str) -> str:
-    """A bin's value as the store wrote it (3 decimals), or null where the bin had none; a non-finite
-    reading (NaN, Infinity: no JSON number) is null too."""
-    return s if s and s[-1].isdigit() else "null"
+    """A bin's value as the store wrote it (3 decimals) in the form Python's json writes that float
+    ("0.120" -> "0.12", "1.000" -> "1.0": reports that re-encode the evidence and reports that copy its text
+    read the same), or null where the bin had none; a non-finite reading (NaN, Infinity: no JSON number)
+    is null too."""
+    if not s or not s[-1].isdigit():
+        return "null"
+    if "." not in s or len(s) > 16:  # no fixed-point text of a short float: let Python write it
+        return repr(float(s))
+    s = s.rstrip("0")
+    return s + "0" if s.endswith(".") else s
 
 
 def sparkline_json(packed: str | None) -> str:
