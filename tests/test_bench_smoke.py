@@ -78,3 +78,19 @@ def test_bench_smoke_postgresql(tmp_path: Path) -> None:
     assert "PostgreSQL collect speed-up (sequential / parallel)" in rows
     if "pg_ingest" in figures:
         assert any(name.startswith("PostgreSQL ingest") for name in rows)
+
+
+def test_bench_evidence_smoke(tmp_path: Path) -> None:
+    """``python -m bench.evidence`` on a 32-GPU day: both paths timed, the spliced sparklines equal the
+    parsed ones (the module exits otherwise), and the evidence without the thresholds is smaller."""
+    from bench.fleet import FleetSpec, generate
+
+    path = tmp_path / "fleet.db"
+    generate(FleetSpec(gpus=32, days=1, seed=1), path)
+    proc = subprocess.run([sys.executable, "-m", "bench.evidence", f"sqlite:///{path}", "--gpus", "32", "--days", "1",
+                           "--repeat", "1"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["findings"] > 0 and r["allocations"] > 0 and len(r["seconds"]) == 4
+    assert 0 < r["evidence bytes"] < r["evidence bytes (before)"]
