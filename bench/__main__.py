@@ -100,7 +100,11 @@ def bench_pg_ingest(args: argparse.Namespace, figures: dict[str, Any]) -> list[R
     return [Row("PostgreSQL ingest: Store.ingest", r["copy_rows_s"], "rows/s", PG_INGEST_ROWS_S, True),
             Row("PostgreSQL Store.ingest / raw COPY", r["copy_vs_raw"], "x", PG_INGEST_RATIO, True),
             Row("PostgreSQL COPY + merge of built rows", r["merge_only_rows_s"], "rows/s", PG_INGEST_ROWS_S, True),
-            Row("PostgreSQL COPY + merge / raw COPY", r["merge_only_vs_raw"], "x", PG_INGEST_RATIO, True)]
+            Row("PostgreSQL COPY + merge / raw COPY", r["merge_only_vs_raw"], "x", PG_INGEST_RATIO, True),
+            # the Python part alone (records -> tuples) and the ceiling it puts on Store.ingest / raw COPY
+            Row("  records -> row tuples alone (Python)", r["build_rows_s"], "rows/s"),
+            Row("  Store.ingest / raw COPY bound by it", r["build_bound_vs_raw"], "x",
+                note="raw / (raw + building): one thread builds and encodes")]
 
 
 def audit_child(url: str, gpus: int, days: float, seed: int) -> dict[str, Any]:

@@ -149,6 +149,22 @@ def test_gpu_indices_recorded_while_running_survive_a_count_only_history(store: 
 
 
 @pytest.mark.service
+def test_a_new_gpu_keeps_the_uuid_and_model_some_bucket_knew(store: Store) -> None:
+    """One batch, one new GPU, two sources: the DCGM bucket knows uuid and model, the jobstats bucket after
+    it knows neither. The GPU's row keeps what was known (the last bucket alone would store NULLs). A second
+    new GPU whose buckets name two models takes the later one."""
+    dcgm = GpuBucket("c", "n1", 0, T0, 300, 10, uuid="GPU-aaaa", model="NVIDIA H100", sm_active=0.8)
+    jobstats = GpuBucket("c", "n1", 0, T0 + timedelta(minutes=5), 300, 10, gpu_util=0.5, hpc_job="7")
+    first = GpuBucket("c", "n1", 1, T0, 300, 10, model="NVIDIA A100")
+    later = GpuBucket("c", "n1", 1, T0 + timedelta(minutes=5), 300, 10, model="NVIDIA A100-SXM4-80GB")
+    store.ingest([dcgm, first, jobstats, later])
+    t = schema.telemetry_gpus
+    with store.engine.connect() as conn:
+        got = {r.gpu_index: (r.uuid, r.model) for r in conn.execute(select(t.c.gpu_index, t.c.uuid, t.c.model))}
+    assert got == {0: ("GPU-aaaa", "NVIDIA H100"), 1: (None, "NVIDIA A100-SXM4-80GB")}
+
+
+@pytest.mark.service
 def test_bucket_with_more_samples_wins(store: Store) -> None:
     full = GpuBucket("c", "n1", 0, T0, 300, 10, sm_active=0.8)
     partial = GpuBucket("c", "n1", 0, T0, 300, 3, sm_active=0.1)
