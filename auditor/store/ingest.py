@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from functools import partial
-from itertools import compress
-from operator import attrgetter, is_not
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, insert, select, update
@@ -42,7 +40,7 @@ BUCKET_COLS = ("gpu_id", "bucket_ts", "job", "bucket_s", "samples", "observed_s"
                *METRIC_FIELDS, *LABEL_FIELDS)
 _BUCKET_KEY = attrgetter("cluster", "host", "gpu", "gpu_instance")  # C-level getters: the per-row cost
 _BUCKET_VALUES = attrgetter(*METRIC_FIELDS, *LABEL_FIELDS)
-_UUID, _MODEL = attrgetter("uuid"), attrgetter("model")
+_UUID_MODEL = attrgetter("uuid", "model")
 HOUR = 3600
 COPY_MIN_ROWS = 1  # PostgreSQL: every batch through COPY (tests may raise it to force executemany)
 
@@ -95,15 +93,18 @@ def telemetry_gpu_ids(conn: Connection, buckets: list[GpuBucket], cache: dict[tu
     """Resolve (cluster, host, gpu, instance) to telemetry_gpus.id, creating rows for new GPUs; ``keys``:
     the buckets' keys when the caller has them. A new GPU takes the last uuid and the last model any of
     its buckets in the batch knows (a source that lacks one, jobstats beside DCGM say, never blanks the
-    other's). Picked at C speed (``compress``/``zip`` into dicts): a batch holds 50,000 buckets of few GPUs."""
+    other's): one C-level ``dict(zip(...))`` over the batch, a Python pass only where the last bucket lacks one."""
     t = schema.telemetry_gpus
     if keys is None:
         keys = list(map(_BUCKET_KEY, buckets))
-    known = partial(is_not, None)
-    uuids, models = list(map(_UUID, buckets)), list(map(_MODEL, buckets))
-    uuid_of = dict(zip(compress(keys, map(known, uuids)), filter(known, uuids), strict=True))
-    model_of = dict(zip(compress(keys, map(known, models)), filter(known, models), strict=True))
-    missing = {k: (uuid_of.get(k), model_of.get(k)) for k in dict.fromkeys(keys) if k not in cache}
+    last = dict(zip(keys, map(_UUID_MODEL, buckets), strict=True))
+    missing = {k: v for k, v in last.items() if k not in cache}
+    gaps = {k for k, (u, m) in missing.items() if u is None or m is None}
+    if gaps:  # a source that does not know them: the last uuid and model any bucket of the GPU knew
+        for k, b in zip(keys, buckets, strict=True):
+            if k in gaps:
+                u, m = missing[k]
+                missing[k] = (u if b.uuid is None else b.uuid, m if b.model is None else b.model)
     if not missing:
         return
     upsert(conn, t, [{"cluster": k[0], "host": k[1], "gpu_index": k[2], "gpu_instance": k[3], "uuid": u,
