@@ -104,7 +104,6 @@ def test_pg_ingest_bench_smoke(pg_url: str) -> None:
     assert r["rows"] == 8 * 72  # 8 GPUs x 6 h / 5 min
     for k in ("copy_rows_s", "executemany_rows_s", "raw_copy_rows_s", "merge_only_rows_s", "build_rows_s"):
         assert r[k] > 0
-    assert 0 < r["build_bound_vs_raw"] < 1  # raw / (raw + building), two positive times
     assert "raw COPY" in pg_ingest.report(r)
 
 
