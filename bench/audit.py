@@ -105,12 +105,18 @@ def measure(url: str, gpus: int, days: float, seed: int, render: str | None) -> 
     return out
 
 
+def fleet_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a benchmark over one generated fleet store (bench.fleet): its URL and its spec."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("url", help="The fleet store (sqlite:///... or postgresql+psycopg://...).")
+    ap.add_argument("--gpus", type=int, required=True, help="GPUs of the fleet (part of its spec).")
+    ap.add_argument("--days", type=float, default=7, help="Days of the fleet (default 7).")
+    ap.add_argument("--seed", type=int, default=1, help="Simulation seed of the fleet (default 1).")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("url")
-    ap.add_argument("--gpus", type=int, required=True)
-    ap.add_argument("--days", type=float, default=7)
-    ap.add_argument("--seed", type=int, default=1)
+    ap = fleet_parser(__doc__.splitlines()[0])
     ap.add_argument("--render", default=None, help="Also time write_reports into this directory.")
     args = ap.parse_args(argv)
     print(json.dumps(measure(args.url, args.gpus, args.days, args.seed, args.render)), flush=True)

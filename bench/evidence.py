@@ -14,7 +14,6 @@ Run: python -m bench.evidence URL --gpus N [--days 7] [--seed 1] [--repeat 3]   
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -61,6 +60,7 @@ def legacy_bins(packed: str) -> dict[str, list[float | None]]:
 
 def measure(url: str, gpus: int, days: float, seed: int, repeat: int) -> dict[str, Any]:
     from auditor import jsonsafe
+    from auditor.audit.money import Pricing
     from auditor.audit.run import per_allocation_rows, run_audit
     from auditor.audit.sparklines import sparkline_json
     from auditor.config import Config
@@ -110,7 +110,7 @@ def measure(url: str, gpus: int, days: float, seed: int, repeat: int) -> dict[st
                 n_alloc = len(timed("per-allocation rows, labels whole (before)",
                                     lambda: legacy_rows(conn, run.run_id)))
                 timed("per-allocation rows, team label by the server", lambda: per_allocation_rows(
-                    conn, run.run_id, cfg.team_label))
+                    conn, run.run_id, Pricing(cfg)))
                 old = timed("evidence, floats and thresholds (before)", legacy_evidence)
                 new = timed("evidence, sparkline text spliced", evidence)
             same = all(json.loads(a).get("sparkline") == json.loads(b).get("sparkline") for a, b in zip(old, new,
@@ -128,12 +128,10 @@ def measure(url: str, gpus: int, days: float, seed: int, repeat: int) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("url")
-    ap.add_argument("--gpus", type=int, required=True)
-    ap.add_argument("--days", type=float, default=7)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=3)
+    from bench.audit import fleet_parser
+
+    ap = fleet_parser(__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3, help="Alternating rounds; the best of each is kept.")
     args = ap.parse_args(argv)
     r = measure(args.url, args.gpus, args.days, args.seed, args.repeat)
     for name, s in r["seconds"].items():

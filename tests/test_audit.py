@@ -194,3 +194,33 @@ def test_same_results_on_postgresql(store: Store) -> None:
     assert (u["idle_s"], u["working_s"], u["unknown_s"]) == (7200, 7200, 0)
     assert u["effective_s"] == pytest.approx(0.9 * 7200)
     assert kinds(store, r.run_id) == {"1": ["idle_gpus"]}
+
+
+def test_per_allocation_rows_stay_small_and_carry_team_costs_and_effective(store: Store) -> None:
+    """The audit's per-allocation rows (~260k at 16,384 GPUs) keep at most 42 keys with their price, so
+    CPython keeps each in a 64-slot dict (a 43rd key doubles it: 185 MiB more at that size); the team label is
+    read while the row is built, and usage_allocation still gets the costs and effective seconds."""
+    import sys
+
+    from auditor.audit.money import Pricing
+    from auditor.audit.run import NUMBER_KEYS, per_allocation_rows
+    from auditor.config import PriceCard, Team
+
+    cfg = Config(prices=PriceCard(default=2.0), teams=[Team(name="acct-team", accounts=["acct"])])
+    store.ingest([job("lab", [AllocatedGpu("n1", 0)], source="kubernetes", labels={"team": "vision"}),
+                  job("acc", [AllocatedGpu("n2", 0)]),
+                  *series("n1", 0, sm_active=0.6), *series("n2", 0, sm_active=0.0, gpu_util=0.0)])
+    run = run_audit(store, cfg, W0, W1)
+    with store.engine.connect() as conn:
+        rows, refused = Pricing(cfg).price_rows(per_allocation_rows(conn, run.run_id, Pricing(cfg)), NUMBER_KEYS)
+    assert refused == []
+    by = {r["external_id"]: r for r in rows}
+    assert (by["lab"]["team"], by["acc"]["team"]) == ("vision", "acct-team")
+    assert all(len(r) <= 42 for r in rows), max(len(r) for r in rows)
+    full = dict.fromkeys(f"k{i}" for i in range(42))
+    assert all(sys.getsizeof(r) <= sys.getsizeof(full) for r in rows)
+    u = usage(store, run.run_id)
+    # 2 h reserved at 2.0 per GPU-hour = 4.0; "acc" idle for all of it: idle cost 4.0; "lab" worked at SM 0.6
+    assert (u["lab"]["reserved_cost"], u["lab"]["idle_cost"], u["acc"]["idle_cost"]) == (4.0, 0.0, 4.0)
+    assert u["lab"]["effective_s"] == pytest.approx(0.6 * 7200) and u["acc"]["effective_s"] == 0
+    assert (u["lab"]["team"], u["acc"]["team"]) == ("vision", "acct-team")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from auditor.audit.money import Pricing
+from auditor.audit.money import Pricing, costs
 from auditor.config import Config
 
 KEYS = ["reserved_s", "idle_s", "mirage_s", "working_s", "gpu_count"]
@@ -25,7 +25,7 @@ def test_only_rows_with_a_non_finite_number_are_refused_and_the_key_is_named() -
             _row(gpu_count=None)]
     ok, refused = p.price_rows(rows, KEYS)
     # 2 h at 2.0 = 4.0 reserved; 1 h idle = 2.0 idle cost
-    assert [(r["reserved_cost"], r["idle_cost"]) for r in ok[:1]] == [(4.0, 2.0)]
+    assert [costs(r) for r in ok[:1]] == [(4.0, 2.0)]
     assert len(ok) == 3 and ok[1]["working_s"] == 1e308 and ok[2]["gpu_count"] is None
     assert [why for _, why in refused] == ["not a finite number: working_s",
                                            "not a finite number: mirage_s, idle_cost"]

@@ -38,6 +38,13 @@ def accountable(r: dict[str, Any]) -> float:
     return r["reserved_s"] - (r.get("infra_s") or 0.0)
 
 
+def effective(r: dict[str, Any]) -> float:
+    """Effective seconds (SM-verified observed seconds x SM activity) of a per-allocation row: the SM sum by
+    definition (:func:`auditor.audit.judge.usage_columns`), which the audit's rows carry alone
+    (:func:`auditor.audit.run.per_allocation_rows`)."""
+    return r["sm_s"]
+
+
 def metrics(r: dict[str, Any]) -> dict[str, Any]:
     """The numbers every finding shows: what the dashboard said next to what SM activity says."""
     return {"reserved_gpu_hours": r["reserved_s"] / H, "observed_gpu_hours": r["observed_s"] / H,
@@ -47,7 +54,7 @@ def metrics(r: dict[str, Any]) -> dict[str, Any]:
             "mirage_gpu_hours": r["mirage_s"] / H, "low_gpu_hours": r["low_s"] / H,
             "working_gpu_hours": r["working_s"] / H, "busy_unverified_gpu_hours": r["busy_unverified_s"] / H,
             "unknown_gpu_hours": r["unknown_s"] / H, "verified_gpu_hours": verified(r) / H,
-            "util_only_gpu_hours": util_only(r) / H, "effective_gpu_hours": r["effective_s"] / H,
+            "util_only_gpu_hours": util_only(r) / H, "effective_gpu_hours": effective(r) / H,
             "mean_gpu_util": _ratio(r["gpu_util_s"], r["util_observed_s"]),
             "mean_sm_active": _ratio(r["sm_s"], r["sm_observed_s"]),
             "mean_tensor_active": _ratio(r["tensor_s"], r["sm_observed_s"]),

@@ -271,7 +271,7 @@ def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], c
     clusters: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for r in per_alloc:
         for c in ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
-                  "busy_unverified_s", "unknown_s", "infra_s", "effective_s", "gpu_util_s", "util_observed_s",
+                  "busy_unverified_s", "unknown_s", "infra_s", "gpu_util_s", "util_observed_s",
                   "sm_s", "sm_observed_s"):
             tot[c] += r[c]
         k = clusters[r["cluster"]]
@@ -285,7 +285,7 @@ def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], c
     kinds: dict[str, int] = defaultdict(int)
     for f in findings:
         kinds[f["kind"]] += 1
-    eff_h = tot["effective_s"] / H
+    eff_h = tot["sm_s"] / H  # effective seconds are the SM sum (evidence.effective)
     util_only_h = (tot["idle_by_util_s"] + tot["busy_unverified_s"]) / H
     return {"allocations": len(per_alloc), "currency": cfg.prices.currency,
             "reserved_gpu_hours": tot["reserved_s"] / H, "observed_gpu_hours": tot["observed_s"] / H,

@@ -31,24 +31,28 @@ class Pricing:
         from the store as a dict on PostgreSQL and as JSON text on SQLite: both are read the same way; an
         audit's rows carry the label's value alone (``label_team``, read by the server:
         :func:`auditor.audit.run.team_label_sql`)."""
-        if "label_team" in row:
-            value = row["label_team"]
-        else:
-            labels = row.get("labels") or {}
-            if isinstance(labels, str):
-                try:
-                    labels = json.loads(labels)
-                except ValueError:
-                    labels = {}
-            value = labels.get(self.team_label) if isinstance(labels, dict) else None
+        value = row["label_team"] if "label_team" in row else self.label_value(row.get("labels"))
+        return self.team_for(value, row.get("source"), row.get("account"), row.get("user_name"))
+
+    def label_value(self, labels: Any) -> Any:
+        """The team label's value in ``labels`` (a dict, or its JSON text), else None."""
+        if isinstance(labels, str):
+            try:
+                labels = json.loads(labels)
+            except ValueError:
+                labels = {}
+        return labels.get(self.team_label) if isinstance(labels, dict) else None
+
+    def team_for(self, value: Any, source: str | None, account: str | None, user_name: str | None) -> str:
+        """The team of an allocation from its team label's ``value`` and its account and user (team_of)."""
         if value:
             return str(value)
-        account = row.get("account") or ""
-        if row.get("source") == "kubernetes":
+        account = account or ""
+        if source == "kubernetes":
             team = self.by_namespace.get(account) or self.by_account.get(account)
         else:
             team = self.by_account.get(account) or self.by_namespace.get(account)
-        return team or self.by_user.get(row.get("user_name") or "") or UNMAPPED
+        return team or self.by_user.get(user_name or "") or UNMAPPED
 
     def team_of_reservation(self, users: list[str], accounts: list[str]) -> str:
         """A reservation belongs to the team of its accounts, else of its users, in the order Slurm lists
@@ -82,30 +86,42 @@ class Pricing:
 
     def price_rows(self, rows: list[dict[str, Any]], number_keys: list[str]
                    ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
-        """Team, price and costs of each per-allocation row of an audit. A row whose numbers or cost are not
-        finite (a corrupt share in an old store, say) is refused with a reason instead of failing the audit
-        for everyone; :func:`auditor.audit.run.run_audit` quarantines it."""
+        """Team (where the row does not carry it yet) and price of each per-allocation row of an audit, and
+        the check that its numbers and costs (:func:`costs`, not kept in the row) are finite. A row that is
+        not (a corrupt share in an old store, say) is refused with a reason instead of failing the audit for
+        everyone; :func:`auditor.audit.run.run_audit` quarantines it."""
         ok, refused = [], []
-        keys = (*number_keys, "price", "reserved_cost", "idle_cost")
+        keys = (*number_keys, "price")
         values = itemgetter(*keys)
         for r in rows:
             try:
-                r["team"] = self.team_of(r)
+                if "team" not in r:
+                    r["team"] = self.team_of(r)
                 r["price"] = self.price(r["gpu_model"], r["mig_profile"], r["gpu_count"], r["gpus"])
-                r["reserved_cost"] = r["reserved_s"] / 3600 * r["price"]
-                r["idle_cost"] = (r["idle_s"] + r["mirage_s"]) / 3600 * r["price"]
+                cost = costs(r)
             except (ArithmeticError, TypeError, ValueError) as exc:
                 refused.append((r, f"cost not computable: {type(exc).__name__}"))
                 continue
             try:  # a finite sum means every number is finite (a NaN or an infinity makes the sum one)
-                if math.isfinite(sum(values(r))):
+                if math.isfinite(sum(values(r)) + cost[0] + cost[1]):
                     ok.append(r)
                     continue
             except (KeyError, TypeError):  # a None, a missing key or a non-number: the slow check says which
                 pass
-            bad = [k for k in keys if r.get(k) is not None and not math.isfinite(float(r[k]))]
+            named = {**{k: r.get(k) for k in keys}, **dict(zip(COST_KEYS, cost, strict=True))}
+            bad = [k for k, v in named.items() if v is not None and not math.isfinite(float(v))]
             if bad:
                 refused.append((r, f"not a finite number: {', '.join(bad)}"))
             else:  # finite numbers whose sum overflowed
                 ok.append(r)
         return ok, refused
+
+
+#: the money of a priced per-allocation row, in :func:`costs`' order (usage_allocation columns)
+COST_KEYS = ("reserved_cost", "idle_cost")
+
+
+def costs(r: dict[str, Any]) -> tuple[float, float]:
+    """Reserved and idle (idle + mirage) cost of a priced per-allocation row: the one definition, computed
+    where it is written (usage_allocation) rather than kept in ~260k rows at fleet scale."""
+    return r["reserved_s"] / 3600 * r["price"], (r["idle_s"] + r["mirage_s"]) / 3600 * r["price"]

@@ -21,7 +21,8 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, text, update
 
 from auditor.audit import infra, parallel, timing
-from auditor.audit.money import Pricing
+from auditor.audit.judge import SUMS, usage_columns
+from auditor.audit.money import COST_KEYS, Pricing, costs
 from auditor.audit.usage import attribute_and_judge, judge_connections, judge_share, setup_pg
 from auditor.config import Config, Thresholds
 from auditor.store import cascade, schema
@@ -38,12 +39,18 @@ def _fn(conn: Connection) -> dict[str, str]:
 
 
 SUM_COLS = [c for c in schema.usage_allocation.c.keys() if c.endswith("_s")]
+#: usage columns an audit's per-allocation row does not carry: effective_s is the SM sum by definition (one
+#: expression writes both, checked below), so the row keeps sm_s alone and usage_allocation.effective_s is
+#: written from it; max_gpu_mirage_s comes back as its MAX
+_NOT_SUMMED = ("max_gpu_mirage_s", "effective_s")
+_SAME = usage_columns({k: k for k in SUMS}, "share", "reserved")
+assert _SAME["effective_s"] == _SAME["sm_s"], "effective_s is no longer the SM sum: per_allocation_rows needs it"
 
 PER_ALLOCATION = ("SELECT g.*, a.cluster, a.source, a.external_id, a.name, a.user_name, a.account, {team_label}, "
                   "a.gpu_count, a.start_ts, a.end_ts FROM (SELECT u.allocation_id, COUNT(*) AS gpus, "
                   "MAX(u.peak_fb_mib) AS peak_fb_mib, MAX(u.idle_peak_fb_mib) AS idle_peak_fb_mib, "
                   "MAX(u.max_gpu_mirage_s) AS max_gpu_mirage_s_max, "
-                  + ", ".join(f"SUM(u.{c}) AS {c}" for c in SUM_COLS if c != "max_gpu_mirage_s")
+                  + ", ".join(f"SUM(u.{c}) AS {c}" for c in SUM_COLS if c not in _NOT_SUMMED)
                   + ", MIN(ag.model) AS gpu_model, MIN(ag.mig_profile) AS mig_profile "
                   "FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
                   "WHERE u.run_id = :run_id GROUP BY u.allocation_id) g "
@@ -51,9 +58,11 @@ PER_ALLOCATION = ("SELECT g.*, a.cluster, a.source, a.external_id, a.name, a.use
 
 
 #: the numbers of a per-allocation row that must be finite (max_gpu_mirage_s comes back as its MAX)
-NUMBER_KEYS = [*(c for c in SUM_COLS if c != "max_gpu_mirage_s"), "max_gpu_mirage_s_max", "gpu_count"]
+NUMBER_KEYS = [*(c for c in SUM_COLS if c not in _NOT_SUMMED), "max_gpu_mirage_s_max", "gpu_count"]
 
-_TEXT = ("cluster", "source", "account", "user_name", "gpu_model", "mig_profile", "label_team")
+_TEXT = ("cluster", "source", "account", "user_name", "gpu_model", "mig_profile")
+#: the select items of the team label (team_label_sql): read while the row is built, never kept in it
+_LABEL = ("label_team", "labels")
 
 
 def team_label_sql(dialect: str, team_label: str) -> tuple[str, dict[str, str]]:
@@ -69,24 +78,35 @@ def team_label_sql(dialect: str, team_label: str) -> tuple[str, dict[str, str]]:
     return "a.labels", {}
 
 
-def per_allocation_rows(conn: Connection, run_id: int, team_label: str = "team") -> list[dict[str, Any]]:
+def per_allocation_rows(conn: Connection, run_id: int, pricing: Pricing) -> list[dict[str, Any]]:
     """The per-allocation totals as dicts (the audit's one per-allocation structure, ~260 k at 16,384
-    GPUs): streamed from the server in batches (the whole result is never buffered as well), with the
-    repeated texts interned and every zero sum one shared float, which keeps peak RSS near 1 GiB there."""
+    GPUs), each with its ``team`` (:meth:`Pricing.team_for`): streamed from the server in batches (the whole
+    result is never buffered as well), with the repeated texts interned and every zero sum one shared float.
+    A row holds at most 42 keys with its price (:meth:`Pricing.price_rows`): CPython keeps such a dict in
+    64 slots (832 bytes) and one of 43-85 keys in 128 (1,584 bytes), 185 MiB more at 16,384 GPUs; so the
+    team label is read here and dropped, effective seconds are ``sm_s`` and the costs are computed where
+    they are written (:func:`costs`)."""
     from sys import intern
 
     zero = 0.0
     out = []
-    label, lp = team_label_sql(conn.dialect.name, team_label)
+    label, lp = team_label_sql(conn.dialect.name, pricing.team_label)
     sql = text(PER_ALLOCATION.format(team_label=label)).execution_options(stream_results=True, yield_per=5000)
     res = conn.execute(sql, {"run_id": run_id, **lp})
-    keys = tuple(res.keys())
+    names = tuple(res.keys())
+    li = next(i for i, k in enumerate(names) if k in _LABEL)
+    parse = names[li] == "labels"  # the whole labels (a label name no JSON path can quote)
+    keys = (*names[:li], *names[li + 1:], "team")
     texts = [i for i, k in enumerate(keys) if k in _TEXT]
+    src, acct, user = (keys.index(k) for k in ("source", "account", "user_name"))
     for row in res:  # plain rows, not mappings: 3.5 -> 2.8 s for 64,507 allocations on PostgreSQL
         vals = [zero if v.__class__ is float and v == 0.0 else v for v in row]
+        value = vals.pop(li)
         for i in texts:
             if vals[i].__class__ is str:
                 vals[i] = intern(vals[i])
+        team = pricing.team_for(pricing.label_value(value) if parse else value, vals[src], vals[acct], vals[user])
+        vals.append(intern(team))
         out.append(dict(zip(keys, vals, strict=True)))
     return out
 
@@ -168,7 +188,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                 else:
                     conn.execute(text("ANALYZE usage_gpu"))
             with steps.step("per-allocation totals and money"):
-                per_alloc = per_allocation_rows(conn, run_id, cfg.team_label)
+                per_alloc = per_allocation_rows(conn, run_id, pricing)
                 per_alloc, refused = pricing.price_rows(per_alloc, NUMBER_KEYS)
                 refuse(conn, run_id, refused, now)
                 write_usage_allocation(conn, run_id, per_alloc)
@@ -198,21 +218,21 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
     return AuditResult(run_id, since, until, summary, steps.seconds, n)
 
 
-#: usage_allocation column <- per-allocation row key (run_id aside)
+#: usage_allocation column <- per-allocation row key (run_id aside; the costs: money.costs)
 _UA_KEYS = {"allocation_id": "allocation_id", "team": "team", "gpu_model": "gpu_model", "price_per_gpu_hour": "price",
-            **{c: c for c in SUM_COLS if c != "max_gpu_mirage_s"}, "max_gpu_mirage_s": "max_gpu_mirage_s_max",
-            "peak_fb_mib": "peak_fb_mib", "idle_peak_fb_mib": "idle_peak_fb_mib", "gpus": "gpus",
-            "reserved_cost": "reserved_cost", "idle_cost": "idle_cost"}
+            **{c: c for c in SUM_COLS if c not in _NOT_SUMMED}, "effective_s": "sm_s",
+            "max_gpu_mirage_s": "max_gpu_mirage_s_max", "peak_fb_mib": "peak_fb_mib",
+            "idle_peak_fb_mib": "idle_peak_fb_mib", "gpus": "gpus"}
 
 
 def write_usage_allocation(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]]) -> None:
     """The per-allocation totals and money of a run, 5,000 rows at a time (peak RSS at fleet scale): tuples
     taken straight from the rows, by COPY on PostgreSQL and executemany on SQLite."""
     get = itemgetter(*_UA_KEYS.values())
-    cols = ["run_id", *_UA_KEYS]
+    cols = ["run_id", *_UA_KEYS, *COST_KEYS]
     sql = f"INSERT INTO usage_allocation ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
     for i in range(0, len(per_alloc), 5000):
-        chunk = [(run_id, *get(r)) for r in per_alloc[i:i + 5000]]
+        chunk = [(run_id, *get(r), *costs(r)) for r in per_alloc[i:i + 5000]]
         if conn.dialect.name == "postgresql":
             copy_tuples(conn, schema.usage_allocation.name, cols, chunk)
         else:  # the driver's executemany of tuples (per-allocation step 1.8-2.4 -> 1.1 s at 1,024 GPUs)
