@@ -104,7 +104,11 @@ def bench_pg_ingest(args: argparse.Namespace, figures: dict[str, Any]) -> list[R
             # the Python part alone (records -> tuples) and the ceiling it puts on Store.ingest / raw COPY
             Row("  records -> row tuples alone (Python)", r["build_rows_s"], "rows/s"),
             Row("  Store.ingest / raw COPY bound by it", r["build_bound_vs_raw"], "x",
-                note="raw / (raw + building): one thread builds and encodes")]
+                note="raw / (raw + building): one thread builds and encodes"),
+            # the raw COPY straight into gpu_buckets: its key's share of the gap, apart from gpu-audit's own work
+            Row("  raw COPY into gpu_buckets itself (its key)", r["raw_keyed_rows_s"], "rows/s"),
+            Row("  Store.ingest / that keyed raw COPY", r["copy_vs_raw_keyed"], "x",
+                note="not the target's reference (the bare table is)")]
 
 
 def audit_child(url: str, gpus: int, days: float, seed: int) -> dict[str, Any]:

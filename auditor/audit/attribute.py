@@ -57,8 +57,11 @@ WHERE ag.gpu_index IS NULL AND ag.share >= 1 AND """ + _IN_WINDOW
 # matching row then checks each of those few exactly (PostgreSQL: LATERAL ... LIMIT 1, which it cannot turn
 # into a hash semi-join over the whole bucket table; SQLite: EXISTS through the bucket index). Probing every
 # GPU of the node instead scanned the whole interval of each GPU without the label: 16 s of a 16,384-GPU audit.
+# SQLite: CROSS JOIN keeps telemetry_gpus the outer loop, so only the labelled GPUs' buckets are read through
+# the key (as a plain JOIN the planner scanned every bucket of the store: 4.5 of the 5.2 s this step took at
+# 16,384 GPUs, 13 % of them labelled; 0.58 -> 0.23 s at 4,096)
 _LABELS_SEEN = """SELECT b.gpu_id, b.job, MIN(b.bucket_ts) AS t0, MAX(b.bucket_ts + b.bucket_s) AS t1
-FROM telemetry_gpus tg0 JOIN gpu_buckets b ON b.gpu_id = tg0.id
+FROM telemetry_gpus tg0 CROSS JOIN gpu_buckets b ON b.gpu_id = tg0.id
 WHERE tg0.has_jobs = 1 AND b.job <> '' AND b.bucket_ts >= :since - """ + str(LOOKBACK) + """ AND b.bucket_ts < :horizon
 GROUP BY b.gpu_id, b.job"""
 # PostgreSQL: one index range scan per labelled GPU (LATERAL), not a scan of every bucket of the window
@@ -69,7 +72,9 @@ CROSS JOIN LATERAL (SELECT b.job, MIN(b.bucket_ts) AS t0, MAX(b.bucket_ts + b.bu
   WHERE b.gpu_id = tg0.id AND b.job <> '' AND b.bucket_ts >= :since - """ + str(LOOKBACK) + """
   AND b.bucket_ts < :horizon GROUP BY b.job) x
 WHERE tg0.has_jobs = 1"""
-_LABEL_PAIRS = """SELECT DISTINCT k.allocation_id, k.node, a.cluster, """ + JOB_KEY + """ AS jkey,
+# jkey CAST to TEXT: with a text affinity SQLite's automatic index on q takes the label equality as well as
+# the node (each labelled bucket range was compared with every pair of its node: 3.0 -> 2.0 s at 16,384 GPUs)
+_LABEL_PAIRS = """SELECT DISTINCT k.allocation_id, k.node, a.cluster, CAST(""" + JOB_KEY + """ AS TEXT) AS jkey,
  {GREATEST}(a.start_ts, :since) AS s0, {LEAST}(COALESCE(a.end_ts, :horizon), :horizon) AS e0
 FROM (SELECT DISTINCT ag.allocation_id, ag.node FROM allocated_gpus ag
       WHERE ag.gpu_index IS NULL AND ag.id NOT IN (SELECT allocated_gpu_id FROM _attr)) k
