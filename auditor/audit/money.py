@@ -28,9 +28,9 @@ class Pricing:
 
     def team_of(self, row: dict[str, Any]) -> str:
         """``team_label`` (pod label) first, then the account/namespace and user mappings. Labels come back
-        from the store as a dict on PostgreSQL and as JSON text on SQLite: both are read the same way; an
-        audit's rows carry the label's value alone (``label_team``, read by the server:
-        :func:`auditor.audit.run.team_label_sql`)."""
+        from the store as a dict on PostgreSQL and as JSON text on SQLite: both are read the same way; a row
+        holding the label's value alone (``label_team``, read by the server:
+        :func:`auditor.audit.run.team_label_sql`) is taken as it is."""
         value = row["label_team"] if "label_team" in row else self.label_value(row.get("labels"))
         return self.team_for(value, row.get("source"), row.get("account"), row.get("user_name"))
 

@@ -66,10 +66,10 @@ _LABEL = ("label_team", "labels")
 
 
 def team_label_sql(dialect: str, team_label: str) -> tuple[str, dict[str, str]]:
-    """The select item of the team label's value (``label_team``, what :meth:`Pricing.team_of` reads
-    first) and its parameter: read by the server, so the audit does not parse every allocation's labels as
-    JSON (1.2 s of the 4,096-GPU week) nor keep them in memory. A label name no JSON path can quote
-    falls back to the whole ``labels``."""
+    """The select item of the team label's value (``label_team``, which :func:`per_allocation_rows` hands
+    to :meth:`Pricing.team_for`) and its parameter: read by the server, so the audit does not parse every
+    allocation's labels as JSON (1.2 s of the 4,096-GPU week) nor keep them in memory. A label name no JSON
+    path can quote falls back to the whole ``labels``."""
     if dialect == "postgresql":  # NULL where labels is not an object or lacks the key
         return "a.labels ->> :team_label AS label_team", {"team_label": team_label}
     if dialect == "sqlite" and '"' not in team_label and "\\" not in team_label:
