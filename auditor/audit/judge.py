@@ -193,15 +193,36 @@ def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, io: str, di
             f"{verdict.case(th, c, working_first=True)} AS v")
 
 
-def sqlite_rows(th: Thresholds, frm: str, jkey: str, *, grouped: bool) -> str:
+#: SQLite's three ways to read one allocated GPU's rows (:func:`sqlite_rows`)
+SQLITE_PATHS = ("plain", "exact", "grouped")
+
+
+def sqlite_rows(th: Thresholds, frm: str, jkey: str, *, path: str) -> str:
     """SQLite's per-bucket rows (obs, metrics, v) of one allocated GPU ``t`` (correlated: ``frm`` binds
-    ``b`` and refers to ``t.a_s``/``t.a_e``). The fast path (``grouped=False``) reads the unlabelled rows
-    of a GPU whose telemetry never carried a job label, in one level SQLite does not materialise;
-    otherwise :func:`judged_rows`. tests/test_simulate.py compares both with :func:`judged_rows` run
+    ``b`` and refers to ``t.a_s``/``t.a_e``), in one level SQLite does not materialise, or for
+    ``path="grouped"`` :func:`judged_rows`:
+
+    - ``plain``: a GPU whose telemetry never carried a job label: its unlabelled rows as they are;
+    - ``exact``: a labelled GPU without a comma-joined label among the rows it reads: the rules of
+      :func:`judged_rows` select at most one row per bucket (the row of exactly this job, the bucket key holds
+      one; else the unlabelled row when no labelled sibling exists), so nothing needs combining and one
+      scan of the GPU's rows replaces the two scans and the per-bucket grouping of the general form (2.1 ->
+      0.6 s at 4,096 GPUs, sums equal to 1e-15). Combining one row changes nothing: its metrics are its own,
+      and its observed seconds are never above its width (every write clamps them);
+    - ``grouped``: the general form (several rows of one bucket may name the job).
+
+    tests/test_simulate.py and the oracle (tests/oracle.py) compare them with :func:`judged_rows` run
     set-based."""
     b = verdict.prefixed("b")
-    if not grouped:
-        return f"SELECT {_judged_cols(th, b, 't.a_s', 't.a_e', _IO)} {frm} AND b.job = '' LIMIT -1"
+    cols = _judged_cols(th, b, "t.a_s", "t.a_e", _IO)
+    if path == "plain":
+        return f"SELECT {cols} {frm} AND b.job = '' LIMIT -1"
+    if path == "exact":
+        return (f"SELECT {cols} {frm} AND ((b.job <> '' AND b.job = {jkey}) OR (b.job = '' AND NOT EXISTS "
+                "(SELECT 1 FROM gpu_buckets s WHERE s.gpu_id = b.gpu_id AND s.bucket_ts = b.bucket_ts "
+                "AND s.job <> ''))) LIMIT -1")
+    if path != "grouped":
+        raise ValueError(f"unknown SQLite judging path {path!r}")
     return judged_rows("sqlite", th, [("t.a_s", "a_s"), ("t.a_e", "a_e")], frm, jkey, correlated=True)
 
 

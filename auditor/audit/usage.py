@@ -21,6 +21,7 @@ from auditor.audit.judge import (
     EXTRA,
     LOOKBACK,
     PIVOT,
+    SQLITE_PATHS,
     SUMS,
     judged_rows,
     sqlite_rows,
@@ -73,23 +74,30 @@ def judge_sql(dialect: str, th: Thresholds, skip: str = "", *, lateral: bool | N
 
 # SQLite runs the judgement as one correlated scan per allocated GPU (its buckets read in key order, all
 # sums folded into one JSON array; %!.17g round-trips reals exactly), then one join writes usage_gpu.
-# A LEFT JOIN of a grouped subquery would be materialised (every bucket copied) by SQLite. GPUs whose
-# telemetry never carried a job label take the fast path (one row per bucket, nothing to combine).
-# tests/test_simulate.py checks that it agrees with judge_sql.
+# A LEFT JOIN of a grouped subquery would be materialised (every bucket copied) by SQLite. Each allocated GPU
+# takes one of judge.sqlite_rows' paths: "plain" (telemetry never labelled), "exact" (labelled, but no
+# comma-joined label in the rows it reads: _lists) or "grouped". tests/test_simulate.py and the oracle check
+# that they agree with judge_sql.
 JUDGE_SQLITE_DDL = "CREATE TEMPORARY TABLE _judged (allocated_gpu_id INTEGER PRIMARY KEY, r TEXT)"
+#: the labelled allocated GPUs whose rows include a comma-joined job label: the "grouped" path
+LISTS_SQLITE = ("INSERT INTO _lists SELECT t.allocated_gpu_id FROM _attr t WHERE t.lab = 1 AND EXISTS (SELECT 1 "
+                + _FRM.format(t="t") + " AND b.job LIKE '%,%')")
+_WHICH = {"plain": "t.lab = 0",
+          "exact": "t.lab = 1 AND t.allocated_gpu_id NOT IN (SELECT allocated_gpu_id FROM _lists)",
+          "grouped": "t.lab = 1 AND t.allocated_gpu_id IN (SELECT allocated_gpu_id FROM _lists)"}
 
 
-def _sqlite_scan(th: Thresholds, grouped: bool, skip: str = "") -> str:
+def _sqlite_scan(th: Thresholds, path: str, skip: str = "") -> str:
     rows = sqlite_rows(th, _FRM.format(t="t") + " AND t.a_e > t.a_s" + infra.clip(skip, "sqlite", "t"), "t.jkey",
-                       grouped=grouped)
-    if grouped:  # the rare GPUs with job labels: their rows combined per bucket first
+                       path=path)
+    if path == "grouped":  # the rare GPUs with comma-joined job labels: their rows combined per bucket first
         sums, frm = SUMS, f"({rows}) j"
     else:  # one row per bucket: sums per verdict, then SUMS off those (PIVOT)
         by_v = ", ".join(f"{sql} AS {k}" for k, sql in BY_VERDICT.items())
         sums, frm = PIVOT, f"(SELECT j.v AS v, {by_v} FROM ({rows}) j GROUP BY j.v) g"
     arr = ", ".join(f"CASE WHEN {a} IS NOT NULL THEN printf('%!.17g', {a}) END" for a in sums.values())
     return (f"INSERT INTO _judged SELECT t.allocated_gpu_id, (SELECT json_array({arr}) FROM {frm}) "
-            f"FROM _attr t WHERE t.lab = {1 if grouped else 0} ORDER BY t.gpu_id, t.a_s")
+            f"FROM _attr t WHERE {_WHICH[path]} ORDER BY t.gpu_id, t.a_s")
 
 
 def _sqlite_write() -> str:
@@ -113,10 +121,14 @@ def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thre
     conn.execute(text(JUDGE_SQLITE_DDL))
     # walk _attr in (GPU, time) order so the bucket table is read sequentially, not in allocation order
     conn.execute(text("CREATE INDEX temp._attr_gpu_ts ON _attr (gpu_id, a_s, a_e)"))
-    conn.execute(text(_sqlite_scan(th, False, skip)), params)
-    conn.execute(text(_sqlite_scan(th, True, skip)), params)
+    conn.execute(text("DROP TABLE IF EXISTS _lists"))
+    conn.execute(text("CREATE TEMPORARY TABLE _lists (allocated_gpu_id INTEGER PRIMARY KEY)"))
+    conn.execute(text(LISTS_SQLITE), params)
+    for path in SQLITE_PATHS:
+        conn.execute(text(_sqlite_scan(th, path, skip)), params)
     conn.execute(text(_sqlite_write()), params)
     conn.execute(text("DROP TABLE _judged"))
+    conn.execute(text("DROP TABLE _lists"))
 
 
 def judge_connections(cfg: Config, conn: Connection) -> int:
