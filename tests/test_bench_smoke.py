@@ -52,6 +52,10 @@ def test_bench_smoke_sqlite(tmp_path: Path) -> None:
                  "SQLite collect 2 clusters sequential", "SQLite collect speed-up (sequential / parallel)"):
         assert name in rows, (name, sorted(rows))
     assert rows["SQLite scaling 32 -> 64 GPUs (2x data)"][1] == "<= 2.25x"  # 4.5x per 4x data, pro rata
+    # the per-allocation stage alone: (audit - judging) / floor, from the figures the run wrote
+    big = figures["sqlite"][-1]
+    less = rows["SQLite audit less judging / floor 64 GPUs"]
+    assert less[0] == f"{(big['audit_s'] - big['judge_s']) / big['floor_s']:.2f}x" and less[1] == "-"
     floor = rows["SQLite audit/floor 64 GPUs"]
     assert floor[1] == "<= 10.00x" and floor[3].split()[0] in ("met", "MISSED")
     r = figures["render"]
