@@ -58,10 +58,34 @@ def test_lateral_judge_equals_the_grouped_reference(pg_schema_url: str, monkeypa
     store.engine.dispose()
 
 
+def _python_bins(conn: Any, run_id: int, ids: list[int], s: int, h: int) -> dict[tuple[int, int], list[list[float]]]:
+    """(allocation, bin) -> the SM activity and GPU-Util readings of its sampled rows (unlabelled, or labelled
+    with the job) in 48 equal bins of the allocation's clipped interval, read from the raw rows in Python."""
+    from auditor.audit.sparklines import SPARK_BINS
+
+    rows = conn.execute(text(
+        "SELECT u.allocation_id, a.start_ts, a.end_ts, a.source, a.external_id, a.account, a.name, b.bucket_ts, "
+        "b.job, b.sm_active, b.gpu_util FROM usage_gpu u JOIN allocations a ON a.id = u.allocation_id "
+        "JOIN gpu_buckets b ON b.gpu_id = u.gpu_id WHERE u.run_id = :r AND b.samples > 0"),
+        {"r": run_id}).all()
+    sums: dict[tuple[int, int], list[list[float]]] = {}
+    for aid, st, en, src, ext, acc, name, ts, jb, sm, util in rows:
+        s0, e0 = max(st, s), min(en if en is not None else h, h)
+        key = ext if src == "slurm" else f"{acc}/{name}"
+        if aid not in ids or not (s0 <= ts < e0) or e0 <= s0 or jb not in ("", key):
+            continue
+        acc_ = sums.setdefault((aid, (ts - s0) * SPARK_BINS // (e0 - s0)), [[], []])
+        for i, v in enumerate((sm, util)):
+            if v is not None:
+                acc_[i].append(v)
+    return sums
+
+
 def test_sparklines_equal_a_python_reading_of_the_rows(store_url: str) -> None:
-    """The sparkline bins (PostgreSQL reads each GPU's range by a LATERAL index scan): mean SM activity and
-    GPU-Util of the sampled rows (unlabelled, or labelled with the job) in 48 equal bins of the allocation's
-    clipped interval, recomputed here in Python from the raw rows."""
+    """The sparkline bins (PostgreSQL reads each GPU's range by a LATERAL index scan, SQLite groups each
+    allocation's rows on its own): mean SM activity and GPU-Util of the sampled rows (unlabelled, or labelled
+    with the job) in 48 equal bins of the allocation's clipped interval, recomputed here in Python from the
+    raw rows."""
     from auditor.audit.sparklines import SPARK_BINS, sparklines
 
     store = Store.open(store_url)
@@ -74,21 +98,7 @@ def test_sparklines_equal_a_python_reading_of_the_rows(store_url: str) -> None:
             "SELECT DISTINCT allocation_id FROM usage_gpu WHERE run_id = :r AND gpu_id IS NOT NULL "
             "ORDER BY 1 LIMIT 40"), {"r": run.run_id})]
         got = sparklines(conn, run.run_id, ids, s, h)
-        rows = conn.execute(text(
-            "SELECT u.allocation_id, a.start_ts, a.end_ts, a.source, a.external_id, a.account, a.name, b.bucket_ts, "
-            "b.job, b.sm_active, b.gpu_util FROM usage_gpu u JOIN allocations a ON a.id = u.allocation_id "
-            "JOIN gpu_buckets b ON b.gpu_id = u.gpu_id WHERE u.run_id = :r AND b.samples > 0"),
-            {"r": run.run_id}).all()
-    sums: dict[tuple[int, int], list[list[float]]] = {}
-    for aid, st, en, src, ext, acc, name, ts, jb, sm, util in rows:
-        s0, e0 = max(st, s), min(en if en is not None else h, h)
-        key = ext if src == "slurm" else f"{acc}/{name}"
-        if aid not in ids or not (s0 <= ts < e0) or e0 <= s0 or jb not in ("", key):
-            continue
-        acc_ = sums.setdefault((aid, (ts - s0) * SPARK_BINS // (e0 - s0)), [[], []])
-        for i, v in enumerate((sm, util)):
-            if v is not None:
-                acc_[i].append(v)
+        sums = _python_bins(conn, run.run_id, ids, s, h)
     assert len(got) >= 20
     checked = 0
     for aid, bins in got.items():
@@ -99,6 +109,34 @@ def test_sparklines_equal_a_python_reading_of_the_rows(store_url: str) -> None:
                 assert bins[name][k] == (pytest.approx(exp, abs=1.5e-3) if exp is not None else None), (aid, k, name)
                 checked += exp is not None
     assert checked > 500
+    store.engine.dispose()
+
+
+def test_an_allocation_without_sampled_rows_gets_no_sparkline(store_url: str) -> None:
+    """Exactly the allocations with a sampled row in their interval get a sparkline (an all-empty one would put
+    a blank chart in the evidence): the telemetry GPU of some single-GPU allocations is made to have no
+    samples, and the allocations given a sparkline are those the Python reading finds rows for."""
+    from auditor.audit.sparklines import sparklines
+
+    store = Store.open(store_url)
+    store.upgrade()
+    populate(store, SPEC)
+    s, h = int(SPEC.start.timestamp()), int(SPEC.end.timestamp())
+    with store.begin() as conn:  # the GPUs of the first five one-GPU allocations: observed, but no samples
+        gpus = [r[0] for r in conn.execute(text(
+            "SELECT tg.id FROM allocations a JOIN allocated_gpus ag ON ag.allocation_id = a.id "
+            "JOIN telemetry_gpus tg ON tg.host = ag.node AND tg.gpu_index = ag.gpu_index "
+            "WHERE a.gpu_count = 1 ORDER BY a.id LIMIT 5"))]
+        assert len(gpus) == 5
+        conn.execute(text(f"UPDATE gpu_buckets SET samples = 0 WHERE gpu_id IN ({', '.join(map(str, gpus))})"))
+    run = audit.run_audit(store, Config(), SPEC.start, SPEC.end)
+    with store.engine.connect() as conn:
+        ids = [r[0] for r in conn.execute(text(
+            "SELECT DISTINCT allocation_id FROM usage_gpu WHERE run_id = :r ORDER BY 1"), {"r": run.run_id})]
+        got = sparklines(conn, run.run_id, ids, s, h)
+        with_rows = {aid for aid, _k in _python_bins(conn, run.run_id, ids, s, h)}
+    assert set(got) == with_rows
+    assert len(with_rows) >= 20 and len(set(ids) - with_rows) >= 1  # both kinds are among them
     store.engine.dispose()
 
 
