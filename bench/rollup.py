@@ -1,7 +1,7 @@
 """A prototype, not the audit: judging from per-(GPU, hour, verdict) sums, against the floor, checked against
 the audit's own usage_gpu sums on the same store.
 
-Why (docs/performance.md, "The path to audit/floor <= 10x"): the audit reads every bucket of the window and
+Why (docs/performance.md, "What audit/floor <= 10x takes"): the audit reads every bucket of the window and
 judges it (judge/floor 6-13x), so judging can come near the floor only if it reads fewer rows. Here every
 unlabelled bucket that lies inside one clock hour is judged once into a temporary table ``_jh`` (GPU, hour,
 verdict: the 11 per-verdict sums of :data:`auditor.audit.judge.BY_VERDICT`, with each bucket's observed
@@ -13,7 +13,7 @@ usage_gpu rows the audit wrote for the same allocated GPUs (relative tolerance 1
 reported only as ``equal`` when every one matches.
 
 Scope of the prototype: allocated GPUs whose telemetry never carried a job label (``has_jobs = 0``, the
-audit's "plain" path; 90 % of the allocated GPUs of the simulated fleets), buckets that do not cross a
+audit's "plain" path; 81-91 % of the allocated GPUs of the simulated fleets), buckets that do not cross a
 clock hour, no infrastructure intervals (none in the simulated fleets; the run says how many rows it left out).
 Building ``_jh`` reads and judges every bucket once: a store would keep it per hour as telemetry arrives
 (per threshold set), so an hourly audit would roll up one new hour, not the week.
