@@ -1,5 +1,5 @@
 """Write verbs for the Kubernetes replay server (tests/k8s_server.py), kept apart so both evolve freely:
-single-object GETs (pod, node, ReplicaSet, Deployment, StatefulSet, Job), PATCH of a Deployment's or
+single-object GETs (pod, node, ReplicaSet, Deployment, StatefulSet, Job, CronJob), PATCH of a Deployment's or
 StatefulSet's ``scale`` subresource and of a Job, DELETE of a Job or a pod (with a UID precondition).
 
 Answers are shaped as a v1.24 kube-apiserver returns them (single objects carry kind/apiVersion; scale is
@@ -19,20 +19,23 @@ from typing import Any
 from k8s_server import K8sReplay, K8sServer, _Handler
 
 _ONE = re.compile(r"^/(?:api/v1|apis/(?:apps|batch)/v1)(?:/namespaces/([a-z0-9-]+))?/"
-                  r"(pods|nodes|replicasets|deployments|statefulsets|jobs)/([a-z0-9.-]+)(/scale)?$")
+                  r"(pods|nodes|replicasets|deployments|statefulsets|jobs|cronjobs)/([a-z0-9.-]+)(/scale)?$")
 KIND = {"pods": ("Pod", "v1"), "nodes": ("Node", "v1"), "replicasets": ("ReplicaSet", "apps/v1"),
         "deployments": ("Deployment", "apps/v1"), "statefulsets": ("StatefulSet", "apps/v1"),
-        "jobs": ("Job", "batch/v1")}
+        "jobs": ("Job", "batch/v1"), "cronjobs": ("CronJob", "batch/v1")}
 GROUP = {"pods": "", "nodes": "", "replicasets": "apps", "deployments": "apps", "statefulsets": "apps",
-         "jobs": "batch"}
+         "jobs": "batch", "cronjobs": "batch"}
 NOW = "2026-11-29T14:00:00Z"
 
 
-def workload(kind: str, ns: str, name: str, uid: str, replicas: int, rv: str = "300") -> dict[str, Any]:
-    """An apps/v1 Deployment or StatefulSet as the API server stores it (fields the actions read)."""
+def workload(kind: str, ns: str, name: str, uid: str, replicas: int, rv: str = "300",
+             selector: dict[str, str] | None = None) -> dict[str, Any]:
+    """An apps/v1 Deployment or StatefulSet as the API server stores it (fields the actions read); its
+    selector is ``app=NAME`` unless given (a Deployment's: its ReplicaSet's less ``pod-template-hash``)."""
+    match = selector if selector is not None else {"app": name}
     return {"metadata": {"name": name, "namespace": ns, "uid": uid, "resourceVersion": rv, "generation": 1,
-                         "creationTimestamp": "2026-11-28T08:00:00Z", "labels": {"app": name}},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}},
+                         "creationTimestamp": "2026-11-28T08:00:00Z", "labels": dict(match)},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": dict(match)}},
             "status": {"replicas": replicas, "readyReplicas": replicas, "observedGeneration": 1}}
 
 
@@ -43,11 +46,14 @@ class ActionReplay(K8sReplay):
         super().__init__(*args, **kwargs)
         self.data.setdefault("deployments", [])
         self.data.setdefault("statefulsets", [])
+        self.data.setdefault("cronjobs", [])
         for rs in self.data.get("replicasets", []):
             for o in rs["metadata"].get("ownerReferences") or []:
                 if o.get("kind") == "Deployment":
+                    sel = {k: v for k, v in ((rs["spec"].get("selector") or {}).get("matchLabels") or {}).items()
+                           if k != "pod-template-hash"}
                     self.data["deployments"].append(workload("Deployment", rs["metadata"]["namespace"], o["name"],
-                                                             o["uid"], rs["spec"].get("replicas", 1)))
+                                                             o["uid"], rs["spec"].get("replicas", 1), selector=sel))
         self.writes: list[tuple[str, str, str, Any]] = []
         self.rv = 400
 

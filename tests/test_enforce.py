@@ -67,8 +67,17 @@ def world(store: Any, now: datetime, monkeypatch: pytest.MonkeyPatch) -> Iterato
                         gpus=[AllocatedGpu("n1", 1)])]
     recs += series("hpc", "n1", 0, t0, 4, None, 0.0) + series("hpc", "n1", 1, t0, 4, None, 0.9)
     store.ingest(recs)
+    collected(store, ["k8s", "hpc"], now)
     with ActionServer() as srv:
         yield store, srv
+
+
+def collected(store: Any, clusters: list[str], until: datetime, source: str = "telemetry[0]:file") -> None:
+    """What a successful collection leaves: the source's watermark at ``until`` (rule (d): evidence must
+    reach the last collected window)."""
+    with store.begin() as conn:
+        for c in clusters:
+            store.set_watermark(conn, c, source, int(until.timestamp()))
 
 
 def cfg(**enforce: Any) -> Config:
@@ -129,7 +138,7 @@ def test_dry_run_then_apply(world: tuple[Any, ActionServer], now: datetime) -> N
     done = [r for r in applied if r["decision"] == "done"]
     assert [(r["target"], r["action"], r["result"]) for r in done] == [
         ("Deployment research/notebook-alice", "scale_to_zero",
-         "scaled Deployment research/notebook-alice to 0 replicas (had 1)")]
+         "scaled Deployment research/notebook-alice to 0 replicas (had 1): HTTP 200")]
     assert not any(r["decision"] == "done" for r in applied if "prep-then-train" in r["target"]
                    or "triton" in r["target"] or "20" in r["target"])
 

@@ -51,15 +51,21 @@ def test_deployment_pod_scales_the_deployment_to_zero(server: ActionServer) -> N
     live = act.inspect(NOTEBOOK, Policy(name="p"))
     assert (live.running, live.action, live.target, live.blocked, live.infra) == (
         True, "scale_to_zero", "Deployment research/notebook-alice", "", "")
-    # inspecting reads; it writes nothing: pod, its node, then the ReplicaSet that names the Deployment
+    # inspecting reads; it writes nothing: pod, its node, the ReplicaSet that names the Deployment, the
+    # Deployment (uid and selector checked by the enforcement's proof), then the pods the scale would stop
     assert writes(server) == []
-    assert server.replay.requests[-3:] == ["/api/v1/namespaces/research/pods/notebook-alice-6d5f8b7c9-tx2lq",
+    assert server.replay.requests[-6:] == ["/api/v1/namespaces/research/pods/notebook-alice-6d5f8b7c9-tx2lq",
                                            "/api/v1/nodes/gpu-node-a",
-                                           "/apis/apps/v1/namespaces/research/replicasets/notebook-alice-6d5f8b7c9"]
+                                           "/apis/apps/v1/namespaces/research/replicasets/notebook-alice-6d5f8b7c9",
+                                           "/apis/apps/v1/namespaces/research/deployments/notebook-alice",
+                                           "/apis/apps/v1/namespaces/research/replicasets",
+                                           "/api/v1/namespaces/research/pods"]
+    assert [c["kind"] for c in live.chain] == ["ReplicaSet", "Deployment"]
+    assert [m["uid"] for m in live.members] == [NOTEBOOK["external_id"]]
     result = act.execute(NOTEBOOK, live)
     assert writes(server) == [("PATCH", "/apis/apps/v1/namespaces/research/deployments/notebook-alice/scale",
                                "application/merge-patch+json", {"spec": {"replicas": 0}})]
-    assert result == "scaled Deployment research/notebook-alice to 0 replicas (had 1)"
+    assert result == "scaled Deployment research/notebook-alice to 0 replicas (had 1): HTTP 200"
     assert server.replay.find("deployments", "research", "notebook-alice")["spec"]["replicas"] == 0
 
 
@@ -67,10 +73,10 @@ def test_job_pod_suspends_or_deletes_the_job(server: ActionServer) -> None:
     act = actions(server)
     live = act.inspect(LLAMA, Policy(name="p"))
     assert (live.action, live.target) == ("suspend_job", "Job ml-train/llama-ft")
-    assert act.execute(LLAMA, live) == "suspended Job ml-train/llama-ft (spec.suspend=True)"
+    assert act.execute(LLAMA, live) == "suspended Job ml-train/llama-ft (spec.suspend=True): HTTP 200"
     live = act.inspect(LLAMA, Policy(name="p", job_action="delete"))
     assert live.action == "delete_job"
-    assert act.execute(LLAMA, live) == "deleted Job ml-train/llama-ft (Success)"
+    assert act.execute(LLAMA, live) == "deleted Job ml-train/llama-ft (Success): HTTP 200"
     assert writes(server) == [
         ("PATCH", "/apis/batch/v1/namespaces/ml-train/jobs/llama-ft", "application/merge-patch+json",
          {"spec": {"suspend": True}}),
@@ -84,7 +90,8 @@ def test_bare_pod_is_deleted_with_a_uid_precondition(server: ActionServer) -> No
     act = actions(server)
     live = act.inspect(BARE, Policy(name="p"))
     assert (live.action, live.target) == ("delete_pod", "Pod research/prep-then-train")
-    assert act.execute(BARE, live) == "deleted Pod research/prep-then-train (deletionTimestamp 2026-11-29T14:00:00Z)"
+    assert act.execute(BARE, live) == \
+        "deleted Pod research/prep-then-train (deletionTimestamp 2026-11-29T14:00:00Z): HTTP 200"
     assert writes(server) == [("DELETE", "/api/v1/namespaces/research/pods/prep-then-train", "application/json",
                                {"preconditions": {"uid": BARE["external_id"]}})]
     # a pod being deleted is no longer running: nothing more to do
@@ -115,7 +122,7 @@ def test_statefulset_scales_and_unknown_owner_is_not_acted_on(server: ActionServ
     act = actions(server)
     live = act.inspect(TRITON, Policy(name="p"))
     assert (live.action, live.target) == ("scale_to_zero", "StatefulSet inference/triton")
-    assert act.execute(TRITON, live) == "scaled StatefulSet inference/triton to 0 replicas (had 2)"
+    assert act.execute(TRITON, live) == "scaled StatefulSet inference/triton to 0 replicas (had 2): HTTP 200"
     assert writes(server)[-1][:2] == ("PATCH", "/apis/apps/v1/namespaces/inference/statefulsets/triton/scale")
     pod["metadata"]["ownerReferences"][0]["kind"] = "DaemonSet"
     live = act.inspect(TRITON, Policy(name="p"))
@@ -162,7 +169,11 @@ def test_reader_role_stays_read_only_and_actions_role_is_minimal() -> None:
     granted = {(g, res, v) for r in actions_["gpu-audit-actor"] for g in r["apiGroups"] for res in r["resources"]
                for v in r["verbs"]}
     # exactly what connectors/actions/kubernetes.py calls, nothing more (no create, no secrets, no exec)
-    assert granted == {("", "pods", "get"), ("", "pods", "delete"), ("", "nodes", "get"),
-                       ("apps", "replicasets", "get"), ("apps", "deployments/scale", "patch"),
-                       ("apps", "statefulsets/scale", "patch"), ("batch", "jobs", "patch"),
+    # reads: the pod, its node, every owner in the chain (uid and selector checked) and the pods / ReplicaSets
+    # an owner runs (the unit an action would stop)
+    assert granted == {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "delete"), ("", "nodes", "get"),
+                       ("apps", "replicasets", "get"), ("apps", "replicasets", "list"),
+                       ("apps", "deployments", "get"), ("apps", "statefulsets", "get"),
+                       ("apps", "deployments/scale", "patch"), ("apps", "statefulsets/scale", "patch"),
+                       ("batch", "jobs", "get"), ("batch", "cronjobs", "get"), ("batch", "jobs", "patch"),
                        ("batch", "jobs", "delete")}

@@ -219,6 +219,13 @@ class Policy(Strict):
                                 "less than this share of the window's reserved time.")
     act_on_util_only: bool = Field(False, description="Let idle-by-util time (GPU-Util fallback, no SM "
                                    "activity) count as idle for the act stage; off = only SM-verified idle.")
+    act_on_mirage: bool = Field(False, description="Let mirage time (GPU-Util busy while SM activity is idle) "
+                                "count as idle for the act stage, once a GPU's mirage lasted "
+                                "`thresholds.mirage_min_minutes`; off = mirage warns and escalates, never acts "
+                                "(the owner sees a busy dashboard).")
+    act_in_reservations: bool = Field(False, description="Act on allocations inside an advance reservation; "
+                                      "off = leave them to the reservation (stopping one frees nothing the "
+                                      "reservation does not hold): they are warned, never stopped.")
     warn_first: bool = Field(False, description="Act only on an allocation whose owner was really warned "
                              "(a warning sent in an earlier run); until then the act stage warns instead.")
     slurm_action: Literal["cancel", "requeue"] = Field("cancel", description="Slurm: `scancel` the job or "

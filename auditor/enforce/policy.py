@@ -6,11 +6,12 @@ How a decision is taken, for each allocation the store says is running and a pol
 1. For each stage the policy has (warn / escalate / act after H hours), the trailing window [now - H, now)
    is judged by the audit itself (a what-if run, removed afterwards), so verdicts follow the definitions.
    A stage fires when the allocation ran the whole window, telemetry covers at least ``min_coverage`` of
-   its reserved time and idle + mirage time is at least ``idle_fraction`` of the RESERVED time: unknown and
-   busy_unverified time never count as idle (and for acting, idle-by-util only with ``act_on_util_only``).
-2. The highest firing stage is taken; then, in order: exemptions (recorded, config, pod annotation), the
-   live check (still running now? nodes healthy, i.e. no infrastructure trouble? an owner we can stop?),
-   for acting the per-run cap and the dry-run switch.
+   its reserved time and idle + mirage time is at least ``idle_fraction`` of the RESERVED time: unknown,
+   infrastructure and busy_unverified time never count as idle (for acting: idle-by-util only with
+   ``act_on_util_only``, mirage only with ``act_on_mirage`` and once the audit itself calls it a mirage).
+2. The highest firing stage is taken; then exemptions, the live check (still running? nodes healthy?), and
+   for acting :meth:`Run.proof`, the ONE place that proves the rule (a)-(e) of docs/enforcement.md before
+   any scheduler write, then the per-run cap and the dry-run switch.
 3. Every action and every decision not to act (blocked stage, exemption, stale, cap, dry-run, failure)
    is written to ``enforcement_log`` with its evidence. Allocations that are simply not idle are only in
    the run's output.
@@ -21,15 +22,15 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, or_, select
 
 from auditor.audit import exempt
 from auditor.audit.money import Pricing
-from auditor.config import Config, Policy
+from auditor.config import Config, Policy, Thresholds
 from auditor.errors import GpuAuditError
 from auditor.report.channels import Message, Notifier
 from auditor.report.mailparts import safe_header
@@ -43,13 +44,14 @@ STAGES = ("act", "escalate", "warn")
 Backends = Callable[[str, str], Any]  # (cluster, source) -> Actions or None
 
 
-def policy_for(cfg: Config, a: dict[str, Any]) -> Policy | None:
-    """The first policy whose scope covers the allocation (an empty list matches anything)."""
+def policy_for(cfg: Config, a: dict[str, Any], *, any_partition: bool = False) -> Policy | None:
+    """The first policy whose scope covers the allocation (an empty list matches anything).
+    ``any_partition``: a reservation has no partition, so the partitions criterion does not apply."""
     k8s = a["source"] == "kubernetes"
     for p in cfg.policies:
         if p.clusters and a["cluster"] not in p.clusters:
             continue
-        if p.partitions and a["partition"] not in p.partitions:
+        if p.partitions and not any_partition and a["partition"] not in p.partitions:
             continue
         if p.accounts and (k8s or a["account"] not in p.accounts):
             continue
@@ -74,7 +76,7 @@ def judge_window(store: Store, cfg: Config, hours: float, now: datetime, cluster
     res = run_audit(store, cfg, now - timedelta(hours=hours), now, clusters=clusters, what_if=True)
     ua = schema.usage_allocation
     cols = [c for c in ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
-                        "unknown_s", "busy_unverified_s") if c in ua.c]
+                        "unknown_s", "busy_unverified_s", "infra_s", "max_gpu_mirage_s") if c in ua.c]
     with store.engine.connect() as conn:
         rows = {r.allocation_id: {c: float(getattr(r, c) or 0) for c in cols}
                 for r in conn.execute(select(ua.c.allocation_id, *[ua.c[c] for c in cols])
@@ -87,19 +89,28 @@ def judge_window(store: Store, cfg: Config, hours: float, now: datetime, cluster
 
 
 def evaluate(u: dict[str, float] | None, a: dict[str, Any], p: Policy, stage: str, hours: float,
-             now_ts: int) -> tuple[str, str, dict[str, Any]]:
-    """('idle' | 'not_idle' | 'blocked', reason, evidence) of one stage's trailing window."""
+             now_ts: int, th: Thresholds | None = None) -> tuple[str, str, dict[str, Any]]:
+    """('idle' | 'not_idle' | 'blocked', reason, evidence) of one stage's trailing window. For the act
+    stage only SM-verified time counts (rule (b)): idle-by-util only with ``act_on_util_only``, mirage only
+    with ``act_on_mirage`` and once a GPU's mirage lasted as long as the audit needs to report one, and no
+    infrastructure-affected time at all."""
     u = u or {}
+    mirage_min_s = (th or Thresholds()).mirage_min_minutes * 60
     reserved = u.get("reserved_s", 0.0)
     busy_unverified = u.get("busy_unverified_s", 0.0)  # column of the verdict change; absent = 0
     util_only = u.get("idle_by_util_s", 0.0)
-    idle = u.get("idle_s", 0.0) + u.get("mirage_s", 0.0)
-    if stage == "act" and not p.act_on_util_only:
+    mirage = u.get("mirage_s", 0.0)
+    infra = u.get("infra_s", 0.0)
+    act = stage == "act"
+    mirage_counts = not act or (p.act_on_mirage and u.get("max_gpu_mirage_s", 0.0) >= mirage_min_s - 1e-9)
+    idle = u.get("idle_s", 0.0) + (mirage if mirage_counts else 0.0)
+    if act and not p.act_on_util_only:
         idle -= util_only  # only SM-verified idle time may lead to an action
     ev = {"stage": stage, "window_hours": hours, "reserved_gpu_hours": reserved / H,
-          "idle_gpu_hours": idle / H, "idle_by_util_gpu_hours": util_only / H,
+          "idle_gpu_hours": idle / H, "idle_by_util_gpu_hours": util_only / H, "mirage_gpu_hours": mirage / H,
           "working_gpu_hours": u.get("working_s", 0.0) / H, "low_gpu_hours": u.get("low_s", 0.0) / H,
           "unknown_gpu_hours": u.get("unknown_s", 0.0) / H, "busy_unverified_gpu_hours": busy_unverified / H,
+          "infra_gpu_hours": infra / H,
           "coverage": (u.get("observed_s", 0.0) / reserved) if reserved > 0 else None,
           "idle_share": (idle / reserved) if reserved > 0 else None,
           "idle_fraction": p.idle_fraction, "min_coverage": p.min_coverage}
@@ -110,14 +121,76 @@ def evaluate(u: dict[str, float] | None, a: dict[str, Any], p: Policy, stage: st
     if ev["coverage"] < p.min_coverage - 1e-9:
         return "blocked", (f"telemetry coverage {ev['coverage']:.0%} < min_coverage {p.min_coverage:.0%} "
                            f"(unknown {ev['unknown_gpu_hours']:.2f} GPU-h is never idle)"), ev
+    if act and infra > 0:
+        return "blocked", (f"{infra / H:.2f} GPU-h of the window inside an infrastructure event (never idle; "
+                           "acting waits for a window without one)"), ev
     if ev["idle_share"] >= p.idle_fraction - 1e-9:
         return "idle", (f"idle {ev['idle_share']:.0%} of reserved time in the last {hours:g} h >= "
                         f"{p.idle_fraction:.0%}"), ev
     why = f"idle {ev['idle_share']:.0%} < {p.idle_fraction:.0%}"
-    if busy_unverified > 0 or (stage == "act" and util_only > 0 and not p.act_on_util_only):
+    if act and mirage > 0 and not mirage_counts:
+        why += (" (mirage time, GPU-Util busy while SM idle, acts only with act_on_mirage and after "
+                f"{mirage_min_s / 60:g} min of mirage: warn instead)")
+        return "blocked", why, ev
+    if busy_unverified > 0 or (act and util_only > 0 and not p.act_on_util_only):
         why += " (busy_unverified and GPU-Util-only time do not count as idle)"
         return "blocked", why, ev
     return "not_idle", why, ev
+
+
+#: the controller chains gpu-audit follows (rule (c)), pod first, and which link is acted on (None: the pod)
+CHAINS: dict[tuple[str, ...], int | None] = {(): None, ("ReplicaSet", "Deployment"): 1, ("StatefulSet",): 0,
+                                             ("Job",): 0, ("Job", "CronJob"): 0}
+#: owners whose selector must select their child (a CronJob has none: it owns Jobs by reference only)
+SELECTING = {"ReplicaSet", "Deployment", "StatefulSet", "Job"}
+
+
+def selects(selector: Any, labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels / matchExpressions) selects ``labels``. An empty or unreadable
+    selector proves nothing: False."""
+    if not isinstance(selector, dict) or not (selector.get("matchLabels") or selector.get("matchExpressions")):
+        return False
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        if not isinstance(e, dict):
+            return False
+        key, op, vals = e.get("key"), e.get("operator"), set(e.get("values") or [])
+        if op == "In" and labels.get(key) not in vals:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in vals:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False
+    return True
+
+
+def verify_chain(chain: list[dict[str, Any]], ns: str) -> tuple[str, dict[str, Any] | None]:
+    """('' or why the chain is refused, the owner to act on or None for the pod itself). Each link's live
+    uid must be the uid its child's ownerReference names and, where the owner has a selector, select the
+    child: a pod cannot point gpu-audit at someone else's workload."""
+    kinds = tuple(str(c.get("kind")) for c in chain)
+    if kinds not in CHAINS:
+        return (f"owner chain Pod -> {' -> '.join(kinds)} is not one gpu-audit follows (Pod -> ReplicaSet -> "
+                "Deployment, Pod -> StatefulSet, Pod -> Job [-> CronJob])"), None
+    child = "Pod"
+    for link in chain:
+        what = f"{link.get('kind')} {ns}/{link.get('name')}"
+        if link.get("child_kind") != child:
+            return f"{what}: the chain skips a link (child {link.get('child_kind')}, expected {child})", None
+        if not link.get("uid") or link.get("uid") != link.get("ref_uid"):
+            return (f"{what}: live uid {link.get('uid') or '(not found)'} is not the uid {link.get('ref_uid')} "
+                    f"the {child}'s ownerReference names"), None
+        if link.get("kind") in SELECTING and not selects(link.get("selector"), link.get("child_labels") or {}):
+            return f"{what}: its selector does not select the {child}", None
+        child = str(link.get("kind"))
+    top = CHAINS[kinds]
+    return "", (None if top is None else chain[top])
 
 
 #: what a scheduler call may raise on an odd answer (connectors raise GpuAuditError for everything known)
@@ -148,6 +221,8 @@ class Run:
         self.pricing = Pricing(cfg)
         self.acts = 0
         self.longest = 0.0
+        self.judged: dict[float, dict[int, dict[str, float]]] = {}
+        self.covered: set[int] = set()  # allocations already acted on in this run as part of a unit
         self.out: dict[str, Any] = {"run_key": self.key, "dry_run": self.dry_run, "actor": self.actor,
                                     "decisions": [], "not_idle": []}
 
@@ -178,23 +253,33 @@ class Run:
         self.longest = max(hours, default=0.0)
         clusters = sorted({a["cluster"] for a, _ in cands})
         judged = {h: judge_window(self.store, self.cfg, h, self.end, clusters) for h in hours}
+        self.judged = judged
         try:
             for a, p in cands:
-                self.decide(a, p, judged)
+                if a["id"] not in self.covered:
+                    self.decide(a, p, judged)
             self.reservations()
         finally:
             self.notifier.close()
         self.out["acted"] = self.acts
         return self.out
 
+    def target_of(self, a: dict[str, Any]) -> str:
+        return (f"kubernetes {a['account']}/{a['name']}" if a["source"] == "kubernetes"
+                else f"{a['source']} job {a['external_id']}")
+
     def decide(self, a: dict[str, Any], p: Policy, judged: dict[float, dict[int, dict[str, float]]]) -> None:
         a["team"] = self.pricing.team_of(a)
-        target = f"{a['source']} {a['account'] + '/' if a['source'] == 'kubernetes' else ''}" \
-                 f"{a['name'] if a['source'] == 'kubernetes' else 'job ' + str(a['external_id'])}"
+        target = self.target_of(a)
         blocked: list[tuple[str, str, dict[str, Any]]] = []
         chosen = None
         for stage, h in sorted(stage_hours(p).items(), key=lambda s: STAGES.index(s[0])):
-            status, reason, ev = evaluate(judged[h].get(a["id"]), a, p, stage, h, self.end_ts)
+            status, reason, ev = evaluate(judged[h].get(a["id"]), a, p, stage, h, self.end_ts, self.cfg.thresholds)
+            faults = self.faults(a, self.end_ts - int(h * H))
+            if faults:
+                ev["faults"] = faults  # (b): in the evidence whatever the stage; acting is refused below
+            if a.get("reservation"):
+                ev["reservation"] = a["reservation"]
             if status == "idle":
                 chosen = (stage, reason, ev)
                 break
@@ -210,6 +295,52 @@ class Run:
         if stage == "act" and p.warn_first and not self.warned(a["id"]):
             stage, reason = "warn", f"{reason}; warn_first: acting waits for a warning sent in an earlier run"
         self.act_or_notify(a, p, stage, reason, ev, target)
+
+    def faults(self, a: dict[str, Any], since_ts: int) -> list[str]:
+        """Infrastructure events (node_events: XID, ECC, throttle, drain, down, ...) on the allocation's GPUs
+        or their whole node that overlap [since, now]."""
+        ne, g = schema.node_events, schema.allocated_gpus
+        with self.store.engine.connect() as conn:
+            gpus = [(r.node, r.gpu_index) for r in conn.execute(select(g.c.node, g.c.gpu_index)
+                                                                 .where(g.c.allocation_id == a["id"]))]
+            nodes = sorted({n for n, _ in gpus})
+            if not nodes:
+                return []
+            rows = conn.execute(select(ne.c.node, ne.c.gpu_index, ne.c.kind, ne.c.reason, ne.c.start_ts).where(
+                ne.c.cluster == a["cluster"], ne.c.node.in_(nodes), ne.c.start_ts <= self.now_ts,
+                or_(ne.c.end_ts.is_(None), ne.c.end_ts >= since_ts)).order_by(ne.c.start_ts)).all()
+        out = []
+        for r in rows:
+            if r.gpu_index == -1 or (r.node, r.gpu_index) in gpus or (r.node, None) in gpus:
+                where = r.node if r.gpu_index == -1 else f"{r.node} GPU {r.gpu_index}"
+                out.append(f"{r.kind} on {where} since {datetime.fromtimestamp(r.start_ts, UTC):%Y-%m-%d %H:%M}Z"
+                           + (f": {' '.join(str(r.reason).split())[:120]}" if r.reason else ""))
+        return out
+
+    def stale(self, cluster: str) -> str:
+        """Rule (d): '' when every source of the cluster was collected up to the judged window's end (to
+        within one bucket), else why the evidence is too old to act on."""
+        from auditor.collect import source_key
+
+        t = schema.watermarks
+        with self.store.engine.connect() as conn:
+            marks = {r.source: r.watermark_ts for r in conn.execute(
+                select(t.c.source, t.c.watermark_ts).where(t.c.cluster == cluster))}
+        cl = next((c for c in self.cfg.clusters if c.name == cluster), None)
+        keys = [source_key(role, i, src) for role in ("allocations", "telemetry")
+                for i, src in enumerate(getattr(cl, role) if cl else [])]
+        if not keys and not marks:
+            return f"no successful collection recorded for cluster {cluster}: the evidence's age is unknown"
+        need = self.end_ts - self.cfg.store.bucket_seconds
+        for key in keys or sorted(marks):
+            wm = marks.get(key)
+            if wm is None:
+                return f"stale evidence: {cluster} {key} was never collected successfully"
+            if wm < need:
+                return (f"stale evidence: {cluster} {key} last collected up to "
+                        f"{datetime.fromtimestamp(wm, UTC):%Y-%m-%d %H:%M}Z, the judged window ends "
+                        f"{self.end:%Y-%m-%d %H:%M}Z (a failing collector never makes old evidence act)")
+        return ""
 
     def maintenance(self, a: dict[str, Any]) -> str:
         """A maintenance reservation (flag MAINT) on one of the allocation's nodes during the window: the
@@ -261,7 +392,7 @@ class Run:
             self.log(a, p.name, stage, "none", "skipped", f"infrastructure trouble: {infra}", ev, target)
             return
         if stage != "act":
-            self.notify(a, p, stage, reason, ev, target)
+            self.notify(a, p, stage, reason, ev, target, outlook=self.outlook(a, p, backend, live))
             return
         if live is None:
             self.log(a, p.name, stage, "none", "skipped", f"no action backend for {a['source']} on "
@@ -270,13 +401,21 @@ class Run:
         if live.blocked:
             self.log(a, p.name, stage, live.action, "skipped", live.blocked, ev, target)
             return
+        why, unit, ev = self.proof(a, p, live, ev, target)
+        if why:
+            self.log(a, p.name, stage, live.action, "skipped", why, ev, target)
+            return
         if self.acts >= self.cfg.enforce.max_actions_per_run:
             self.log(a, p.name, stage, live.action, "skipped",
                      f"cap reached: enforce.max_actions_per_run = {self.cfg.enforce.max_actions_per_run}", ev, target)
             return
         self.acts += 1
+        self.covered.update(m["id"] for m in unit)
+        others = [m for m in unit if m["id"] != a["id"]]
         if self.dry_run:
             self.log(a, p.name, stage, live.action, "dry_run", f"would {live.action}: {reason}", ev, target)
+            for m in others:
+                self.log(m, p.name, stage, live.action, "dry_run", f"would {live.action} with {target}", ev, target)
             return
         try:
             result = backend.execute(a, live)
@@ -284,23 +423,176 @@ class Run:
             self.log(a, p.name, stage, live.action, "failed", reason, ev, target, _one(exc))
             return
         self.log(a, p.name, stage, live.action, "done", reason, ev, target, result)
+        for m in others:  # every allocation the action stopped has its row (its job page shows it)
+            self.log(m, p.name, stage, live.action, "done", f"stopped with {target}: {reason}", ev, target, result)
         self.notify(a, p, "action", f"{live.action}: {reason}", ev, target, log_it=False)
 
+    # -- the rule (a)-(e) of docs/enforcement.md, in one place ----------------------------------------
+    def proof(self, a: dict[str, Any], p: Policy, live: Any, ev: dict[str, Any], target: str
+              ) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+        """('' or why not, the unit's allocations, the evidence) for acting on ``live``. Every check is
+        here, after the backend only reported what the scheduler says, so no backend can skip one:
+        (c) the live object is the judged one, (a) the unit acted on is exactly allocations judged idle,
+        (b) each of them on SM-verified, covered time without a fault or reservation, (d) on fresh
+        evidence, (e) none of them exempt."""
+        h = stage_hours(p)["act"]
+        why = self.same_identity(a, live)  # (c)
+        if why:
+            return f"not provably the judged {a['source']} allocation: {why}", [], ev
+        unit, why = self.unit_of(a, p, live, target)  # (a)
+        ev = {**ev, "unit": [self.target_of(m) for m in unit]}
+        if why:
+            return why, unit, ev
+        for m in unit:  # (b), for every allocation the action stops
+            status, reason, _ = evaluate(self.judged[h].get(m["id"]), m, p, "act", h, self.end_ts,
+                                         self.cfg.thresholds)
+            name = "" if m["id"] == a["id"] else f"{self.target_of(m)}: "
+            if status != "idle":
+                return f"{name}{reason}", unit, ev
+            faults = self.faults(m, self.end_ts - int(h * H))
+            if faults:
+                return (f"{name}infrastructure event in the window: {'; '.join(faults[:3])}",
+                        unit, {**ev, "faults": faults})
+            if m.get("reservation") and not p.act_in_reservations:
+                return (f"{name}runs in advance reservation {m['reservation']}: stopping it frees nothing the "
+                        "reservation does not hold (act_in_reservations = false)", unit, ev)
+        why = self.stale(a["cluster"])  # (d)
+        if why:
+            return why, unit, ev
+        notes = {m.get("uid"): m.get("annotations") for m in live.members}
+        for m in unit:  # (e)
+            ex = exempt.find(self.store, self.cfg, m, self.now_ts,
+                             live.annotations if m["id"] == a["id"] else notes.get(str(m["external_id"])))
+            if ex:
+                return (f"{self.target_of(m)} is exempt ({ex['by']}): {ex['reason']}", unit,
+                        {**ev, "exemption": ex})
+        return "", unit, ev
+
+    def nodes_of(self, allocation_id: int) -> list[str]:
+        g = schema.allocated_gpus
+        with self.store.engine.connect() as conn:
+            return sorted({n for (n,) in conn.execute(select(g.c.node).where(g.c.allocation_id == allocation_id))})
+
+    def same_identity(self, a: dict[str, Any], live: Any) -> str:
+        """Rule (c): '' when the live object is the judged one, else the difference."""
+        got = live.identity or {}
+        if a["source"] == "slurm":
+            want = {"job_id": str(a["external_id"]), "start_ts": a["start_ts"], "nodes": self.nodes_of(a["id"]),
+                    "user": a["user_name"]}
+        elif a["source"] == "kubernetes":
+            want = {"uid": str(a["external_id"]), "namespace": a["account"], "name": a["name"]}
+        else:
+            return f"no identity check for source {a['source']}"
+        diff = [f"{k} {got.get(k)!r} live, {v!r} judged" for k, v in want.items() if got.get(k) != v]
+        if diff:
+            return "; ".join(diff) + (" (requeued or moved?)" if a["source"] == "slurm" else "")
+        if a["source"] != "kubernetes":
+            return ""
+        why, owner = verify_chain(live.chain, a["account"])
+        if why:
+            return why
+        want_action = ("delete_pod" if owner is None else "scale_to_zero"
+                       if owner["kind"] in ("Deployment", "StatefulSet") else
+                       "delete_job" if live.action == "delete_job" else "suspend_job")
+        have = live.detail.get("owner") or None
+        if live.action != want_action or (owner is not None and (not have or (have.get("kind"), have.get("name"),
+                                                                              have.get("uid")) !=
+                                                                 (owner["kind"], owner["name"], owner["uid"]))):
+            return f"the action {live.action} on {live.target} is not what the verified owner chain allows"
+        return ""
+
+    def unit_of(self, a: dict[str, Any], p: Policy, live: Any, target: str) -> tuple[list[dict[str, Any]], str]:
+        """Rule (a): the allocations the action stops, and '' when each was judged by this policy (same rule,
+        same coverage), else why not. A Slurm job or a bare pod is its own unit; an owner's unit is every
+        live pod it runs plus every pod of it the store has in the window."""
+        if a["source"] != "kubernetes" or live.action == "delete_pod":
+            return [a], ""
+        t = schema.allocations
+        h = stage_hours(p)["act"]
+        since = self.end_ts - int(h * H)
+        uids = [str(m.get("uid")) for m in live.members]
+        if str(a["external_id"]) not in uids:
+            return [a], f"{target} does not run {a['account']}/{a['name']} now: its pods are not the judged ones"
+        with self.store.engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(select(t).where(
+                t.c.cluster == a["cluster"], t.c.source == "kubernetes",
+                or_(t.c.external_id.in_(uids), (t.c.account == a["account"]) & (t.c.owner_workload != "") &
+                    (t.c.owner_workload == a["owner_workload"]) & (t.c.start_ts < self.end_ts) &
+                    (t.c.end_ts.is_(None) | (t.c.end_ts > since)))).order_by(t.c.id)).mappings()]
+        by_uid = {str(r["external_id"]): r for r in rows}
+        unit = rows
+        bad = [f"{m.get('name') or m.get('uid')} is not in the store (never judged)" for m in live.members
+               if str(m.get("uid")) not in by_uid]
+        kinds = []
+        for m in unit:
+            if m["id"] == a["id"]:
+                continue
+            mp = policy_for(self.cfg, m)
+            if mp is None or mp.name != p.name:
+                bad.append(f"{m['name']} is under policy {mp.name if mp else '(none)'}, not {p.name}")
+                continue
+            status, reason, ev = evaluate(self.judged.get(h, {}).get(m["id"]), m, p, "act", h, self.end_ts,
+                                          self.cfg.thresholds)
+            if status != "idle":
+                kinds.append("work" if (ev.get("working_gpu_hours") or 0) + (ev.get("low_gpu_hours") or 0) > 0
+                             else "not judged idle")
+                bad.append(f"{m['name']}: {reason}")
+        if bad:
+            verb = "work" if kinds and all(k == "work" for k in kinds) and len(kinds) == len(bad) else \
+                "are not judged idle" if len(bad) > 1 else "is not judged idle"
+            if verb == "work" and len(bad) == 1:
+                verb = "works"
+            n = len(bad)
+            return unit, (f"{n} other pod{'s' if n > 1 else ''} of {target} {verb}: {'; '.join(bad[:5])}"
+                          " (an owner is acted on only when every pod it runs was judged idle; deleting the idle "
+                          "pod alone would only restart it)")
+        return unit, ""
+
+    def outlook(self, a: dict[str, Any], p: Policy, backend: Any, live: Any) -> str:
+        """'' when the act stage could really fire for this allocation later, else why it never will (the
+        warning must not promise a stop that cannot happen)."""
+        if not p.act_after_hours:
+            return "the policy never acts"
+        if backend is None or live is None:
+            return f"no action backend for {a['source']} on {a['cluster']}"
+        if live.blocked:
+            return live.blocked
+        if a.get("reservation") and not p.act_in_reservations:
+            return f"it runs in advance reservation {a['reservation']}"
+        u = self.judged.get(stage_hours(p)["act"], {}).get(a["id"])
+        if u is not None:
+            status, reason, _ = evaluate(u, {**a, "start_ts": 0}, p, "act", stage_hours(p)["act"], self.end_ts,
+                                         self.cfg.thresholds)
+            if status == "blocked" and ("GPU-Util-only" in reason or "mirage" in reason):
+                return reason
+        return ""
+
     def notify(self, a: dict[str, Any], p: Policy, stage: str, reason: str, ev: dict[str, Any], target: str,
-               *, log_it: bool = True) -> None:
+               *, log_it: bool = True, outlook: str = "") -> None:
         emails, chans = [], []
         if stage == "escalate":
             names = {c.name for c in self.cfg.channels}
             chans = [x for x in p.escalate_to if x in names]
             emails = [x for x in p.escalate_to if x not in names and "@" in x]
             emails += [e for t in self.cfg.teams if t.name == a["team"] for e in t.emails]
-        what = {"warn": "is idle and will be stopped" if p.act_after_hours else "is idle",
+        stops = stage != "action" and not outlook
+        what = {"warn": "is idle and will be stopped" if stops else "is idle",
                 "escalate": "is idle (escalated)", "action": "was stopped"}[stage]
         who = safe_header(f"{target} (user {a['user_name'] or '?'}, team {a['team']})", 300)  # user-controlled
-        body = (f"{who} {what}: {reason}.\n"
-                f"Policy {p.name}: warn after {p.warn_after_hours or '-'} h, act after {p.act_after_hours or '-'} h "
-                f"idle. To keep it, ask for an exemption: gpu-audit exempt {a['cluster']}:{a['external_id']} "
-                f"--until ... --reason ...")
+        resv = f" It runs in advance reservation {a['reservation']}." if a.get("reservation") else ""
+        faults = f" Infrastructure events in the window: {'; '.join(ev['faults'][:3])}." if ev.get("faults") else ""
+        if stage == "action":
+            tail = ("It was stopped by gpu-audit; its GPUs are free for others. Resubmit it when it has work for "
+                    "the GPUs; if it must not be stopped again, ask the GPU administrators for an exemption.")
+        else:
+            rules = (f"Policy {p.name}: warn after {p.warn_after_hours or '-'} h, act after "
+                     f"{p.act_after_hours or '-'} h idle.")
+            fate = (f" It will be stopped once it has been idle for {p.act_after_hours:g} h." if stops and
+                    p.act_after_hours else f" It will not be stopped automatically ({outlook})." if outlook
+                    and p.act_after_hours else "")
+            tail = (f"{rules}{fate} To keep it, ask the GPU administrators for an exemption (gpu-audit exempt "
+                    f"{a['cluster']}:{a['external_id']} --until ... --reason ...).")
+        body = f"{who} {what}: {reason}.{resv}{faults}\n{tail}"
         msg = Message(kind=stage, subject=f"[gpu-audit] {target} {what}", body=body, team=a["team"],
                       user=a["user_name"], allocation_id=a["id"], emails=emails, channels=chans)
         sent = self.notifier.send(msg)
@@ -337,7 +629,7 @@ class Run:
         for row in rows:
             a = {"cluster": row["cluster"], "source": "slurm", "partition": "", "account":
                  (row["accounts"] or [""])[0], "id": None, "reservation_id": row["id"]}
-            p = policy_for(self.cfg, a)
+            p = policy_for(self.cfg, a, any_partition=True)  # a reservation has no partition of its own
             if p is None or not p.notify_reservations:
                 continue
             target = f"reservation {row['name']}"

@@ -1,6 +1,8 @@
 """Scheduler actions for enforcement (docs/enforcement.md). The collectors stay read-only; everything that
 changes a scheduler lives here, is called only from :mod:`auditor.enforce.policy`, and first re-reads the live
-state (still running? node healthy? owner?) so a decision is never taken on a stale store."""
+state. A backend only REPORTS what the scheduler says now (identity, owner chain, the pods an action would
+stop); whether that is provably the judged work is decided in one place, :func:`auditor.enforce.policy.proof`,
+so no backend can skip a check."""
 
 from __future__ import annotations
 
@@ -22,6 +24,15 @@ class LiveState:
     infra: str = ""  # infrastructure trouble on its nodes, "" = none
     annotations: dict[str, str] = field(default_factory=dict)
     detail: dict[str, Any] = field(default_factory=dict)
+    #: what the scheduler says the object is now. Slurm: job_id, start_ts, nodes (sorted), user;
+    #: Kubernetes: uid, namespace, name, node. Compared with the judged allocation before any action.
+    identity: dict[str, Any] = field(default_factory=dict)
+    #: Kubernetes: the controller ownerReferences followed, pod first. One dict per link: kind, name and
+    #: ref_uid as the child's reference says; uid, selector (a LabelSelector) as the object read says (uid
+    #: None: not found); child_kind, child_labels: the child's kind and labels.
+    chain: list[dict[str, Any]] = field(default_factory=list)
+    #: the pods the action would stop (uid, name, annotations), read live; empty = only this allocation
+    members: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Actions(Protocol):

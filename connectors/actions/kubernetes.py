@@ -1,7 +1,9 @@
 """Kubernetes actions: scale the owning Deployment or StatefulSet to zero, suspend or delete the owning
 Job, delete a pod only when nothing owns it. The pod is re-read first (still Running, same UID, node
-Ready and schedulable, its exemption annotations) and every write names exactly one object; a pod delete
-carries a UID precondition so a replacement pod of the same name is never hit.
+Ready and schedulable, its exemption annotations), then every owner in its controller chain (by name; its
+uid and selector are reported) and the live pods the action would stop; the enforcement's proof decides
+from those facts. Every write names exactly one object; a pod delete carries a UID precondition so a
+replacement pod of the same name is never hit; a write's outcome is its HTTP status.
 
 Uses the connector's client configuration (kubeconfig, in-cluster service account or host + token) and
 needs the separate role in deploy/kubernetes/rbac-actions.yaml; the collector's role stays read-only."""
@@ -62,6 +64,9 @@ class KubernetesActions:
 
     # -- live state ---------------------------------------------------------------------------------
     def inspect(self, alloc: dict[str, Any], policy: Policy) -> LiveState:
+        """The pod now, the controller chain above it (each owner read by name, its uid and selector
+        reported) and the live pods the action would stop. Nothing here decides: the enforcement's proof
+        compares all of it with what was judged."""
         ns, name, uid = alloc["account"], alloc["name"], str(alloc["external_id"])
         core = self._api(client.CoreV1Api)
         pod = self._read(f"pod {ns}/{name}", core.read_namespaced_pod, name, ns)
@@ -69,15 +74,18 @@ class KubernetesActions:
             return LiveState(False, state="gone", target=f"Pod {ns}/{name}")
         meta = pod.get("metadata") or {}
         phase = (pod.get("status") or {}).get("phase") or ""
+        node = (pod.get("spec") or {}).get("nodeName")
         live = LiveState(phase == "Running" and not meta.get("deletionTimestamp"), state=phase,
                          target=f"Pod {ns}/{name}", annotations=dict(meta.get("annotations") or {}),
-                         detail={"uid": meta.get("uid"), "node": (pod.get("spec") or {}).get("nodeName")})
+                         detail={"uid": meta.get("uid"), "node": node},
+                         identity={"uid": meta.get("uid"), "namespace": meta.get("namespace", ns),
+                                   "name": meta.get("name", name), "node": node})
         if meta.get("uid") and meta.get("uid") != uid:
             live.running, live.state = False, f"replaced (uid {meta.get('uid')})"
             return live
         if not live.running:
             return live
-        live.infra = self._node_trouble(live.detail["node"])
+        live.infra = self._node_trouble(node)
         self._plan(live, meta, ns, policy)
         return live
 
@@ -94,58 +102,118 @@ class KubernetesActions:
             return f"node {node} Ready={ready[0].get('status')}"
         return ""
 
+    def _owner(self, kind: str, ns: str, name: str) -> dict[str, Any] | None:
+        apps, batch = self._api(client.AppsV1Api), self._api(client.BatchV1Api)
+        call = {"ReplicaSet": apps.read_namespaced_replica_set, "Deployment": apps.read_namespaced_deployment,
+                "StatefulSet": apps.read_namespaced_stateful_set, "Job": batch.read_namespaced_job,
+                "CronJob": batch.read_namespaced_cron_job}.get(kind)
+        return None if call is None else self._read(f"{kind.lower()} {ns}/{name}", call, name, ns)
+
     def _plan(self, live: LiveState, meta: dict[str, Any], ns: str, policy: Policy) -> None:
-        """Walk controller ownerReferences to what can be stopped for good."""
-        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
-        if owner is None:
+        """Follow controller ownerReferences (the kinds gpu-audit knows, each read by name), report the chain,
+        the action it suggests and the live pods that action would stop."""
+        child, child_kind = meta, "Pod"
+        while True:
+            ref = next((o for o in child.get("ownerReferences") or [] if o.get("controller")), None)
+            if ref is None:
+                break
+            kind, oname = str(ref.get("kind") or ""), str(ref.get("name") or "")
+            obj = self._owner(kind, ns, oname) if len(live.chain) < 3 else None
+            om = (obj or {}).get("metadata") or {}
+            live.chain.append({"kind": kind, "name": oname, "ref_uid": ref.get("uid"), "uid": om.get("uid"),
+                               "selector": ((obj or {}).get("spec") or {}).get("selector"),
+                               "child_kind": child_kind, "child_labels": dict(child.get("labels") or {})})
+            if obj is None:
+                break
+            child, child_kind = om, kind
+        kinds = [c["kind"] for c in live.chain]
+        if not kinds:
             live.action = "delete_pod"
             return
-        kind, oname = owner.get("kind"), owner.get("name")
-        if kind == "ReplicaSet":
-            rs = self._read(f"replicaset {ns}/{oname}", self._api(client.AppsV1Api).read_namespaced_replica_set,
-                            oname, ns)
-            top = next((o for o in ((rs or {}).get("metadata") or {}).get("ownerReferences") or []
-                        if o.get("controller")), None)
-            if top is None or top.get("kind") != "Deployment":
-                live.target, live.blocked = f"ReplicaSet {ns}/{oname}", "ReplicaSet without a Deployment"
-                return
-            kind, oname = "Deployment", top.get("name")
-        live.target = f"{kind} {ns}/{oname}"
-        live.detail["owner"] = {"kind": kind, "name": oname}
-        if kind in ("Deployment", "StatefulSet"):
-            live.action = "scale_to_zero"
-        elif kind == "Job":
-            live.action = "delete_job" if policy.job_action == "delete" else "suspend_job"
-        else:
-            live.blocked = f"owned by a {kind}: gpu-audit does not act on {kind}s"
+        top = {("ReplicaSet", "Deployment"): 1, ("StatefulSet",): 0, ("Job",): 0, ("Job", "CronJob"): 0}.get(
+            tuple(kinds))
+        if top is None:
+            last = live.chain[-1]
+            live.target = f"{last['kind']} {ns}/{last['name']}"
+            known = {"ReplicaSet", "Deployment", "StatefulSet", "Job", "CronJob"}
+            live.blocked = (f"owned by a {last['kind']}: gpu-audit does not act on {last['kind']}s"
+                            if len(kinds) == 1 and last["kind"] not in known else
+                            f"owner chain Pod -> {' -> '.join(kinds)} is not one gpu-audit follows")
+            return
+        owner = live.chain[top]
+        live.target = f"{owner['kind']} {ns}/{owner['name']}"
+        live.detail["owner"] = {"kind": owner["kind"], "name": owner["name"], "uid": owner["uid"]}
+        live.action = ("scale_to_zero" if owner["kind"] in ("Deployment", "StatefulSet") else
+                       "delete_job" if policy.job_action == "delete" else "suspend_job")
+        live.members = self._members(ns, live.chain[: top + 1])
+
+    def _list(self, what: str, call: Callable[..., Any], ns: str) -> list[dict[str, Any]]:
+        got = self._read(what, call, ns)
+        return list((got or {}).get("items") or [])
+
+    def _members(self, ns: str, chain: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The live pods (not finished) whose controller is the acted-on owner or, for a Deployment, one of
+        its ReplicaSets: what scaling to zero or suspending stops."""
+        owner = chain[-1]
+        parents = {owner["uid"]}
+        if owner["kind"] == "Deployment":
+            for rs in self._list(f"replicasets in {ns}", self._api(client.AppsV1Api).list_namespaced_replica_set,
+                                 ns):
+                rm = rs.get("metadata") or {}
+                if any(o.get("controller") and o.get("uid") == owner["uid"] for o in rm.get("ownerReferences") or []):
+                    parents.add(rm.get("uid"))
+        out = []
+        for p in self._list(f"pods in {ns}", self._api(client.CoreV1Api).list_namespaced_pod, ns):
+            pm = p.get("metadata") or {}
+            if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            if any(o.get("controller") and o.get("uid") in parents for o in pm.get("ownerReferences") or []):
+                out.append({"uid": pm.get("uid"), "name": pm.get("name"),
+                            "annotations": dict(pm.get("annotations") or {})})
+        return out
 
     # -- acting -------------------------------------------------------------------------------------
+    def _write(self, call: Callable[..., Any], *args: Any, **kw: Any) -> tuple[int, dict[str, Any]]:
+        """One write; its outcome is the HTTP status (an error status raises ApiException). The body is
+        read as plain JSON for the log line only: a body the client's models could not parse must not
+        turn a done action into a failed one."""
+        raw = call(*args, _preload_content=False, _request_timeout=self.timeout, **kw)
+        try:
+            body = json.loads(raw.data or b"{}")
+        except ValueError:
+            body = {}
+        return int(raw.status), body if isinstance(body, dict) else {}
+
     def execute(self, alloc: dict[str, Any], live: LiveState) -> str:
-        ns, kw = alloc["account"], {"_request_timeout": self.timeout}
+        ns = alloc["account"]
         owner = live.detail.get("owner") or {}
         try:
             if live.action == "scale_to_zero":
                 apps = self._api(client.AppsV1Api)
                 call = (apps.patch_namespaced_deployment_scale if owner["kind"] == "Deployment"
                         else apps.patch_namespaced_stateful_set_scale)
-                res = call(owner["name"], ns, {"spec": {"replicas": 0}}, _content_type=MERGE_PATCH, **kw)
-                return f"scaled {live.target} to {res.spec.replicas} replicas (had {res.status.replicas})"
+                code, body = self._write(call, owner["name"], ns, {"spec": {"replicas": 0}},
+                                         _content_type=MERGE_PATCH)
+                had = (body.get("status") or {}).get("replicas") if isinstance(body.get("status"), dict) else None
+                now = (body.get("spec") or {}).get("replicas") if isinstance(body.get("spec"), dict) else None
+                return f"scaled {live.target} to {now if now is not None else 0} replicas (had " \
+                       f"{had if had is not None else '?'}): HTTP {code}"
             if live.action == "suspend_job":
-                res = self._api(client.BatchV1Api).patch_namespaced_job(
-                    owner["name"], ns, {"spec": {"suspend": True}}, _content_type=MERGE_PATCH, **kw)
-                return f"suspended {live.target} (spec.suspend={res.spec.suspend})"
+                code, body = self._write(self._api(client.BatchV1Api).patch_namespaced_job, owner["name"], ns,
+                                         {"spec": {"suspend": True}}, _content_type=MERGE_PATCH)
+                spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+                return f"suspended {live.target} (spec.suspend={spec.get('suspend')}): HTTP {code}"
             if live.action == "delete_job":
-                raw = self._api(client.BatchV1Api).delete_namespaced_job(
-                    owner["name"], ns, propagation_policy="Background", _preload_content=False, **kw)
-                body = json.loads(raw.data)
-                return f"deleted {live.target} ({body.get('status') or body.get('kind')})"
+                code, body = self._write(self._api(client.BatchV1Api).delete_namespaced_job, owner["name"], ns,
+                                         propagation_policy="Background")
+                return f"deleted {live.target} ({body.get('status') or body.get('kind')}): HTTP {code}"
             if live.action == "delete_pod":
-                body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=live.detail["uid"]))
+                opts = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=live.detail["uid"]))
                 # the client sends no Content-Type on DELETE (the API server assumes JSON); say it anyway
-                raw = self._api(client.CoreV1Api).delete_namespaced_pod(
-                    alloc["name"], ns, body=body, _headers={"Content-Type": JSON}, _preload_content=False, **kw)
-                stamp = (json.loads(raw.data).get("metadata") or {}).get("deletionTimestamp")
-                return f"deleted {live.target} (deletionTimestamp {stamp})"
+                code, body = self._write(self._api(client.CoreV1Api).delete_namespaced_pod, alloc["name"], ns,
+                                         body=opts, _headers={"Content-Type": JSON})
+                md = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+                return f"deleted {live.target} (deletionTimestamp {md.get('deletionTimestamp')}): HTTP {code}"
         except ApiException as exc:
             raise self._error(exc, live.action, live.target) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:

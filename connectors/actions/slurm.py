@@ -16,7 +16,7 @@ from auditor.errors import SourceError
 from connectors.actions import LiveState
 from connectors.base import Context
 from connectors.slurm import SlurmAllocations, SlurmOptions
-from connectors.slurm.parse import expand_hostlist, kv_pairs, scontrol_records
+from connectors.slurm.parse import expand_hostlist, kv_pairs, parse_time, scontrol_records
 
 _JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
 
@@ -40,38 +40,52 @@ class SlurmActions:
 
     # -- live state ---------------------------------------------------------------------------------
     def inspect(self, alloc: dict[str, Any], policy: Policy) -> LiveState:
+        """The job now: state, nodes, start time and user (its identity, compared with the judged job by
+        the enforcement's proof: a requeued or moved job is not the one judged), and node trouble."""
         job = str(alloc["external_id"])
         if not _JOB_ID.match(job):
             return LiveState(False, blocked=f"not a Slurm job id: {job[:40]!r}")
-        state, nodes = self._rest_job(job) if self.o.backend == "rest" else self._cli_job(job)
+        state, nodes, start, user = self._rest_job(job) if self.o.backend == "rest" else self._cli_job(job)
         action = "requeue" if policy.slurm_action == "requeue" else "cancel"
         live = LiveState(state == "RUNNING", state=state or "gone", target=f"slurm job {job}", action=action,
-                         detail={"nodes": nodes})
+                         detail={"nodes": nodes},
+                         identity={"job_id": job, "start_ts": start, "nodes": sorted(nodes), "user": user})
         if live.running and self.o.backend == "rest" and action == "requeue":
             live.blocked = "requeue needs the cli backend (slurmrestd has no requeue call)"
         if live.running:
             live.infra = self._node_trouble(nodes)
         return live
 
-    def _cli_job(self, job: str) -> tuple[str, list[str]]:
-        out = self.backend.run(self.o.squeue, *self._m(), "-h", "-j", job, "-o", "%T|%N")
+    @staticmethod
+    def _epoch(value: Any) -> int | None:
+        try:
+            t = parse_time(value)
+        except (ValueError, TypeError):
+            return None
+        return int(t.timestamp()) if t is not None else None
+
+    def _cli_job(self, job: str) -> tuple[str, list[str], int | None, str]:
+        out = self.backend.run(self.o.squeue, *self._m(), "-h", "-j", job, "-o", "%T|%N|%S|%u")
         line = next((ln for ln in out.splitlines() if ln.strip()), "")
         if not line:
-            return "", []
-        state, _, nodelist = line.partition("|")
-        return state.strip().upper(), expand_hostlist(nodelist.strip()) if nodelist.strip() else []
+            return "", [], None, ""
+        state, nodelist, start, user = ([*line.split("|"), "", "", ""])[:4]
+        nodelist = nodelist.strip()
+        return (state.strip().upper(), expand_hostlist(nodelist) if nodelist else [], self._epoch(start.strip()),
+                user.strip())
 
-    def _rest_job(self, job: str) -> tuple[str, list[str]]:
+    def _rest_job(self, job: str) -> tuple[str, list[str], int | None, str]:
         with self.backend._client() as client:
             v = self.backend._negotiate(client)
             data = self.backend.get(client, f"/slurm/{v}/job/{job}", missing_ok=True) or {}
         jobs = data.get("jobs") or []
         if not jobs:
-            return "", []
+            return "", [], None, ""
         j = jobs[0]
         st = j.get("job_state")
         state = (st[0] if isinstance(st, list) and st else st or "")
-        return str(state).upper(), expand_hostlist(j.get("nodes") or "") if j.get("nodes") else []
+        nodes = expand_hostlist(j.get("nodes") or "") if j.get("nodes") else []
+        return str(state).upper(), nodes, self._epoch(j.get("start_time")), str(j.get("user_name") or "")
 
     def _node_trouble(self, nodes: list[str]) -> str:
         bad_states = {s.upper() for s in self.enforce.infra_node_states}
