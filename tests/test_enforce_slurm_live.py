@@ -233,3 +233,107 @@ def test_rest_backend_cancels_through_slurmrestd(jobs: dict[str, str], tmp_path:
          timeout=30)
     keep = Path(os.environ["GPU_AUDIT_LIVE_OUT"]) if os.environ.get("GPU_AUDIT_LIVE_OUT") else tmp_path
     (keep / "enforce-rest-apply.txt").write_text(applied)
+
+
+@pytest.fixture(scope="module")
+def moving_jobs() -> Iterator[dict[str, str]]:
+    """Two idle one-GPU jobs for issue 31 items 3 and 4: one to be requeued onto the other node, one whose GPU
+    gets an XID event."""
+    need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
+    out = Path("/tmp") / f"gpu-audit-enforce-move-{os.getpid()}"
+    out.mkdir(exist_ok=True)
+    out.chmod(0o1777)
+    o = ["-o", f"{out}/%j.out", "--gres=gpu:1", "-t", "15", "-J"]
+    ids: dict[str, str] = {}
+    try:
+        ids["requeued"] = sbatch(*o, "enf-requeued", "--requeue", "--uid=alice", "-A", "team-a", "--wrap", "sleep 900")
+        ids["fault"] = sbatch(*o, "enf-fault", "--uid=carol", "-A", "team-a", "--wrap", "sleep 900")
+        wait("jobs running", lambda: all(job_state(j) == "RUNNING" for j in ids.values()), timeout=90)
+        yield ids
+    finally:
+        for j in ids.values():
+            subprocess.run(["scancel", j], capture_output=True, timeout=10)  # noqa: S603
+
+
+def _idle_and_collected(tmp_path: Path, jobs: dict[str, str]) -> tuple[Path, Store, int]:
+    """Store the jobs, wait until they ran the whole act window, write idle telemetry (SM 0.0) up to now and
+    collect; returns (config, store, the collection's time)."""
+    cfg = write_config(tmp_path)
+    gpu_audit(cfg, "db", "upgrade")
+    (tmp_path / "telemetry.csv").write_text("timestamp,host,gpu,uuid,metric,value\n")
+    store = Store.open(f"sqlite:///{tmp_path / 'store.db'}")
+    collect_until_seen(cfg, store, list(jobs.values()))
+    start = max(gpu_of(store, j)[2] for j in jobs.values())
+    time.sleep(max(0.0, start + WINDOW_H * 3600 + 75 - time.time()))
+    early_in_minute()
+    now = int(time.time())
+    telemetry(tmp_path / "telemetry.csv", {j: (*gpu_of(store, j)[:2], 0.0, gpu_of(store, j)[2])
+                                           for j in jobs.values()}, now)
+    gpu_audit(cfg, "collect")
+    return cfg, store, now
+
+
+def _node_of(job: str) -> str:
+    return sh("squeue", "-h", "-j", job, "-o", "%N").strip()
+
+
+@pytest.mark.service
+def test_requeued_job_working_elsewhere_is_left_alone(moving_jobs: dict[str, str], tmp_path: Path) -> None:
+    """Issue 31 item 3: the store judged job J idle on its first node; J is then requeued and runs on the
+    other node (a new start). Acting on the old evidence would cancel the new run: before the fix `inspect`
+    looked only at the state (RUNNING) and J was cancelled. Now: left alone, the difference logged."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import select
+
+    from auditor.config import load as load_config
+    from auditor.enforce.policy import enforce
+    from auditor.store import schema
+    from connectors.actions import from_config
+
+    job = moving_jobs["requeued"]
+    cfg_path, store, now = _idle_and_collected(tmp_path, {"requeued": job})
+    first = _node_of(job)
+    other = next(n for n in ("gpu-node-01", "gpu-node-02") if n != first)
+    sh("scontrol", "requeue", job)
+    wait("the requeued job to be pending", lambda: job_state(job) in ("PENDING", "REQUEUED", "CONFIGURING"),
+         timeout=60)
+    sh("scontrol", "update", f"jobid={job}", f"ExcNodeList={first}")
+    sh("scontrol", "update", f"jobid={job}", "StartTime=now")
+    wait("the requeued job to run on the other node", lambda: job_state(job) == "RUNNING" and
+         _node_of(job) == other, timeout=120)
+    cfg = load_config(cfg_path)
+    # decided as of the collection that judged it (the evidence is fresh for that moment; the live job moved)
+    res = enforce(store, cfg, apply=True, base_dir=tmp_path, backends=from_config(cfg, tmp_path),
+                  now=datetime.fromtimestamp(now, UTC))
+    assert job_state(job) == "RUNNING" and _node_of(job) == other
+    t = schema.enforcement_log
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(t.c.target, t.c.decision, t.c.reason).where(t.c.stage == "act")).all()
+    mine = [r for r in rows if r.target == f"slurm job {job}"]
+    assert [r.decision for r in mine] == ["skipped"], res["decisions"]
+    assert mine[0].reason.startswith("not provably the judged slurm allocation: start_ts "), mine[0].reason
+    assert f"nodes ['{other}'] live, ['{first}'] judged" in mine[0].reason
+
+
+@pytest.mark.service
+def test_fault_event_in_the_window_blocks_acting(moving_jobs: dict[str, str], tmp_path: Path) -> None:
+    """Issue 31 item 4: an XID on the idle job's GPU inside the act window, node not drained. Before the fix
+    coverage and idle share passed and the job was cancelled, the evidence silent about the fault. Now the
+    job keeps running and the logged evidence names the event."""
+    from auditor.records import NodeEvent
+    from auditor.timeutil import from_epoch
+
+    job = moving_jobs["fault"]
+    cfg, store, now = _idle_and_collected(tmp_path, {"fault": job})
+    node, idx, _ = gpu_of(store, job)
+    at = from_epoch(now - 30)  # an XID is a moment: no infrastructure time to speak of
+    store.ingest([NodeEvent(CLUSTER, node, "xid", at, at, gpu=idx, reason="XID 79 (GPU fell off the bus)",
+                            source="dcgm")])
+    applied = gpu_audit(cfg, "enforce", "--apply")
+    assert job_state(job) == "RUNNING", applied
+    rows = json.loads(gpu_audit(cfg, "--json", "enforce-log"))
+    mine = [r for r in rows if r["target"] == f"slurm job {job}" and r["stage"] == "act"]
+    assert [r["decision"] for r in mine] == ["skipped"], applied
+    assert mine[0]["reason"].startswith(f"infrastructure event in the window: xid on {node} GPU {idx} since ")
+    assert mine[0]["evidence"]["faults"][0].endswith("XID 79 (GPU fell off the bus)")

@@ -26,13 +26,18 @@ def _metric(name: str, v: float | None) -> str:
     return fmt_pct(v)
 
 
+def stopped_text(x: dict[str, Any]) -> str:
+    return f"{x['when']} (stopped by gpu-audit: {x['action']} {shorten(x['target'], 60)})"
+
+
 def format_job(v: dict[str, Any]) -> str:
     """The job as a terminal page: header, money, per-GPU time line and metrics, findings."""
     cur = v["currency"]
     lines = [f"{v['source']} job {shorten(v['id'], 40)} \"{shorten(v['name'])}\" on {shorten(v['cluster'], 32)}",
              f"  user {shorten(v['user'], 32)}, account {shorten(v['account'], 32)}, "
              f"team {shorten(v['team'] or '-', 32)}",
-             f"  {v['state'] or '?'}: {v['start'] or 'not started'} to {v['end'] or 'now (still running)'}"
+             f"  {v['state'] or '?'}: {v['start'] or 'not started'} to "
+             f"{v['end'] or (stopped_text(v['stopped']) if v.get('stopped') else 'now (still running)')}"
              + (f" ({fmt_hours(v['hours_held'])} h)" if v["hours_held"] is not None else "")
              + f", {v['gpu_count']:g} GPU(s)"]
     u = v["usage"]
@@ -46,6 +51,10 @@ def format_job(v: dict[str, Any]) -> str:
         lines.append("  not audited yet: no hours or cost (run `gpu-audit audit`); time line from telemetry")
     if v["running"]:
         lines.append("  STILL RUNNING: it holds its GPUs now.")
+    for x in v.get("actions") or []:
+        lines.append(f"  gpu-audit {x['when']}: {x['stage']} {x['action']} {x['decision']}"
+                     f"{' (dry run)' if x['dry_run'] else ''}: {shorten(x['target'], 60)}"
+                     + (f" -> {shorten(x['result'], 80)}" if x["result"] else ""))
     for g in v["gpus"]:
         t = g["timeline"]
         lines += ["", f"GPU {g['gpu_index'] if g['gpu_index'] is not None else '?'} on {shorten(g['node'], 40)}"

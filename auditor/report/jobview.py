@@ -210,6 +210,15 @@ def job_view(store: Store, cfg: Config, ref: str | int, *, user: str | None = No
                     for f in conn.execute(text(
                         "SELECT id, kind, gpu_hours, idle_gpu_hours, cost, evidence FROM findings WHERE run_id = :r "
                         "AND allocation_id = :a ORDER BY cost DESC, id"), {"r": rid, "a": aid})] if rid else []
+        acts = [{"when": _when(r.decided_ts, tz), "decided_ts": r.decided_ts, "stage": r.stage, "action": r.action,
+                 "decision": r.decision, "target": r.target, "reason": r.reason, "result": r.result or "",
+                 "dry_run": bool(r.dry_run)}
+                for r in conn.execute(text(
+                    "SELECT decided_ts, stage, action, decision, target, reason, result, dry_run FROM enforcement_log "
+                    "WHERE allocation_id = :a AND action <> 'none' ORDER BY id DESC LIMIT 20"), {"a": aid})]
+    # an action gpu-audit took ends the allocation's hold even before a collection sees it end
+    stopped = next((x for x in acts if x["stage"] == "act" and x["decision"] == "done" and not x["dry_run"]
+                    and (a["start_ts"] is None or x["decided_ts"] >= a["start_ts"])), None)
     hours = None
     if usage:
         hours = {k[:-2] + "_gpu_hours": (usage[k] or 0.0) / H for k in usage if k.endswith("_s")}
@@ -218,7 +227,8 @@ def job_view(store: Store, cfg: Config, ref: str | int, *, user: str | None = No
             "id": a["external_id"], "name": a["name"], "user": a["user_name"], "account": a["account"],
             "team": usage["team"] if usage else "", "state": a["state"], "start": _when(a["start_ts"], tz),
             "end": _when(a["end_ts"], tz), "start_ts": a["start_ts"], "end_ts": a["end_ts"],
-            "running": a["start_ts"] is not None and (a["end_ts"] is None or a["end_ts"] > now_ts),
+            "running": a["start_ts"] is not None and (a["end_ts"] is None or a["end_ts"] > now_ts) and not stopped,
+            "actions": acts, "stopped": stopped,
             "hours_held": (e - s) / H if a["start_ts"] is not None else None, "gpu_count": a["gpu_count"],
             "run_id": rid, "run": {"since": _when(run["since_ts"], tz), "until": _when(run["until_ts"], tz)} if run
             else None, "usage": hours, "currency": cfg.prices.currency,

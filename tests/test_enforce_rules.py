@@ -1,0 +1,158 @@
+"""Issue 31 items 3 (stale evidence), 12 (reservations, mirage) and 13 (what the messages and the job's
+views say) on a real store (SQLite and PostgreSQL), with the honest in-memory backend of
+tests/test_enforce_property.py and a real HTTP sink for the channel messages. Fleets are built by
+:func:`test_enforce_property.build` (1.5 h of 5-minute buckets; idle = SM 0.0, mirage = SM 0.0 with
+GPU-Util 0.99, util_only = GPU-Util 0.0 without SM activity); the policy acts after 1 h."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from http_sink import Sink  # noqa: E402
+from test_enforce import log_rows  # noqa: E402
+from test_enforce_property import Fleet, HonestBackend, Unit, World, build  # noqa: E402
+
+from auditor.config import Channel, Config, Policy, SecretRef  # noqa: E402
+from auditor.enforce.policy import enforce  # noqa: E402
+from auditor.timeutil import floor_to, utcnow  # noqa: E402
+
+
+@pytest.fixture
+def now() -> datetime:
+    return floor_to(utcnow(), 300)
+
+
+@pytest.fixture
+def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sink]:
+    with Sink() as s:
+        monkeypatch.setenv("GPU_AUDIT_TEST_HOOK", f"json://127.0.0.1:{s.port}/hook")
+        yield s
+
+
+def run(store: Any, world: World, cfg: Config, now: datetime, **policy: Any) -> dict[str, Any]:
+    if policy:
+        cfg = cfg.model_copy(update={"policies": [cfg.policies[0].model_copy(update=policy)]})
+    backends = {"slurm": HonestBackend(world, "hpc"), "kubernetes": HonestBackend(world, "k8s")}
+    return enforce(store, cfg, backends=lambda cluster, source: backends.get(source), now=now)
+
+
+def act_rows(store: Any) -> list[dict[str, Any]]:
+    return [r for r in log_rows(store) if r["stage"] == "act"]
+
+
+def test_stale_evidence_never_acts(store: Any, now: datetime) -> None:
+    """Item 3: the cluster's collector last succeeded an hour ago; its idle evidence still covers the window
+    (the store keeps it). Before the fix the job was cancelled on it."""
+    world, _, cfg = build(store, Fleet(jobs=[Unit("idle")], groups=[], stale=True), now)
+    run(store, world, cfg, now)
+    assert world.calls == []
+    why = act_rows(store)[0]["reason"]
+    assert why.startswith("stale evidence: hpc telemetry[0]:file last collected up to "), why
+    assert "a failing collector never makes old evidence act" in why
+
+
+def test_reservation_jobs_are_left_to_the_reservation(store: Any, now: datetime) -> None:
+    """Item 12: an idle job inside advance reservation resv-a. Before the fix it was cancelled (freeing
+    nothing) and the evidence did not name the reservation; act_in_reservations = true opts in."""
+    world, _, cfg = build(store, Fleet(jobs=[Unit("idle", resv=True)], groups=[]), now)
+    run(store, world, cfg, now)
+    assert world.calls == []
+    row = act_rows(store)[0]
+    assert row["reason"].startswith("runs in advance reservation resv-a: stopping it frees nothing")
+    assert row["evidence"]["reservation"] == "resv-a"
+    run(store, world, cfg, now, act_in_reservations=True)
+    assert world.calls == [("cancel", "slurm job 1000", "1000")]
+
+
+def test_mirage_warns_and_never_acts_sooner_than_the_audit_reports_one(store: Any, now: datetime) -> None:
+    """Item 12: a mirage job (GPU-Util 99 %, SM 0). Before the fix it was cancelled; with act_on_mirage it
+    may be, but a 15-minute act window holds only 15 minutes of mirage, less than the 30 the audit needs
+    (thresholds.mirage_min_minutes) before it reports a mirage at all."""
+    world, _, cfg = build(store, Fleet(jobs=[Unit("mirage")], groups=[]), now)
+    run(store, world, cfg, now)
+    assert world.calls == []
+    assert "acts only with act_on_mirage" in act_rows(store)[-1]["reason"]
+    run(store, world, cfg, now, act_on_mirage=True, act_after_hours=0.25)
+    assert world.calls == []
+    assert "after 30 min of mirage" in act_rows(store)[-1]["reason"]
+    run(store, world, cfg, now, act_on_mirage=True)  # a 1 h window: 60 min of mirage >= 30
+    assert world.calls == [("cancel", "slurm job 1000", "1000")]
+
+
+def channel_cfg(cfg: Config, **policy: Any) -> Config:
+    p = cfg.policies[0].model_copy(update={"warn_after_hours": 0.5, **policy})
+    return cfg.model_copy(update={"policies": [p], "channels": [Channel(name="ops", url=SecretRef(
+        env="GPU_AUDIT_TEST_HOOK"))]})
+
+
+def test_messages_say_what_will_happen(store: Any, now: datetime, sink: Sink) -> None:
+    """Item 13: a GPU-Util-only job (acting can never fire without act_on_util_only) was warned it "will be
+    stopped"; the "was stopped" notice told the user to run the admin command `gpu-audit exempt`."""
+    world, _, cfg = build(store, Fleet(jobs=[Unit("util_only"), Unit("idle")], groups=[]), now)
+    c = channel_cfg(cfg, act_after_hours=1)
+    run(store, world, c, now)
+    msgs = {r["body"]["title"]: r["body"]["message"] for r in sink.requests}
+    assert "[gpu-audit] slurm job 1000 is idle" in msgs, msgs  # warned, no promise
+    body = msgs["[gpu-audit] slurm job 1000 is idle"]
+    assert "will be stopped" not in body and "It will not be stopped automatically (idle 0% < 95% (" in body
+    stopped = msgs["[gpu-audit] slurm job 1001 was stopped"]
+    assert "gpu-audit exempt" not in stopped and "ask the GPU administrators" in stopped
+    assert world.calls == [("cancel", "slurm job 1001", "1001")]
+
+
+def test_warning_promises_a_stop_only_when_one_can_come(store: Any, now: datetime, sink: Sink) -> None:
+    world, _, cfg = build(store, Fleet(jobs=[Unit("idle")], groups=[]), now)
+    run(store, world, channel_cfg(cfg, act_after_hours=2), now)  # the act stage (2 h) has not fired yet
+    (msg,) = [r["body"] for r in sink.requests]
+    assert msg["title"] == "[gpu-audit] slurm job 1000 is idle and will be stopped"
+    assert "It will be stopped once it has been idle for 2 h." in msg["message"]
+
+
+def test_job_view_shows_the_action_not_still_running(store: Any, now: datetime) -> None:
+    """Item 13: after a cancel, `gpu-audit job` and the web job page said "still running" and never
+    mentioned the action (the store learns of the end only at the next collection)."""
+    from auditor.cli.jobs import format_job
+    from auditor.report.jobview import job_view
+
+    world, _, cfg = build(store, Fleet(jobs=[Unit("idle")], groups=[]), now)
+    run(store, world, cfg, now)
+    v = job_view(store, cfg, "hpc:1000", now=now + timedelta(minutes=1))
+    assert v["running"] is False and v["stopped"]["action"] == "cancel"
+    text = format_job(v)
+    assert "still running" not in text.lower() and "(stopped by gpu-audit: cancel slurm job 1000)" in text
+    assert "gpu-audit " in text and "act cancel done: slurm job 1000 -> ok" in text
+    # the web job page (the same view): the action, not "Still running"
+    from starlette.testclient import TestClient
+
+    from auditor.web.app import create_app
+
+    page = TestClient(create_app(store, cfg)).get(f"/allocation/{v['allocation_id']}")
+    assert page.status_code == 200
+    assert "Still running" not in page.text and 'id="stopped">Stopped by gpu-audit' in page.text
+    assert '<table id="actions">' in page.text and "<td>cancel</td><td>done</td>" in page.text
+
+
+def test_reservation_owners_are_told_when_the_policy_lists_partitions(store: Any, now: datetime, sink: Sink) -> None:
+    """Item 13: a 2-GPU reservation for alice, 3 h old, nothing in it; the policy is scoped to partition
+    gpu, as docs/enforcement.md's own example is. Before the fix the reservation (which has no partition)
+    matched no policy and alice was never told."""
+    from auditor.audit.run import run_audit
+    from auditor.records import Reservation
+
+    store.ingest([Reservation("hpc", "resv-a", now - timedelta(hours=3), now + timedelta(hours=5), nodes=["n5"],
+                              gpu_count=2, users=["alice"])])
+    cfg = Config(policies=[Policy(name="p", clusters=["hpc"], partitions=["gpu"])],
+                 channels=[Channel(name="alice-dm", url=SecretRef(env="GPU_AUDIT_TEST_HOOK"), users=["alice"])])
+    run_audit(store, cfg, now - timedelta(days=1), now)
+    res = enforce(store, cfg, apply=True, backends=lambda c, s: None, now=now)
+    assert [(d["target"], d["decision"]) for d in res["decisions"]] == [("reservation resv-a", "done")]
+    # 2 GPUs x 3 h reserved so far, nothing ran: 6.0 of 6.0 GPU-hours idle
+    assert [r["body"]["message"] for r in sink.requests] == [
+        "reservation resv-a on hpc: 6.0 of 6.0 reserved GPU-hours idle. Release it if it is not needed."]
