@@ -494,3 +494,26 @@ def test_deploy_files_agree() -> None:
     assert "gpu-audit" in (systemd / "gpu-audit.service").read_text()
     assert "OnCalendar=" in (systemd / "gpu-audit-run.timer").read_text()
     assert os.path.exists(systemd / "gpu-audit-run.service")
+
+
+def test_collect_then_audit_then_enforce_when_both_fire_in_one_tick(tmp_path: Path, sqlite_store: Store) -> None:
+    """Issue 31 item 14: collect every 15 minutes and audit hourly both fire at 10:00. APScheduler runs the
+    two jobs in its thread pool in either order; before the fix the audit job (audit, enforce) could run
+    first on the store as it was, the collect after it. Now the audit job collects first and the collect
+    firing of that tick stands aside; at 10:15 the collect runs alone."""
+    from apscheduler.triggers.cron import CronTrigger
+
+    rec = Recorder()
+    clock = [datetime(2026, 12, 1, 10, 0, 3, tzinfo=UTC)]
+    cfg = make_cfg(tmp_path, f"sqlite:///{tmp_path / 'store.db'}", [{"name": "a"}, {"name": "b"}],
+                   collect="*/15 * * * *", audit="0 * * * *")
+    d = Daemon(sqlite_store, cfg, base_dir=tmp_path, runner=rec, clock=lambda: clock[0])
+    assert all(isinstance(d.triggers[j], CronTrigger) for j in ("collect", "audit"))
+    sched = d.build()
+    audit_fn, collect_fn = sched.get_job("audit").func, sched.get_job("collect").func
+    audit_fn()  # the worst order: the audit firing is picked first
+    collect_fn()
+    assert rec.calls == [(["collect"], ["a"]), (["collect"], ["b"]), (["audit", "enforce"], None)]
+    clock[0] = datetime(2026, 12, 1, 10, 15, 2, tzinfo=UTC)
+    collect_fn()
+    assert rec.calls[3:] == [(["collect"], ["a"]), (["collect"], ["b"])]

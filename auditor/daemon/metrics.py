@@ -130,7 +130,8 @@ class Metrics:
                                        "failed (after retries).", ["cluster", "source"], registry=r)
         self.job_runs = Counter(f"{PREFIX}_job_runs", "Scheduled jobs started.", ["job"], registry=r)
         self.job_skips = Counter(f"{PREFIX}_job_skips", "Scheduled jobs skipped: lease held elsewhere, "
-                                 "period already done, or shutting down.", ["job", "reason"], registry=r)
+                                 "period already done, shutting down, or a collect folded into the same tick's "
+                                 "audit job.", ["job", "reason"], registry=r)
         self.job_errors = Counter(f"{PREFIX}_job_errors", "Scheduled jobs that raised.", ["job"], registry=r)
 
     def observe(self, summary: RunSummary) -> None:

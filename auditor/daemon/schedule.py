@@ -12,6 +12,9 @@ Guarantees, and how:
   daemon runs a missed one (when the store has a marker of an earlier period, i.e. this is a restart, not a
   first install). APScheduler's own job store stays in memory: its SQLAlchemyJobStore must not be shared
   by two schedulers, and the markers are what matters;
+- one order within a tick: when collect and audit fire at the same time (say ``*/15`` and ``0 * * * *``),
+  the audit job collects first, then audits, then enforces, and that tick's collect firing stands aside:
+  audit and enforcement never judge the store as it was before the tick's collection;
 - clean shutdown: SIGTERM/SIGINT stop new jobs; ``scheduler.shutdown(wait=True)`` lets the running job end
   (collection stops between clusters; every batch is one transaction, so a kill rolls it back and the
   watermark, moved only after a commit, makes the next run catch up).
@@ -216,7 +219,28 @@ class Daemon:
         lease = f"collect:{cluster}" if cluster else LEASE_NAME["collect"]
         return self._leased("collect", lease, body) or []
 
+    def same_tick(self) -> bool:
+        """Whether the latest collect and audit firings are the same moment (both cron schedules)."""
+        collect, audit = self.triggers["collect"], self.triggers["audit"]
+        if not (isinstance(collect, CronTrigger) and isinstance(audit, CronTrigger)):
+            return False
+        now = self.clock().astimezone(self.tz)
+        fired = previous_fire(audit, now)
+        return fired is not None and fired == previous_fire(collect, now)
+
+    def collect_tick(self, cluster: str | None = None) -> list[RunSummary]:
+        """The scheduled collect: stands aside when the audit fires in the same tick (that job collects)."""
+        if self.same_tick():
+            log.info("collect: this tick's audit job collects first, then audits and enforces")
+            self._skip("collect", "same_tick_as_audit")
+            return []
+        return self.collect_job(cluster)
+
     def audit_job(self) -> RunSummary | None:
+        """Audit, then enforce; when collect fires in the same tick, collect first (every cluster)."""
+        if self.same_tick():
+            for name in ([c.name for c in self.cfg.clusters] if self.per_cluster else [None]):
+                self.collect_job(name)
         return self._leased("audit", LEASE_NAME["audit"], lambda: self._run("audit", JOB_STEPS["audit"]))
 
     def _fire_time(self, job: str, fire: datetime | None) -> datetime:
@@ -262,10 +286,10 @@ class Daemon:
                                     job_defaults=defaults)
         if self.per_cluster:
             for c in self.cfg.clusters:
-                sched.add_job(self.collect_job, self.triggers["collect"], args=[c.name], id=f"collect:{c.name}",
+                sched.add_job(self.collect_tick, self.triggers["collect"], args=[c.name], id=f"collect:{c.name}",
                               name=f"collect {c.name}")
         else:
-            sched.add_job(self.collect_job, self.triggers["collect"], id="collect", name="collect")
+            sched.add_job(self.collect_tick, self.triggers["collect"], id="collect", name="collect")
         sched.add_job(self.audit_job, self.triggers["audit"], id="audit", name="audit")
         sched.add_job(self.report_job, self.triggers["report"], id="report", name="weekly report + nudges")
         sched.add_job(self.chargeback_job, self.triggers["chargeback"], id="chargeback", name="monthly chargeback")
