@@ -156,3 +156,24 @@ def test_reservation_owners_are_told_when_the_policy_lists_partitions(store: Any
     # 2 GPUs x 3 h reserved so far, nothing ran: 6.0 of 6.0 GPU-hours idle
     assert [r["body"]["message"] for r in sink.requests] == [
         "reservation resv-a on hpc: 6.0 of 6.0 reserved GPU-hours idle. Release it if it is not needed."]
+
+
+def test_slurm_inspect_reports_the_live_jobs_identity(tmp_path: Path) -> None:
+    """What `inspect` reads from squeue (run with TZ=UTC, the start in Slurm's standard format) and hands to
+    the proof: job id, start, nodes (hostlist expanded), user. Stand-in binaries print what Slurm 23.11's
+    squeue -o '%T|%N|%S|%u' and scontrol -o show node print (no Slurm needed)."""
+    from test_slurm_live import _script
+
+    from auditor.config import EnforceConfig
+    from connectors.actions.slurm import SlurmActions
+    from connectors.slurm import SlurmOptions
+
+    squeue = _script(tmp_path, "squeue", 'echo "RUNNING|gpu-node-[01-02]|2026-12-01T20:13:27|alice"')
+    scontrol = _script(tmp_path, "scontrol", 'echo "NodeName=$4 State=MIXED ThreadsPerCore=1"')
+    act = SlurmActions("hpc", SlurmOptions.model_validate({"backend": "cli", "squeue": squeue,
+                                                           "scontrol": scontrol}), EnforceConfig())
+    live = act.inspect({"external_id": "4242"}, Policy(name="p"))
+    # 2026-12-01T20:13:27Z = 1796156007 (date -u -d 2026-12-01T20:13:27 +%s)
+    assert live.identity == {"job_id": "4242", "start_ts": 1796156007, "nodes": ["gpu-node-01", "gpu-node-02"],
+                             "user": "alice"}
+    assert (live.running, live.action, live.infra) == (True, "cancel", "")
