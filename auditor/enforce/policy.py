@@ -436,7 +436,7 @@ class Run:
         (b) each of them on SM-verified, covered time without a fault or reservation, (d) on fresh
         evidence, (e) none of them exempt."""
         h = stage_hours(p)["act"]
-        why = self.same_identity(a, live)  # (c)
+        why = self.same_identity(a, p, live)  # (c)
         if why:
             return f"not provably the judged {a['source']} allocation: {why}", [], ev
         unit, why = self.unit_of(a, p, live, target)  # (a)
@@ -473,7 +473,7 @@ class Run:
         with self.store.engine.connect() as conn:
             return sorted({n for (n,) in conn.execute(select(g.c.node).where(g.c.allocation_id == allocation_id))})
 
-    def same_identity(self, a: dict[str, Any], live: Any) -> str:
+    def same_identity(self, a: dict[str, Any], p: Policy, live: Any) -> str:
         """Rule (c): '' when the live object is the judged one, else the difference."""
         got = live.identity or {}
         if a["source"] == "slurm":
@@ -493,7 +493,7 @@ class Run:
             return why
         want_action = ("delete_pod" if owner is None else "scale_to_zero"
                        if owner["kind"] in ("Deployment", "StatefulSet") else
-                       "delete_job" if live.action == "delete_job" else "suspend_job")
+                       "delete_job" if p.job_action == "delete" else "suspend_job")
         have = live.detail.get("owner") or None
         if live.action != want_action or (owner is not None and (not have or (have.get("kind"), have.get("name"),
                                                                               have.get("uid")) !=
@@ -538,11 +538,9 @@ class Run:
                              else "not judged idle")
                 bad.append(f"{m['name']}: {reason}")
         if bad:
-            verb = "work" if kinds and all(k == "work" for k in kinds) and len(kinds) == len(bad) else \
-                "are not judged idle" if len(bad) > 1 else "is not judged idle"
-            if verb == "work" and len(bad) == 1:
-                verb = "works"
             n = len(bad)
+            working = len(kinds) == n and all(k == "work" for k in kinds)
+            verb = ("work" if n > 1 else "works") if working else ("are" if n > 1 else "is") + " not judged idle"
             return unit, (f"{n} other pod{'s' if n > 1 else ''} of {target} {verb}: {'; '.join(bad[:5])}"
                           " (an owner is acted on only when every pod it runs was judged idle; deleting the idle "
                           "pod alone would only restart it)")

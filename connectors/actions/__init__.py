@@ -1,7 +1,7 @@
 """Scheduler actions for enforcement (docs/enforcement.md). The collectors stay read-only; everything that
 changes a scheduler lives here, is called only from :mod:`auditor.enforce.policy`, and first re-reads the live
 state. A backend only REPORTS what the scheduler says now (identity, owner chain, the pods an action would
-stop); whether that is provably the judged work is decided in one place, :func:`auditor.enforce.policy.proof`,
+stop); whether that is provably the judged work is decided in one place, ``auditor.enforce.policy.Run.proof``,
 so no backend can skip a check."""
 
 from __future__ import annotations
