@@ -342,9 +342,10 @@ def clear(store: Any) -> None:
 @settings(max_examples=20, deadline=None, derandomize=True, phases=PHASES,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(f=fleets)
-# an exempt pod inside an otherwise idle Deployment (the one generated shape the 20 derandomized examples
-# may miss; the other flaws are found by generation, see docs/enforcement.md "How this is tested")
+# two shapes the 20 derandomized examples may miss (the other flaws are found by generation): an exempt pod
+# inside an otherwise idle Deployment, and a pod whose labels its ReplicaSet does not select (a forged chain)
 @example(f=Fleet(jobs=[], groups=[Group("deployment", [Unit("idle", exempt=True), Unit("idle")])]))
+@example(f=Fleet(jobs=[], groups=[Group("deployment", [Unit("idle"), Unit("idle")], forge="labels")]))
 def test_no_action_reaches_anything_but_judged_idle_work(store: Any, f: Fleet) -> None:
     clear(store)
     now = floor_to(utcnow(), 300)
