@@ -13,12 +13,13 @@ import httpx
 
 from auditor.config import EnforceConfig, Policy
 from auditor.errors import SourceError
+from auditor.intparse import UINT
 from connectors.actions import LiveState
 from connectors.base import Context
 from connectors.slurm import SlurmAllocations, SlurmOptions
 from connectors.slurm.parse import expand_hostlist, kv_pairs, scontrol_records
 
-_JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+_JOB_ID = re.compile(rf"{UINT}(_{UINT})?(\+{UINT})?")  # ASCII only, whole string (fullmatch)
 
 
 def _states(value: Any) -> set[str]:
@@ -41,7 +42,7 @@ class SlurmActions:
     # -- live state ---------------------------------------------------------------------------------
     def inspect(self, alloc: dict[str, Any], policy: Policy) -> LiveState:
         job = str(alloc["external_id"])
-        if not _JOB_ID.match(job):
+        if not _JOB_ID.fullmatch(job):
             return LiveState(False, blocked=f"not a Slurm job id: {job[:40]!r}")
         state, nodes = self._rest_job(job) if self.o.backend == "rest" else self._cli_job(job)
         action = "requeue" if policy.slurm_action == "requeue" else "cancel"
