@@ -59,3 +59,19 @@ def test_scrape_gpu_label_not_a_number_costs_only_its_line(tmp_path: Path) -> No
     assert [(Path(s).name, where) for s, where, _, _ in problems.items] == [("odd.prom", "line 2"),
                                                                             ("odd.prom", "line 3")]
     assert all("gpu label" in why and "not a whole number" in why for _, _, why, _ in problems.items)
+
+
+@pytest.mark.parametrize("text", ["\uff11", "\u0662", "1\u0663"])
+def test_kubernetes_gpu_quantity_is_ascii(text: str) -> None:
+    from connectors.k8s_resources import BadObject, gpu_units
+
+    with pytest.raises(BadObject, match="odd quantity"):  # before: full-width and Arabic-Indic digits read as GPUs
+        gpu_units(text, "nvidia.com/gpu")
+    assert gpu_units("2", "nvidia.com/gpu") == 2
+
+
+def test_jobstats_gpu_index_that_is_no_number_is_a_js1_error() -> None:
+    from connectors.slurm.jobstats import Js1Error, per_gpu
+
+    with pytest.raises(Js1Error, match="is not an index"):  # before: int('²') ValueError, no node named
+        list(per_gpu({"nodes": {"n1": {"gpu_utilization": {"\u00b2": 50}, "gpu_used_memory": {}}}}))
