@@ -147,8 +147,8 @@ def covered(store: Store, cluster: str, ident: str) -> list[str]:
     if "/" in ident:
         ns, _, name = ident.partition("/")
         conds.append((t.c.source == "kubernetes") & (t.c.account == ns) & (t.c.name == name))
-    if re.fullmatch(UINT, ident):  # digits only: no LIKE wildcard in it
-        conds.append(t.c.external_id.like(f"{ident}%"))
+    if re.fullmatch(UINT, ident):  # digits only: no LIKE wildcard in it; tasks 123_N, components 123+N
+        conds += [t.c.external_id.like(f"{ident}!_%", escape="!"), t.c.external_id.like(f"{ident}+%")]
     with store.engine.connect() as conn:
         rows = conn.execute(select(t.c.external_id, t.c.source, t.c.account, t.c.name)
                             .where(t.c.cluster == cluster, or_(*conds))).mappings().all()
