@@ -12,12 +12,22 @@ _CTRL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u061c\u202a-\u20
 
 
 def log_safe(text: object) -> str:
-    """Escape control characters (newlines included) in text that came from users or schedulers."""
+    """Escape control characters (newlines included) in text that came from users or schedulers.
+
+    The one escaping for every line a terminal or a log shows (log records, the CLI's error line,
+    ``enforce``, ``enforce-log``, ``exempt``, ``job``, ``jobs``): a newline cannot forge a second line, an
+    escape sequence cannot repaint the screen, a bidi override cannot reorder what is read; what was there
+    stays visible as ``\\xNN`` / ``\\uNNNN``."""
     def esc(m: re.Match[str]) -> str:
         c = ord(m.group())
         return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
     return _CTRL.sub(esc, str(text))
+
+
+def has_control(text: object) -> bool:
+    """Whether :func:`log_safe` would change ``text`` (input that must be one plain line)."""
+    return _CTRL.search(str(text)) is not None
 
 
 _USERINFO = re.compile(r"^(\w[\w+.-]*://[^:/@?#]*):[^@]*@")  # the password of scheme://user:password@

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from auditor.intparse import INT32_MAX, uint_or_none
 from auditor.records import (
     AllocatedGpu,
     Allocation,
@@ -111,7 +112,7 @@ def _gpu_object(g: Any, model: str | None, share: float) -> AllocatedGpu:
         raise ValueError("gpus: each entry needs a node")
     index = g.get("index")
     if index is not None:
-        if isinstance(index, bool) or not str(index).isdigit():
+        if isinstance(index, bool) or uint_or_none(index, hi=INT32_MAX) is None:
             raise ValueError(f"gpus: index {str(index)[:20]!r} is not a GPU index")
         index = int(index)
     gshare = float(g.get("share", share))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from auditor.intparse import UINT
 from auditor.records import AllocatedGpu, Allocation, GpuInventory, GpuWait, NodeEvent
 
 GPU_PRODUCT = "nvidia.com/gpu.product"
@@ -26,7 +27,7 @@ TERMINAL = ("Succeeded", "Failed")
 
 _MIG_RES = re.compile(r"^nvidia\.com/mig-(\d+)g\.([0-9a-z.+]+)$")
 _MIG_PRODUCT = re.compile(r"-MIG-(\d+g\.[0-9a-z.+]+)$", re.IGNORECASE)
-_INT = re.compile(r"^\d+$")
+_INT = re.compile(rf"{UINT}\Z")  # ASCII digits to the very end (match anchors the start)
 MAX_GPUS_PER_CONTAINER = 1024
 
 

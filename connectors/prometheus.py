@@ -36,6 +36,7 @@ from pydantic import Field, field_validator
 
 from auditor.config import SecretRef
 from auditor.errors import SourceError
+from auditor.intparse import INT32_MAX, uint_or_none
 from auditor.records import METRIC_FIELDS, GpuBucket, NodeEvent
 from connectors._faults import Hits, promql, reason, to_events
 from connectors.aliases import (
@@ -254,7 +255,7 @@ class PrometheusTelemetry:
         for item in (data or {}).get("result") or ():
             metric, value = item.get("metric") or {}, item.get("value") or (0, "NaN")
             host, uuid = pick_label(metric, "host"), pick_label(metric, "uuid")
-            if host and uuid and value[1].isdigit():
+            if host and uuid and uint_or_none(value[1], hi=INT32_MAX) is not None:
                 out[(host_from_instance(host) if host == metric.get("instance") else host, uuid)] = \
                     int(value[1])
         return out

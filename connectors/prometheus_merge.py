@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from auditor.errors import SourceError
+from auditor.intparse import INT32_MAX, uint_or_none
 from auditor.records import LABEL_FIELDS, GpuBucket
 from connectors.aliases import (
     LABEL_ALIASES,
@@ -54,7 +55,7 @@ class Merge:
         if gpu is None and host:
             index = self.src.index_of.get((host, pick_label(metric, "uuid") or ""))
             gpu = None if index is None else str(index)
-        if not host or not gpu or not gpu.isdigit():
+        if not host or not gpu or uint_or_none(gpu, hi=INT32_MAX) is None:
             sig = json.dumps(metric, sort_keys=True)
             if sig not in self._dropped:
                 self._dropped.add(sig)

@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import Field
 
 from auditor.errors import SourceError
+from auditor.intparse import INT32_MAX, parse_uint, uint_or_none
 from auditor.records import LABEL_FIELDS, GpuBucket, NodeEvent
 from connectors._coverage import coverage, interval, job_key
 from connectors._faults import FaultFolder, to_events
@@ -298,9 +299,10 @@ class ScrapeFiles:
             if s.name not in JOB_ID_METRICS or not math.isfinite(s.value) or s.value <= 0:
                 continue
             host, gpu_text = self._host(s.labels), pick_label(s.labels, "gpu")
-            if host and gpu_text and gpu_text.isdigit():
+            gpu = uint_or_none(gpu_text, hi=INT32_MAX) if gpu_text else None
+            if host and gpu is not None:
                 ts = s.ts if s.ts is not None else default_ts
-                out[(host, int(gpu_text), ts)] = str(int(s.value))
+                out[(host, gpu, ts)] = str(int(s.value))
         return out
 
     def _fold(self, source: str, text: str, default_ts: float, lo: float, hi: float,
@@ -318,8 +320,9 @@ class ScrapeFiles:
             if s.name == "nvidia_smi_index" and math.isfinite(s.value):
                 index_of[uuid] = int(s.value)
             elif s.name == "nvidia_smi_gpu_info":
-                if s.labels.get("index", "").isdigit():
-                    index_of.setdefault(uuid, int(s.labels["index"]))
+                index = uint_or_none(s.labels.get("index", ""), hi=INT32_MAX)
+                if index is not None:
+                    index_of.setdefault(uuid, index)
                 if s.labels.get("name"):
                     model_of[uuid] = s.labels["name"]
         job_of = self._job_ids(samples, default_ts)
@@ -334,7 +337,14 @@ class ScrapeFiles:
             host = self._host(s.labels)
             uuid = pick_label(s.labels, "uuid")
             gpu_text = pick_label(s.labels, "gpu")
-            gpu = int(gpu_text) if gpu_text and gpu_text.isdigit() else index_of.get(uuid or "")
+            if gpu_text:
+                try:
+                    gpu: int | None = parse_uint(gpu_text, hi=INT32_MAX, what="gpu label")
+                except ValueError as exc:  # this line only: the file's other lines still count
+                    problems.skip(source, where, f"{s.name}: {exc}", f"{s.name} {s.labels}")
+                    continue
+            else:
+                gpu = index_of.get(uuid or "")
             if not host or gpu is None:
                 if fault:  # the GPU's utilization lines already say why (one reason per GPU metric, not more)
                     continue

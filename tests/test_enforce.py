@@ -190,7 +190,8 @@ def test_annotation_infra_and_stale(world: tuple[Any, ActionServer], now: dateti
 
 def test_exempt_command_records_who_why_until(store: Any, now: datetime) -> None:
     c = Config(clusters=[{"name": "hpc"}])
-    row = exempt.add(store, c, "hpc:4242", "now+2days", "  thesis deadline ", by="alice@login1", now=now)
+    row = exempt.add(store, c, "hpc:4242", "now+2days", "  thesis deadline ", by="alice@login1", future=True,
+                     now=now)
     assert (row["cluster"], row["external_id"], row["reason"], row["requested_by"]) == \
         ("hpc", "4242", "thesis deadline", "alice@login1")
     assert row["until_ts"] - int(now.timestamp()) == 2 * 86400
@@ -268,7 +269,7 @@ def test_cli_enforce_exempt_and_log(store_url: str, tmp_path: Path) -> None:
     res = run(main, ["-c", str(cfg_file), "enforce"])
     assert res.exit_code == 0 and "DRY RUN" in res.output and "no [[policies]] configured" in res.output
     res = run(main, ["-c", str(cfg_file), "--json", "exempt", "hpc:77", "--until", "now+2hours", "--reason",
-                     "final epoch", "--by", "alice"])
+                     "final epoch", "--by", "alice", "--future"])
     assert res.exit_code == 0, res.output
     assert {k: json.loads(res.output)[k] for k in ("cluster", "external_id", "requested_by")} == \
         {"cluster": "hpc", "external_id": "77", "requested_by": "alice"}

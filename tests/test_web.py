@@ -86,7 +86,8 @@ def test_findings_filters_and_sorting(audited) -> None:  # noqa: ANN001
     q = c.get("/api/findings?q=NB-").json()  # name contains, case-insensitive
     assert [r["job_name"] for r in q["rows"]] == ["nb-0"]
     assert c.get("/api/findings?q=100%25").json()["total"] == 0  # LIKE wildcards are literal
-    assert c.get("/findings?sort=bogus&page=x").status_code == 200
+    assert c.get("/findings?sort=bogus").status_code == 200
+    assert c.get("/findings?page=x").status_code == 400  # a page that is no number: one line, not page 1
 
 
 def test_chargeback_csv_matches_json(audited) -> None:  # noqa: ANN001

@@ -8,12 +8,19 @@ from typing import Any
 import click
 
 from auditor.cli.app import App, pass_app, time_option, window
+from auditor.logs import log_safe
 from auditor.report.render import fmt_hours, fmt_money, fmt_pct, shorten
 
 METRIC_NAMES = {"sm_active": "SM activity", "tensor_active": "Tensor activity", "dram_active": "DRAM activity",
                 "gpu_util": "GPU-Util", "fb_used_mib": "Memory used", "power_w": "Power"}
 LEGEND = ("\u2588 working  \u2584 low  _ idle  ! mirage (GPU-Util busy, SMs idle)  f idle by GPU-Util  "
           "? no data")
+
+
+def _s(value: Any, limit: int = 48) -> str:
+    """User text for the terminal: escaped by the one function for that (:func:`auditor.logs.log_safe`),
+    then shortened to fit the layout."""
+    return shorten(None if value is None else log_safe(value), limit)
 
 
 def _metric(name: str, v: float | None) -> str:
@@ -27,16 +34,16 @@ def _metric(name: str, v: float | None) -> str:
 
 
 def stopped_text(x: dict[str, Any]) -> str:
-    return f"{x['when']} (stopped by gpu-audit: {x['action']} {shorten(x['target'], 60)})"
+    return f"{x['when']} (stopped by gpu-audit: {x['action']} {_s(x['target'], 60)})"
 
 
 def format_job(v: dict[str, Any]) -> str:
     """The job as a terminal page: header, money, per-GPU time line and metrics, findings."""
     cur = v["currency"]
-    lines = [f"{v['source']} job {shorten(v['id'], 40)} \"{shorten(v['name'])}\" on {shorten(v['cluster'], 32)}",
-             f"  user {shorten(v['user'], 32)}, account {shorten(v['account'], 32)}, "
-             f"team {shorten(v['team'] or '-', 32)}",
-             f"  {v['state'] or '?'}: {v['start'] or 'not started'} to "
+    lines = [f"{v['source']} job {_s(v['id'], 40)} \"{_s(v['name'])}\" on {_s(v['cluster'], 32)}",
+             f"  user {_s(v['user'], 32)}, account {_s(v['account'], 32)}, "
+             f"team {_s(v['team'] or '-', 32)}",
+             f"  {_s(v['state'] or '?', 32)}: {v['start'] or 'not started'} to "
              f"{v['end'] or (stopped_text(v['stopped']) if v.get('stopped') else 'now (still running)')}"
              + (f" ({fmt_hours(v['hours_held'])} h)" if v["hours_held"] is not None else "")
              + f", {v['gpu_count']:g} GPU(s)"]
@@ -53,11 +60,11 @@ def format_job(v: dict[str, Any]) -> str:
         lines.append("  STILL RUNNING: it holds its GPUs now.")
     for x in v.get("actions") or []:
         lines.append(f"  gpu-audit {x['when']}: {x['stage']} {x['action']} {x['decision']}"
-                     f"{' (dry run)' if x['dry_run'] else ''}: {shorten(x['target'], 60)}"
-                     + (f" -> {shorten(x['result'], 80)}" if x["result"] else ""))
+                     f"{' (dry run)' if x['dry_run'] else ''}: {_s(x['target'], 60)}"
+                     + (f" -> {_s(x['result'], 80)}" if x["result"] else ""))
     for g in v["gpus"]:
         t = g["timeline"]
-        lines += ["", f"GPU {g['gpu_index'] if g['gpu_index'] is not None else '?'} on {shorten(g['node'], 40)}"
+        lines += ["", f"GPU {g['gpu_index'] if g['gpu_index'] is not None else '?'} on {_s(g['node'], 40)}"
                   f" ({g['attribution']}{', ' + g['signal'] if g.get('signal') else ''}): coverage "
                   f"{fmt_pct(g['coverage'])}",
                   f"  verdict |{t['line']}|  ({t['bins']} bins of {t['bin_s'] / 60:.0f} min)",
@@ -84,9 +91,9 @@ def format_jobs(rows: list[dict[str, Any]], currency: str) -> str:
     out = [f"{'JOB':<28} {'STATE':<10} {'START':<21} {'GPUS':>5} {'RES GPU-H':>10} {'IDLE GPU-H':>10} "
            f"{'IDLE COST':>12}  NAME"]
     for r in rows:
-        out.append(f"{shorten(r['ref'], 28):<28} {shorten(r['state'], 10):<10} {r['start'] or '':<21} "
+        out.append(f"{_s(r['ref'], 28):<28} {_s(r['state'], 10):<10} {r['start'] or '':<21} "
                    f"{r['gpus']:>5g} {fmt_hours(r['reserved_gpu_hours']):>10} {fmt_hours(r['idle_gpu_hours']):>10} "
-                   f"{fmt_money(r['idle_cost'], currency):>12}  {shorten(r['name'], 40)}")
+                   f"{fmt_money(r['idle_cost'], currency):>12}  {_s(r['name'], 40)}")
     return "\n".join(out)
 
 

@@ -17,5 +17,5 @@ def register(main: click.Group) -> None:
         from auditor.web.app import listen_address, serve
 
         where = listen or app.cfg.web.listen
-        listen_address(where)  # a bad address fails before the store is opened
-        serve(app.store(), app.cfg, where)
+        addr = listen_address(where, app.cfg)  # a bad or open address fails before the store is opened
+        serve(app.store(), app.cfg, where, addr)

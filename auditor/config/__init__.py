@@ -193,6 +193,9 @@ class WebConfig(Strict):
     admin_groups: list[str] = Field(default_factory=list, description="Groups whose members see every "
                                     "allocation.")
     page_rows: int = Field(100, ge=1, le=10000, description="Rows per page in the web UI's lists.")
+    allow_unauthenticated: bool = Field(False, description="Serve the web UI on a non-loopback address "
+                                        "without `user_header` (everyone who reaches the port sees every "
+                                        "user's jobs and costs). Off: such a `listen` is refused.")
 
 
 class Policy(Strict):

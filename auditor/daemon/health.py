@@ -22,6 +22,7 @@ from sqlalchemy import select
 
 from auditor.collect import source_key
 from auditor.config import Config
+from auditor.intparse import uint_or_none
 from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
@@ -133,6 +134,7 @@ def parse_listen(text: str) -> tuple[str, int] | None:
     if text.lower() in ("", "off", "none"):
         return None
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    number = uint_or_none(port, hi=65535)
+    if not sep or number is None:
         raise ValueError(f"--listen {text!r}: want HOST:PORT, e.g. 127.0.0.1:9464, or 'off'")
-    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 (":9464" asks for all interfaces)
+    return host.strip("[]") or "0.0.0.0", number  # noqa: S104 (":9464" asks for all interfaces)

@@ -9,6 +9,7 @@ is never printed: errors name the channel, not the URL, and apprise's own log li
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,9 @@ from sqlalchemy import insert, select
 
 from auditor.config import Channel, Config
 from auditor.errors import ConfigError, GpuAuditError
+from auditor.logs import log_safe
 from auditor.report.mailparts import compose, safe_header, smtp_connect, user_address
+from auditor.report.render import _MD_SPECIAL as MD_SPECIAL  # the report's Markdown escaping, reused
 from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
@@ -90,8 +93,34 @@ def _quiet_http() -> Iterator[None]:
             lg.setLevel(old)
 
 
+# MD_SPECIAL: links and images ([ ]), emphasis, code, strike, tables, HTML and autolinks (< >), made literal by
+# a backslash; "(" and "!" mean nothing without "[", "#" and "-" only at a line start, which is always ours.
+#: the markup each apprise service renders a message in: "markdown" (escaped here), "slack" (apprise
+#: escapes & < > and turns mrkdwn off), "text" (no markup: a JSON webhook, SMS, ...)
+MARKUP = {"NotifyMattermost": "markdown", "NotifyDiscord": "markdown", "NotifyWorkflows": "markdown",
+          "NotifyMSTeams": "markdown", "NotifySlack": "slack", "NotifyJSON": "text"}
+# @channel, @here, @all, @everyone, @user, <@123>, <!here>: a zero-width space after the @ keeps it text
+_MENTION = re.compile(r"@(?=[\w&!])")
+
+
+def escape_for(markup: str, text: str) -> str:
+    """``text`` (plain text, user names in it) made literal for a channel's markup: control characters
+    escaped on every channel (:func:`auditor.logs.log_safe`, line by line: our own newlines stay), mentions
+    made inert on chat channels, Markdown backslash-escaped where the service renders it."""
+    lines = [log_safe(line) for line in text.split("\n")]
+    if markup in ("markdown", "slack"):
+        lines = [_MENTION.sub("@\u200b", line) for line in lines]
+    if markup == "markdown":
+        lines = [MD_SPECIAL.sub(r"\\\1", line) for line in lines]
+    return "\n".join(lines)
+
+
 def send_channel(ch: Channel, subject: str, body: str) -> None:
-    """Post through apprise; raises a one-line GpuAuditError naming the channel (never its URL)."""
+    """Post through apprise; raises a one-line GpuAuditError naming the channel (never its URL).
+
+    Subject and body are plain text carrying user-controlled names (pod labels, job names): each channel
+    gets them escaped for the markup it renders (:func:`escape_for`), and apprise is handed Markdown as
+    Markdown so it converts nothing (a Mattermost post got a live @channel and a link to an attacker's URL)."""
     import apprise
 
     try:
@@ -102,8 +131,10 @@ def send_channel(ch: Channel, subject: str, body: str) -> None:
     ap = apprise.Apprise()
     if not url or not ap.add(f"{url}{sep}cto={ch.timeout_s:g}&rto={ch.timeout_s:g}"):
         raise GpuAuditError(f"channel {ch.name}: the URL is not one apprise understands")
+    markup = MARKUP.get(type(ap[0]).__name__, "text")
+    fmt = apprise.NotifyFormat.MARKDOWN if markup == "markdown" else apprise.NotifyFormat.TEXT
     with _quiet_http():
-        ok = ap.notify(title=subject, body=body, body_format=apprise.NotifyFormat.TEXT)
+        ok = ap.notify(title=escape_for(markup, subject), body=escape_for(markup, body), body_format=fmt)
     if not ok:
         raise GpuAuditError(f"channel {ch.name}: delivery failed")
 

@@ -337,8 +337,9 @@ exemptions = Table(
            "(Slurm job id, or Kubernetes pod UID / namespace/name as given to `gpu-audit exempt`)."),
     _ts("until_ts", "Exempt until this time", nullable=False),
     Column("reason", Text, nullable=False, comment="Why (the justification given)."),
-    Column("requested_by", Text, nullable=False, comment="Who asked (login of whoever ran "
-           "`gpu-audit exempt`, or --by)."),
+    Column("requested_by", Text, nullable=False, comment="Who asked: --by as given (free text), else the actor."),
+    Column("actor", Text, comment="Who ran `gpu-audit exempt` (login@host of the process, not typed); NULL for "
+           "exemptions recorded before this column."),
     _ts("created_ts", "When recorded", nullable=False),
     _ts("revoked_ts", "When revoked early; NULL while it stands"),
     Index(None, "cluster", "external_id"),

@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from auditor.config import Config
 from auditor.errors import GpuAuditError
+from auditor.intparse import INT32_MAX, parse_uint
 from auditor.report import jobview
 from auditor.report.chargeback import BY, to_csv
 from auditor.report.render import _filters
@@ -107,9 +108,36 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with)
 
 
+MAX_PAGE = 1_000_000
+MAX_Q = 256  # characters of the findings search (a name or id fragment; SHOWN_MAX is what a page shows)
+MAX_PARAM = 1024  # characters of any other query parameter value
+
+
+class BadRequest(Exception):
+    """A parameter no page can answer (HTTP 400, one line)."""
+
+
 def _page_no(request: Request) -> int:
-    p = request.query_params.get("page", "1")
-    return max(1, int(p)) if p.isdigit() else 1
+    p = request.query_params.get("page") or "1"
+    try:
+        return max(1, parse_uint(p, hi=MAX_PAGE, what="page"))
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def check_params(request: Request) -> None:
+    """Refuse oversized or malformed parameters before any query runs: a 60 kB search, a page or an
+    allocation id that is no number the store can hold (10^30 overflowed the driver: HTTP 500 and a
+    traceback). ``?run=`` is read by :func:`auditor.web.data.pick_run` (the same strict reader)."""
+    for key, value in request.query_params.multi_items():
+        limit = MAX_Q if key == "q" else MAX_PARAM
+        if len(value) > limit:
+            raise BadRequest(f"parameter {key[:20]!r}: {len(value):,} characters (at most {limit:,})")
+    if "page" in request.query_params:
+        _page_no(request)
+    aid = request.path_params.get("aid")
+    if aid is not None and aid > INT32_MAX:
+        raise GpuAuditError(f"no allocation {str(aid)[:24]}")
 
 
 def create_app(store: Store, cfg: Config) -> Any:
@@ -142,12 +170,12 @@ def create_app(store: Store, cfg: Config) -> Any:
             except Denied as exc:
                 return PlainTextResponse(str(exc), status_code=401)
             try:
+                check_params(request)
                 data = data_for(page, request, v, kind)
+            except BadRequest as exc:
+                return error_response(request, v, kind, str(exc), 400)
             except GpuAuditError as exc:
-                if kind == "api":
-                    return json_response({"error": str(exc)}, 404)
-                return HTMLResponse(environment().get_template("web/error.html.j2").render(
-                    message=str(exc), viewer=v, page="error", q={}, charts={}), status_code=404)
+                return error_response(request, v, kind, str(exc), 404)
             if kind == "api":
                 return json_response(data)
             if kind == "csv":
@@ -176,6 +204,17 @@ def create_app(store: Store, cfg: Config) -> Any:
     return app
 
 
+def error_response(request: Request, v: Viewer, kind: str, message: str, status: int) -> Response:
+    """The one-line answer to a request no page can serve, and its one log line."""
+    log.info("%s %s: %s (HTTP %d)", request.method, request.url.path[:200], message, status)
+    if kind == "api":
+        return json_response({"error": message}, status)
+    if kind == "csv":
+        return PlainTextResponse(message, status_code=status)
+    return HTMLResponse(environment().get_template("web/error.html.j2").render(
+        message=message, viewer=v, page="error", q={}, charts={}), status_code=status)
+
+
 def render_page(page: str, data: dict[str, Any], v: Viewer, request: Request) -> str:
     """The page's template with its data, plus the server-side charts it draws."""
     charts: dict[str, Any] = {}
@@ -196,11 +235,11 @@ def render_page(page: str, data: dict[str, Any], v: Viewer, request: Request) ->
                                                                    else ""))
 
 
-def serve(store: Store, cfg: Config, listen: str) -> None:
-    """Run the UI in the foreground until interrupted."""
+def serve(store: Store, cfg: Config, listen: str, addr: tuple[str, int] | None = None) -> None:
+    """Run the UI in the foreground until interrupted (``addr``: ``listen`` as :func:`listen_address` read it)."""
     import uvicorn
 
-    host, port = listen_address(listen)
+    host, port = addr or listen_address(listen, cfg)
     log.info("web UI on http://%s:%d (read-only)", host, port)
     uvicorn.run(create_app(store, cfg), host=host, port=port, log_level="warning", access_log=False)
 
@@ -209,15 +248,18 @@ def start_in_thread(store: Store, cfg: Config, listen: str) -> Any:
     """Start the UI in a daemon thread (``gpu-audit serve --web``); returns the uvicorn server to stop."""
     import uvicorn
 
-    host, port = listen_address(listen)
+    host, port = listen_address(listen, cfg)
     server = uvicorn.Server(uvicorn.Config(create_app(store, cfg), host=host, port=port, log_level="warning",
                                            access_log=False))
     threading.Thread(target=server.run, name="gpu-audit-web", daemon=True).start()
     return server
 
 
-def listen_address(listen: str) -> tuple[str, int]:
-    """HOST:PORT to serve on, or a one-line error (health.parse_listen rules; 'off' is refused here)."""
+def listen_address(listen: str, cfg: Config) -> tuple[str, int]:
+    """HOST:PORT to serve on, or a one-line error (health.parse_listen rules; 'off' is refused here).
+
+    Every user's jobs and costs are on these pages: beyond loopback they are served only behind a proxy
+    that authenticates (``web.user_header``) or where ``web.allow_unauthenticated`` says so."""
     from auditor.daemon.health import parse_listen
 
     try:
@@ -226,4 +268,23 @@ def listen_address(listen: str) -> tuple[str, int]:
         raise GpuAuditError(f"web listen address: {exc}") from None
     if addr is None:
         raise GpuAuditError("web listen address: 'off' is not an address to serve on")
+    if not cfg.web.user_header and not loopback(addr[0]):
+        if not cfg.web.allow_unauthenticated:
+            raise GpuAuditError(f"web listen address {listen.strip()}: not loopback, and web.user_header is not set, "
+                                "so everyone who reaches the port would see every user's jobs and costs; put it "
+                                "behind an authenticating proxy (docs/web.md) or set web.allow_unauthenticated = true")
+        log.warning("web UI on %s without authentication (web.allow_unauthenticated): everyone who reaches the "
+                    "port sees every user's jobs and costs", listen.strip())
     return addr
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or the name localhost."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, text
 
 from auditor.config import Config
 from auditor.errors import GpuAuditError
+from auditor.intparse import INT32_MAX, parse_uint, uint_or_none
 from auditor.report import context as report
 from auditor.report.chargeback import chargeback, totals
 from auditor.report.context import USAGE_SUMS, _usage_row
@@ -33,7 +34,7 @@ def pick_run(store: Store, run: str | int | None) -> int:
     if run in (None, ""):
         return report.latest_ok_run(store)
     try:
-        return int(run)  # type: ignore[arg-type]
+        return parse_uint(run, hi=INT32_MAX, what="run")
     except ValueError:
         raise GpuAuditError(f"run {str(run)[:20]!r} is not a run id") from None
 
@@ -135,7 +136,7 @@ def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dic
     sort = args.get("sort") if args.get("sort") in SORTS else "cost"
     order = "ASC" if args.get("order") == "asc" else "DESC"
     n = cfg.web.page_rows
-    page = max(1, int(args["page"])) if str(args.get("page") or "").isdigit() else 1
+    page = max(1, uint_or_none(args.get("page") or "1", hi=INT32_MAX) or 1)
     kinds = ", ".join(f"'{k}'" for k in ALL_KINDS)
     join = " LEFT JOIN allocations a ON a.id = f.allocation_id" if (user is not None or q) else ""
     base = f"FROM findings f{join} WHERE f.run_id = :run AND f.kind IN ({kinds}){where}"

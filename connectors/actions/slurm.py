@@ -13,12 +13,13 @@ import httpx
 
 from auditor.config import EnforceConfig, Policy
 from auditor.errors import SourceError
+from auditor.intparse import UINT
 from connectors.actions import LiveState
 from connectors.base import Context
 from connectors.slurm import SlurmAllocations, SlurmOptions
 from connectors.slurm.parse import expand_hostlist, kv_pairs, parse_time, scontrol_records
 
-_JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+_JOB_ID = re.compile(rf"{UINT}(_{UINT})?(\+{UINT})?")  # ASCII only, whole string (fullmatch)
 
 
 def _states(value: Any) -> set[str]:
@@ -43,7 +44,7 @@ class SlurmActions:
         """The job now: state, nodes, start time and user (its identity, compared with the judged job by
         the enforcement's proof: a requeued or moved job is not the one judged), and node trouble."""
         job = str(alloc["external_id"])
-        if not _JOB_ID.match(job):
+        if not _JOB_ID.fullmatch(job):
             return LiveState(False, blocked=f"not a Slurm job id: {job[:40]!r}")
         state, nodes, start, user = self._rest_job(job) if self.o.backend == "rest" else self._cli_job(job)
         action = "requeue" if policy.slurm_action == "requeue" else "cancel"

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from auditor.intparse import INT32_MAX, uint_or_none
 from auditor.records import GpuBucket
 from connectors.base import Problems, Window
 from connectors.slurm.parse import _int, expand_hostlist, parse_state, parse_time, parse_tres, tres_gpus
@@ -88,7 +89,7 @@ def per_gpu(summary: dict[str, Any]) -> Iterator[tuple[str, int, float | None, f
         if not isinstance(util, dict) or not isinstance(mem, dict):
             raise Js1Error(f"JS1 node {node!r}: GPU values are not per-GPU objects")
         for minor in sorted(set(util) | set(mem), key=lambda m: (len(str(m)), str(m))):
-            if not str(minor).isdigit():
+            if uint_or_none(minor, hi=INT32_MAX) is None:
                 raise Js1Error(f"JS1 node {node!r}: GPU {minor!r} is not an index")
             u, m = util.get(minor), mem.get(minor)
             yield str(node), int(minor), _ratio(u, node, minor), _mib(m, node, minor)
