@@ -122,10 +122,7 @@ class RestBackend:
             bad_jobs: list[int] = []
             for a in self._each(live.get("jobs"), lambda job: jobs.from_json_job(job, self.cluster),
                                 f"/slurm/{v}/jobs", "jobs", problems, bad_jobs):
-                if a.state in jobs.HOLDING and a.gpus:
-                    reading.running.append(a)
-                elif a.state == jobs.PENDING and a.gpus_requested > 0:
-                    reading.pending.append(a)
+                reading.add_live(a)
             reading.running_complete = isinstance(live.get("jobs"), list) and not bad_jobs
             if nodes_ok:  # the whole node list read: it is the current state, so it can end events
                 reading.event_states = ("slurmrestd", events.REST_STATE_KINDS)
