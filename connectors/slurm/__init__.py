@@ -85,7 +85,7 @@ class SlurmAllocations:
 
     def collect(self, window: Window, problems: Problems) -> Iterator[AllocationRecord]:
         reading = self.backend.read(window, problems)
-        self.notes: list[str] = []
+        self.notes: list[str] = list(getattr(self.backend, "notes", ()))
         yield from assemble(reading, window, self.context.cluster, notes=self.notes)
 
 
@@ -167,7 +167,9 @@ def _ended_counts(reading: Reading, merged: dict[tuple[str, Any], Allocation]) -
         by_id.setdefault(h.external_id, []).append(h)
     n = 0
     for e in reading.ended:
-        same = [h for h in by_id.get(e.external_id, []) if _same_job(h, e)]
+        if not e.labels.get("nodes"):  # cancelled while pending: slurmctld lists its request, it never ran
+            continue
+        same = [h for h in by_id.get(e.external_id, []) if _same_job(h, e) and h.start is not None]
         if not same:
             if not by_id.get(e.external_id):
                 merged[(e.external_id, e.submit or e.start)] = e

@@ -195,17 +195,27 @@ class CliBackend:
                 problems.skip(src, f"record {i}", str(exc), rec)
                 continue
             seen[r.name] = r
+        try:
+            names, pieces = self.past_reservations(window, per_node, problems)
+        except SourceError as exc:  # accounting copy is a bonus; slurmctld's view above still counts
+            log.warning("%s (past reservations and ids skipped)", exc)
+            names, pieces = {}, []
+        reading.reservations = inv.merge_reservations(list(seen.values()), pieces,  # type: ignore[arg-type]
+                                                  window, datetime.now(UTC))
+        return names
+
+    def past_reservations(self, window: Window, per_node: dict[str, int], problems: Problems
+                          ) -> tuple[dict[str, str], list]:
+        """Accounting's reservations from the day before the window on (``sacctmgr show reservation``):
+        the id -> name map sacct's ReservationId needs and the reservations assembled from their pieces,
+        ended ones included. Raises SourceError when sacctmgr cannot be run."""
         names: dict[str, str] = {}
         src = f"{self.name}:sacctmgr show reservation"
         args = ["-n", "-P", "show", "reservation", f"start={_ts(window.since - timedelta(days=1))}",
                 f"end={_ts(window.until)}", f"format={','.join(SACCTMGR_FIELDS)}"]
         if self.o.cluster_name:
             args.insert(4, f"cluster={self.o.cluster_name}")
-        try:
-            text = self.run(self.o.sacctmgr, *args)
-        except SourceError as exc:  # accounting copy is a bonus; slurmctld's view above still counts
-            log.warning("%s (past reservations and ids skipped)", exc)
-            text = ""
+        text = self.run(self.o.sacctmgr, *args)
         pieces = []
         for lineno, row in jobs.sacct_rows(text, SACCTMGR_FIELDS):
             if isinstance(row, str):
@@ -217,9 +227,7 @@ class CliBackend:
                                                     per_node))
             except (ValueError, KeyError) as exc:
                 problems.skip(src, f"line {lineno}", str(exc), "|".join(row.values()))
-        reading.reservations = inv.merge_reservations(list(seen.values()), inv.assemble_pieces(pieces),  # type: ignore[arg-type]
-                                                  window, datetime.now(UTC))
-        return names
+        return names, inv.assemble_pieces(pieces)
 
     def _history(self, window: Window, problems: Problems, resv_names: dict[str, str]) -> list:
         since, until = _ts(window.since), _ts(window.until)
