@@ -44,7 +44,8 @@ class SlurmOptions(Options):
         "`scontrol -d -o show job` (text, every version) or `squeue --json` (22.05+).")
     scontrol: str = Field("scontrol", description="Path or name of the scontrol binary.")
     sacctmgr: str = Field("sacctmgr", description="Path or name of the sacctmgr binary (reservation "
-                          "history and id-to-name mapping).")
+                          "history and id-to-name mapping; the rest backend too where slurmrestd serves no /slurmdb "
+                          "reservations, as 22.05 does not).")
     timeout_s: float = Field(60, gt=0, description="Timeout in seconds for each command or HTTP request.")
     history_format: Literal["auto", "json", "text"] = Field(
         "text", description="cli backend: `text` = `sacct -P` (stable across Slurm versions, ~6x faster and "
