@@ -62,6 +62,9 @@ class SourceResult:
     clamped: int = 0
     stats: dict[str, int] = field(default_factory=dict)
     warning: str = ""  # e.g. a non-empty source that stored nothing: says why (issue 14 §4)
+    #: what the source kept in a lesser form or could not store, one line each (GPUs with only unstored
+    #: metrics, jobs whose GPU count came from slurmctld): shown under the source's line
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -140,9 +143,9 @@ def _guarded(records: Iterable[Any], source: str, problems: Problems) -> Iterato
 
 
 def _attempt(store: Store, cluster: ClusterConfig, role: str, index: int, src: SourceConfig, window: Window,
-             base_dir: Path, progress: Progress | None) -> tuple[IngestStats, Problems, str]:
+             base_dir: Path, progress: Progress | None) -> tuple[IngestStats, Problems, str, list[str]]:
     """One attempt at a source: read, store (refused records quarantined), then quarantine + watermark;
-    with why nothing was stored from a source that had input ("" otherwise)."""
+    with why nothing was stored from a source that had input ("" otherwise) and the connector's notes."""
     key = source_key(role, index, src)
     problems = Problems()
     conn = connector_for(cluster.name, role, index, src, base_dir)
@@ -155,7 +158,7 @@ def _attempt(store: Store, cluster: ClusterConfig, role: str, index: int, src: S
     records = _guarded(_counted(conn.collect(window, problems), f"{cluster.name} {key}", progress), key, problems)
     stats: IngestStats = store.ingest(records, seen_at_ts=seen, on_bad=refused)
     _finish(store, cluster.name, key, problems, to_epoch(window.until) or 0)
-    return stats, problems, _nothing_stored(conn, stats, problems)
+    return stats, problems, _nothing_stored(conn, stats, problems), list(getattr(conn, "notes", None) or ())
 
 
 def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str, index: int,
@@ -167,7 +170,7 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
     res = SourceResult(cluster.name, key, False, window.since.isoformat(), window.until.isoformat(), attempts=0)
     t0 = time.monotonic()
 
-    def attempt() -> tuple[IngestStats, Problems, str]:
+    def attempt() -> tuple[IngestStats, Problems, str, list[str]]:
         res.attempts += 1
         return _attempt(store, cluster, role, index, src, window, base_dir, progress)
 
@@ -177,7 +180,7 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
 
     try:
         with retry.budget(retry.SOURCE_BUDGET_S):
-            stats, problems, warning = retry.call(attempt, sleep=sleep, before_retry=before_retry)
+            stats, problems, warning, res.notes = retry.call(attempt, sleep=sleep, before_retry=before_retry)
         res.ok, res.error = True, ""
         res.stats = asdict(stats)
         res.skipped, res.clamped = problems.total, sum(problems.clamped.values())

@@ -7,6 +7,7 @@ the Slurm parsers (format "sacct").
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -15,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from auditor.errors import SourceError
 from auditor.intparse import INT32_MAX, uint_or_none
 from auditor.records import (
     AllocatedGpu,
@@ -23,7 +25,15 @@ from auditor.records import (
     NodeEvent,
     Reservation,
 )
-from connectors._rows import error_reason, files_matching, read_bounded, read_rows, read_sacct_file, row_time
+from connectors._rows import (
+    check_regular,
+    error_reason,
+    files_matching,
+    read_bounded,
+    read_rows,
+    read_sacct_file,
+    row_time,
+)
 from connectors.base import Context, Options, Problems, Window
 from connectors.file_rows import EXTRA_ROWS
 from connectors.slurm.saved import read_saved, sniff
@@ -198,6 +208,39 @@ def inventory_from_row(cluster: str, row: dict[str, Any]) -> list[GpuInventory]:
             for i in range(count)]
 
 
+#: every column an allocations CSV may have (the row kinds of docs/file-formats.md), and what a file of
+#: allocations only (no ``type`` column) cannot do without
+CSV_COLUMNS = frozenset({
+    "type", "id", "name", "user", "account", "partition", "qos", "state", "reservation", "owner", "submit", "start",
+    "end", "gpus", "model", "share", "mig_profile", "labels", "source", "time_limit_s",  # allocation
+    "gpu_count", "nodes", "users", "accounts", "flags",  # reservation
+    "node", "mig_layout",  # inventory
+    "eligible", "kind", "gpu", "reason",  # wait, quota, node_event
+})
+CSV_REQUIRED = ("id", "gpus", "start")
+
+
+def check_csv_header(path: Path) -> None:
+    """A header with a column this format does not know, or without a required one, fails the file with one
+    line naming them: ``start_time,end_time`` for ``start,end`` would otherwise read as zero allocations."""
+    check_regular(path)
+    try:
+        with path.open(encoding="utf-8-sig", errors="replace", newline="") as fh:
+            header = next(csv.reader([fh.readline(1 << 20)]), [])
+    except (OSError, csv.Error):
+        return  # read_rows reports an unreadable file or header itself
+    cols = [h.strip() for h in header]
+    if not any(cols) or any("\ufffd" in c for c in cols):
+        return
+    unknown = [c for c in cols if c not in CSV_COLUMNS]
+    missing = [] if "type" in cols else [c for c in CSV_REQUIRED if c not in cols]
+    if unknown or missing:
+        parts = ([f"unknown column{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"] if unknown
+                 else []) + ([f"missing required column{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(map(repr, missing))}"] if missing else [])
+        raise SourceError(str(path), f"CSV header: {'; '.join(parts)} (columns: docs/file-formats.md)")
+
+
 class FileAllocations:
     """Allocations from CSV, JSON (a list or JSON Lines) or saved ``sacct -P`` output."""
 
@@ -244,6 +287,8 @@ class FileAllocations:
             text = read_bounded(path).decode("utf-8", errors="replace")
             yield from (("", e) for e in parse_events(text, self.ctx.cluster, problems, str(path)))
             return
+        if fmt == "csv":
+            check_csv_header(path)
         for loc, row in read_rows(path, fmt):
             if isinstance(row, str):
                 problems.skip(str(path), loc, row)

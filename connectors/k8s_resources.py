@@ -158,10 +158,15 @@ def pod_times(pod: Mapping[str, Any], now: datetime | None = None
 
     * start: ``status.startTime``; a pod bound through ``pods/binding`` (what the scheduler does) has a
       PodScheduled time but no startTime until the kubelet acknowledges it: then the first container start,
-      else None (not yet running, picked up on the next poll). creationTimestamp is never used.
-    * end of a Succeeded/Failed pod: its latest container ``finishedAt`` (also ``lastState``); without one,
-      the latest sign of life after start (a condition change, a container start, the deletion time);
-      without any, None: it stays open and is closed at its last sighting when it vanishes.
+      else None (not yet running, picked up on the next poll). creationTimestamp is never used. A start
+      after ``now`` (the sighting; the node's clock ahead of the API server's) is clamped to ``now``
+      (:func:`clamped_start` says so).
+    * end of a Succeeded/Failed pod, at its last sign of life: its latest container ``finishedAt`` (also
+      ``lastState``); else the Ready (or ContainersReady) condition turning False; else, for a pod that
+      never ran a container (rejected at admission, e.g. ``UnexpectedAdmissionError``), its start: it is
+      charged nothing; else the phase change as the API server last recorded it (the latest status write
+      in ``managedFields``), else the latest other sign of life after start. Never its deletion: a Failed
+      pod is often deleted days later.
     * a pod being deleted is ``Terminating``: its ``deletionTimestamp`` is the delete time *plus* the grace
       period, so it ends at its containers' termination, or at ``deletionTimestamp`` once that has passed;
       before that it is still held (end None) and a vanished pod is closed at its last sighting.
@@ -179,17 +184,13 @@ def pod_times(pod: Mapping[str, Any], now: datetime | None = None
     start = parse_time(status.get("startTime"))
     if start is None and started:
         start = min(started)
+    if start is not None and start > now:
+        start = now
     conditions = status.get("conditions") or ()
     deleted = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
     end: datetime | None = None
     if phase in TERMINAL:
-        if finished:
-            end = max(finished)
-        else:
-            signs = [t for t in (parse_time(c.get("lastTransitionTime")) for c in conditions) if t is not None]
-            signs += started + ([min(deleted, now)] if deleted else [])
-            later = [t for t in signs if start is None or t > start]
-            end = max(later) if later else None
+        end = _terminal_end(pod, statuses, started, finished, conditions, start)
     elif deleted is not None:
         phase = "Terminating"
         running = [cs for cs in statuses if (cs.get("state") or {}).get("running")]
@@ -202,6 +203,38 @@ def pod_times(pod: Mapping[str, Any], now: datetime | None = None
     if start is not None and end is not None and end < start:
         end = start
     return start, end, phase
+
+
+def _terminal_end(pod: Mapping[str, Any], statuses: list[Mapping[str, Any]], started: list[datetime],
+                  finished: list[datetime], conditions: Any, start: datetime | None) -> datetime | None:
+    """The last sign of life of a Succeeded or Failed pod (see :func:`pod_times`)."""
+    if finished:
+        return max(finished)
+    after = (lambda t: start is None or t > start)  # noqa: E731
+    stopped = [t for c in conditions if c.get("type") in ("Ready", "ContainersReady")
+               and str(c.get("status")) == "False" and (t := parse_time(c.get("lastTransitionTime")))
+               and after(t)]
+    if stopped:
+        return max(stopped)
+    ran = started or any(cs.get("containerID") or cs.get("started") or (cs.get("restartCount") or 0) > 0
+                         for cs in statuses)
+    if not ran:
+        return start  # rejected at admission or failed before any container: held no GPU time
+    written = [t for f in (pod.get("metadata") or {}).get("managedFields") or ()
+               if isinstance(f, Mapping) and "f:status" in (f.get("fieldsV1") or {})
+               and (t := parse_time(f.get("time"))) and after(t)]
+    if written:
+        return max(written)
+    signs = [t for t in (parse_time(c.get("lastTransitionTime")) for c in conditions) if t is not None]
+    later = [t for t in signs + started if after(t)]
+    return max(later) if later else start
+
+
+def clamped_start(pod: Mapping[str, Any], now: datetime) -> datetime | None:
+    """The pod's own start when it lies after ``now`` (the start :func:`pod_times` clamped), else None."""
+    status = pod.get("status") or {}
+    start = parse_time(status.get("startTime")) if isinstance(status, Mapping) else None
+    return start if start is not None and start > now else None
 
 
 class OwnerResolver:
@@ -261,9 +294,12 @@ class PodRules:
 
 
 def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, NodeInfo],
-                   owners: OwnerResolver, unknown: Callable[[str], None]) -> Allocation | None:
-    """The Allocation of a scheduled GPU pod; None for pods that hold no GPU (CPU-only, unscheduled).
-    Raises :class:`BadObject` for objects that cannot be read."""
+                   owners: OwnerResolver, unknown: Callable[[str], None],
+                   now: datetime | None = None) -> Allocation | None:
+    """The Allocation of a scheduled GPU pod seen at ``now``; None for pods that hold no GPU (CPU-only,
+    unscheduled). A startTime after ``now`` is clamped to it, the original kept in
+    ``labels["start_clamped_from"]``. Raises :class:`BadObject` for objects that cannot be read."""
+    now = now or datetime.now(UTC)
     units = pod_gpu_units(pod, rules.is_gpu, unknown)
     node_name = (pod.get("spec") or {}).get("nodeName") or ""
     if not units or not node_name:
@@ -272,7 +308,7 @@ def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, 
     uid = meta.get("uid")
     if not uid:
         raise BadObject("missing metadata.uid")
-    start, end, state = pod_times(pod)
+    start, end, state = pod_times(pod, now)
     if start is None:
         return None  # bound but not yet acknowledged: seen again on the next poll
     node = nodes.get(node_name)
@@ -282,6 +318,8 @@ def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, 
         gpus.extend(AllocatedGpu(node=node_name, index=None, model=node.model if node else None,
                                  share=share, mig_profile=profile) for _ in range(units[resource]))
     labels = dict(meta.get("labels") or {})
+    if (ahead := clamped_start(pod, now)) is not None:
+        labels["start_clamped_from"] = ahead.strftime("%Y-%m-%dT%H:%M:%SZ")
     if rules.team_label != "team" and rules.team_label in labels:
         labels["team"] = labels[rules.team_label]
     annotations = meta.get("annotations") or {}

@@ -24,6 +24,7 @@ from pydantic import Field, model_validator
 
 from auditor.config import SecretRef
 from auditor.errors import ConfigError, SourceError
+from auditor.logs import log_safe
 from auditor.records import Allocation, GpuInventory, GpuWait, NodeEvent
 from connectors.base import AllocationRecord, Context, Options, Problems, RunningSnapshot, Window
 from connectors.k8s_resources import (
@@ -224,6 +225,7 @@ class KubernetesAllocations:
         yield from records
 
     def _collect(self, problems: Problems) -> list[AllocationRecord]:
+        self.notes: list[str] = []
         if self.options.mode == "watch" and self._resource_version is not None:
             try:
                 return self._watch(problems)
@@ -265,7 +267,7 @@ class KubernetesAllocations:
             for page in self._list("pods", ns, field_selector="spec.nodeName!="):
                 rv = (page.get("metadata") or {}).get("resourceVersion") or rv
                 for pod in page.get("items") or ():
-                    alloc = self._convert(pod, owners, problems)
+                    alloc = self._convert(pod, owners, problems, at)
                     if alloc is not None:
                         pods[alloc.external_id] = alloc
                     self._wait(pod, waits)
@@ -274,13 +276,29 @@ class KubernetesAllocations:
                 for pod in page.get("items") or ():
                     self._wait(pod, waits)
         self._resource_version = rv
+        self._say_clamped(pods.values(), problems)
         out: list[AllocationRecord] = [*inventory, *events, *pods.values(), *waits.values()]
         out.append(RunningSnapshot(self.context.cluster, SOURCE, at=at, accounts=tuple(self.options.namespaces),
                                    event_kinds=NODE_STATE_KINDS, event_source="kubernetes"))
         return out
 
-    def _convert(self, pod: Mapping[str, Any], owners: OwnerResolver, problems: Problems
-                 ) -> Allocation | None:
+    def _say_clamped(self, allocs: Iterable[Allocation], problems: Problems) -> None:
+        """Pods whose startTime lay after the listing that saw them (the node's clock ahead): their start was
+        clamped to the sighting; counted and said in the collect output, never stored ending before it began."""
+        ahead = sorted(f"{a.account}/{a.name}" for a in allocs if "start_clamped_from" in a.labels)
+        if not ahead:
+            return
+        for _ in ahead:
+            problems.clamp(SOURCE, "pod startTime after its sighting")
+        shown = ", ".join(ahead[:5]) + (f" and {len(ahead) - 5} more" if len(ahead) > 5 else "")
+        note = log_safe(f"{len(ahead)} pods had a startTime after the listing that saw them (node clock ahead "
+                        f"of the API server?): start clamped to the sighting ({shown}); labels "
+                        "start_clamped_from keep the original")
+        log.warning("kubernetes[%s]: %s", self.context.cluster, note)
+        self.notes.append(note)
+
+    def _convert(self, pod: Mapping[str, Any], owners: OwnerResolver, problems: Problems,
+                 now: datetime | None = None) -> Allocation | None:
         meta = pod.get("metadata") or {}
         where = f"pod {meta.get('namespace', '?')}/{meta.get('name', '?')}"
 
@@ -288,7 +306,7 @@ class KubernetesAllocations:
             problems.skip(SOURCE, where, f"resource {resource} is not in gpu_resources; not counted")
 
         try:
-            return pod_allocation(pod, self.rules, self._nodes, owners, unknown)
+            return pod_allocation(pod, self.rules, self._nodes, owners, unknown, now)
         except BadObject as exc:
             problems.skip(SOURCE, where, str(exc))
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
@@ -330,7 +348,7 @@ class KubernetesAllocations:
                     self._resource_version = rv
                 if kind not in ("ADDED", "MODIFIED", "DELETED"):
                     continue
-                alloc = self._convert(obj, owners, problems)
+                alloc = self._convert(obj, owners, problems, datetime.now(UTC))
                 if alloc is not None:
                     if kind == "DELETED" and alloc.end is None:
                         alloc.end = datetime.now(UTC)
@@ -342,6 +360,7 @@ class KubernetesAllocations:
                               f"{_transport(exc)}", transient=True) from None
         finally:
             resp.release_conn()
+        self._say_clamped(changed.values(), problems)
         return [*changed.values(), *waits.values()]
 
 

@@ -39,6 +39,7 @@ from auditor.errors import SourceError
 from auditor.intparse import INT32_MAX, uint_or_none
 from auditor.records import METRIC_FIELDS, GpuBucket, NodeEvent
 from connectors._faults import Hits, promql, reason, to_events
+from connectors._unstored import MAX_GPU_WARNINGS, UnstoredGpus
 from connectors.aliases import (
     FAULT_ALIASES,
     JOB_ID_METRICS,
@@ -58,6 +59,9 @@ log = logging.getLogger("gpu_audit.prometheus")
 GPU_LABELS: tuple[str, ...] = tuple(name for key in ("host", "gpu", "uuid", "gpu_instance")
                                     for name in LABEL_ALIASES[key])
 COUNT_FIELDS = ("sm_active", "gpu_util")
+#: labels naming one whole GPU (host, index, UUID): a MIG instance's series belong to their GPU
+IDENTITY_LABELS: tuple[str, ...] = tuple(name for key in ("host", "gpu", "uuid") for name in LABEL_ALIASES[key])
+GPU_LOOKING = re.compile(r"gpu|dcgm|nvidia|nvml", re.IGNORECASE)
 
 try:  # optional: 3-5x faster decoding of large answers; the stdlib parser is the fallback
     from orjson import loads as json_loads
@@ -260,6 +264,51 @@ class PrometheusTelemetry:
                     int(value[1])
         return out
 
+    def unstored_gpus(self, window: Window, have: set[str], problems: Problems) -> list[str]:
+        """GPUs that have GPU-looking series in the window but none of a stored metric: one instant query
+        finds them (usually none), a series listing of the first few gives their metric names; each is
+        warned about (:mod:`connectors._unstored`), since the bucket queries never see them."""
+        other = sorted(n for n in have if n not in METRIC_ALIASES and n not in FAULT_ALIASES
+                       and n not in JOB_ID_METRICS and GPU_LOOKING.search(n))
+        if not other:
+            return []
+        span = max(1, math.ceil((window.until - window.since).total_seconds()))
+        on = ", ".join(IDENTITY_LABELS)
+        q = f"group by ({on}) (last_over_time({self.selector(other)}[{span}s]))"
+        stored = sorted(n for n in have if n in METRIC_ALIASES)
+        if stored:
+            q += f" unless on ({on}) group by ({on}) (last_over_time({self.selector(stored)}[{span}s]))"
+        try:
+            data = self.api("/api/v1/query", {"query": q, "time": f"{window.until.timestamp():.3f}"}, problems)
+        except SourceError as exc:
+            if exc.transient:
+                raise
+            log.info("%s: cannot look for GPUs with only unstored metrics (%s)", self.source, exc.reason)
+            return []
+        found = UnstoredGpus()
+        keyer = Merge(self, window.bucket_seconds, Problems())  # the buckets' own (host, gpu) rule
+        gpus = [m for item in (data or {}).get("result") or () if (m := item.get("metric") or {})]
+        for metric in gpus[:MAX_GPU_WARNINGS]:
+            key = keyer.key(metric)
+            uuid = pick_label(metric, "uuid")
+            if key is None and not uuid:
+                continue
+            host = key[0] if key else (pick_label(metric, "host") or "?")
+            match = ",".join(f'{k}="{_quote(v)}"' for k, v in sorted(metric.items()))
+            series = self.api("/api/v1/series", {"match[]": f'{{__name__=~"{"|".join(map(re.escape, other))}",'
+                                                              f"{match}}}",
+                                                 "start": f"{window.since.timestamp():.3f}",
+                                                 "end": f"{window.until.timestamp():.3f}"}, problems, "GET")
+            for ser in series or ():
+                if all(ser.get(k, "") == v for k, v in metric.items()) and ser.get("__name__"):
+                    found.seen(host, key[1] if key else None, uuid, ser["__name__"])
+        notes = found.report(self.source)
+        if len(gpus) > MAX_GPU_WARNINGS:
+            more = f"{len(gpus) - MAX_GPU_WARNINGS} more GPUs have only metrics gpu-audit does not store"
+            log.warning("%s: %s", self.source, more)
+            notes.append(more)
+        return notes
+
     def plan(self, have: set[str], bucket_s: int) -> list[tuple[str, str, str]]:
         """(kind, field-or-unit, query): one value query per field and source unit, plus the counts."""
         fields = self.options.metrics or list(METRIC_FIELDS)
@@ -320,10 +369,11 @@ class PrometheusTelemetry:
                       for what, q in promql(self.selector([name]), spec, window.bucket_seconds, step)]
             self.index_of = self.uuid_index(window, have, problems)
             if not todo:
-                gpuish = sorted(n for n in have if re.search(r"gpu|dcgm|nvidia|nvml", n, re.IGNORECASE))
+                gpuish = sorted(n for n in have if GPU_LOOKING.search(n))
                 log.warning("%s: no GPU metric of the alias table in this window%s", self.source,
                             f"; GPU-looking names present: {', '.join(gpuish[:8])}" if gpuish else
                             f" ({len(have)} metric names present, none GPU-looking)")
+            self.notes = self.unstored_gpus(window, have, problems)
             b = window.bucket_seconds
             with ThreadPoolExecutor(self.options.concurrency, "prometheus") as pool:
                 for first, last in self.chunks(window):
@@ -347,6 +397,11 @@ class PrometheusTelemetry:
                     yield from to_events(self.context.cluster, b, hits, "prometheus")
         finally:
             self.close()
+
+
+def _quote(value: str) -> str:
+    """A label value inside a PromQL double-quoted string."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _one_line(text: str, limit: int = 300) -> str:

@@ -30,6 +30,7 @@ from auditor.records import LABEL_FIELDS, GpuBucket, NodeEvent
 from connectors._coverage import coverage, interval, job_key
 from connectors._faults import FaultFolder, to_events
 from connectors._rows import MAX_FILE_BYTES, check_regular, fixed_dir, read_bounded
+from connectors._unstored import UnstoredGpus
 from connectors.aliases import (
     FAULT_ALIASES,
     JOB_ID_METRICS,
@@ -259,6 +260,7 @@ class ScrapeFiles:
         builder = BucketBuilder(self.context.cluster, window.bucket_seconds, problems)
         self.faults = FaultFolder(window.bucket_seconds)
         self.seen: Counter[str] = Counter()
+        self.unstored = UnstoredGpus()
         for path in self.files():
             try:
                 text = read_bounded(path, self.options.max_bytes).decode("utf-8", errors="replace")
@@ -277,7 +279,18 @@ class ScrapeFiles:
                                  f"names: {common_names(self.seen)} (the alias table, docs/telemetry.md, "
                                  "lists the supported ones)")
             log.warning("%s: %s", self.options.paths[0], self.empty_reason)
+        self.notes = self.unstored.report(f"{self.name} {self.options.paths[0]}")
         return out
+
+    def _unstored(self, s: Sample, default_ts: float, lo: float, hi: float, index_of: dict[str, int]) -> None:
+        """Note a sample of a metric gpu-audit does not store against its GPU, if it names one."""
+        ts = s.ts if s.ts is not None else default_ts
+        if not lo <= ts < hi or s.name in JOB_ID_METRICS:
+            return
+        host, uuid, gpu_text = self._host(s.labels), pick_label(s.labels, "uuid"), pick_label(s.labels, "gpu")
+        gpu = int(gpu_text) if gpu_text and gpu_text.isdigit() else index_of.get(uuid or "")
+        if host and (gpu is not None or uuid):
+            self.unstored.seen(host, gpu, uuid, s.name)
 
     def _host(self, labels: dict[str, str]) -> str | None:
         if self.options.host:
@@ -329,6 +342,7 @@ class ScrapeFiles:
         for s in samples:
             fault = s.name in FAULT_ALIASES
             if s.name not in METRIC_ALIASES and not fault:
+                self._unstored(s, default_ts, lo, hi, index_of)
                 continue
             where = f"line {s.line}"
             ts = s.ts if s.ts is not None else default_ts
@@ -345,6 +359,8 @@ class ScrapeFiles:
                     continue
             else:
                 gpu = index_of.get(uuid or "")
+            if host and gpu is not None and not fault:
+                self.unstored.stored(host, gpu, uuid)
             if not host or gpu is None:
                 if fault:  # the GPU's utilization lines already say why (one reason per GPU metric, not more)
                     continue

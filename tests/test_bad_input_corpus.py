@@ -100,6 +100,7 @@ def test_allocation_inputs(corpus_store: Store, caplog: pytest.LogCaptureFixture
     cluster, res = _collect_one(corpus_store, reader, name, "allocations")
     if spec.get("source_error"):
         assert not res.ok and name in res.error and "\n" not in res.error
+        assert spec.get("error", "") in res.error
         return
     assert res.ok, res.error
     assert res.skipped == spec["skipped"], [r.getMessage() for r in caplog.records]

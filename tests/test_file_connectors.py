@@ -130,3 +130,27 @@ def test_saved_sacct_output_is_read_through_the_slurm_parser(tmp_path: Path) -> 
     expected = {r.get("JobID") or r["JobIDRaw"] for r in gpu_rows
                 if "gres/gpu=" in r.get("AllocTRES", "") and r.get("Start") not in ("Unknown", "None", "")}
     assert {a.external_id for a in recs} == expected
+
+
+def test_csv_header_with_renamed_columns_fails_the_source(tmp_path: Path) -> None:
+    """``start_time,end_time`` for ``start,end`` used to read as "ok (0 allocations, 0 bad records skipped)",
+    exit 0; now the source fails naming the unknown and the missing columns (the rest of the run goes on)."""
+    from click.testing import CliRunner
+
+    from auditor.cli import main
+
+    corpus = Path(__file__).parent / "corpus" / "alloc_csv"
+    (tmp_path / "renamed.csv").write_bytes((corpus / "header-renamed-times.csv").read_bytes())
+    (tmp_path / "good.csv").write_text("id,user,start,end,gpus\ng1,alice,2026-11-20T00:00:00Z,"
+                                       "2026-11-20T02:00:00Z,n0:0-1\n")
+    cfg = tmp_path / "gpu-audit.toml"
+    cfg.write_text(f'[store]\nurl = "sqlite:///{tmp_path / "a.db"}"\n[[clusters]]\nname = "c"\n'
+                   '[[clusters.allocations]]\nkind = "file"\npaths = ["renamed.csv"]\n'
+                   '[[clusters.allocations]]\nkind = "file"\npaths = ["good.csv"]\n')
+    assert CliRunner().invoke(main, ["-c", str(cfg), "db", "upgrade"]).exit_code == 0
+    res = CliRunner().invoke(main, ["-c", str(cfg), "collect", "--since", "2026-11-19", "--until", "2026-11-21"])
+    assert res.exit_code == 3, res.output  # partial: one source failed, the other stored
+    lines = res.output.strip().splitlines()
+    assert any(ln.startswith("c allocations[0]:file: FAILED: ") and "renamed.csv: CSV header: unknown columns "
+               "'start_time', 'end_time'; missing required column 'start'" in ln for ln in lines), lines
+    assert any(ln.startswith("c allocations[1]:file: ok (1 allocations") for ln in lines), lines

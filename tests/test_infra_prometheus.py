@@ -11,7 +11,9 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -53,11 +55,12 @@ SERIES = {("DCGM_FI_DEV_XID_ERRORS", 0): per_minute([0] * 7 + [79] * 10 + [48] *
           ("DCGM_FI_DEV_GPU_UTIL", 0): per_minute([0] * 20), ("DCGM_FI_DEV_GPU_UTIL", 1): per_minute([0] * 20)}
 
 
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextmanager
+def private_prometheus(d: Path, openmetrics_text: str) -> Iterator[str]:
+    """A prometheus process of this test's own on a free port, over ``openmetrics_text`` backfilled with
+    promtool into ``d``; stopped when the block ends."""
     need(bool(shutil.which("prometheus") and shutil.which("promtool")), "prometheus and promtool not installed")
-    d = tmp_path_factory.mktemp("prom")
-    (d / "data.om").write_text(openmetrics(SERIES))
+    (d / "data.om").write_text(openmetrics_text)
     subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(d / "data.om"), str(d / "tsdb")],
                    check=True, capture_output=True, timeout=120)
     (d / "prometheus.yml").write_text("global: {}\n")
@@ -81,6 +84,12 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with private_prometheus(tmp_path_factory.mktemp("prom"), openmetrics(SERIES)) as url:
+        yield url
 
 
 def ev(a: int, b: int) -> tuple[datetime, datetime]:

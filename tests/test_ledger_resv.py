@@ -291,7 +291,9 @@ def test_rest_backend_maps_reservation_ids_to_names(store: Store, slurmrestd: st
     and a later history-only sighting (the job finished, no running view) is named through the store."""
     monkeypatch.setenv("T_JWT", "x")
     conn = build("slurm", "allocations", {"backend": "rest", "rest_url": slurmrestd, "rest_version": "v0.0.38",
-                                          "rest_token": {"env": "T_JWT"}}, Context("c"))
+                                          "rest_token": {"env": "T_JWT"},
+                                          "sacctmgr": "/nonexistent/sacctmgr"},  # never this host's Slurm
+                 Context("c"))
     start = datetime.fromtimestamp(1795962000, UTC)
     records = list(conn.collect(Window(start, start + 4 * H), Problems()))
     by_id = {r.external_id: r for r in records if isinstance(r, Allocation)}
@@ -343,3 +345,110 @@ def test_slurmdb_reservation_objects_assemble_like_sacctmgr() -> None:
                    ("one-gpu", "7", at("16:00:00"), at("17:00:00"), 1.0)]
     with pytest.raises(ValueError):
         inv.from_json_db_reservation({"id": 1, "name": "x"}, "c", per_node)
+
+
+# --- REST after the reservation ended: accounting's copy through sacctmgr ----------------------------------
+
+AFTER = FX / "22.05" / "2node" / "after-end"
+
+
+def _sacctmgr_from_recording(tmp: Path) -> str:
+    """A sacctmgr printing the recorded `sacctmgr -P show reservation` rows (22.05/2node/reservations) in the
+    columns the connector asks for (`-n`, `format=Name,ID,TRES,TimeStart,TimeEnd,NodeNames,Flags`)."""
+    rec = FX / "22.05" / "2node" / "reservations" / "sacctmgr-show-reservation.txt"
+    p = tmp / "sacctmgr"
+    p.write_text(f"""#!/usr/bin/env python3
+import sys
+if "reservation" not in sys.argv:
+    sys.exit(0)  # QOS and association limits: none recorded
+lines = [ln for ln in open({str(rec)!r}).read().splitlines() if ln and not ln.startswith(("$", "[rc="))]
+head = lines[0].split("|")
+want = ["Name", "ID", "TRES", "TimeStart", "TimeEnd", "NodeName", "Flags"]
+for ln in lines[1:]:
+    row = dict(zip(head, ln.split("|")))
+    print("|".join(row[k] for k in want))
+""")
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return str(p)
+
+
+class _AfterEnd(_Replay):
+    """The same slurmrestd after job 30 finished and alice-used was gone: slurmctld's job list is the
+    after-end `squeue --json` (v0.0.38, the shape of /slurm/v0.0.38/jobs: job 30 COMPLETED, resv_name
+    empty), accounting's the after-end `sacct --json` (plugin openapi/dbv0.0.38: job 16 in reservation id 2,
+    job 30 in id 4, names garbage integers), reservations the recorded REST list less alice-used (the
+    after-end `scontrol show reservation` lists team-b-idle and future-maint)."""
+
+    routes = {**_Replay.routes, "/slurm/v0.0.38/jobs": AFTER / "squeue.json",
+              "/slurmdb/v0.0.38/jobs": AFTER / "sacct.json", "/slurm/v0.0.38/reservations": "after-end-resv"}
+
+    def do_GET(self) -> None:  # noqa: N802
+        f = self.routes.get(self.path.split("?")[0])
+        if f == "after-end-resv":
+            doc = json.loads((REST / "slurm_v0.0.38_reservations.json").read_text())
+            doc["reservations"] = [r for r in doc["reservations"] if r["name"] != "alice-used"]
+            body = json.dumps(doc).encode()
+        elif isinstance(f, Path):
+            body = f.read_bytes()
+        else:
+            return super().do_GET()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_rest_after_the_reservation_ended_matches_cli(store: Store, store_url: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """First collect after alice-used ended (and resv-node-ignore, 14:26:22-14:28:40, long before): 22.05's
+    slurmrestd serves no /slurmdb reservations (404, db-reservations.HTTP404.txt), so the rest backend reads
+    accounting's copy through sacctmgr as the cli backend does: the ended reservations get their rows and
+    job 16 (ReservationId 2, resv-node-ignore per the recorded sacct-reservation-jobs.txt) and job 30 (id 4,
+    alice-used) their names. Before: no row for either and both jobs without a reservation name."""
+    from click.testing import CliRunner
+
+    from auditor.cli import main
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _AfterEnd)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("T_JWT", "x")
+    cfg = tmp_path / "gpu-audit.toml"
+    cfg.write_text(f'[store]\nurl = "{store_url}"\n[[clusters]]\nname = "c"\n[[clusters.allocations]]\n'
+                   f'kind = "slurm"\nbackend = "rest"\nrest_url = "http://127.0.0.1:{srv.server_address[1]}"\n'
+                   f'rest_version = "v0.0.38"\nrest_token = {{env = "T_JWT"}}\n'
+                   f'sacctmgr = "{_sacctmgr_from_recording(tmp_path)}"\n')
+    try:
+        res = CliRunner().invoke(main, ["-c", str(cfg), "collect", "--since", "2026-11-29T14:00:00Z",
+                                        "--until", "2026-11-29T17:00:00Z"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert res.exit_code == 0, res.output
+    rows = resv_rows(store)
+    assert {"resv-node-ignore", "resv-core-idle", "alice-used"} <= set(rows)
+    (used,) = rows["alice-used"]
+    assert (used.start_ts, used.end_ts, used.slurm_id) == (ts("14:29:22"), ts("16:29:22"), "4")
+    assert rows["resv-node-ignore"][0].slurm_id == "2"
+    with store.engine.connect() as c:
+        named = dict(c.execute(text("SELECT external_id, reservation FROM allocations WHERE external_id IN "
+                                    "('16', '30')")).all())
+    assert named == {"16": "resv-node-ignore", "30": "alice-used"}
+
+
+def test_rest_without_sacctmgr_says_what_it_cannot_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _AfterEnd)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("T_JWT", "x")
+    try:
+        conn = build("slurm", "allocations", {"backend": "rest", "rest_version": "v0.0.38",
+                                              "rest_url": f"http://127.0.0.1:{srv.server_address[1]}",
+                                              "rest_token": {"env": "T_JWT"}, "sacctmgr": str(tmp_path / "none")},
+                     Context("c"))
+        list(conn.collect(Window(at("14:00:00"), at("17:00:00")), Problems()))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert conn.notes == [f"slurmrestd v0.0.38 serves no /slurmdb reservations and {tmp_path / 'none'}: command "
+                          "not found: reservations that ended before a collect saw them are not stored, and their "
+                          "jobs have no reservation name"]

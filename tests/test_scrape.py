@@ -232,3 +232,55 @@ def test_jobstats_exporter_names_units_and_job_id_metric() -> None:
     # GPU 1: idle (0 %), 61 W on average, 44,040,192,000 B = 42,000 MiB held; no job at the first sample
     assert g1.gpu_util == 0.0 and g1.power_w == pytest.approx(61.0) and g1.fb_used_mib == pytest.approx(42000.0)
     assert g1.hpc_job == "51234568" and g1.uuid == "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+
+
+#: metrics of the real A100 scrape that gpu-audit does not store (written out by hand, not from the alias table)
+A100_UNSTORED = ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_MEM_CLOCK",
+                 "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_SM_CLOCK",
+                 "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_VGPU_LICENSE_STATUS")
+
+
+def test_gpu_with_only_unstored_metrics_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A node whose exporter sends temperatures and clocks but no utilization (the real A100 scrape's lines of
+    those metrics) beside the real T4 scrape: the T4 GPUs give buckets, the A100 gives a warning naming host,
+    index, UUID and the names seen (before: nothing at all; the warning existed only for a whole scrape)."""
+    lines = (DCGM / "a100-mig-nvidia-docs.txt").read_text().splitlines()
+    (tmp_path / "a100.prom").write_text("\n".join(ln for ln in lines if ln.strip().split("{")[0] in A100_UNSTORED))
+    (tmp_path / "t4.prom").write_bytes((DCGM / "t4-gke-k8s-prof.prom").read_bytes())
+    src = build("scrape", "telemetry", {"paths": ["a100.prom", "t4.prom"]}, Context("c1", tmp_path))
+    with caplog.at_level("WARNING", "gpu_audit"):
+        buckets = list(src.collect(EVER, Problems()))
+    assert sorted({(b.host, b.gpu) for b in buckets}) == [("gke-test-dcgm-default-pool-fed1e979-tt7p", 0),
+                                                         ("gke-test-dcgm-default-pool-fed1e979-tt7p", 1)]
+    want = ("GPU ub20-a100-k8s/0 (UUID GPU-34319582-d595-d1c7-d1d2-179bcfa61660) has only metrics gpu-audit does "
+            f"not store: {', '.join(sorted(A100_UNSTORED)[:8])} and 1 more; no bucket for it")
+    assert src.notes == [want]
+    assert [r.getMessage() for r in caplog.records] == [f"scrape a100.prom: {want}"]
+    assert not getattr(src, "empty_reason", "")  # the source as a whole had usable GPUs
+
+
+def test_collect_output_lists_the_unstored_gpu(tmp_path: Path) -> None:
+    """``gpu-audit collect`` shows the warning under the source's line (and in --json, under notes)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from auditor.cli import main
+
+    lines = (DCGM / "a100-mig-nvidia-docs.txt").read_text().splitlines()
+    (tmp_path / "a100.prom").write_text("\n".join(ln for ln in lines if ln.strip().split("{")[0] in A100_UNSTORED))
+    (tmp_path / "t4.prom").write_bytes((DCGM / "t4-gke-k8s-prof.prom").read_bytes())
+    cfg = tmp_path / "gpu-audit.toml"
+    cfg.write_text(f'[store]\nurl = "sqlite:///{tmp_path / "a.db"}"\n[[clusters]]\nname = "c1"\n'
+                   '[[clusters.telemetry]]\nkind = "scrape"\npaths = ["a100.prom", "t4.prom"]\n'
+                   'at = "2026-11-26T15:00:00Z"\n')
+    assert CliRunner().invoke(main, ["-c", str(cfg), "db", "upgrade"]).exit_code == 0
+    args = ["-c", str(cfg), "collect", "--since", "2026-11-26T14:00:00Z", "--until", "2026-11-26T16:00:00Z"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    out = res.output.strip().splitlines()
+    assert out[-2].startswith("c1 telemetry[0]:scrape: ok (0 allocations, 2 buckets")
+    assert out[-1] == ("  note: GPU ub20-a100-k8s/0 (UUID GPU-34319582-d595-d1c7-d1d2-179bcfa61660) has only metrics "
+                       f"gpu-audit does not store: {', '.join(sorted(A100_UNSTORED)[:8])} and 1 more; no bucket for it")
+    doc = json.loads(CliRunner().invoke(main, ["--json", *args]).stdout)
+    assert doc["sources"][0]["notes"] == [out[-1][len("  note: "):]]

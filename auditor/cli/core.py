@@ -106,6 +106,7 @@ def register(main: click.Group) -> None:
                                            f"ok ({r.stats.get('allocations', 0)} allocations, "
                                            f"{r.stats.get('buckets', 0)} buckets, {r.skipped} bad records "
                                            "skipped)" if r.ok else f"FAILED: {r.error}")
+            + "".join(f"\n  note: {n}" for n in (r.notes if r.ok else ()))
             for r in summary.results) or "no sources configured")
         if not summary.ok:
             raise click.exceptions.Exit(EXIT_ERROR if not any(r.ok for r in summary.results) else 3)

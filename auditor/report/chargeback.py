@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 from datetime import UTC, date, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
@@ -25,6 +26,7 @@ from sqlalchemy import text
 from auditor import energy, jsonsafe
 from auditor.config import Config
 from auditor.errors import GpuAuditError
+from auditor.report.outfile import write_text
 from auditor.store.engine import Store
 
 SCHEMA = "gpu-audit.chargeback/1"
@@ -175,14 +177,13 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
 
 def write(rows: list[dict[str, Any]], path: Path, fmt: str, *, since: datetime, until: datetime, by: str,
           period: str | None, currency: str) -> Path:
-    """Write atomically (temp file + rename) so finance never picks up half a file."""
+    """Write through :mod:`auditor.report.outfile`: a regular file is replaced atomically (finance never picks
+    up half a file); a device, FIFO or symlink target is written, never replaced."""
     body = to_csv(rows) if fmt == "csv" else to_json(rows, since=since, until=until, by=by, period=period,
                                                       currency=currency)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(body, encoding="utf-8", newline="")
-    tmp.replace(path)
-    return path
+    if not os.path.lexists(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return write_text(path, body)
 
 
 def write_previous_month(store: Store, cfg: Config, out_dir: Path, now: datetime,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from sqlalchemy import Connection, text
 from auditor import jsonsafe
 from auditor.config import Config
 from auditor.report import context as report
+from auditor.report.outfile import open_output
 from auditor.store.engine import Store
 
 CHUNK = 2000  # rows converted and written at a time: memory is one chunk, not the run
@@ -163,22 +163,6 @@ class _CsvOut:
         self.flush()
 
 
-def _atomic(path: Path, stack: ExitStack) -> IO[str]:
-    """A file written next to ``path`` and renamed over it when the block ends without error."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fh = open(tmp, "w", newline="", encoding="utf-8")  # noqa: SIM115 - closed by the callback below
-
-    def finish(exc_type: Any, *_: Any) -> None:
-        fh.close()
-        if exc_type is None:
-            os.replace(tmp, path)
-        else:
-            tmp.unlink(missing_ok=True)
-
-    stack.push(lambda et, ev, tb: finish(et))
-    return fh
-
-
 def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *, csv_path: Path,
                   cell: Callable[[Any], Any], json_path: Path | None = None,
                   groups: dict[str, Any] | None = None) -> None:
@@ -192,7 +176,7 @@ def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *
     with ExitStack() as files, store.engine.connect() as conn:
         spools = ({key: _Spool(files) for key in ("top_idle", "ghosts", *report.SECTION_KINDS)} if json_path
                   else {})
-        out = _CsvOut(_atomic(csv_path, files), cell)
+        out = _CsvOut(open_output(csv_path, files), cell)
         for m in _findings(conn, kinds, run_id):
             spark = m.pop("sparkline_json", None)
             row = report.finding_row(m, tz)
@@ -219,7 +203,7 @@ def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *
         for key, sp in spools.items():
             doc[key] = sp.done(ctx[key])
         doc["coverage"] = dict(ctx["coverage"], silent=_silent(conn, ctx, files))
-        _write_doc(doc, _atomic(json_path, files))
+        _write_doc(doc, open_output(json_path, files))
 
 
 def _silent(conn: Connection, ctx: dict[str, Any], stack: ExitStack) -> Spooled:

@@ -24,6 +24,7 @@ from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.report import charts
 from auditor.report.context import build_context
+from auditor.report.outfile import write_text
 from auditor.store.engine import Store, resource_dir
 
 FORMATS = ("html", "text", "md", "json")
@@ -239,7 +240,7 @@ def write_reports(store: Store, cfg: Config, run_id: int, out_dir: Path | str,
     for f in fmts:
         p = out / f"report-{run_id}.{EXT[f]}"
         if f != "json":
-            p.write_text(render(ctx, f), encoding="utf-8")
+            write_text(p, render(ctx, f))
         paths.append(p)
     csv_path = out / ctx["files"]["csv"]
     write_exports(store, cfg, run_id, ctx, csv_path=csv_path, cell=csv_cell, groups=groups,

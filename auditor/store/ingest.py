@@ -202,7 +202,8 @@ def close_unseen(conn: Connection, cluster: str, source: str, seen: int, account
             t.c.last_seen_ts < seen]
     if accounts:
         cond.append(t.c.account.in_(accounts))
-    res = conn.execute(update(t).where(*cond).values(end_ts=t.c.last_seen_ts, state="GONE"))
+    # never before its start: a start read from a clock ahead of the collector's would give negative hours
+    res = conn.execute(update(t).where(*cond).values(end_ts=greatest(t.c.last_seen_ts, t.c.start_ts), state="GONE"))
     return res.rowcount or 0
 
 

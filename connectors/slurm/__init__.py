@@ -44,7 +44,8 @@ class SlurmOptions(Options):
         "`scontrol -d -o show job` (text, every version) or `squeue --json` (22.05+).")
     scontrol: str = Field("scontrol", description="Path or name of the scontrol binary.")
     sacctmgr: str = Field("sacctmgr", description="Path or name of the sacctmgr binary (reservation "
-                          "history and id-to-name mapping).")
+                          "history and id-to-name mapping; the rest backend too where slurmrestd serves no /slurmdb "
+                          "reservations, as 22.05 does not).")
     timeout_s: float = Field(60, gt=0, description="Timeout in seconds for each command or HTTP request.")
     history_format: Literal["auto", "json", "text"] = Field(
         "text", description="cli backend: `text` = `sacct -P` (stable across Slurm versions, ~6x faster and "
@@ -85,13 +86,16 @@ class SlurmAllocations:
 
     def collect(self, window: Window, problems: Problems) -> Iterator[AllocationRecord]:
         reading = self.backend.read(window, problems)
-        yield from assemble(reading, window, self.context.cluster)
+        self.notes: list[str] = list(getattr(self.backend, "notes", ()))
+        yield from assemble(reading, window, self.context.cluster, notes=self.notes)
 
 
-def assemble(reading: Reading, window: Window, cluster: str,
-             now: datetime | None = None) -> Iterator[AllocationRecord]:
+def assemble(reading: Reading, window: Window, cluster: str, now: datetime | None = None,
+             notes: list[str] | None = None) -> Iterator[AllocationRecord]:
     """Merge running and history views per job, keep jobs that held GPUs in the window, then reservations,
-    inventory and, when the running listing was whole, the snapshot that lets the store close the rest."""
+    inventory and, when the running listing was whole, the snapshot that lets the store close the rest.
+    What was kept in a lesser form (GPU count from slurmctld, or unknown) is said in ``notes``."""
+    notes = [] if notes is None else notes
     running = {a.external_id: a for a in reading.running}
     # a reused job id: history may hold an earlier job of the same id (different submit time)
     merged: dict[tuple[str, Any], Allocation] = {}
@@ -106,6 +110,7 @@ def assemble(reading: Reading, window: Window, cluster: str,
         else:
             merged[(h.external_id, h.submit or h.start)] = h
     merged.update(((a.external_id, a.submit or a.start), a) for a in running.values())
+    from_ctld, gpu_accounted = _ended_counts(reading, merged)
     yield from waits(merged.values(), reading.pending, window)
     gpu_nodes = {g.host for g in reading.inventory}
     cpu_only = unknown = 0
@@ -116,7 +121,7 @@ def assemble(reading: Reading, window: Window, cluster: str,
         if a.start is None or a.start >= window.until or (a.end is not None and a.end < window.since):
             continue
         if not a.gpus:
-            if reading.gpu_accounted is False and gpu_nodes & set(expand_hostlist(a.labels.get("nodes"))):
+            if gpu_accounted is False and gpu_nodes & set(expand_hostlist(a.labels.get("nodes"))):
                 # AccountingStorageTRES lacks gres/gpu: the row cannot say; keep the job, count unknown
                 # (GPUs recorded while it ran stay in the store: an empty GPU list never deletes them)
                 a.labels["gpu_count"] = "unknown"
@@ -133,6 +138,15 @@ def assemble(reading: Reading, window: Window, cluster: str,
     if unknown:
         log.warning("%s: %d finished jobs on GPU nodes have no GPU count in Slurm accounting "
                     "(add gres/gpu to AccountingStorageTRES); stored with GPU count unknown", cluster, unknown)
+        notes.append(f"{unknown} finished jobs on GPU nodes have no GPU count in Slurm accounting (add gres/gpu "
+                     "to AccountingStorageTRES): stored with GPU count unknown, their GPU time unknown")
+    if from_ctld:
+        log.warning("%s: %d finished jobs have no GPU count in Slurm accounting (add gres/gpu to "
+                    "AccountingStorageTRES); kept with the GPU count slurmctld still lists, indices unknown",
+                    cluster, from_ctld)
+        notes.append(f"{from_ctld} finished jobs have no GPU count in Slurm accounting (add gres/gpu to "
+                     "AccountingStorageTRES): kept with the GPU count slurmctld still lists, GPU indices unknown, "
+                     "so their GPU time is unknown, never idle")
     yield from reading.reservations
     yield from reading.inventory
     yield from reading.quotas
@@ -141,6 +155,37 @@ def assemble(reading: Reading, window: Window, cluster: str,
         at = reading.running_at or now or datetime.now(UTC)
         src, kinds = reading.event_states or ("", ())
         yield RunningSnapshot(cluster=cluster, source="slurm", at=at, event_kinds=kinds, event_source=src)
+
+
+def _ended_counts(reading: Reading, merged: dict[tuple[str, Any], Allocation]) -> tuple[int, bool | None]:
+    """Finished jobs whose accounting row has no GPUs but that slurmctld still lists with a GPU request
+    take that count (indices unknown: its time is unknown, never idle); one slurmctld lists that accounting
+    has not yet is kept as slurmctld has it. Returns how many took it, and whether accounting records GPUs
+    (False once such a job shows it does not)."""
+    accounted = reading.gpu_accounted
+    by_id: dict[str, list[Allocation]] = {}
+    for h in merged.values():
+        by_id.setdefault(h.external_id, []).append(h)
+    n = 0
+    for e in reading.ended:
+        if not e.labels.get("nodes"):  # cancelled while pending: slurmctld lists its request, it never ran
+            continue
+        same = [h for h in by_id.get(e.external_id, []) if _same_job(h, e) and h.start is not None]
+        if not same:
+            if not by_id.get(e.external_id):
+                merged[(e.external_id, e.submit or e.start)] = e
+            continue
+        for h in same:
+            if h.gpus:
+                continue
+            h.gpus = list(e.gpus)
+            h.gpus_requested = h.gpus_requested or e.gpus_requested
+            h.labels["gpu_placement"] = e.labels.get("gpu_placement", "")
+            h.labels["gpu_count_from"] = "slurmctld"
+            n += 1
+            if accounted is None:
+                accounted = False  # slurmctld says GPUs, accounting none: it does not record gres/gpu
+    return n, accounted
 
 
 def _same_job(history: Allocation, running: Allocation) -> bool:

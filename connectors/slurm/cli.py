@@ -47,7 +47,7 @@ class CliBackend:
         self.o = owner.options
         self.cluster = owner.context.cluster
         self.name = owner.name
-        self.pending: list = []  # GPU jobs waiting, from the same listing as the running ones
+        self.live = Reading()  # where the slurmctld listing goes (the read's Reading)
 
     # --- running commands -------------------------------------------------------------------------------
     def run(self, binary: str, *args: str) -> str:
@@ -89,7 +89,7 @@ class CliBackend:
             except (ValueError, KeyError) as exc:
                 problems.skip(src, f"record {i}", str(exc), rec)
         reading.running_at = datetime.now(UTC)
-        self.pending = reading.pending
+        self.live = reading  # slurmctld's listing files its jobs into running, pending and ended
         reading.running, reading.running_complete = self._running(problems)
         resv_names = self._reservations(window, reading, problems)
         reading.history = self._history(window, problems, resv_names)
@@ -147,7 +147,7 @@ class CliBackend:
             return self._running_squeue(problems)
         src = f"{self.name}:scontrol show job"
         text = self.run(self.o.scontrol, *self._m(), "-d", "-o", "show", "job")
-        out, ok = [], True
+        ok = True
         for i, rec in enumerate(scontrol_records(text), 1):
             if rec.startswith("No jobs"):
                 continue
@@ -157,11 +157,8 @@ class CliBackend:
                 ok = False
                 problems.skip(src, f"record {i}", str(exc), rec)
                 continue
-            if a.state in jobs.HOLDING and a.gpus:
-                out.append(a)
-            elif a.state == jobs.PENDING and a.gpus_requested > 0:
-                self.pending.append(a)
-        return out, ok
+            self.live.add_live(a)
+        return self.live.running, ok
 
     def _running_squeue(self, problems: Problems) -> tuple[list, bool]:
         src = f"{self.name}:squeue --json"
@@ -171,7 +168,7 @@ class CliBackend:
             raise SourceError(self.name, f"squeue --json: invalid JSON ({exc.msg})", transient=True) from None
         if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
             raise SourceError(self.name, "squeue --json: no jobs list in output", transient=True)
-        out, ok = [], True
+        ok = True
         for i, job in enumerate(data["jobs"]):
             try:
                 a = jobs.from_json_job(job, self.cluster)
@@ -179,11 +176,8 @@ class CliBackend:
                 ok = False
                 problems.skip(src, f"jobs[{i}]", f"bad job object: {exc}", json.dumps(job)[:200])
                 continue
-            if a.state in jobs.HOLDING and a.gpus:
-                out.append(a)
-            elif a.state == jobs.PENDING and a.gpus_requested > 0:
-                self.pending.append(a)
-        return out, ok
+            self.live.add_live(a)
+        return self.live.running, ok
 
     def _reservations(self, window: Window, reading: Reading, problems: Problems) -> dict[str, str]:
         """Current reservations from slurmctld (users/accounts), past ones from sacctmgr; returns the
@@ -201,17 +195,27 @@ class CliBackend:
                 problems.skip(src, f"record {i}", str(exc), rec)
                 continue
             seen[r.name] = r
+        try:
+            names, pieces = self.past_reservations(window, per_node, problems)
+        except SourceError as exc:  # accounting copy is a bonus; slurmctld's view above still counts
+            log.warning("%s (past reservations and ids skipped)", exc)
+            names, pieces = {}, []
+        reading.reservations = inv.merge_reservations(list(seen.values()), pieces,  # type: ignore[arg-type]
+                                                  window, datetime.now(UTC))
+        return names
+
+    def past_reservations(self, window: Window, per_node: dict[str, int], problems: Problems
+                          ) -> tuple[dict[str, str], list]:
+        """Accounting's reservations from the day before the window on (``sacctmgr show reservation``):
+        the id -> name map sacct's ReservationId needs and the reservations assembled from their pieces,
+        ended ones included. Raises SourceError when sacctmgr cannot be run."""
         names: dict[str, str] = {}
         src = f"{self.name}:sacctmgr show reservation"
         args = ["-n", "-P", "show", "reservation", f"start={_ts(window.since - timedelta(days=1))}",
                 f"end={_ts(window.until)}", f"format={','.join(SACCTMGR_FIELDS)}"]
         if self.o.cluster_name:
             args.insert(4, f"cluster={self.o.cluster_name}")
-        try:
-            text = self.run(self.o.sacctmgr, *args)
-        except SourceError as exc:  # accounting copy is a bonus; slurmctld's view above still counts
-            log.warning("%s (past reservations and ids skipped)", exc)
-            text = ""
+        text = self.run(self.o.sacctmgr, *args)
         pieces = []
         for lineno, row in jobs.sacct_rows(text, SACCTMGR_FIELDS):
             if isinstance(row, str):
@@ -223,9 +227,7 @@ class CliBackend:
                                                     per_node))
             except (ValueError, KeyError) as exc:
                 problems.skip(src, f"line {lineno}", str(exc), "|".join(row.values()))
-        reading.reservations = inv.merge_reservations(list(seen.values()), inv.assemble_pieces(pieces),  # type: ignore[arg-type]
-                                                  window, datetime.now(UTC))
-        return names
+        return names, inv.assemble_pieces(pieces)
 
     def _history(self, window: Window, problems: Problems, resv_names: dict[str, str]) -> list:
         since, until = _ts(window.since), _ts(window.until)

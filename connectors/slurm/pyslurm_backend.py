@@ -158,8 +158,7 @@ class PyslurmBackend:
                     ok = False
                     problems.skip(f"{self.name}:Jobs", f"job {getattr(job, 'id', '?')}", str(exc))
                     continue
-                if a.state in jobs.HOLDING and a.gpus:
-                    reading.running.append(a)
+                reading.add_live(a)
             reading.running_complete = ok
             flt = ps.db.JobFilter(start_time=window.since, end_time=window.until)
             for job in _values(ps.db.Jobs.load(flt)):

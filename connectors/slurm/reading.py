@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from auditor.records import Allocation, GpuInventory, GpuQuota, NodeEvent, Reservation
+from connectors.slurm.jobs import HOLDING, PENDING
 
 
 @dataclass
@@ -19,6 +20,10 @@ class Reading:
     #: GPU jobs pending now, from the same listing (GPUs requested, eligible time): the waiting demand
     pending: list[Allocation] = field(default_factory=list)
     history: list[Allocation] = field(default_factory=list)
+    #: jobs that have ended but slurmctld still lists (MinJobAge, 300 s by default) with the GPUs they
+    #: requested (``tres_per_job`` / ``TresPerNode``; no indices once ended): on a site whose accounting
+    #: has no gres/gpu TRES the only GPU count there is of a finished job
+    ended: list[Allocation] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     inventory: list[GpuInventory] = field(default_factory=list)
     shards: dict[str, int] = field(default_factory=dict)  # node -> shards per GPU (nodes with gres shard)
@@ -31,3 +36,14 @@ class Reading:
     #: (event source, kinds) when ``events`` is the current state only (slurmrestd's node list): the snapshot
     #: closes ongoing events of these kinds the listing no longer shows
     event_states: tuple[str, tuple[str, ...]] | None = None
+
+    def add_live(self, a: Allocation) -> None:
+        """File one job of slurmctld's listing: running (holding GPUs), pending GPU demand, or ended with
+        GPUs."""
+        if a.state in HOLDING and a.gpus:
+            self.running.append(a)
+        elif a.state == PENDING:
+            if a.gpus_requested > 0:
+                self.pending.append(a)
+        elif a.gpus and a.end is not None:
+            self.ended.append(a)

@@ -35,6 +35,8 @@ class RestBackend:
     """Reads one cluster through slurmrestd. GET only."""
 
     def __init__(self, owner: SlurmAllocations) -> None:
+        self.owner = owner
+        self.notes: list[str] = []  # said under the source's line of collect output
         self.o = owner.options
         self.cluster = owner.context.cluster
         self.name = owner.name
@@ -99,6 +101,7 @@ class RestBackend:
     def read(self, window: Window, problems: Problems) -> Reading:
         now = datetime.now(UTC)
         reading = Reading()
+        self.notes = []
         with self._client() as client:
             v = self._negotiate(client)
             nodes = self.get(client, f"/slurm/{v}/nodes") or {}
@@ -122,10 +125,7 @@ class RestBackend:
             bad_jobs: list[int] = []
             for a in self._each(live.get("jobs"), lambda job: jobs.from_json_job(job, self.cluster),
                                 f"/slurm/{v}/jobs", "jobs", problems, bad_jobs):
-                if a.state in jobs.HOLDING and a.gpus:
-                    reading.running.append(a)
-                elif a.state == jobs.PENDING and a.gpus_requested > 0:
-                    reading.pending.append(a)
+                reading.add_live(a)
             reading.running_complete = isinstance(live.get("jobs"), list) and not bad_jobs
             if nodes_ok:  # the whole node list read: it is the current state, so it can end events
                 reading.event_states = ("slurmrestd", events.REST_STATE_KINDS)
@@ -136,7 +136,7 @@ class RestBackend:
                                   f"/slurm/{v}/reservations", "reservations", problems):
                 if res.start < window.until and res.end > window.since:
                     reading.reservations.append(res)
-            names, past = self._db_reservations(client, v, per_node, problems)
+            names, past = self._db_reservations(client, v, per_node, problems, window)
             fmt = "%Y-%m-%dT%H:%M:%S"
             params = {"start_time": (window.since - TZ_MARGIN).strftime(fmt),
                       "end_time": (window.until + TZ_MARGIN).strftime(fmt)}
@@ -150,11 +150,23 @@ class RestBackend:
         return reading
 
     def _db_reservations(self, client: httpx.Client, v: str, per_node: dict[str, int],
-                         problems: Problems) -> tuple[dict[str, str], list]:
-        """Accounting's reservations where slurmrestd serves them (``/slurmdb/vX/reservations``; 22.05's
-        v0.0.38 answers 404): the id -> name map and the past reservations, pieces assembled as from
-        sacctmgr."""
-        data = self.get(client, f"/slurmdb/{v}/reservations", missing_ok=True) or {}
+                         problems: Problems, window: Window) -> tuple[dict[str, str], list]:
+        """Accounting's reservations where slurmrestd serves them (``/slurmdb/vX/reservations``): the
+        id -> name map and the past reservations, pieces assembled as from sacctmgr. 22.05's v0.0.38
+        answers 404: then ``sacctmgr`` is asked, as the cli backend does, so a reservation that ended before
+        its first collect and the jobs that ran in it keep their names; without sacctmgr that is said."""
+        data = self.get(client, f"/slurmdb/{v}/reservations", missing_ok=True)
+        if data is None:
+            from connectors.slurm.cli import CliBackend
+
+            try:
+                return CliBackend(self.owner).past_reservations(window, per_node, problems)
+            except SourceError as exc:
+                note = (f"slurmrestd {v} serves no /slurmdb reservations and {exc.reason}: reservations that "
+                        "ended before a collect saw them are not stored, and their jobs have no reservation name")
+                log.warning("%s: %s", self.name, note)
+                self.notes.append(note)
+                return {}, []
         names: dict[str, str] = {}
         pieces = []
         convert = lambda r: inv.from_json_db_reservation(r, self.cluster, per_node)  # noqa: E731
