@@ -288,7 +288,7 @@ class ScrapeFiles:
         if not lo <= ts < hi or s.name in JOB_ID_METRICS:
             return
         host, uuid, gpu_text = self._host(s.labels), pick_label(s.labels, "uuid"), pick_label(s.labels, "gpu")
-        gpu = int(gpu_text) if gpu_text and gpu_text.isdigit() else index_of.get(uuid or "")
+        gpu = uint_or_none(gpu_text, hi=INT32_MAX) if gpu_text else index_of.get(uuid or "")
         if host and (gpu is not None or uuid):
             self.unstored.seen(host, gpu, uuid, s.name)
 
