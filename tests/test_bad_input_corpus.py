@@ -17,6 +17,7 @@ import pytest
 from conftest import PG_URL, need, pg_schema, port_open
 from sqlalchemy import select
 
+import connectors
 from auditor import config as config_mod
 from auditor.collect import collect
 from auditor.errors import ConfigError
@@ -161,7 +162,7 @@ def test_kubernetes_pod_objects(name: str, spec: dict) -> None:
 @pytest.mark.parametrize("name,spec", _cases("config"))
 def test_config_inputs(name: str, spec: dict) -> None:
     with pytest.raises(ConfigError) as info:
-        config_mod.load(CORPUS / "config" / name)
+        connectors.load_config(CORPUS / "config" / name)
     msg = str(info.value)
     assert spec["error"] in msg and "\n" not in msg and name in msg
     assert "SecretPw1" not in msg and "Traceback" not in msg

@@ -34,8 +34,11 @@ class App:
 
     @property
     def cfg(self) -> config_mod.Config:
+        """The config, every source's options validated by its connector."""
         if self._cfg is None:
-            self._cfg = config_mod.load(self.config_path)
+            import connectors
+
+            self._cfg = connectors.load_config(self.config_path)
         return self._cfg
 
     @property

@@ -169,7 +169,7 @@ def register(main: click.Group) -> None:
     @pass_app
     def demo(app: App, out: str, store_url: str | None, now: str | None, seed: int, telemetry: str) -> None:
         """Simulate a week of a small mixed fleet, collect it through the file connectors, audit, report."""
-        from auditor import config as config_mod
+        import connectors
         from auditor.audit.run import run_audit
         from auditor.collect import collect as do_collect
         from auditor.demo import generate
@@ -180,7 +180,7 @@ def register(main: click.Group) -> None:
         out_dir = Path(out)
         cfg_path, start, end = generate(out_dir, now=parse_time(now) if now else None, seed=seed,
                                         store_url=store_url, telemetry=telemetry)
-        cfg = config_mod.load(cfg_path)
+        cfg = connectors.load_config(cfg_path)
         store = Store.open(cfg.store.resolved_url(), cfg.store.batch_rows)
         store.upgrade()
         cs = do_collect(store, cfg, base_dir=cfg_path.parent, until=end, progress=_progress(app))
