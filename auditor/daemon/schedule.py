@@ -37,7 +37,7 @@ from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import func, insert, select
 
 from auditor.config import Config
-from auditor.daemon.metrics import Metrics
+from auditor.daemon.health import Metrics
 from auditor.daemon.pipeline import RunSummary, run_steps
 from auditor.errors import GpuAuditError
 from auditor.store import schema
