@@ -160,7 +160,8 @@ def test_transient_errors_retried_bounded_with_backoff(tmp_path: Path, monkeypat
 def test_failed_telemetry_is_unknown_never_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Allocations collected, telemetry down for the whole window: every reserved hour is unknown."""
     from auditor.audit.run import run_audit
-    from auditor.daemon.pipeline import EXIT_PARTIAL, run_steps
+    from auditor.daemon.pipeline import run_steps
+    from auditor.errors import EXIT_PARTIAL
 
     calls: list[int] = []
     add_connector(monkeypatch, "flaky", _flaky_module(99, calls))

@@ -116,7 +116,8 @@ def test_reader_bug_fails_its_source_only_and_run_reports_exit_3(
     """A reader raising OverflowError (not one of ours) after yielding a bucket: that source fails on one
     line, nothing of it is stored, its watermark stays; the other cluster is collected; audit and report run;
     the exit code is 3."""
-    from auditor.daemon.pipeline import EXIT_PARTIAL, run_steps
+    from auditor.daemon.pipeline import run_steps
+    from auditor.errors import EXIT_PARTIAL
 
     def broken(self: object, window: Window, problems: Problems) -> Iterator[GpuBucket]:
         yield GpuBucket(self.ctx.cluster, "n0", 0, window.since, 300, 10, sm_active=0.9)  # type: ignore[attr-defined]

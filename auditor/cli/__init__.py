@@ -14,8 +14,8 @@ from typing import Any
 import click
 
 from auditor import config as config_mod
-from auditor.cli.app import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, App, pass_app, time_option, window  # noqa: F401
-from auditor.errors import GpuAuditError
+from auditor.cli.app import App, pass_app, time_option, window  # noqa: F401
+from auditor.errors import EXIT_ERROR, GpuAuditError
 
 COMMAND_MODULES: list[str] = ["auditor.cli.money", "auditor.cli.serve", "auditor.cli.report", "auditor.cli.db",
                               "auditor.cli.jobs", "auditor.cli.web", "auditor.cli.enforce"]
@@ -65,42 +65,6 @@ def main(ctx: click.Context, config_path: str | None, as_json: bool, debug: bool
 
     setup_logging(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
     ctx.obj = App(config_path, as_json=as_json, debug=debug)
-
-
-@main.group()
-def db() -> None:
-    """The SQL store: migrations and schema."""
-
-
-@db.command("upgrade")
-@click.option("--revision", default="head", show_default=True, help="Target Alembic revision.")
-@pass_app
-def db_upgrade(app: App, revision: str) -> None:
-    """Create or migrate the store's tables."""
-    store = app.store(migrate_check=False)
-    store.upgrade(revision)
-    app.emit({"store": store.redacted_url(), "revision": store.current()},
-             f"store {store.redacted_url()} at revision {store.current()}")
-
-
-@db.command("current")
-@pass_app
-def db_current(app: App) -> None:
-    """Show the store's migration revision and the newest one this version knows."""
-    store = app.store(migrate_check=False)
-    cur, head = store.current(), store.head()
-    app.emit({"store": store.redacted_url(), "current": cur, "head": head},
-             f"{store.redacted_url()}: revision {cur or 'none'} (head {head})"
-             + ("" if cur == head else " - run `gpu-audit db upgrade`"))
-
-
-@db.command("schema")
-@pass_app
-def db_schema(app: App) -> None:
-    """Print the documented schema (Markdown) of every table and column."""
-    from auditor.store.schemadoc import schema_markdown
-
-    click.echo(schema_markdown())
 
 
 @main.group("config")

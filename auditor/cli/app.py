@@ -18,8 +18,6 @@ from auditor import jsonsafe
 from auditor.errors import GpuAuditError
 from auditor.timeutil import parse_time, utcnow
 
-EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 3
-
 
 @dataclass
 class App:

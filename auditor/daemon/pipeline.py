@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from auditor.config import Config
-from auditor.errors import GpuAuditError
+from auditor.errors import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, GpuAuditError
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
 
 log = logging.getLogger("gpu_audit.run")
 
 STEPS = ("collect", "audit", "report", "notify", "enforce", "chargeback")
-EXIT_OK, EXIT_FAILED, EXIT_PARTIAL = 0, 1, 3
 
 
 @dataclass
@@ -40,10 +39,10 @@ class RunSummary:
     def exit_code(self) -> int:
         """0 all ok; 1 a step failed; 3 every step ran but some cluster sources failed (partial)."""
         if any(not s.ok and s.name != "collect" for s in self.steps):
-            return EXIT_FAILED
+            return EXIT_ERROR
         collect = next((s for s in self.steps if s.name == "collect"), None)
         if collect and not collect.ok:
-            return EXIT_FAILED if not collect.detail.get("sources") or all(
+            return EXIT_ERROR if not collect.detail.get("sources") or all(
                 not r["ok"] for r in collect.detail["sources"]) else EXIT_PARTIAL
         return EXIT_OK
 

@@ -288,9 +288,6 @@ class Daemon:
                 out.append((job, fire))
         return out
 
-    def catch_up_candidates(self) -> list[str]:
-        return [job for job, _fire in self.missed()]
-
     def catch_up(self) -> list[str]:
         """After a restart: run each missed weekly report / chargeback once, now."""
         assert self.scheduler is not None
