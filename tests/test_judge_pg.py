@@ -262,7 +262,7 @@ def test_the_most_judging_connections_all_get_a_connection_at_once(pg_schema_url
 def test_attribution_never_asks_not_in_of_a_subquery() -> None:
     """"Not yet attributed" must be an anti-join: PostgreSQL runs ``x NOT IN (SELECT ...)`` as a hashed
     subplan only while the hash fits in work_mem, else it scans the subquery once per row; at 16,384 GPUs with
-    the default 4 MB the label candidates took 734 s that way, 2.1 s as NOT EXISTS (docs/performance.md).
+    the default 4 MB the label candidates took 734 s that way, 2.1 s as NOT EXISTS (bench/HISTORY.md).
     A plan test would need a store big enough to spill, so the statements themselves are checked."""
     import re
 
