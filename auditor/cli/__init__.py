@@ -1,12 +1,12 @@
 """The ``gpu-audit`` command: a thin layer over the library API (sqlite-utils style).
 
 Named errors become one line on stderr and a non-zero exit; ``--debug`` shows the traceback. Feature areas
-add their commands from their own modules (``COMMAND_MODULES``), each exposing ``register(group)``.
+add their commands from their own modules, each exposing ``register(group)`` and listed once in
+``COMMAND_MODULES``.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
 from typing import Any
@@ -14,11 +14,13 @@ from typing import Any
 import click
 
 from auditor import config as config_mod
+from auditor.cli import core, db, enforce, jobs, money, report, serve, web
 from auditor.cli.app import App, pass_app, time_option, window  # noqa: F401
 from auditor.errors import EXIT_ERROR, GpuAuditError
 
-COMMAND_MODULES: list[str] = ["auditor.cli.money", "auditor.cli.serve", "auditor.cli.report", "auditor.cli.db",
-                              "auditor.cli.jobs", "auditor.cli.web", "auditor.cli.enforce"]
+#: The one registration list: every command module, each with ``register(group)`` (they import only
+#: auditor.cli.app, so importing them here first is no cycle)
+COMMAND_MODULES = (core, money, serve, report, db, jobs, web, enforce)
 
 
 class Cli(click.Group):
@@ -110,10 +112,5 @@ def _redacted(url: str) -> str:
     return redact_url(url)
 
 
-def _load_command_modules() -> None:
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(main)
-
-
-importlib.import_module("auditor.cli.core").register(main)
-_load_command_modules()
+for _module in COMMAND_MODULES:
+    _module.register(main)
