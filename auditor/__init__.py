@@ -3,7 +3,7 @@
 
 Library API (the CLI is a thin layer over it)::
 
-    from auditor.config import load
+    from connectors import load_config  # auditor.config.load + each source checked by its connector
     from auditor.store.engine import Store
     from auditor.collect import collect
     from auditor.audit.run import run_audit

@@ -20,13 +20,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 import connectors
 from auditor.config import ClusterConfig, Config, SourceConfig
+from auditor.contract import Context, Problems, Window
 from auditor.errors import GpuAuditError, StoreError
+from auditor.records import RunningSnapshot
 from auditor.store import guard, schema
 from auditor.store.engine import Store
 from auditor.store.stats import IngestStats
 from auditor.timeutil import ceil_to, floor_to, from_epoch, to_epoch, utcnow
 from connectors import retry
-from connectors.base import Context, Problems, RunningSnapshot, Window
 
 log = logging.getLogger("gpu_audit.collect")
 

@@ -35,9 +35,9 @@ def walk(model: type[BaseModel] = Config, prefix: str = "") -> Iterator[tuple[st
 
 def connector_keys() -> Iterator[tuple[str, Any]]:
     """``<kind>.<option>`` for every built-in connector's options."""
-    from connectors import BUILTIN_KINDS, ROLES, connector_class
+    from connectors import ROLES, builtin_kinds, connector_class
 
-    for kind in BUILTIN_KINDS:
+    for kind in builtin_kinds():
         for role in ROLES:
             try:
                 cls = connector_class(kind, role)

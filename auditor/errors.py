@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+#: Exit codes of every command, `gpu-audit run` and the daemon's steps included (docs/operations.md): 0 ok;
+#: 1 an error; 3 the run finished but some cluster sources failed (partial)
+EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 3
+
 
 class GpuAuditError(Exception):
     """Base of every error gpu-audit raises on purpose; the CLI prints it as one line."""
@@ -9,14 +13,6 @@ class GpuAuditError(Exception):
 
 class ConfigError(GpuAuditError):
     """The configuration file is missing, unreadable or invalid; the message names the key path."""
-
-
-class InputError(GpuAuditError):
-    """One input record is malformed. Carries where it came from so the user can find it."""
-
-    def __init__(self, source: str, location: str, reason: str) -> None:
-        self.source, self.location, self.reason = source, location, reason
-        super().__init__(f"{source}:{location}: {reason}" if location else f"{source}: {reason}")
 
 
 class SourceError(GpuAuditError):

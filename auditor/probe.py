@@ -39,7 +39,7 @@ def _tcp(url: str) -> str:
 
 
 def _prometheus(opts: dict[str, Any], base_dir: Path, cluster: str) -> str:
-    from connectors.base import Context
+    from auditor.contract import Context
     from connectors.prometheus import PrometheusTelemetry
 
     conn = PrometheusTelemetry(Context(cluster, base_dir), PrometheusTelemetry.Options.model_validate(
@@ -57,8 +57,8 @@ def _prometheus(opts: dict[str, Any], base_dir: Path, cluster: str) -> str:
 def _files(kind: str, opts: dict[str, Any], base_dir: Path, cluster: str) -> str:
     import glob
 
+    from auditor.contract import Context
     from connectors._rows import check_regular
-    from connectors.base import Context
 
     ctx, n = Context(cluster, base_dir), 0
     for pattern in opts.get("paths", []):

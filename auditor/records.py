@@ -208,3 +208,19 @@ class NodeEvent:
 
 
 Record = Allocation | Reservation | GpuBucket | GpuInventory | GpuWait | GpuQuota | NodeEvent
+
+
+@dataclass(frozen=True, slots=True)
+class RunningSnapshot:
+    """Yielded after a *complete* listing of running work: open allocations of this cluster and source
+    that the listing did not contain have ended (pods vanish, Slurm forgets), so the collector closes
+    them at their last sighting. A listing filtered to some accounts (namespaces) closes only those."""
+
+    cluster: str
+    source: str
+    at: datetime
+    accounts: tuple[str, ...] = ()  # when the listing covered only these accounts/namespaces
+    #: node event kinds the listing read the current state of (Kubernetes: not_ready, cordoned): ongoing
+    #: events of these kinds from ``event_source`` not seen in it have ended, at their last sighting
+    event_kinds: tuple[str, ...] = ()
+    event_source: str = ""

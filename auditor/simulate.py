@@ -249,12 +249,6 @@ def fleet_records(spec: FleetSpec) -> Iterator[Record]:
         yield from block_records(spec, block)
 
 
-def fleet_jobs(spec: FleetSpec) -> Iterator[Job]:
-    """The jobs alone (cheap: no telemetry), e.g. to count allocations or check the behaviour mix."""
-    for block in range(-(-spec.nodes // BLOCK_NODES)):
-        yield from block_jobs(spec, block)[2]
-
-
 def populate(store: object, spec: FleetSpec) -> object:
     """Write the simulated fleet through the store's bulk ingest path; returns its IngestStats."""
     from auditor.store.engine import Store

@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from datetime import UTC, date, datetime, timedelta
 
+#: Seconds per hour: GPU-seconds / H = GPU-hours (the one copy; the audit, reports and enforcement import it)
+H = 3600.0
+
 _REL = re.compile(r"^now(?:-([0-9]+(?:\.[0-9]+)?)\s*(days?|d|hours?|h|minutes?|min|m|weeks?|w))?$")
 _UNITS = {"d": 86400, "day": 86400, "days": 86400, "h": 3600, "hour": 3600, "hours": 3600,
           "m": 60, "min": 60, "minute": 60, "minutes": 60, "w": 604800, "week": 604800, "weeks": 604800}

@@ -11,7 +11,7 @@ ids, ANALYZE), reused by later runs; then both engines audit the identical data 
 (:func:`side_by_side`).
 
 Run: python -m bench.pg [--url postgresql+psycopg://postgres@127.0.0.1:5432/test] [--gpus 1024] [--days 7]
-     python -m bench.pg --from /work/spec/benchdata --gpus 4096,16384     (both engines, cached fleets)
+     python -m bench.pg --from DIR --gpus 4096,16384     (both engines, fleets cached in DIR)
 """
 
 from __future__ import annotations

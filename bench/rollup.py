@@ -1,7 +1,7 @@
 """A prototype, not the audit: judging from per-(GPU, hour, verdict) sums, against the floor, checked against
 the audit's own usage_gpu sums on the same store.
 
-Why (docs/performance.md, "What audit/floor <= 10x takes"): the audit reads every bucket of the window and
+Why (bench/HISTORY.md, "What audit/floor <= 10x takes"): the audit reads every bucket of the window and
 judges it (judge/floor 6-13x), so judging can come near the floor only if it reads fewer rows. Here every
 unlabelled bucket that lies inside one clock hour is judged once into a temporary table ``_jh`` (GPU, hour,
 verdict: the 11 per-verdict sums of :data:`auditor.audit.judge.BY_VERDICT`, with each bucket's observed

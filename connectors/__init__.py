@@ -1,24 +1,30 @@
-"""Connector registry: kinds are found through the ``gpu_audit.connectors`` entry-point group.
+"""Connector registry: kinds are found through the ``gpu_audit.connectors`` entry-point group, and each
+source of a config is validated against its kind's own ``Options`` model.
 
 A connector is a module (or package) exposing ``ALLOCATIONS`` and/or ``TELEMETRY`` classes that satisfy the
-protocols of :mod:`connectors.base`. The built-in kinds are registered in gpu-audit's own ``pyproject.toml``;
-a site adds one from its own package without editing gpu-audit::
+protocols of :mod:`connectors.base`. The built-in kinds are registered in gpu-audit's own ``pyproject.toml``
+like any other; a site adds one from its own package without editing gpu-audit::
 
     [project.entry-points."gpu_audit.connectors"]
     lsf = "mysite.lsf_connector"
-
-This module imports nothing from :mod:`auditor` at import time, so ``auditor.config`` can validate a source's
-options here without an import cycle.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
+import os
 import re
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from auditor import config as config_mod
+from auditor.config import Config, one_line
+from auditor.config.base import check_url
+from auditor.errors import ConfigError
 
 if TYPE_CHECKING:  # the typed contract of every connector (connectors/base.py)
     from connectors.base import AllocationSource, TelemetrySource
@@ -28,10 +34,6 @@ log = logging.getLogger("gpu_audit.input")
 ENTRY_POINT_GROUP = "gpu_audit.connectors"
 ROLES = {"allocations": "ALLOCATIONS", "telemetry": "TELEMETRY"}
 
-#: Kinds shipped with gpu-audit, each registered under ENTRY_POINT_GROUP in pyproject.toml (the list drives
-#: the documentation test).
-BUILTIN_KINDS = ("file", "scrape", "slurm", "kubernetes", "prometheus", "jobstats")
-
 
 @cache
 def _entry_points() -> dict[str, EntryPoint]:
@@ -39,31 +41,24 @@ def _entry_points() -> dict[str, EntryPoint]:
 
 
 def kinds() -> list[str]:
-    """Every connector kind this installation can build: the built-in ones and those sites registered."""
-    return sorted(set(_entry_points()) | set(BUILTIN_KINDS))
+    """Every connector kind this installation can build: the registered entry points."""
+    return sorted(_entry_points())
 
 
-def _module(kind: str) -> Any:
-    ep = _entry_points().get(kind)
-    if ep is not None:
-        return ep.load()
-    # not registered: a module connectors/<kind>.py of this checkout (an install whose metadata predates it)
-    try:
-        module = importlib.import_module(f"connectors.{kind}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"connectors.{kind}":
-            raise KeyError(f"unknown connector kind {kind!r}") from None
-        raise
-    log.debug("connector %r is not registered under %s; using module connectors.%s", kind, ENTRY_POINT_GROUP,
-              kind)
-    return module
+def builtin_kinds() -> list[str]:
+    """The kinds gpu-audit ships: the entry points whose module is in this package."""
+    return sorted(name for name, ep in _entry_points().items()
+                  if ep.module == __name__ or ep.module.startswith(f"{__name__}."))
 
 
 def connector_class(kind: str, role: str) -> type[AllocationSource] | type[TelemetrySource]:
     """The class implementing ``kind`` for ``role`` ("allocations" or "telemetry")."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", kind or ""):
         raise KeyError(f"invalid connector kind {kind!r}")
-    cls = getattr(_module(kind), ROLES[role], None)
+    ep = _entry_points().get(kind)
+    if ep is None:
+        raise KeyError(f"unknown connector kind {kind!r}")
+    cls = getattr(ep.load(), ROLES[role], None)
     if cls is None:
         raise KeyError(f"connector {kind!r} provides no {role} source")
     return cls
@@ -73,3 +68,34 @@ def build(kind: str, role: str, options: dict[str, Any], context: Any) -> Alloca
     """An instance of ``kind`` for ``role``, its options validated by the connector's own ``Options`` model."""
     cls = connector_class(kind, role)
     return cls(context, cls.Options.model_validate(options))  # type: ignore[call-arg]
+
+
+def validate_sources(cfg: Config, origin: str = "config") -> Config:
+    """``cfg`` once each source's options passed its connector's own model, so a bad key fails `config
+    check`, not a 3 a.m. run. Errors name the key path: ``<origin>: clusters[0].telemetry[1].url: ...``."""
+    for ci, cluster in enumerate(cfg.clusters):
+        for role in ROLES:
+            for si, src in enumerate(getattr(cluster, role)):
+                where = f"clusters[{ci}].{role}[{si}]"
+                try:
+                    cls = connector_class(src.kind, role)
+                except KeyError as exc:
+                    raise ConfigError(f"{origin}: {where}.kind: {exc.args[0]}") from None
+                try:
+                    cls.Options.model_validate(src.options())
+                except ValidationError as exc:
+                    raise ConfigError(f"{origin}: {one_line(exc, where)}") from None
+                for key, value in src.options().items():
+                    if isinstance(value, str) and (key.endswith("url") or key == "host") and "://" in value:
+                        try:
+                            check_url(value, f"{where}.{key}")
+                        except ConfigError as exc:
+                            raise ConfigError(f"{origin}: {exc}") from None
+    return cfg
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """The config as the CLI loads it: :func:`auditor.config.load` (``path``, else $GPU_AUDIT_CONFIG, else
+    defaults), then every source checked by :func:`validate_sources`."""
+    path = path or os.environ.get(config_mod.ENV_VAR) or None
+    return validate_sources(config_mod.load(path), str(Path(path)) if path else "config")

@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from auditor.records import NodeEvent
 from connectors.aliases import FAULT_ALIASES, THROTTLE_FAULT_BITS, FaultSpec
 
-FAULT_MASK = sum(THROTTLE_FAULT_BITS)
 REASON_MAX = 200
 
 #: (host, gpu, kind) -> bucket start -> what was seen

@@ -1,4 +1,4 @@
-"""Reference oracle of /work/spec/definitions.md v2 (README "Definitions"): slow, plain and obviously correct.
+"""Reference oracle of docs/definitions.md (README "Definitions"): slow, plain and obviously correct.
 
 Plain Python over plain lists and dicts: no SQL and nothing from ``auditor`` but the record types and the
 config models (thresholds, price card). It models the store (ingest merges, the hourly roll-up of

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from helpers import usage
 from sqlalchemy import text
 
 from auditor.audit.run import run_audit
@@ -25,14 +26,6 @@ def series(host: str, gpu: int, hours: float = 2, **metrics) -> list[GpuBucket]:
     samples = metrics.pop("samples", 10)
     return [GpuBucket("c", host, gpu, T0 + timedelta(minutes=5 * i), 300, samples, **metrics)
             for i in range(int(hours * 12))]
-
-
-def usage(store: Store, run_id: int) -> dict[str, dict]:
-    with store.engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT a.external_id, u.* FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id "
-            "WHERE u.run_id = :r"), {"r": run_id})
-        return {r.external_id: dict(r._mapping) for r in rows}
 
 
 CORE = ("idle_allocation", "idle_gpus", "util_mirage", "unmonitored")

@@ -14,9 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import PG_URL, need, pg_schema, port_open
+from helpers import migrated_store
 from sqlalchemy import select
 
+import connectors
 from auditor import config as config_mod
 from auditor.collect import collect
 from auditor.errors import ConfigError
@@ -48,18 +49,8 @@ def _propagate(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def corpus_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """Every corpus input on both engines: what one stores or refuses, the other must too."""
-    if request.param == "sqlite":
-        store = Store.open(f"sqlite:///{tmp_path_factory.mktemp('corpus') / 'corpus.db'}")
-        store.upgrade()
+    with migrated_store(request.param, tmp_path_factory.mktemp("corpus"), "corpus") as store:
         yield store
-        store.engine.dispose()
-        return
-    need(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432 is not running")
-    with pg_schema(PG_URL, "corpus") as url:
-        store = Store.open(url)
-        store.upgrade()
-        yield store
-        store.engine.dispose()
 
 
 def _collect_one(store: Store, reader: str, name: str, role: str, kind: str = "file", **options: str):
@@ -162,7 +153,7 @@ def test_kubernetes_pod_objects(name: str, spec: dict) -> None:
 @pytest.mark.parametrize("name,spec", _cases("config"))
 def test_config_inputs(name: str, spec: dict) -> None:
     with pytest.raises(ConfigError) as info:
-        config_mod.load(CORPUS / "config" / name)
+        connectors.load_config(CORPUS / "config" / name)
     msg = str(info.value)
     assert spec["error"] in msg and "\n" not in msg and name in msg
     assert "SecretPw1" not in msg and "Traceback" not in msg

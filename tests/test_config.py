@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import connectors
 from auditor import config as config_mod
 from auditor.configdoc import connector_keys, walk
 from auditor.errors import ConfigError
@@ -56,7 +57,7 @@ accounts = ["team-a"]
 ])
 def test_errors_are_one_line_with_key_path(tmp_path: Path, text: str, path_re: str) -> None:
     with pytest.raises(ConfigError) as err:
-        config_mod.load(write(tmp_path, text))
+        connectors.load_config(write(tmp_path, text))
     msg = str(err.value)
     assert "\n" not in msg
     assert re.search(path_re, msg), msg

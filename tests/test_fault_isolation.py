@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from helpers import add_connector
 from helpers_crash import REPO, T0, generate
 
 from auditor import collect as collect_mod
@@ -140,7 +141,7 @@ def test_transient_errors_retried_bounded_with_backoff(tmp_path: Path, monkeypat
                                                        fail_times: int, transient: bool, ok: bool, attempts: int,
                                                        sleeps: list[float]) -> None:
     calls: list[int] = []
-    monkeypatch.setitem(sys.modules, "connectors.flaky", _flaky_module(fail_times, calls, transient))
+    add_connector(monkeypatch, "flaky", _flaky_module(fail_times, calls, transient))
     cfg = _flaky_config(tmp_path)
     store = Store.open(cfg.store.url)
     store.upgrade()
@@ -159,10 +160,11 @@ def test_transient_errors_retried_bounded_with_backoff(tmp_path: Path, monkeypat
 def test_failed_telemetry_is_unknown_never_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Allocations collected, telemetry down for the whole window: every reserved hour is unknown."""
     from auditor.audit.run import run_audit
-    from auditor.daemon.pipeline import EXIT_PARTIAL, run_steps
+    from auditor.daemon.pipeline import run_steps
+    from auditor.errors import EXIT_PARTIAL
 
     calls: list[int] = []
-    monkeypatch.setitem(sys.modules, "connectors.flaky", _flaky_module(99, calls))
+    add_connector(monkeypatch, "flaky", _flaky_module(99, calls))
     monkeypatch.setattr(retry_mod, "BACKOFF_S", 0.0)
     cfg = _flaky_config(tmp_path)
     store = Store.open(cfg.store.url)

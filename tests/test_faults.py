@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from helpers import add_connector
 from helpers_crash import REPO, T0, generate
 from sqlalchemy import select
 
@@ -115,13 +116,14 @@ def test_reader_bug_fails_its_source_only_and_run_reports_exit_3(
     """A reader raising OverflowError (not one of ours) after yielding a bucket: that source fails on one
     line, nothing of it is stored, its watermark stays; the other cluster is collected; audit and report run;
     the exit code is 3."""
-    from auditor.daemon.pipeline import EXIT_PARTIAL, run_steps
+    from auditor.daemon.pipeline import run_steps
+    from auditor.errors import EXIT_PARTIAL
 
     def broken(self: object, window: Window, problems: Problems) -> Iterator[GpuBucket]:
         yield GpuBucket(self.ctx.cluster, "n0", 0, window.since, 300, 10, sm_active=0.9)  # type: ignore[attr-defined]
         raise OverflowError("date value out of range")
 
-    monkeypatch.setitem(sys.modules, "connectors.brokenreader", _module("brokenreader", broken))
+    add_connector(monkeypatch, "brokenreader", _module("brokenreader", broken))
     generate(tmp_path, rows=200, allocations=5)
     cfg = config_mod.parse({"store": {"url": store_url}, "report": {"out_dir": str(tmp_path / "out")}, "clusters": [
         {"name": "good", "initial_days": 30, "allocations": [{"kind": "file", "paths": ["alloc.csv"]}],
@@ -163,7 +165,7 @@ def test_retry_after_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                  sleeps: list[float]) -> None:
     """Waits are max(backoff 1 s, 2 s, ..., Retry-After): hand-computed for each hint."""
     calls: list[float] = []
-    monkeypatch.setitem(sys.modules, "connectors.flaky2", _module("flaky2", _flaky(2, calls, retry_after)))
+    add_connector(monkeypatch, "flaky2", _module("flaky2", _flaky(2, calls, retry_after)))
     cfg = _flaky_cfg(tmp_path, "flaky2")
     store = Store.open(cfg.store.url)
     store.upgrade()
@@ -178,7 +180,7 @@ def test_a_dead_source_costs_at_most_its_time_budget(tmp_path: Path, monkeypatch
     """Each attempt takes 1 s and fails; with a 1.5 s budget the second attempt is the last (attempt 1 ends at
     1.0 s, + 0.1 s wait < 1.5: retry; attempt 2 ends at 2.1 s: no time for a third)."""
     calls: list[float] = []
-    monkeypatch.setitem(sys.modules, "connectors.slow", _module("slow", _flaky(99, calls, takes_s=1.0)))
+    add_connector(monkeypatch, "slow", _module("slow", _flaky(99, calls, takes_s=1.0)))
     monkeypatch.setattr(retry_mod, "SOURCE_BUDGET_S", 1.5)
     monkeypatch.setattr(retry_mod, "BACKOFF_S", 0.1)
     cfg = _flaky_cfg(tmp_path, "slow")

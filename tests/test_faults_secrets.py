@@ -97,7 +97,7 @@ def test_eleven_secrets_never_leave(tmp_path: Path, pg_schema_url: str) -> None:
 def _metrics(cfg: Path, env: dict[str, str]) -> str:
     """/metrics of a daemon that just ran a failing collection, rendered in a child with the secrets' env."""
     code = ("import sys; from auditor import config; from auditor.store.engine import Store; "
-            "from auditor.daemon.metrics import Metrics; from auditor.daemon.pipeline import run_steps; "
+            "from auditor.daemon.health import Metrics; from auditor.daemon.pipeline import run_steps; "
             "c = config.load(sys.argv[1]); s = Store.open(c.store.resolved_url()); m = Metrics(s, c); "
             "m.observe(run_steps(s, c, ['collect', 'audit'], base_dir=__import__('pathlib').Path('.'))); "
             "sys.stdout.write(m.render().decode())")

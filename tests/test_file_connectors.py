@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from auditor.config import parse
-from connectors import build
+from connectors import build, validate_sources
 from connectors.base import Context, Problems, Window
 from connectors.file import expand_indices, parse_gpus
 
@@ -93,7 +93,8 @@ def test_file_options_are_validated() -> None:
     from auditor.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"clusters\[0\]\.allocations\[0\]\.format: "):
-        parse({"clusters": [{"name": "c", "allocations": [{"kind": "file", "paths": ["x"], "format": "xls"}]}]})
+        validate_sources(parse({"clusters": [{"name": "c", "allocations": [{"kind": "file", "paths": ["x"],
+                                                                      "format": "xls"}]}]}))
 
 
 def test_reservations_and_inventory_in_json(tmp_path: Path) -> None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import pg_schema
+from helpers import migrated_store
 from sqlalchemy import text
 
 from auditor.audit.capacity import capacity
@@ -55,28 +54,11 @@ def findings(store: Store, run_id: int, kind: str) -> dict[str, list[dict[str, A
     return out
 
 
-@contextmanager
-def pg_store(pg_url: str) -> Iterator[Store]:
-    """A migrated store in a fresh PostgreSQL schema, dropped afterwards (other tests share the db)."""
-    with pg_schema(pg_url, "t_money") as url:
-        s = Store.open(url)
-        try:
-            s.upgrade()
-            yield s
-        finally:
-            s.engine.dispose()
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.service)])
 def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[Store]:
     """The same tests on the embedded SQLite store and on a real PostgreSQL."""
-    if request.param == "sqlite":
-        s = Store.open(f"sqlite:///{tmp_path / 'a.db'}")
-        s.upgrade()
+    with migrated_store(request.param, tmp_path, "t_money") as s:
         yield s
-    else:
-        with pg_store(request.getfixturevalue("pg_url")) as s:
-            yield s
 
 
 def test_idle_episode_at_and_around_threshold(store: Store) -> None:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import connectors
 from auditor import config as config_mod
 from auditor import timeutil
 from auditor.errors import ConfigError, GpuAuditError
@@ -148,7 +149,7 @@ def test_file_allocation_json_reader(content: bytes) -> None:
                         max_size=4), max_leaves=14))
 def test_config_parse(data: object) -> None:
     try:
-        config_mod.parse(data if isinstance(data, dict) else {"clusters": data})
+        connectors.validate_sources(config_mod.parse(data if isinstance(data, dict) else {"clusters": data}))
     except ConfigError as exc:
         assert "\n" not in str(exc)
 
@@ -162,7 +163,7 @@ def test_config_load_text(text: str) -> None:
         if not p.exists():
             return
         try:
-            config_mod.load(p)
+            connectors.load_config(p)
         except ConfigError:
             pass
 

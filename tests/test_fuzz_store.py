@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import PG_URL, need, pg_schema, port_open
+from helpers import migrated_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -40,14 +40,9 @@ TIMES = st.one_of(st.none(), st.datetimes(min_value=datetime(1900, 1, 1), max_va
 
 @pytest.fixture(scope="module")
 def stores() -> Iterator[tuple[Store, Store]]:
-    need(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432 is not running")
-    with tempfile.TemporaryDirectory() as tmp, pg_schema(PG_URL, "fuzz") as url:
-        lite, pg = Store.open(f"sqlite:///{tmp}/f.db"), Store.open(url)
-        for s in (lite, pg):
-            s.upgrade()
+    with (tempfile.TemporaryDirectory() as tmp, migrated_store("postgresql", Path(tmp), "fuzz") as pg,
+          migrated_store("sqlite", Path(tmp)) as lite):
         yield lite, pg
-        for s in (lite, pg):
-            s.engine.dispose()
 
 
 @st.composite

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from helpers import usage
 from sqlalchemy import text
 from storecheck import checksum
 
@@ -35,14 +36,6 @@ def job(ext: str, gpus: list[AllocatedGpu], start: datetime = T0, minutes: float
 def b5(host: str, gpu: int, at: datetime, samples: int = 10, **kw) -> GpuBucket:
     """One 5-minute bucket."""
     return GpuBucket("c", host, gpu, at, 300, samples, **kw)
-
-
-def usage(store: Store, run_id: int) -> dict[str, dict]:
-    with store.engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT a.external_id, u.* FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id "
-            "WHERE u.run_id = :r"), {"r": run_id})
-        return {r.external_id: dict(r._mapping) for r in rows}
 
 
 def audit(store: Store, cfg: Config | None = None) -> dict[str, dict]:

@@ -8,6 +8,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+from helpers import gpu_usage
 from sqlalchemy import text
 from test_findings_extra import IDLE, T0, W0, W1, WORK, findings, job, run
 
@@ -41,17 +42,10 @@ def fleet() -> list[Any]:
     return recs
 
 
-def usage(store: Store, run_id: int) -> dict[tuple[str, int], dict[str, float]]:
-    sql = ("SELECT a.external_id, u.gpu_index, u.reserved_s, u.infra_s, u.idle_s, u.working_s, u.unknown_s, "
-           "u.observed_s FROM usage_gpu u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :r")
-    with store.engine.connect() as conn:
-        return {(r.external_id, r.gpu_index): dict(r._mapping) for r in conn.execute(text(sql), {"r": run_id})}
-
-
 def test_infra_time_is_its_own_class_and_out_of_user_findings(store: Store) -> None:
     store.ingest(fleet(), seen_at_ts=0)
     res = run_audit(store, Config(), W0, W1)
-    u = usage(store, res.run_id)
+    u = gpu_usage(store, res.run_id)
     # A/GPU 0: the drain 3 h 45-4 h is infra (15 min); its 3 buckets judged by no verdict: working 3 h 45
     g0 = u[("A", 0)]
     assert g0["reserved_s"] == 4 * H and g0["infra_s"] == 15 * M
@@ -107,7 +101,7 @@ def test_kinds_left_out_are_judged_as_usual(store: Store) -> None:
     store.ingest(fleet(), seen_at_ts=0)
     th = Thresholds(infra_kinds=["drain", "down", "not_ready", "cordoned"])
     res = run_audit(store, Config(thresholds=th), W0, W1)
-    u = usage(store, res.run_id)
+    u = gpu_usage(store, res.run_id)
     assert u[("A", 1)]["infra_s"] == 15 * M and u[("A", 1)]["idle_s"] == 150 * M
     (ep,) = findings(store, res.run_id, "idle_episode")["A"]
     assert abs(ep["idle_gpu_hours"] - 2.5) < 1e-9
@@ -138,11 +132,11 @@ def test_an_event_outside_the_reserved_part_of_a_bucket_leaves_it_judged(store: 
                   NodeEvent("c", "n3", "drain", minutes(0), minutes(1), reason="reboot", source="sacctmgr")],
                  seen_at_ts=0)
     res = run_audit(store, Config(), W0, W1)
-    c = usage(store, res.run_id)[("C", 0)]
+    c = gpu_usage(store, res.run_id)[("C", 0)]
     assert c["reserved_s"] == 60 * M and c["infra_s"] == 0
     assert c["idle_s"] == 60 * M and c["unknown_s"] == 0
     store.ingest([NodeEvent("c", "n3", "drain", minutes(30), minutes(31), reason="psu", source="sacctmgr")],
                  seen_at_ts=0)
     res = run_audit(store, Config(), W0, W1)
-    c = usage(store, res.run_id)[("C", 0)]
+    c = gpu_usage(store, res.run_id)[("C", 0)]
     assert c["infra_s"] == 1 * M and c["unknown_s"] == 4 * M and c["idle_s"] == 55 * M

@@ -6,7 +6,6 @@ for scrape files)."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -16,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 from auditor.records import NodeEvent
 from connectors import build
@@ -25,12 +25,6 @@ from tests.conftest import need
 LABELS = 'gpu="{g}",UUID="GPU-{g}",device="nvidia{g}",Hostname="node-f"'
 NOW = int(time.time())
 T0 = (NOW - 2 * 86400) // 3600 * 3600  # two days ago, a whole hour
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def openmetrics(series: dict[tuple[str, int], list[float]], step: int = 30) -> str:

@@ -86,7 +86,7 @@ def test_sparklines_equal_a_python_reading_of_the_rows(store_url: str) -> None:
     allocation's rows on its own): mean SM activity and GPU-Util of the sampled rows (unlabelled, or labelled
     with the job) in 48 equal bins of the allocation's clipped interval, recomputed here in Python from the
     raw rows."""
-    from auditor.audit.sparklines import SPARK_BINS, sparklines
+    from auditor.audit.sparklines import SPARK_BINS, sparkline_texts
 
     store = Store.open(store_url)
     store.upgrade()
@@ -97,7 +97,7 @@ def test_sparklines_equal_a_python_reading_of_the_rows(store_url: str) -> None:
         ids = [r[0] for r in conn.execute(text(
             "SELECT DISTINCT allocation_id FROM usage_gpu WHERE run_id = :r AND gpu_id IS NOT NULL "
             "ORDER BY 1 LIMIT 40"), {"r": run.run_id})]
-        got = sparklines(conn, run.run_id, ids, s, h)
+        got = {aid: json.loads(t) for aid, t in sparkline_texts(conn, run.run_id, ids, s, h).items()}
         sums = _python_bins(conn, run.run_id, ids, s, h)
     assert len(got) >= 20
     checked = 0
@@ -116,7 +116,7 @@ def test_an_allocation_without_sampled_rows_gets_no_sparkline(store_url: str) ->
     """Exactly the allocations with a sampled row in their interval get a sparkline (an all-empty one would put
     a blank chart in the evidence): the telemetry GPU of some single-GPU allocations is made to have no
     samples, and the allocations given a sparkline are those the Python reading finds rows for."""
-    from auditor.audit.sparklines import sparklines
+    from auditor.audit.sparklines import sparkline_texts
 
     store = Store.open(store_url)
     store.upgrade()
@@ -133,7 +133,7 @@ def test_an_allocation_without_sampled_rows_gets_no_sparkline(store_url: str) ->
     with store.engine.connect() as conn:
         ids = [r[0] for r in conn.execute(text(
             "SELECT DISTINCT allocation_id FROM usage_gpu WHERE run_id = :r ORDER BY 1"), {"r": run.run_id})]
-        got = sparklines(conn, run.run_id, ids, s, h)
+        got = {aid: json.loads(t) for aid, t in sparkline_texts(conn, run.run_id, ids, s, h).items()}
         with_rows = {aid for aid, _k in _python_bins(conn, run.run_id, ids, s, h)}
     assert set(got) == with_rows
     assert len(with_rows) >= 20 and len(set(ids) - with_rows) >= 1  # both kinds are among them
@@ -262,7 +262,7 @@ def test_the_most_judging_connections_all_get_a_connection_at_once(pg_schema_url
 def test_attribution_never_asks_not_in_of_a_subquery() -> None:
     """"Not yet attributed" must be an anti-join: PostgreSQL runs ``x NOT IN (SELECT ...)`` as a hashed
     subplan only while the hash fits in work_mem, else it scans the subquery once per row; at 16,384 GPUs with
-    the default 4 MB the label candidates took 734 s that way, 2.1 s as NOT EXISTS (docs/performance.md).
+    the default 4 MB the label candidates took 734 s that way, 2.1 s as NOT EXISTS (bench/HISTORY.md).
     A plan test would need a store big enough to spill, so the statements themselves are checked."""
     import re
 

@@ -12,9 +12,8 @@ from pathlib import Path
 from conftest import need
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Top-level modules outside the layers on purpose: the package marker, `python -m auditor`, and the
-#: generator of docs/configuration.md (it reads the connectors' option models).
-OUTSIDE = {"__init__", "__main__", "configdoc"}
+#: Top-level modules outside the layers on purpose: the package marker and `python -m auditor`.
+OUTSIDE = {"__init__", "__main__"}
 
 
 def _contracts() -> list[dict]:
@@ -31,6 +30,14 @@ def test_every_stage_is_in_a_layer() -> None:
                 if (p.suffix == ".py" or (p / "__init__.py").is_file())}
     missing = sorted(f"auditor.{c}" for c in children - OUTSIDE if f"auditor.{c}" not in _layered())
     assert not missing, f"add these to the layers contract in pyproject.toml: {missing}"
+
+
+def test_connectors_are_a_layer_under_collect_over_config() -> None:
+    layers = [set(m.strip() for m in layer.replace("|", ":").split(":"))
+              for layer in next(c for c in _contracts() if c["type"] == "layers")["layers"]]
+    at = {m: i for i, layer in enumerate(layers) for m in layer}
+    assert at["auditor.collect"] < at["connectors"] < at["auditor.config"] < at["auditor.records"]
+    assert at["connectors"] == at["auditor.store"]  # independent siblings: neither imports the other
 
 
 def test_no_cycles_contract_covers_both_packages() -> None:

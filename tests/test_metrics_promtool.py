@@ -13,8 +13,7 @@ from pathlib import Path
 from conftest import need
 
 from auditor.config import Config
-from auditor.daemon.health import HealthServer
-from auditor.daemon.metrics import Metrics
+from auditor.daemon.health import HealthServer, Metrics
 from auditor.daemon.pipeline import RunSummary, StepResult
 from auditor.store.engine import Store
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import email
 import shutil
-import socket
 import subprocess
 import sys
 from datetime import timedelta
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import need
+from helpers import free_port
 
 from auditor.audit.run import run_audit
 from auditor.config import Config, EmailConfig, SecretRef, Team
@@ -45,12 +45,6 @@ class Inbox:
         self.envelopes.append({"from": envelope.mail_from, "rcpt": list(envelope.rcpt_tos),
                                "msg": email.message_from_bytes(envelope.content, policy=policy.default)})
         return "250 OK"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

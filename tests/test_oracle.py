@@ -18,7 +18,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from conftest import PG_URL, need, pg_schema, port_open
+from helpers import migrated_store
 from hypothesis import HealthCheck, given, settings
 from oracle import CORE_FINDINGS, HOUR, Oracle
 from oracle_fleets import ALL_FEATURES, Fleet, detect, fleets
@@ -41,18 +41,8 @@ SECONDS = ("reserved", "observed", "idle", "idle_by_util", "mirage", "low", "wor
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.service)])
 def oracle_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """One migrated store per engine for all examples (tables are emptied between fleets)."""
-    if request.param == "sqlite":
-        store = Store.open(f"sqlite:///{tmp_path_factory.mktemp('oracle') / 'store.db'}")
-        store.upgrade()
+    with migrated_store(request.param, tmp_path_factory.mktemp("oracle"), "oracle") as store:
         yield store
-        store.engine.dispose()
-        return
-    need(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432 is not running")
-    with pg_schema(PG_URL, "oracle") as url:
-        store = Store.open(url)
-        store.upgrade()
-        yield store
-        store.engine.dispose()
 
 
 def clear(store: Store) -> None:

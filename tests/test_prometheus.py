@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import os
-import socket
 import threading
 import time
 from collections import defaultdict
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import need, port_open
+from helpers import free_port
 
 from auditor.errors import SourceError
 from connectors import build
@@ -212,12 +212,6 @@ def test_bad_query_is_a_one_line_400(state: dict) -> None:
         pull(state, matchers='instance=~"("', retries=0)
     msg = str(err.value)
     assert "HTTP 400" in msg and "bad_data" in msg and "\n" not in msg and not err.value.transient
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_down_is_a_transient_source_error() -> None:

@@ -2,7 +2,7 @@
 gpu-node-01 and sleeps (idle: its telemetry is written here, the testbed has no DCGM), a second GPU job
 pinned to the same node pends in the same partition; the connector reads the pending job (sacct Eligible,
 ReqTRES; scontrol), a QOS GPU limit created here, and the audit prices the idle GPUs by the job that
-waited. Run under `flock /work/spec/slurm.lock` (the testbed is shared)."""
+waited. Run it alone or under a lock file other users of the shared testbed also take (`flock LOCK ...`)."""
 
 from __future__ import annotations
 

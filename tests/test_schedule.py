@@ -7,7 +7,6 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from apscheduler.triggers.interval import IntervalTrigger
 from conftest import port_open
+from helpers import free_port
 from sqlalchemy import text
 
 from auditor import config as config_mod
@@ -168,9 +168,9 @@ def test_lease_expiry_renew_release(sqlite_store: Store) -> None:
     assert locks.acquire(sqlite_store, "x", "B", 60, now)  # lapsed: B takes over
     assert not locks.renew(sqlite_store, "x", "A", 60, now)
     locks.release(sqlite_store, "x", "A")  # not A's any more: no effect
-    assert locks.holder_of(sqlite_store, "x")[0] == "B"
+    assert locks.renew(sqlite_store, "x", "B", 60, now)  # still B's: only the holder can renew
     locks.release(sqlite_store, "x", "B")
-    assert locks.holder_of(sqlite_store, "x") is None
+    assert locks.acquire(sqlite_store, "x", "C", 60, now)  # released: free for anyone
 
 
 # -- periods: once per week / month, across restarts -----------------------------------------------------
@@ -209,7 +209,7 @@ def test_weekly_report_once_per_period_and_caught_up_after_restart(tmp_path: Pat
     def daemon() -> Daemon:
         return Daemon(sqlite_store, cfg, base_dir=tmp_path, runner=rec, clock=lambda: clock["now"])
 
-    assert daemon().catch_up_candidates() == []  # first install: nothing to catch up
+    assert daemon().missed() == []  # first install: nothing to catch up
     d = daemon()
     assert d.report_job() is not None and rec.count("notify") == 1
     assert d.report_job() is None and rec.count("notify") == 1  # same period: skipped
@@ -218,13 +218,13 @@ def test_weekly_report_once_per_period_and_caught_up_after_restart(tmp_path: Pat
     # down over the next Monday's firing; restarted at 10:00
     clock["now"] = monday + timedelta(days=7, hours=2)
     d2 = daemon()
-    assert d2.catch_up_candidates() == ["report"]
+    assert [job for job, _fire in d2.missed()] == ["report"]
     d2.start()
     try:
         assert wait_for(lambda: rec.count("notify") == 2, 10)
     finally:
         d2.shutdown()
-    assert daemon().catch_up_candidates() == []  # and a further restart does not repeat it
+    assert daemon().missed() == []  # and a further restart does not repeat it
     with sqlite_store.engine.connect() as c:
         keys = [r[0] for r in c.execute(text("SELECT period_key FROM notifications WHERE kind = :k ORDER BY id"),
                                         {"k": MARKER_KIND["report"]})]
@@ -373,7 +373,7 @@ def test_lease_race_on_postgresql(pg_schema_url: str) -> None:
     for t in threads:
         t.join()
     assert len(won) == 1
-    assert locks.holder_of(store, "weekly-report")[0] == f"h{won[0]}"
+    assert [i for i in range(8) if locks.renew(store, "weekly-report", f"h{i}", 60)] == won  # the winner holds it
 
 
 # -- /healthz and /metrics on the demo fleet -------------------------------------------------------------
@@ -383,12 +383,6 @@ def get(url: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def demo_store(tmp_path: Path) -> tuple[Path, config_mod.Config, Store]:

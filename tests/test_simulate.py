@@ -16,7 +16,7 @@ from auditor.audit import run as audit
 from auditor.audit import usage
 from auditor.config import Config, Thresholds
 from auditor.records import Allocation, GpuBucket
-from auditor.simulate import FleetSpec, fleet_jobs, fleet_records, populate
+from auditor.simulate import BLOCK_NODES, FleetSpec, block_jobs, fleet_records, populate
 from auditor.store.engine import Store
 from auditor.store.retention import prune
 
@@ -44,7 +44,7 @@ def test_streams_lazily_in_store_key_order() -> None:
 
 def test_job_mix_sizes_and_no_double_booking() -> None:
     spec = FleetSpec(gpus=2048, days=7)
-    jobs = list(fleet_jobs(spec))
+    jobs = [j for block in range(-(-spec.nodes // BLOCK_NODES)) for j in block_jobs(spec, block)[2]]
     behaviours = Counter(j.behaviour for j in jobs)
     assert set(behaviours) == {"working", "inference", "low", "idle", "mirage", "partial", "episode"}
     assert behaviours["working"] > behaviours["idle"] > behaviours["mirage"] > 0

@@ -2,7 +2,7 @@
 the testbed (``SLURM_TESTBED_VARIANT`` of scripts/testbed-slurm.sh): AccountingStorageTRES without gres/gpu,
 and MIG-typed GRES plus shards on fake devices. Each test reconfigures the running testbed, submits real
 jobs and restores the default configuration afterwards (about a minute each). Needs root and the testbed;
-other users of the testbed serialise with ``flock /work/spec/slurm.lock`` (or run these alone, as CI does)."""
+other users of the testbed serialise with ``flock LOCK`` on a shared lock file (or run these alone, as CI does)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,10 @@ of hand-written expectations (docs/definitions.md), and a check that no other mo
 
 from __future__ import annotations
 
+import io
 import re
+import shutil
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -59,10 +62,47 @@ def test_verdict_sql_on_both_engines(store: Store, working_first: bool) -> None:
     assert got == want
 
 
+#: the verdict's thresholds (Thresholds fields the one definition reads)
+VERDICT_THRESHOLDS = r"(idle_sm|idle_dram|idle_tensor|idle_util|working_sm|mirage_util|mirage_gr|idle_power_w)"
+#: SQL text (anywhere in a module, strings included): a metric compared with a bound parameter or with an
+#: interpolated value, or a verdict threshold bound as a parameter
+SQL_JUDGING = re.compile(r"(sm_active|gpu_util|dram_active|tensor_active|gr_engine)\s*[<>]=?\s*[:{]"
+                         rf"|:{VERDICT_THRESHOLDS[:-1]}|idle_power)\b|[<>]=?\s*\{{[^}}]*\b{VERDICT_THRESHOLDS}\b")
+#: Python code (strings and comments removed): a comparison with a verdict threshold on either side
+PY_JUDGING = re.compile(rf"[<>]=?\s*(?:\w+\s*\.\s*)*{VERDICT_THRESHOLDS}\b|\b{VERDICT_THRESHOLDS}\s*[<>]")
+
+
+def _code(src: str) -> str:
+    """``src`` without its strings and comments (the docs may say "SM < idle_sm"; code may not)."""
+    drop = (tokenize.STRING, tokenize.COMMENT, tokenize.FSTRING_START, tokenize.FSTRING_MIDDLE,
+            tokenize.FSTRING_END) if hasattr(tokenize, "FSTRING_START") else (tokenize.STRING, tokenize.COMMENT)
+    toks = tokenize.generate_tokens(io.StringIO(src).readline)
+    return " ".join(t.string for t in toks if t.type not in drop)
+
+
+def judging_modules(package: Path) -> list[str]:
+    """Modules of ``package`` (a directory; all its subpackages) other than auditor/audit/verdict.py that
+    compare a metric with a verdict threshold, in SQL or in Python; named relative to its parent."""
+    found = (str(p.relative_to(package.parent)) for p in package.rglob("*.py")
+             if SQL_JUDGING.search(src := p.read_text()) or PY_JUDGING.search(_code(src)))
+    return sorted(name for name in found if name != "auditor/audit/verdict.py")
+
+
 def test_no_other_module_judges_on_its_own() -> None:
-    """Only auditor/audit/verdict.py compares a metric with a threshold (issue 13 section 2: one definition)."""
-    pattern = re.compile(r"(sm_active|gpu_util|dram_active|tensor_active|gr_engine)\s*[<>]=?\s*:|:(idle_sm|"
-                         r"idle_dram|idle_tensor|idle_util|working_sm|mirage_util|mirage_gr|idle_power)\b")
-    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "auditor").glob("*.py")
-                 if p.name != "verdict.py" and pattern.search(p.read_text())]
-    assert offenders == []
+    """Only auditor/audit/verdict.py compares a metric with a verdict threshold (issue 13 section 2: one
+    definition): every module of every stage package is read, and the connectors'."""
+    assert len(list((ROOT / "auditor").rglob("*.py"))) > 90  # the stage packages, not just the top level
+    assert judging_modules(ROOT / "auditor") + judging_modules(ROOT / "connectors") == []
+
+
+@pytest.mark.parametrize("stray", [
+    'SQL = "SELECT 1 FROM gpu_buckets b WHERE b.sm_active < :idle_sm"\n',
+    'SQL = f"SELECT 1 FROM gpu_buckets b WHERE b.sm_active < {th.idle_sm!r}"\n',
+    "def stray(sm: float, th) -> bool:\n    return sm < th.idle_sm\n",
+])
+def test_the_guard_sees_a_stray_comparison_in_a_stage_package(tmp_path: Path, stray: str) -> None:
+    """A copy of auditor/ with one stray comparison appended to auditor/audit/episodes.py is caught."""
+    shutil.copytree(ROOT / "auditor", tmp_path / "auditor")
+    episodes = tmp_path / "auditor" / "audit" / "episodes.py"
+    episodes.write_text(episodes.read_text() + "\n\n" + stray)
+    assert judging_modules(tmp_path / "auditor") == ["auditor/audit/episodes.py"]

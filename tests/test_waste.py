@@ -8,6 +8,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from helpers import usage
 from sqlalchemy import text
 
 from auditor.audit.run import run_audit
@@ -84,13 +85,6 @@ def findings(store: Store, run_id: int) -> dict[str, dict[str, dict]]:
                 ev = json.loads(r.evidence) if isinstance(r.evidence, str) else r.evidence
                 out.setdefault(r.external_id, {})[r.kind] = ev
     return out
-
-
-def usage(store: Store, run_id: int) -> dict[str, dict]:
-    with store.engine.connect() as conn:
-        return {r.external_id: dict(r._mapping) for r in conn.execute(text(
-            "SELECT a.external_id, u.* FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id "
-            "WHERE u.run_id = :r"), {"r": run_id})}
 
 
 def test_mirage_split(store: Store) -> None:

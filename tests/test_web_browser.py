@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import csv
 import json
-import socket
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 from auditor.audit.run import run_audit
 from auditor.config import Config
@@ -28,12 +28,6 @@ from test_web import world_records  # noqa: E402
 
 PAGES = {"overview": "/", "teams": "/teams", "users": "/users", "clusters": "/clusters", "findings": "/findings",
          "allocation": "/allocation/1", "chargeback": "/chargeback"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

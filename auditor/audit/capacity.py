@@ -10,10 +10,7 @@ from sqlalchemy import Connection, text
 
 from auditor.audit.evidence import _fn
 from auditor.audit.reservations import RESERVATIONS, RESV_USED, _json_list
-from auditor.timeutil import utcnow
-
-H = 3600.0
-
+from auditor.timeutil import H, utcnow
 
 CAP_ALLOC = """SELECT a.cluster, ag.node AS host, SUM(ag.share * ({L}(COALESCE(a.end_ts, :horizon), :horizon)
   - {G}(a.start_ts, :since))) AS alloc_s

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from auditor.config import Thresholds
-
-H = 3600.0
+from auditor.timeutil import H
 
 
 def bottleneck(r: dict[str, Any], th: Thresholds | None = None) -> tuple[str, str]:

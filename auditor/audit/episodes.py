@@ -11,10 +11,10 @@ from sqlalchemy import Connection, text
 from auditor.audit import infra, judge, verdict
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import greatest_least
+from auditor.timeutil import H
 
 CHUNK = 500
 
-H = 3600.0
 
 
 _IDLE = verdict.in_codes("j.v", verdict.IDLE_CODES)

@@ -9,8 +9,7 @@ from sqlalchemy import Connection
 
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import sql_names
-
-H = 3600.0
+from auditor.timeutil import H
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -33,11 +33,11 @@ from auditor.audit.money import Pricing
 from auditor.audit.reservations import idle_reservations
 from auditor.audit.sparklines import sparkline_texts
 from auditor.audit.timing import step
+from auditor.audit.verdict import EPS
 from auditor.config import Config, Thresholds
 from auditor.store import schema
 from auditor.store.ingest_pg import copy_dicts
-
-H = 3600.0
+from auditor.timeutil import H
 
 
 def _held(r: dict[str, Any]) -> str:
@@ -51,7 +51,7 @@ def mirage_kind(r: dict[str, Any], th: Thresholds) -> tuple[str, str]:
     a driver or hardware state), hung_collective (GPU-Util high, power near idle, memory held, 2+ GPUs: a
     stuck NCCL collective), else util_mirage (a process spinning or waiting). Missing power or memory
     readings are no evidence: such a mirage stays util_mirage."""
-    eps = 1e-9
+    eps = EPS
     util = (r.get("mirage_util_s") or 0.0) / r["mirage_s"] if r["mirage_s"] > 0 else 0.0
     fb = r.get("idle_peak_fb_mib")
     if util >= th.ghost_gpu_util - eps and fb is not None and fb <= th.ghost_max_fb_mib + eps:

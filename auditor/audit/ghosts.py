@@ -22,9 +22,9 @@ from sqlalchemy import Connection, text
 
 from auditor.audit import verdict
 from auditor.audit.evidence import _fn
+from auditor.audit.verdict import EPS
 from auditor.config import Thresholds
-
-H = 3600.0
+from auditor.timeutil import H
 
 # Time each telemetry GPU was held in [since, horizon), in a temporary table (with statistics: a plan that
 # guesses them paired every telemetry GPU with every allocation of its cluster): the run's attribution
@@ -114,13 +114,13 @@ def unallocated_ghosts(conn: Connection, run_id: int, th: Thresholds, p: dict[st
     conn.execute(text("DROP TABLE _held"))
     for r in rows:
         ghost_s = float(r.ghost_s or 0.0)
-        if ghost_s <= 0 or ghost_s < th.ghost_unallocated_min_minutes * 60 - 1e-9:
+        if ghost_s <= 0 or ghost_s < th.ghost_unallocated_min_minutes * 60 - EPS:
             continue
         util = _ratio(r.util_s, ghost_s) or 0.0
         fb = float(r.peak_fb) if r.peak_fb is not None else None
         where = f"{r.host} GPU {r.gpu_index}"
         held = (f"{fb:.0f} MiB used: a process outside the scheduler" if fb is not None and
-                fb > th.ghost_max_fb_mib + 1e-9 else "no process: a driver or hardware state")
+                fb > th.ghost_max_fb_mib + EPS else "no process: a driver or hardware state")
         ev = {"rule": f"{where} read GPU-Util {util:.0%} for {ghost_s / H:.1f} h with no allocation; {held}",
               "recipient": "operations", "unallocated": True, "node": r.host, "gpu_index": r.gpu_index,
               "uuid": r.uuid, "gpu_model": r.model, "ghost_gpu_hours": ghost_s / H, "buckets": int(r.buckets),

@@ -24,10 +24,9 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from auditor.audit.verdict import EPS
 from auditor.config import Thresholds
-
-H = 3600.0
-EPS = 1e-9
+from auditor.timeutil import H
 
 JOBS = """SELECT a.cluster, a.user_name, a.account, ua.team, a.id, a.start_ts, a.end_ts, a.time_limit_s,
  COUNT(*) AS gpus, SUM(CASE WHEN {seen} THEN 1 ELSE 0 END) AS seen,
@@ -44,7 +43,7 @@ ORDER BY a.cluster, a.user_name, a.id"""
 
 
 def jobs_sql(th: Thresholds) -> str:
-    seen = f"u.reserved_s > 0 AND u.observed_s >= {th.unmonitored_coverage!r} * u.reserved_s - 1e-9"
+    seen = f"u.reserved_s > 0 AND u.observed_s >= {th.unmonitored_coverage!r} * u.reserved_s - {EPS!r}"
     unused = f"{seen} AND u.low_s + u.working_s + u.busy_unverified_s <= 0"
     return JOBS.format(seen=seen, unused=unused)
 

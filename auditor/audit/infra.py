@@ -22,6 +22,7 @@ from sqlalchemy import Connection, text
 
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import sql_names
+from auditor.timeutil import H
 
 WHOLE_NODE = -1
 #: Bucket condition (``b`` = gpu_buckets, ``{a}`` the allocated interval a_s, a_e): the part of the bucket
@@ -130,8 +131,6 @@ def finish(conn: Connection) -> None:
     conn.execute(text("DROP TABLE IF EXISTS _infra"))
     conn.execute(text("DROP TABLE IF EXISTS _attr_infra"))
 
-
-H = 3600.0
 
 NODE_INFRA = """SELECT a.cluster, ag.node, SUM(u.infra_s) AS infra_s, SUM(u.infra_s * ua.price_per_gpu_hour) AS cost_s,
  COUNT(DISTINCT u.allocation_id) AS allocations

@@ -25,10 +25,11 @@ from sqlalchemy import Connection, text
 
 from auditor.audit import judge, verdict
 from auditor.audit.evidence import _finding
+from auditor.audit.verdict import EPS
 from auditor.config import Config, Thresholds
 from auditor.store.sqlfuncs import greatest_least
+from auditor.timeutil import H
 
-H = 3600.0
 CELL = 300
 _IDLE = verdict.in_codes("j.v", verdict.IDLE_CODES)
 
@@ -169,7 +170,7 @@ def idle_while_queued(conn: Connection, run_id: int, per_alloc: list[dict[str, A
         for key in (("cluster", r["cluster"]), ("team", r["cluster"], r["team"])):
             sums[key][0] += s
             sums[key][1] += h * r["price"]
-        if h + 1e-9 < th.queue_min_idle_gpu_hours:
+        if h + EPS < th.queue_min_idle_gpu_hours:
             continue
         n, m = waited["aid"].get((aid,), (0, 0.0))
         ev = {"rule": f"{h:.1f} idle GPU-hours while {n} GPU job(s) waited for {m:.1f} GPU-hours in partition "
@@ -215,8 +216,8 @@ def idle_quota(conn: Connection, run_id: int, th: Thresholds, cfg: Config, p: di
                "held_gpus": held, "idle_gpus": idle, "in_use_gpus": in_use,
                "unknown_gpus": float(r.unknown_s or 0) / span,
                "unused_gpus": unused, "allocations": int(r.allocations or 0),
-               "reclaim": unused + 1e-9 >= th.idle_quota_min_gpus
-               and unused + 1e-9 >= th.idle_quota_fraction * float(r.gpus)}
+               "reclaim": unused + EPS >= th.idle_quota_min_gpus
+               and unused + EPS >= th.idle_quota_fraction * float(r.gpus)}
         table.append(row)
         if row["reclaim"]:
             ev = {"rule": f"{r.kind} {r.name}: quota {float(r.gpus):g} GPUs, {in_use:.1f} in use on average "

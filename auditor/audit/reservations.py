@@ -14,9 +14,7 @@ from auditor.audit.evidence import _fn
 from auditor.audit.money import UNMAPPED, Pricing
 from auditor.config import Config, Thresholds
 from auditor.store.sqlfuncs import sql_names
-
-H = 3600.0
-
+from auditor.timeutil import H
 
 RESERVATIONS = """SELECT r.id, r.cluster, r.name, r.gpu_count, r.nodes, r.users, r.accounts, r.flags,
  r.start_ts, r.end_ts, {G}(r.start_ts, :since) AS r_s, {L}(r.end_ts, :horizon) AS r_e

@@ -25,9 +25,10 @@ from sqlalchemy import Connection, text
 
 from auditor.audit.evidence import whole_idle
 from auditor.audit.money import Pricing
+from auditor.audit.verdict import EPS
 from auditor.config import PriceCard, Thresholds
+from auditor.timeutil import H
 
-H = 3600.0
 #: MIG profiles of the A100/H100 families: compute slices of 7, share of the GPU's memory
 PROFILES = ((1, 1 / 8), (2, 1 / 4), (3, 1 / 2), (4, 1 / 2))
 _GB = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
@@ -104,7 +105,7 @@ def hint(r: dict[str, Any], th: Thresholds, prices: PriceCard,
     mem = model_mib(r.get("gpu_model"))
     if mem is not None and has_mig(r.get("gpu_model")):
         for g, frac in PROFILES:
-            if peak <= mem * frac + 1e-9 and sm <= g / 7 + 1e-9:
+            if peak <= mem * frac + EPS and sm <= g / 7 + EPS:
                 name = f"{g}g.{round(mem * frac / 1024)}gb"
                 mig = {k.lower(): v for k, v in prices.mig.items()}.get(name)
                 new = hours * (mig if mig is not None else r["price"] * g / 7)
@@ -114,14 +115,14 @@ def hint(r: dict[str, Any], th: Thresholds, prices: PriceCard,
                 break
     n = int(r["gpus"])
     if n >= 2:
-        need = max(1, math.ceil(sm * n / th.working_sm - 1e-9))
+        need = max(1, math.ceil(sm * n / th.working_sm - EPS))
         if need < n:
             out["fewer_gpus"] = need
             out["fewer_gpus_saving"] = cost * (n - need) / n
             options.append((out["fewer_gpus_saving"], "fewer_gpus", f"{need} of {n} GPUs", hours * (n - need) / n))
-    whole = (r.get("gpu_count") or 0) >= n - 1e-9
-    if models and whole and sm <= th.rightsize_model_max_sm + 1e-9:
-        fit = [m for m in models if peak <= m[1] + 1e-9 and m[2] < r["price"] - 1e-9]
+    whole = (r.get("gpu_count") or 0) >= n - EPS
+    if models and whole and sm <= th.rightsize_model_max_sm + EPS:
+        fit = [m for m in models if peak <= m[1] + EPS and m[2] < r["price"] - EPS]
         if fit:
             name, _mib, price = fit[0]  # cheapest first
             out["model"] = name

@@ -5,7 +5,6 @@ kept as JSON text: formatting ~100 floats per finding was most of the time it to
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -44,14 +43,6 @@ def sparkline_json(packed: str | None) -> str:
             sm[k] = _number(s_sm)
             util[k] = _number(s_util)
     return '{"sm": [' + ", ".join(sm) + '], "util": [' + ", ".join(util) + "]}"
-
-
-def sparklines(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int, *,
-               helpers_only: bool = False) -> dict[int, dict]:
-    """Per allocation: ``{"sm": [...], "util": [...]}`` (None = no data in that bin), read from
-    :func:`sparkline_texts`."""
-    return {aid: json.loads(t) for aid, t in sparkline_texts(conn, run_id, ids, since, horizon,
-                                                             helpers_only=helpers_only).items()}
 
 
 def sparkline_texts(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int, *,

@@ -57,6 +57,11 @@ def at_least(expr: str, t: float) -> str:
     return f"{expr} >= {_lit(t - EPS)}"
 
 
+def is_below(value: float, t: float) -> bool:
+    """Python's ``value < t`` with the boundary rule of :func:`below` (for figures read back from the store)."""
+    return value < t - EPS
+
+
 def prefixed(alias: str) -> Col:
     """Column names of a table alias, e.g. ``prefixed("b")("sm_active") == "b.sm_active"``."""
     return lambda name: f"{alias}.{name}" if alias else name

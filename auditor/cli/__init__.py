@@ -1,12 +1,12 @@
 """The ``gpu-audit`` command: a thin layer over the library API (sqlite-utils style).
 
 Named errors become one line on stderr and a non-zero exit; ``--debug`` shows the traceback. Feature areas
-add their commands from their own modules (``COMMAND_MODULES``), each exposing ``register(group)``.
+add their commands from their own modules, each exposing ``register(group)`` and listed once in
+``COMMAND_MODULES``.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
 from typing import Any
@@ -14,11 +14,13 @@ from typing import Any
 import click
 
 from auditor import config as config_mod
-from auditor.cli.app import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, App, pass_app, time_option, window  # noqa: F401
-from auditor.errors import GpuAuditError
+from auditor.cli import core, db, enforce, jobs, money, report, serve, web
+from auditor.cli.app import App, pass_app, time_option, window  # noqa: F401
+from auditor.errors import EXIT_ERROR, GpuAuditError
 
-COMMAND_MODULES: list[str] = ["auditor.cli.money", "auditor.cli.serve", "auditor.cli.report", "auditor.cli.db",
-                              "auditor.cli.jobs", "auditor.cli.web", "auditor.cli.enforce"]
+#: The one registration list: every command module, each with ``register(group)`` (they import only
+#: auditor.cli.app, so importing them here first is no cycle)
+COMMAND_MODULES = (core, money, serve, report, db, jobs, web, enforce)
 
 
 class Cli(click.Group):
@@ -67,42 +69,6 @@ def main(ctx: click.Context, config_path: str | None, as_json: bool, debug: bool
     ctx.obj = App(config_path, as_json=as_json, debug=debug)
 
 
-@main.group()
-def db() -> None:
-    """The SQL store: migrations and schema."""
-
-
-@db.command("upgrade")
-@click.option("--revision", default="head", show_default=True, help="Target Alembic revision.")
-@pass_app
-def db_upgrade(app: App, revision: str) -> None:
-    """Create or migrate the store's tables."""
-    store = app.store(migrate_check=False)
-    store.upgrade(revision)
-    app.emit({"store": store.redacted_url(), "revision": store.current()},
-             f"store {store.redacted_url()} at revision {store.current()}")
-
-
-@db.command("current")
-@pass_app
-def db_current(app: App) -> None:
-    """Show the store's migration revision and the newest one this version knows."""
-    store = app.store(migrate_check=False)
-    cur, head = store.current(), store.head()
-    app.emit({"store": store.redacted_url(), "current": cur, "head": head},
-             f"{store.redacted_url()}: revision {cur or 'none'} (head {head})"
-             + ("" if cur == head else " - run `gpu-audit db upgrade`"))
-
-
-@db.command("schema")
-@pass_app
-def db_schema(app: App) -> None:
-    """Print the documented schema (Markdown) of every table and column."""
-    from auditor.store.schemadoc import schema_markdown
-
-    click.echo(schema_markdown())
-
-
 @main.group("config")
 def config_group() -> None:
     """Configuration."""
@@ -146,10 +112,5 @@ def _redacted(url: str) -> str:
     return redact_url(url)
 
 
-def _load_command_modules() -> None:
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(main)
-
-
-importlib.import_module("auditor.cli.core").register(main)
-_load_command_modules()
+for _module in COMMAND_MODULES:
+    _module.register(main)

@@ -18,8 +18,6 @@ from auditor import jsonsafe
 from auditor.errors import GpuAuditError
 from auditor.timeutil import parse_time, utcnow
 
-EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 1, 3
-
 
 @dataclass
 class App:
@@ -34,8 +32,11 @@ class App:
 
     @property
     def cfg(self) -> config_mod.Config:
+        """The config, every source's options validated by its connector."""
         if self._cfg is None:
-            self._cfg = config_mod.load(self.config_path)
+            import connectors
+
+            self._cfg = connectors.load_config(self.config_path)
         return self._cfg
 
     @property

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from auditor.cli.app import EXIT_ERROR, App, check_time, pass_app, time_option, window
-from auditor.errors import GpuAuditError
+from auditor.cli.app import App, check_time, pass_app, time_option, window
+from auditor.errors import EXIT_ERROR, EXIT_PARTIAL, GpuAuditError
 
 
 def _progress(app: App) -> Any:
@@ -109,27 +109,16 @@ def register(main: click.Group) -> None:
             + "".join(f"\n  note: {n}" for n in (r.notes if r.ok else ()))
             for r in summary.results) or "no sources configured")
         if not summary.ok:
-            raise click.exceptions.Exit(EXIT_ERROR if not any(r.ok for r in summary.results) else 3)
+            raise click.exceptions.Exit(EXIT_ERROR if not any(r.ok for r in summary.results) else EXIT_PARTIAL)
 
     @main.command()
     @time_option("--since", "Audit window start (default: report.days ago).")
     @time_option("--until", "Audit window end (default: now).")
     @click.option("--cluster", "clusters", multiple=True, help="Only this cluster (repeatable).")
-    @click.option("--what-if", "what_if", default=None, metavar="K=V,...",
-                  help="Re-judge stored history with other thresholds, e.g. idle_sm=0.1,episode=1h, and print "
-                       "the difference; nothing is collected.")
     @pass_app
-    def audit(app: App, since: str | None, until: str | None, clusters: tuple[str, ...],
-              what_if: str | None) -> None:
+    def audit(app: App, since: str | None, until: str | None, clusters: tuple[str, ...]) -> None:
         """Judge every reserved GPU-interval in the window and store usage and findings."""
         s, u = window(app, since, until)
-        if what_if:
-            from auditor.audit.whatif import format_diff
-            from auditor.audit.whatif import what_if as run_what_if
-
-            diff = run_what_if(app.store(), app.cfg, s, u, what_if)
-            app.emit(diff, lambda: format_diff(diff))
-            return
         from auditor.audit.run import run_audit
 
         result = run_audit(app.store(), app.cfg, s, u, clusters=list(clusters) or None)
@@ -170,7 +159,7 @@ def register(main: click.Group) -> None:
     @pass_app
     def demo(app: App, out: str, store_url: str | None, now: str | None, seed: int, telemetry: str) -> None:
         """Simulate a week of a small mixed fleet, collect it through the file connectors, audit, report."""
-        from auditor import config as config_mod
+        import connectors
         from auditor.audit.run import run_audit
         from auditor.collect import collect as do_collect
         from auditor.demo import generate
@@ -181,7 +170,7 @@ def register(main: click.Group) -> None:
         out_dir = Path(out)
         cfg_path, start, end = generate(out_dir, now=parse_time(now) if now else None, seed=seed,
                                         store_url=store_url, telemetry=telemetry)
-        cfg = config_mod.load(cfg_path)
+        cfg = connectors.load_config(cfg_path)
         store = Store.open(cfg.store.resolved_url(), cfg.store.batch_rows)
         store.upgrade()
         cs = do_collect(store, cfg, base_dir=cfg_path.parent, until=end, progress=_progress(app))

@@ -1,4 +1,4 @@
-"""``gpu-audit db prune``: the retention policy (see :mod:`auditor.store.retention` and docs/performance.md)."""
+"""``gpu-audit db``: the SQL store's migrations, documented schema and retention (:mod:`auditor.store.retention`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,37 @@ from auditor.cli.app import App, FiniteRange, pass_app, time_option
 
 
 def register(main: click.Group) -> None:
-    db = main.commands["db"]
-    assert isinstance(db, click.Group)
+    @main.group()
+    def db() -> None:
+        """The SQL store: migrations, schema and retention."""
+
+    @db.command("upgrade")
+    @click.option("--revision", default="head", show_default=True, help="Target Alembic revision.")
+    @pass_app
+    def db_upgrade(app: App, revision: str) -> None:
+        """Create or migrate the store's tables."""
+        store = app.store(migrate_check=False)
+        store.upgrade(revision)
+        app.emit({"store": store.redacted_url(), "revision": store.current()},
+                 f"store {store.redacted_url()} at revision {store.current()}")
+
+    @db.command("current")
+    @pass_app
+    def db_current(app: App) -> None:
+        """Show the store's migration revision and the newest one this version knows."""
+        store = app.store(migrate_check=False)
+        cur, head = store.current(), store.head()
+        app.emit({"store": store.redacted_url(), "current": cur, "head": head},
+                 f"{store.redacted_url()}: revision {cur or 'none'} (head {head})"
+                 + ("" if cur == head else " - run `gpu-audit db upgrade`"))
+
+    @db.command("schema")
+    @pass_app
+    def db_schema(app: App) -> None:
+        """Print the documented schema (Markdown) of every table and column."""
+        from auditor.store.schemadoc import schema_markdown
+
+        click.echo(schema_markdown())
 
     @db.command("prune")
     @click.option("--keep-weeks", default=8.0, show_default=True, type=FiniteRange(min=0, max=520),

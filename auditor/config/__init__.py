@@ -1,8 +1,9 @@
 """Configuration: one TOML file, validated on load, every key documented (docs/configuration.md).
 
 Settings are data (pydantic models) so the docs test can walk them. Each connector owns the model of its
-own options (``Options`` on the connector class); this module validates them under the key path where they
-appear, so an error reads ``clusters[0].telemetry[1].url: field required``.
+own options (``Options`` on the connector class); :func:`connectors.validate_sources` validates them under
+the key path where they appear (``clusters[0].telemetry[1].url: field required``) once the file is loaded
+here, so this layer needs no connector.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from auditor.config.base import (
     Strict,
     check_store_url,
     check_timezone,
-    check_url,
 )
 from auditor.config.thresholds import Thresholds
 from auditor.energy import EnergyConfig
@@ -334,36 +334,11 @@ def one_line(exc: ValidationError, prefix: str = "") -> str:
     return f"{path}: {msg}{more}"
 
 
-def validate_sources(cfg: Config) -> None:
-    """Validate each connector's own options now, so a bad key fails `config check`, not a 3 a.m. run."""
-    from connectors import connector_class
-
-    for ci, cluster in enumerate(cfg.clusters):
-        for role in ("allocations", "telemetry"):
-            for si, src in enumerate(getattr(cluster, role)):
-                where = f"clusters[{ci}].{role}[{si}]"
-                try:
-                    cls = connector_class(src.kind, role)
-                except KeyError as exc:
-                    raise ConfigError(f"{where}.kind: {exc.args[0]}") from None
-                try:
-                    cls.Options.model_validate(src.options())
-                except ValidationError as exc:
-                    raise ConfigError(one_line(exc, where)) from None
-                for key, value in src.options().items():
-                    if isinstance(value, str) and (key.endswith("url") or key == "host") and "://" in value:
-                        check_url(value, f"{where}.{key}")
-
-
 def parse(data: dict[str, Any], origin: str = "config") -> Config:
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{origin}: {one_line(exc)}") from None
-    try:
-        validate_sources(cfg)
-    except ConfigError as exc:
-        raise ConfigError(f"{origin}: {exc}") from None
     return cfg
 
 

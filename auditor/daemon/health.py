@@ -1,5 +1,11 @@
-"""The daemon's health: ``/healthz`` for liveness probes and alerts, and the HTTP endpoint that also serves
-``/metrics`` (:mod:`auditor.daemon.metrics`) through prometheus_client's WSGI exposition app.
+"""The daemon's health: ``/healthz`` for liveness probes and alerts, the metrics for Prometheus, and the HTTP
+endpoint that serves both (``/metrics`` through prometheus_client's WSGI exposition app).
+
+The metrics live in one private ``CollectorRegistry`` of prometheus_client (no process/platform default
+collectors mixed in, and tests can build several). Store-backed series (last collect per source, lag, the
+latest audit's idle GPU time and cost per team) are read at scrape time from the store, so they survive
+restarts and are the same whichever daemon is asked. Counters of step runs, durations and failures are this
+process's own. Durations are in base units (seconds), as ``promtool check metrics`` wants.
 
 The server is wsgiref's, threaded as prometheus_client's own ``start_wsgi_server`` is; no HTTP is parsed
 here.
@@ -11,24 +17,23 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from auditor.collect import source_key
 from auditor.config import Config
+from auditor.daemon.pipeline import RunSummary
 from auditor.intparse import uint_or_none
 from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
-
-if TYPE_CHECKING:
-    from auditor.daemon.metrics import Metrics
 
 log = logging.getLogger("gpu_audit.health")
 
@@ -66,6 +71,128 @@ def health(store: Store, cfg: Config, max_age_s: float, now: datetime | None = N
     return healthy, {"status": "ok" if healthy else "unhealthy", "scheduler_running": scheduler_running,
                      "max_age_s": max_age_s, "stale": [f"{s['cluster']} {s['source']}" for s in stale],
                      "sources": sources}
+
+
+PREFIX = "gpu_audit"
+
+
+class StoreCollector:
+    """Gauges read from the store at scrape time."""
+
+    def __init__(self, store: Store, cfg: Config, clock: Callable[[], datetime] = utcnow) -> None:
+        self.store, self.cfg, self.clock = store, cfg, clock
+
+    def describe(self) -> list[Any]:
+        return []  # values come from the store at scrape time; no registration-time query
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            yield from self._collect()
+        except Exception as exc:  # a store outage must not break the scrape of the process counters
+            log.warning("metrics: cannot read the store: %s", exc)
+            up = GaugeMetricFamily(f"{PREFIX}_store_up", "1 when the store could be read at scrape time.")
+            up.add_metric([], 0)
+            yield up
+
+    def _collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self.clock().timestamp()
+        marks = watermarks(self.store)
+        last = GaugeMetricFamily(f"{PREFIX}_last_collect_success_timestamp_seconds",
+                                 "When each cluster source last collected successfully (UTC epoch).",
+                                 labels=["cluster", "source"])
+        lag = GaugeMetricFamily(f"{PREFIX}_collect_lag_seconds",
+                                "Now minus the watermark: how far behind the collected data is.",
+                                labels=["cluster", "source"])
+        for (cluster, source), (wm, updated) in sorted(marks.items()):
+            if updated is not None:
+                last.add_metric([cluster, source], updated)
+            lag.add_metric([cluster, source], max(0.0, now - wm))
+        yield last
+        yield lag
+        yield from self._audit()
+        up = GaugeMetricFamily(f"{PREFIX}_store_up", "1 when the store could be read at scrape time.")
+        up.add_metric([], 1)
+        yield up
+
+    def _audit(self) -> Iterator[GaugeMetricFamily]:
+        runs, ua = schema.audit_runs, schema.usage_allocation
+        cur = self.cfg.prices.currency
+        with self.store.engine.connect() as conn:
+            run = conn.execute(select(runs.c.id, runs.c.finished_ts, runs.c.since_ts, runs.c.until_ts)
+                               .where(runs.c.status == "ok", runs.c.what_if.is_(False))
+                               .order_by(runs.c.id.desc()).limit(1)).first()
+            rows = [] if run is None else conn.execute(
+                select(ua.c.team, func.sum(ua.c.reserved_s), func.sum(ua.c.idle_s + ua.c.mirage_s),
+                       func.sum(ua.c.effective_s), func.sum(ua.c.reserved_cost), func.sum(ua.c.idle_cost))
+                .where(ua.c.run_id == run.id).group_by(ua.c.team).order_by(ua.c.team)).all()
+        info = GaugeMetricFamily(f"{PREFIX}_latest_audit_run_id", "Id of the latest successful audit run.")
+        finished = GaugeMetricFamily(f"{PREFIX}_latest_audit_timestamp_seconds",
+                                     "When the latest successful audit finished (UTC epoch).")
+        window = GaugeMetricFamily(f"{PREFIX}_latest_audit_window_seconds", "Length of its audit window.")
+        if run is not None:
+            info.add_metric([], run.id)
+            finished.add_metric([], run.finished_ts or 0)
+            window.add_metric([], run.until_ts - run.since_ts)
+        fams = {
+            "reserved": GaugeMetricFamily(f"{PREFIX}_team_reserved_gpu_seconds",
+                                          "Reserved GPU time per team in the latest audit (GPU-seconds).",
+                                          labels=["team"]),
+            "idle": GaugeMetricFamily(f"{PREFIX}_team_idle_gpu_seconds",
+                                      "Idle (incl. mirage) GPU time per team in the latest audit (GPU-seconds).",
+                                      labels=["team"]),
+            "effective": GaugeMetricFamily(f"{PREFIX}_team_effective_gpu_seconds",
+                                           "Effective GPU time (overlap x SM activity) per team (GPU-seconds).",
+                                           labels=["team"]),
+            "rcost": GaugeMetricFamily(f"{PREFIX}_team_reserved_cost", "Reserved cost per team.",
+                                       labels=["team", "currency"]),
+            "icost": GaugeMetricFamily(f"{PREFIX}_team_idle_cost", "Cost of idle GPU time per team.",
+                                       labels=["team", "currency"]),
+        }
+        for team, reserved, idle, eff, rcost, icost in rows:
+            name = team or "(none)"
+            fams["reserved"].add_metric([name], reserved or 0)
+            fams["idle"].add_metric([name], idle or 0)
+            fams["effective"].add_metric([name], eff or 0)
+            fams["rcost"].add_metric([name, cur], rcost or 0)
+            fams["icost"].add_metric([name, cur], icost or 0)
+        yield info
+        yield finished
+        yield window
+        yield from fams.values()
+
+
+class Metrics:
+    """This process's counters, plus the store-backed gauges, in one private registry."""
+
+    def __init__(self, store: Store, cfg: Config, clock: Callable[[], datetime] = utcnow) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(StoreCollector(store, cfg, clock))
+        r = self.registry
+        self.step_runs = Counter(f"{PREFIX}_step_runs", "Steps run by the daemon.", ["step"], registry=r)
+        self.step_failures = Counter(f"{PREFIX}_step_failures", "Steps that failed.", ["step"], registry=r)
+        self.step_seconds = Histogram(f"{PREFIX}_step_duration_seconds", "Step run time.", ["step"],
+                                      buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600), registry=r)
+        self.source_failures = Counter(f"{PREFIX}_collect_source_failures", "Collections of a source that "
+                                       "failed (after retries).", ["cluster", "source"], registry=r)
+        self.job_runs = Counter(f"{PREFIX}_job_runs", "Scheduled jobs started.", ["job"], registry=r)
+        self.job_skips = Counter(f"{PREFIX}_job_skips", "Scheduled jobs skipped: lease held elsewhere, "
+                                 "period already done, shutting down, or a collect folded into the same tick's "
+                                 "audit job.", ["job", "reason"], registry=r)
+        self.job_errors = Counter(f"{PREFIX}_job_errors", "Scheduled jobs that raised.", ["job"], registry=r)
+
+    def observe(self, summary: RunSummary) -> None:
+        for step in summary.steps:
+            self.step_runs.labels(step.name).inc()
+            self.step_seconds.labels(step.name).observe(step.seconds)
+            if not step.ok:
+                self.step_failures.labels(step.name).inc()
+            for src in step.detail.get("sources", []) if step.name == "collect" else []:
+                if not src.get("ok"):
+                    self.source_failures.labels(src["cluster"], src["source"]).inc()
+
+    def render(self) -> bytes:
+        """The text exposition format of every series (prometheus_client's ``generate_latest``)."""
+        return generate_latest(self.registry)
 
 
 class _QuietHandler(WSGIRequestHandler):

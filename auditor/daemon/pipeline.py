@@ -3,7 +3,6 @@ call. Each step's failure is recorded and the later steps that do not depend on 
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -13,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from auditor.config import Config
-from auditor.errors import GpuAuditError
+from auditor.errors import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, GpuAuditError
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
 
 log = logging.getLogger("gpu_audit.run")
 
 STEPS = ("collect", "audit", "report", "notify", "enforce", "chargeback")
-EXIT_OK, EXIT_FAILED, EXIT_PARTIAL = 0, 1, 3
 
 
 @dataclass
@@ -41,10 +39,10 @@ class RunSummary:
     def exit_code(self) -> int:
         """0 all ok; 1 a step failed; 3 every step ran but some cluster sources failed (partial)."""
         if any(not s.ok and s.name != "collect" for s in self.steps):
-            return EXIT_FAILED
+            return EXIT_ERROR
         collect = next((s for s in self.steps if s.name == "collect"), None)
         if collect and not collect.ok:
-            return EXIT_FAILED if not collect.detail.get("sources") or all(
+            return EXIT_ERROR if not collect.detail.get("sources") or all(
                 not r["ok"] for r in collect.detail["sources"]) else EXIT_PARTIAL
         return EXIT_OK
 
@@ -61,10 +59,6 @@ def parse_steps(text: str | Sequence[str]) -> list[str]:
     return items
 
 
-def _call(module: str, func: str, *args: Any, **kwargs: Any) -> Any:
-    return getattr(importlib.import_module(module), func)(*args, **kwargs)
-
-
 def run_steps(store: Store, cfg: Config, steps: Sequence[str], *, base_dir: Path,
               since: datetime | None = None, until: datetime | None = None, dry_run: bool = False,
               out_dir: Path | None = None, formats: Sequence[str] = ("html", "text", "md", "json"),
@@ -73,8 +67,13 @@ def run_steps(store: Store, cfg: Config, steps: Sequence[str], *, base_dir: Path
 
     ``keep_going`` is asked before each step (the daemon: "is the lease still ours?"); when it says no, the
     remaining steps are not run and are reported failed, so nothing is sent twice."""
+    # the stages load when a pass runs, not when the daemon module is imported
     from auditor.audit.run import latest_run, run_audit
     from auditor.collect import collect
+    from auditor.enforce.policy import enforce
+    from auditor.report.chargeback import write_previous_month
+    from auditor.report.notify import notify
+    from auditor.report.render import write_reports
 
     summary = RunSummary()
     end = until or utcnow()
@@ -103,21 +102,20 @@ def run_steps(store: Store, cfg: Config, steps: Sequence[str], *, base_dir: Path
                 run_id = summary.run_id or latest_run(store)
                 if run_id is None:
                     raise GpuAuditError("no audit run to report on: run the audit step first")
-                paths = _call("auditor.report.render", "write_reports", store, cfg, run_id, Path(out), list(formats))
+                paths = write_reports(store, cfg, run_id, Path(out), list(formats))
                 res.detail = {"files": [str(p) for p in paths]}
             elif name == "notify":
                 run_id = summary.run_id or latest_run(store)
                 if run_id is None:
                     raise GpuAuditError("no audit run to notify about: run the audit step first")
-                res.detail = _call("auditor.report.notify", "notify", store, cfg, run_id, dry_run=dry_run,
-                                   out_dir=Path(out) / "outbox")
+                res.detail = notify(store, cfg, run_id, dry_run=dry_run, out_dir=Path(out) / "outbox")
             elif name == "enforce":
                 # --dry-run (or a dry-run daemon) never acts, whatever enforce.apply says
                 run_cfg = cfg.model_copy(update={"enforce": cfg.enforce.model_copy(update={"apply": False})}) \
                     if dry_run else cfg
-                res.detail = _call("auditor.enforce.policy", "enforce", store, run_cfg, base_dir=base_dir)
+                res.detail = enforce(store, run_cfg, base_dir=base_dir)
             elif name == "chargeback":
-                res.detail = _call("auditor.report.chargeback", "write_previous_month", store, cfg, Path(out), end)
+                res.detail = write_previous_month(store, cfg, Path(out), end)
         except GpuAuditError as exc:
             res.ok, res.error = False, str(exc)
             log.error("step %s failed: %s", name, exc)

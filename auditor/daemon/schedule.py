@@ -40,7 +40,7 @@ from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import func, insert, select
 
 from auditor.config import Config
-from auditor.daemon.metrics import Metrics
+from auditor.daemon.health import Metrics
 from auditor.daemon.pipeline import RunSummary, run_steps
 from auditor.errors import GpuAuditError
 from auditor.store import schema
@@ -311,9 +311,6 @@ class Daemon:
             if not period_done(self.store, job, period_key(job, fire), self.dry_run):
                 out.append((job, fire))
         return out
-
-    def catch_up_candidates(self) -> list[str]:
-        return [job for job, _fire in self.missed()]
 
     def catch_up(self) -> list[str]:
         """After a restart: run each missed weekly report / chargeback once, now."""

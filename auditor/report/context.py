@@ -21,9 +21,8 @@ from auditor.report.nodes import nodes_section
 from auditor.report.words import ADVICE, DEFINITIONS, judged_in_words
 from auditor.store import schema
 from auditor.store.engine import Store
-from auditor.timeutil import utcnow
+from auditor.timeutil import H, utcnow
 
-H = 3600.0
 SCHEMA = "gpu-audit.report/1"
 IDLE_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus")
 SECTION_KINDS = {"episodes": ("idle_episode",), "reservations": ("idle_reservation",),

@@ -18,9 +18,8 @@ from auditor.config import Config, Thresholds
 from auditor.errors import GpuAuditError
 from auditor.report.context import ADVICE, _tz, _when, load_run
 from auditor.store.engine import Store
-from auditor.timeutil import utcnow
+from auditor.timeutil import H, utcnow
 
-H = 3600.0
 BINS = 48
 METRICS = ("sm_active", "tensor_active", "dram_active", "gpu_util", "fb_used_mib", "power_w")
 # verdict codes as the one verdict definition numbers them (auditor.audit.verdict), and how a terminal draws them

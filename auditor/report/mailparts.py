@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from auditor.audit import verdict
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.report import context as report
@@ -71,7 +72,7 @@ def mark_running(store: Store, rows: list[dict[str, Any]], now_ts: int, idle_sm:
         running = a is not None and a.start_ts is not None and (a.end_ts is None or a.end_ts > now_ts)
         sm = [v for v in ((r.get("sparkline") or {}).get("sm") or []) if v is not None]
         r["running_now"] = running
-        r["idle_now"] = bool(running and sm and sm[-1] < idle_sm)
+        r["idle_now"] = bool(running and sm and verdict.is_below(sm[-1], idle_sm))
         r["checked_at"] = report._when(now_ts, tz)
         r["release_hint"] = release_hint(a.source, a.external_id, a.account, a.name) if a is not None else ""
 

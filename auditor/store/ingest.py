@@ -25,6 +25,7 @@ from auditor.records import (
     NodeEvent,
     Record,
     Reservation,
+    RunningSnapshot,
 )
 from auditor.store import schema
 from auditor.store.allocations import ALLOC_BATCH, ingest_allocations, ingest_inventory, keep_known
@@ -296,7 +297,6 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
     """Upsert ``records`` in batched transactions. With ``on_bad``, a batch the store refuses is retried
     record by record and each refused record is handed to ``on_bad`` (the collector quarantines it)."""
     from auditor.store.stats import IngestStats
-    from connectors.base import RunningSnapshot
 
     stats = IngestStats()
     allocs: list[Allocation] = []

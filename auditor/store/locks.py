@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import delete, or_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor.store import schema
@@ -67,14 +67,6 @@ def release(store: Store, name: str, holder: str) -> None:
     t = schema.locks
     with store.begin() as conn:
         conn.execute(delete(t).where(t.c.name == name, t.c.holder == holder))
-
-
-def holder_of(store: Store, name: str) -> tuple[str, int] | None:
-    """(holder, expires_ts) of a lease, or None when nobody holds it."""
-    t = schema.locks
-    with store.engine.connect() as conn:
-        row = conn.execute(select(t.c.holder, t.c.expires_ts).where(t.c.name == name)).first()
-    return (row[0], row[1]) if row else None
 
 
 class Lease:
