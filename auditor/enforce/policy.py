@@ -30,16 +30,16 @@ from sqlalchemy import delete, insert, or_, select
 
 from auditor.audit import exempt
 from auditor.audit.money import Pricing
+from auditor.audit.verdict import EPS
 from auditor.config import Config, Policy, Thresholds
 from auditor.errors import GpuAuditError
 from auditor.report.channels import Message, Notifier
 from auditor.report.mailparts import safe_header
 from auditor.store import schema
 from auditor.store.engine import Store
-from auditor.timeutil import floor_to, utcnow
+from auditor.timeutil import H, floor_to, utcnow
 
 log = logging.getLogger("gpu_audit.enforce")
-H = 3600.0
 STAGES = ("act", "escalate", "warn")
 Backends = Callable[[str, str], Any]  # (cluster, source) -> Actions or None
 
@@ -102,7 +102,7 @@ def evaluate(u: dict[str, float] | None, a: dict[str, Any], p: Policy, stage: st
     mirage = u.get("mirage_s", 0.0)
     infra = u.get("infra_s", 0.0)
     act = stage == "act"
-    mirage_counts = not act or (p.act_on_mirage and u.get("max_gpu_mirage_s", 0.0) >= mirage_min_s - 1e-9)
+    mirage_counts = not act or (p.act_on_mirage and u.get("max_gpu_mirage_s", 0.0) >= mirage_min_s - EPS)
     idle = u.get("idle_s", 0.0) + (mirage if mirage_counts else 0.0)
     if act and not p.act_on_util_only:
         idle -= util_only  # only SM-verified idle time may lead to an action
@@ -118,13 +118,13 @@ def evaluate(u: dict[str, float] | None, a: dict[str, Any], p: Policy, stage: st
         return "not_idle", f"running {(now_ts - (a['start_ts'] or now_ts)) / H:.2f} h < {hours:g} h", ev
     if reserved <= 0:
         return "blocked", "no reserved time in the window", ev
-    if ev["coverage"] < p.min_coverage - 1e-9:
+    if ev["coverage"] < p.min_coverage - EPS:
         return "blocked", (f"telemetry coverage {ev['coverage']:.0%} < min_coverage {p.min_coverage:.0%} "
                            f"(unknown {ev['unknown_gpu_hours']:.2f} GPU-h is never idle)"), ev
     if act and infra > 0:
         return "blocked", (f"{infra / H:.2f} GPU-h of the window inside an infrastructure event (never idle; "
                            "acting waits for a window without one)"), ev
-    if ev["idle_share"] >= p.idle_fraction - 1e-9:
+    if ev["idle_share"] >= p.idle_fraction - EPS:
         return "idle", (f"idle {ev['idle_share']:.0%} of reserved time in the last {hours:g} h >= "
                         f"{p.idle_fraction:.0%}"), ev
     why = f"idle {ev['idle_share']:.0%} < {p.idle_fraction:.0%}"
