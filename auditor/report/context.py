@@ -218,7 +218,8 @@ def finding_totals(conn: Connection, run_id: int, names: tuple[str, ...], *, whe
     hours no job used (its jobs' idle hours are counted with the jobs). A set of restating kinds only
     (idle_while_queued, request_hygiene, ...) totals the largest of its kinds' own totals.
     ``gpu_hours`` sums each finding group's own GPU-hours, ``reserved_gpu_hours`` the reserved GPU-hours of
-    the allocations concerned (plus the GPU-hours of findings about no allocation)."""
+    the allocations concerned (plus the GPU-hours of findings about no allocation); ``by_allocation`` the
+    counted idle GPU-hours and cost of each allocation (a nudge's rows)."""
     marks = ", ".join(f":k{i}" for i in range(len(names)))
     p = {"run": run_id, **{f"k{i}": k for i, k in enumerate(names)}, **(params or {})}
     groups = [dict(r._mapping) for r in conn.execute(text(TOTALS_SQL.format(kinds=marks, where=where,
@@ -237,7 +238,7 @@ def finding_totals(conn: Connection, run_id: int, names: tuple[str, ...], *, whe
                 unused[int(r.id)] = (h, h * float(ev.get("price_per_gpu_hour") or 0.0))
     choices = [adds] if adds else [{k} for k in sorted(present)]
     best: dict[str, Any] = {"idle_gpu_hours": 0.0, "cost": 0.0, "gpu_hours": 0.0, "reserved_gpu_hours": 0.0,
-                            "allocations": 0, "counted_kinds": []}
+                            "allocations": 0, "counted_kinds": [], "by_allocation": {}}
     for chosen in choices:
         per: dict[Any, dict[str, Any]] = {}
         for g in groups:
@@ -252,11 +253,13 @@ def finding_totals(conn: Connection, run_id: int, names: tuple[str, ...], *, whe
             x["c"] += c
             x["gh"] = max(x["gh"], float(g["gh"] or 0.0))
         t = {"idle_gpu_hours": 0.0, "cost": 0.0, "gpu_hours": 0.0, "reserved_gpu_hours": 0.0,
-             "allocations": 0, "counted_kinds": sorted(chosen)}
+             "allocations": 0, "counted_kinds": sorted(chosen), "by_allocation": {}}
         for x in per.values():
             ih, c = x["ih"], x["c"]
             if x["aid"] is not None and x["cap"] is not None:
                 ih, c = min(ih, float(x["cap"]) / H), min(c, float(x["cap_cost"] or 0.0))
+            if x["aid"] is not None:
+                t["by_allocation"][int(x["aid"])] = {"idle_gpu_hours": ih, "cost": c}
             t["idle_gpu_hours"] += ih
             t["cost"] += c
             t["gpu_hours"] += x["gh"]

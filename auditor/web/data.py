@@ -158,7 +158,7 @@ def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dic
         r.pop("sparkline", None)
     return {"schema": "gpu-audit.web.findings/1", "run": info, "scope": user, "currency": cfg.prices.currency,
             "filters": chosen, "sort": sort, "order": order.lower(), "page": page, "page_rows": n,
-            "total": t["findings"], "totals": t,
+            "total": t["findings"], "totals": {k: v for k, v in t.items() if k != "by_allocation"},
             "rows": rows, "options": options}
 
 
