@@ -304,6 +304,40 @@ def test_demo_exports_list_every_kind(demo: tuple[Store, Config, int, Path]) -> 
     assert csv_kinds == t["kinds"]
 
 
+# -- two findings about the same hours of one job, on both engines ----------------------------------------------
+
+def test_overlapping_findings_count_once(store: Store) -> None:
+    """tests/test_web.py's world: dana's job 501 (2 GPUs x 4 h: GPU 0 busy 2 h then idle 2 h, GPU 1 a 4 h mirage)
+    is util_mirage (its 6 idle GPU-hours), idle_gpus (GPU 1's 4 of them) and idle_episode (GPU 0's last 2);
+    erin's notebook 2 idle GPU-hours, mallory's job 1. By hand: 9 idle GPU-hours, USD 18.00 at 2.0 per
+    GPU-hour, never 15 (30.00)."""
+    from test_jobview import DAY
+    from test_report import T0
+    from test_web import world_records
+
+    store.ingest(world_records())
+    cfg = Config(email=EmailConfig(user_domain="example.org"))
+    rid = run_audit(store, cfg, T0, T0 + DAY).run_id
+    t = truth(store, rid)
+    with store.engine.connect() as conn:
+        kinds = sorted(r[0] for r in conn.execute(text(
+            "SELECT f.kind FROM findings f JOIN allocations a ON a.id = f.allocation_id WHERE a.external_id = '501' "
+            "AND f.run_id = :r"), {"r": rid}))
+    assert kinds == ["idle_episode", "idle_gpus", "util_mirage"]  # the overlap this test is about
+    close(t["idle"], 9.0, "the audit's idle", 1e-6)
+    c = web_client(store, cfg)
+    f = c.get("/api/findings").json()["totals"]
+    close(f["idle_gpu_hours"], 9.0, "web findings idle total", 1e-6)
+    close(f["cost"], 18.0, "web findings cost total", 1e-6)
+    close(c.get("/api/findings?user=dana").json()["totals"]["idle_gpu_hours"], 6.0, "dana's findings", 1e-6)
+    ctx = report.build_context(store, cfg, rid)
+    close(ctx["top_idle"]["totals"]["idle_gpu_hours"], 9.0, "report top idle total", 1e-6)
+    dana = nudge_figures(store, cfg, rid)["dana@example.org"]
+    close(dana[0], 6.0, "dana's nudge idle")
+    close(dana[1], 12.0, "dana's nudge cost", 0.0051)
+    close(dana[2], 8.0, "dana's nudge reserved")
+
+
 # -- generated fleets, against the oracle, on both engines ----------------------------------------------------
 
 EXAMPLES = 12
