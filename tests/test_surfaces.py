@@ -304,6 +304,20 @@ def test_demo_exports_list_every_kind(demo: tuple[Store, Config, int, Path]) -> 
     assert csv_kinds == t["kinds"]
 
 
+def test_demo_findings_name_the_registry_audience(demo: tuple[Store, Config, int, Path]) -> None:
+    """Each stored finding's recipient is its kind's audience in the registry (docs/definitions.md)."""
+    from auditor.audit import kinds
+
+    store, _, rid, _ = demo
+    with store.engine.connect() as conn:
+        rows = [(r.kind, r.evidence) for r in conn.execute(text(
+            "SELECT kind, evidence FROM findings WHERE run_id = :r"), {"r": rid})]
+    got = {k: (json.loads(e) if isinstance(e, str) else e).get("recipient") for k, e in rows}
+    assert {k: v for k, v in got.items() if v is not None} == {k: kinds.audience(k) for k, v in got.items()
+                                                               if v is not None}
+    assert len([v for v in got.values() if v]) >= 12, got  # all but idle_reservation say who acts
+
+
 # -- two findings about the same hours of one job, on both engines ----------------------------------------------
 
 def test_overlapping_findings_count_once(store: Store) -> None:
