@@ -81,6 +81,8 @@ def idle_episodes(conn: Connection, run_id: int, working: list[dict[str, Any]], 
                   "episode_gpus": len({s.gid for s in group}),
                   "ongoing": r["end_ts"] is None and end >= p["horizon"]}
             f = _finding(run_id, "idle_episode", r, ev, idle_h, p["since"], p["horizon"])
+            # the card's means and sparkline are the whole job's: say which window they cover
+            f["evidence"].update(job_start_ts=f["start_ts"], job_end_ts=f["end_ts"])
             f.update(start_ts=int(start), end_ts=int(end), gpu_hours=idle_h)
             out.append(f)
     return out

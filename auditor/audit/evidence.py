@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from auditor.audit import kinds
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import sql_names
 from auditor.timeutil import H
@@ -80,10 +81,6 @@ def whole_allocation_finding(r: dict[str, Any], th: Thresholds) -> tuple[str, st
     return None
 
 
-#: Who acts on a finding: the job's owner, or operations (the driver or hardware, not the user's job)
-RECIPIENT = {"ghost_busy": "operations", "lemon_node": "operations"}
-
-
 def _finding(run_id: int, kind: str, r: dict[str, Any], ev: dict[str, Any], idle_h: float, since: int,
              horizon: int) -> dict[str, Any]:
     start = max(r["start_ts"], since)
@@ -92,7 +89,7 @@ def _finding(run_id: int, kind: str, r: dict[str, Any], ev: dict[str, Any], idle
             "reservation_id": None, "account": r["account"], "user_name": r["user_name"], "team": r["team"],
             "start_ts": start, "end_ts": end, "gpu_hours": r["reserved_s"] / H, "idle_gpu_hours": idle_h,
             "cost": idle_h * r["price"],
-            "evidence": {**ev, **metrics(r), "recipient": RECIPIENT.get(kind, "user"),
+            "evidence": {**ev, **metrics(r), "recipient": kinds.audience(kind),
                          "job": {"id": r["external_id"], "name": r["name"],
                                                      "source": r["source"]}}}
 

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, text
 
 from auditor import energy, jsonsafe
-from auditor.audit import infra, parallel, rightsize
+from auditor.audit import infra, kinds, parallel, rightsize
 from auditor.audit.efficiency import low_efficiency
 from auditor.audit.episodes import idle_episodes
 from auditor.audit.evidence import (
@@ -175,6 +175,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     rows += infra.lemon_findings(run_id, nodes, th)  # repeated faults matter even on a node nobody held
     # the thresholds are the run's (audit_runs.thresholds), stored once, not in every finding's evidence: the
     # same 1.2 kB of JSON encoded 60,000 times at 16,384 GPUs, and stripped again by every export
+    resv = reservation_unused(rows)  # read before the evidence is written away
     by_id = {r["allocation_id"]: r for r in per_alloc}
     models = rightsize.cluster_models(conn, Pricing(cfg))
     rows.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
@@ -209,6 +210,7 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
                 f["evidence"] = None  # stored; only the kind is still needed (summary)
     with step("summary"):
         summary = summarise(per_alloc, rows, cfg)
+        summary.update(resv)
         summary["verification_by_node_group"] = checked()
         summary["capacity"] = room()
         summary["infra_nodes"] = nodes
@@ -217,6 +219,19 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     summary.update(extra)
     summary["opportunity"] = opp
     return summary
+
+
+def reservation_unused(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The headline's idle reservation figures: reserved GPU-hours of idle reservations that no job used,
+    and their cost. Not in ``idle_gpu_hours`` (that counts allocations); the idle hours of jobs inside a
+    reservation are (they are the jobs')."""
+    h = c = 0.0
+    for f in rows:
+        if kinds.BY_NAME[f["kind"]].family == "reservation":
+            ev = f["evidence"]
+            h += float(ev.get("unused_gpu_hours") or 0.0)
+            c += float(ev.get("unused_gpu_hours") or 0.0) * float(ev.get("price_per_gpu_hour") or 0.0)
+    return {"idle_reservation_gpu_hours": h, "idle_reservation_cost": c}
 
 
 def opportunity(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config,

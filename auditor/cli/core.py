@@ -45,6 +45,9 @@ def headline(summary: dict[str, Any]) -> str:
         f" GPU-hour {'n/a' if cpe is None else f'{cpe:,.2f}'} {cur})",
         f"Idle GPU-hours:       {_hours(summary['idle_gpu_hours'])}  (of which mirage "
         f"{_hours(summary['mirage_gpu_hours'])}; cost {summary['idle_cost']:,.2f} {cur})",
+        *([f"Idle reservations:    {_hours(summary['idle_reservation_gpu_hours'])}  (GPU-hours no job used; cost "
+           f"{summary.get('idle_reservation_cost', 0.0):,.2f} {cur}; not in the idle GPU-hours above)"]
+          if summary.get("idle_reservation_gpu_hours") else []),
         f"Unknown GPU-hours:    {_hours(summary['unknown_gpu_hours'])}  (no telemetry: never counted as idle)",
         *([f"Infrastructure GPU-hours: {_hours(summary['infra_gpu_hours'])}  (faulty or drained nodes: never idle, "
            f"cost {summary.get('infra_cost', 0.0):,.2f} {cur})"] if summary.get("infra_gpu_hours") else []),

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import Connection, select, text
 
+from auditor.audit import kinds
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.report import sizing
@@ -24,10 +25,11 @@ from auditor.store.engine import Store
 from auditor.timeutil import H, utcnow
 
 SCHEMA = "gpu-audit.report/1"
-IDLE_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus")
-SECTION_KINDS = {"episodes": ("idle_episode",), "reservations": ("idle_reservation",),
-                 "low_efficiency": ("low_efficiency",), "unmonitored": ("unmonitored",),
-                 "queue_findings": ("idle_while_queued", "idle_quota")}
+IDLE_KINDS = kinds.of_section("top_idle")
+#: the findings tables of the report besides the top idle allocations (and the ghosts: top_idle's kinds
+#: without an allocation), each listing the registry's kinds of its section
+SECTION_KINDS = {s: kinds.of_section(s) for s in ("episodes", "reservations", "low_efficiency", "unmonitored",
+                                                   "queue_findings")}
 TREND_WEEKS = 5
 
 def _tz(cfg: Config) -> Any:
@@ -93,6 +95,20 @@ def usage_totals(conn: Connection, run_id: int) -> dict[str, Any]:
     return _usage_row(dict(tot))
 
 
+def usage_of(conn: Connection, run_id: int, *, user: str | None = None, team: str | None = None
+             ) -> dict[str, Any]:
+    """The run's usage of one user's (or one team's) allocations: what the web overview shows a scoped
+    viewer and what a nudge compares the idle hours with (one computation for both)."""
+    where, p = "", {"run": run_id}
+    if user is not None:
+        where, p["who"] = " AND a.user_name = :who", user
+    elif team is not None:
+        where, p["who"] = " AND u.team = :who", team
+    row = conn.execute(text(f"SELECT {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
+                            f"u.allocation_id WHERE u.run_id = :run{where}"), p).one()
+    return _usage_row(dict(row._mapping))
+
+
 def usage_group_rows(conn: Connection, run_id: int, keys: list[str]) -> list[dict[str, Any]]:
     """Usage summed by ``keys`` (columns of usage_allocation ``u`` or allocations ``a``), worst first: every
     group (groups are teams and accounts, not allocations, so the list stays short). Every usage row has
@@ -132,11 +148,7 @@ FINDING_SQL = ("SELECT f.id, f.kind, f.cluster, f.allocation_id, f.reservation_i
 
 def finding_row(m: dict[str, Any], tz: Any) -> dict[str, Any]:
     """A finding flattened for tables: who, what, how much, why (the rule) and the sparkline data."""
-    ev = m["evidence"] or {}
-    if isinstance(ev, str):
-        import json
-
-        ev = json.loads(ev)
+    ev = _evidence(m["evidence"])
     job = ev.get("job") or {}
     return {"id": m["id"], "kind": m["kind"], "cluster": m["cluster"], "allocation_id": m["allocation_id"],
             "job_id": str(job.get("id") or ""), "job_name": str(job.get("name") or ""),
@@ -151,7 +163,24 @@ def finding_row(m: dict[str, Any], tz: Any) -> dict[str, Any]:
             "mean_sm_active": ev.get("mean_sm_active"), "coverage": ev.get("coverage"),
             "low_confidence": bool(ev.get("low_confidence")), "rule": str(ev.get("rule") or ""),
             "hint": ": ".join(str(x) for x in (ev.get("hint"), ev.get("hint_reason")) if x),
-            "advice": ADVICE.get(m["kind"], ""), "sparkline": ev.get("sparkline")}
+            "advice": ADVICE.get(m["kind"], ""),
+            # the allocation's reserved GPU-hours (a finding's own gpu_hours may be a part: an episode's)
+            "reserved_gpu_hours": ev.get("reserved_gpu_hours", m["gpu_hours"]),
+            # an idle episode's job: its means and sparkline are the whole job's, not the episode's
+            "job_start": _when(ev.get("job_start_ts"), tz), "job_end": _when(ev.get("job_end_ts"), tz),
+            "about": _about(m, ev),
+            "sparkline": ev.get("sparkline")}  # last: the JSON export splices the stored text in here
+
+
+def _about(m: dict[str, Any], ev: dict[str, Any]) -> str:
+    """What a finding about no allocation is about: a reservation, a user, a quota's account, a node (GPU)."""
+    if m.get("reservation_name") or ev.get("reservation"):
+        return f"reservation {m.get('reservation_name') or ev.get('reservation')}"
+    if ev.get("node"):
+        return f"node {ev['node']}" + (f" GPU {ev['gpu_index']}" if ev.get("gpu_index") is not None else "")
+    if m["kind"] == "idle_quota":
+        return f"quota of {m['account'] or ''}"
+    return f"user {m['user_name'] or ''}"
 
 
 def findings_table(conn: Connection, run_id: int, kinds: tuple[str, ...], tz: Any, *, full: bool,
@@ -163,14 +192,91 @@ def findings_table(conn: Connection, run_id: int, kinds: tuple[str, ...], tz: An
     rows = [finding_row(dict(r._mapping), tz) for r in conn.execute(
         text(sql + " ORDER BY f.cost DESC, f.idle_gpu_hours DESC, f.gpu_hours DESC, f.id"
              + _limit(full, top_n)), p)]
-    # totals count each allocation once: two findings about one job (mirage + idle GPUs) share hours
-    agg = conn.execute(text(
-        "SELECT SUM(n) AS n, SUM(gh) AS gh, SUM(ih) AS ih, SUM(c) AS c FROM (SELECT COUNT(*) AS n, "
-        "MAX(gpu_hours) AS gh, MAX(idle_gpu_hours) AS ih, MAX(cost) AS c FROM findings f "
-        f"WHERE f.run_id = :run AND f.kind IN ({marks}){where} "
-        "GROUP BY COALESCE(f.allocation_id, -f.id)) g"), p).one()
-    return _table(rows, int(agg.n or 0), {"gpu_hours": agg.gh or 0.0, "idle_gpu_hours": agg.ih or 0.0,
-                                          "cost": agg.c or 0.0})
+    t = finding_totals(conn, run_id, kinds, where=where, params=params)
+    return _table(rows, t["findings"], {k: t[k] for k in ("gpu_hours", "reserved_gpu_hours", "idle_gpu_hours",
+                                                          "cost")})
+
+
+TOTALS_SQL = ("SELECT f.kind, COALESCE(f.allocation_id, -f.id) AS g, MIN(f.allocation_id) AS aid, COUNT(*) AS n, "
+              "SUM(f.idle_gpu_hours) AS ih, SUM(f.cost) AS c, MAX(f.gpu_hours) AS gh, "
+              "MAX(u.idle_s + u.mirage_s) AS a_idle_s, MAX(u.idle_cost) AS a_idle_cost, "
+              "MAX(u.reserved_s) AS a_reserved_s, MIN(f.id) AS fid FROM findings f "
+              "LEFT JOIN usage_allocation u ON u.run_id = f.run_id AND u.allocation_id = f.allocation_id{join} "
+              "WHERE f.run_id = :run AND f.kind IN ({kinds}){where} GROUP BY f.kind, COALESCE(f.allocation_id, -f.id)")
+
+
+def finding_totals(conn: Connection, run_id: int, names: tuple[str, ...], *, where: str = "",
+                   params: dict[str, Any] | None = None, join: str = "") -> dict[str, Any]:
+    """The totals of a set of findings (``names`` kinds, narrowed by ``where`` over ``f``, and ``a`` when
+    ``join`` adds allocations): the one computation behind every findings total (report sections, the web
+    findings page, nudges), so that no total adds the same GPU-hours twice.
+
+    Only kinds whose hours add to the idle total (:mod:`auditor.audit.kinds`) are added when the set has
+    any; the findings about one allocation add up to at most that allocation's idle hours (its findings
+    overlap: a mirage finding holds all of them, idle GPUs and episodes parts); an idle reservation adds the
+    hours no job used (its jobs' idle hours are counted with the jobs). A set of restating kinds only
+    (idle_while_queued, request_hygiene, ...) totals the largest of its kinds' own totals.
+    ``gpu_hours`` sums each finding group's own GPU-hours, ``reserved_gpu_hours`` the reserved GPU-hours of
+    the allocations concerned (plus the GPU-hours of findings about no allocation); ``by_allocation`` the
+    counted idle GPU-hours and cost of each allocation (a nudge's rows)."""
+    marks = ", ".join(f":k{i}" for i in range(len(names)))
+    p = {"run": run_id, **{f"k{i}": k for i, k in enumerate(names)}, **(params or {})}
+    groups = [dict(r._mapping) for r in conn.execute(text(TOTALS_SQL.format(kinds=marks, where=where,
+                                                                            join=join)), p)] if names else []
+    present = {g["kind"] for g in groups}
+    adds = present & kinds.ADDS_TO_IDLE
+    unused: dict[int, tuple[float, float]] = {}
+    if adds:  # what of an idle reservation no job used (the evidence says)
+        ids = [int(g["fid"]) for g in groups if g["kind"] in adds and g["aid"] is None
+               and kinds.BY_NAME[g["kind"]].family == "reservation"]
+        for i in range(0, len(ids), 500):
+            for r in conn.execute(text("SELECT f.id, f.evidence FROM findings f WHERE f.id IN ("
+                                       + ", ".join(str(x) for x in ids[i:i + 500]) + ")")):
+                ev = _evidence(r.evidence)
+                h = float(ev.get("unused_gpu_hours") or 0.0)
+                unused[int(r.id)] = (h, h * float(ev.get("price_per_gpu_hour") or 0.0))
+    choices = [adds] if adds else [{k} for k in sorted(present)]
+    best: dict[str, Any] = {"idle_gpu_hours": 0.0, "cost": 0.0, "gpu_hours": 0.0, "reserved_gpu_hours": 0.0,
+                            "allocations": 0, "counted_kinds": [], "by_allocation": {}}
+    for chosen in choices:
+        per: dict[Any, dict[str, Any]] = {}
+        for g in groups:
+            if g["kind"] not in chosen:
+                continue
+            x = per.setdefault(g["g"], {"aid": g["aid"], "ih": 0.0, "c": 0.0, "gh": 0.0, "cap": g["a_idle_s"],
+                                        "cap_cost": g["a_idle_cost"], "res": g["a_reserved_s"]})
+            ih, c = float(g["ih"] or 0.0), float(g["c"] or 0.0)
+            if g["aid"] is None and int(g["fid"]) in unused:
+                ih, c = unused[int(g["fid"])]
+            x["ih"] += ih
+            x["c"] += c
+            x["gh"] = max(x["gh"], float(g["gh"] or 0.0))
+        t = {"idle_gpu_hours": 0.0, "cost": 0.0, "gpu_hours": 0.0, "reserved_gpu_hours": 0.0,
+             "allocations": 0, "counted_kinds": sorted(chosen), "by_allocation": {}}
+        for x in per.values():
+            ih, c = x["ih"], x["c"]
+            if x["aid"] is not None and x["cap"] is not None:
+                ih, c = min(ih, float(x["cap"]) / H), min(c, float(x["cap_cost"] or 0.0))
+            if x["aid"] is not None:
+                t["by_allocation"][int(x["aid"])] = {"idle_gpu_hours": ih, "cost": c}
+            t["idle_gpu_hours"] += ih
+            t["cost"] += c
+            t["gpu_hours"] += x["gh"]
+            t["reserved_gpu_hours"] += float(x["res"]) / H if x["aid"] is not None and x["res"] is not None \
+                else x["gh"]
+            t["allocations"] += x["aid"] is not None
+        if not best["counted_kinds"] or t["idle_gpu_hours"] > best["idle_gpu_hours"]:
+            best = t
+    return {"findings": int(sum(g["n"] for g in groups)), **best}
+
+
+def _evidence(ev: Any) -> dict[str, Any]:
+    """A finding's evidence as a dict (SQLite hands back its JSON text)."""
+    if isinstance(ev, str):
+        import json
+
+        return json.loads(ev)
+    return ev or {}
 
 
 SILENT_SQL = ("FROM gpu_inventory i WHERE NOT EXISTS (SELECT 1 FROM telemetry_gpus t JOIN gpu_buckets b "
@@ -308,8 +414,8 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
             "files": {"json": f"report-{run_id}.json", "csv": f"findings-{run_id}.csv"},
             **summary_sections(conn, run_id, summary, th, tz, full=full, top_n=n),
         }
-        for key, kinds in SECTION_KINDS.items():
-            ctx[key] = findings_table(conn, run_id, kinds, tz, full=full, top_n=n)
+        for key, names in SECTION_KINDS.items():
+            ctx[key] = findings_table(conn, run_id, names, tz, full=full, top_n=n)
     from auditor.audit.exempt import report_section  # enforcement: active exemptions and the audit log
 
     ctx["enforcement"] = report_section(store, cfg, run["since_ts"], int((now or utcnow()).timestamp()),
@@ -326,11 +432,6 @@ def summary_sections(conn: Connection, run_id: int, summary: dict[str, Any], th:
                                                       teams=summary.get("request_hygiene_by_team")),
             "nodes": nodes_section(summary, th, lambda ts: _when(ts, tz), full=full, top_n=top_n),
             "opportunity": opportunity_section(summary, full=full, top_n=top_n)}
-
-
-#: Finding kinds shown in no findings table of their own but listed in the findings CSV (request_hygiene
-#: per user, lemon_node per node: their report sections are built from the run summary)
-CSV_ONLY_KINDS = ("request_hygiene", "lemon_node")
 
 
 def opportunity_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[str, Any] | None:
@@ -361,6 +462,9 @@ def headline(s: dict[str, Any]) -> dict[str, Any]:
     return {"allocations": s.get("allocations") or 0, "reserved_gpu_hours": reserved,
             "effective_gpu_hours": s.get("effective_gpu_hours") or 0.0,
             "idle_gpu_hours": s.get("idle_gpu_hours") or 0.0, "mirage_gpu_hours": s.get("mirage_gpu_hours") or 0.0,
+            # not in idle_gpu_hours (allocations); None on runs from before it was kept
+            "idle_reservation_gpu_hours": s.get("idle_reservation_gpu_hours"),
+            "idle_reservation_cost": s.get("idle_reservation_cost"),
             "unknown_gpu_hours": s.get("unknown_gpu_hours") or 0.0,
             "infra_gpu_hours": s.get("infra_gpu_hours") or 0.0, "infra_cost": s.get("infra_cost") or 0.0,
             "idle_by_util_gpu_hours": s.get("idle_by_util_gpu_hours") or 0.0,
@@ -378,7 +482,6 @@ def headline(s: dict[str, Any]) -> dict[str, Any]:
 def findings_csv_rows(store: Store, cfg: Config, run_id: int) -> list[dict[str, Any]]:
     """Every finding of the run, flat, for the CSV the cut tables point to."""
     tz = _tz(cfg)
-    kinds = tuple(sorted({*IDLE_KINDS, *CSV_ONLY_KINDS, *[k for ks in SECTION_KINDS.values() for k in ks]}))
     with store.engine.connect() as conn:
-        table = findings_table(conn, run_id, kinds, tz, full=True, top_n=0)
+        table = findings_table(conn, run_id, kinds.NAMES, tz, full=True, top_n=0)
     return [{k: v for k, v in r.items() if k != "sparkline"} for r in table["rows"]]

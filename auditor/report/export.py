@@ -25,6 +25,7 @@ from typing import IO, Any
 from sqlalchemy import Connection, text
 
 from auditor import jsonsafe
+from auditor.audit import kinds
 from auditor.config import Config
 from auditor.report import context as report
 from auditor.report.outfile import open_output
@@ -103,12 +104,12 @@ class _Spool:
         return Spooled(self.fh, self.count, table["total"], table["totals"])
 
 
-def _findings(conn: Connection, kinds: tuple[str, ...], run_id: int) -> Iterator[dict[str, Any]]:
+def _findings(conn: Connection, names: tuple[str, ...], run_id: int) -> Iterator[dict[str, Any]]:
     """The run's findings of ``kinds`` in table order. The order is taken over ids alone, then the rows
     (evidence of a few KB each) are read by id in chunks: sorting the whole rows made the database move
     every evidence blob through its sorter. Memory: the ids (one integer per finding) and one chunk."""
-    marks = ", ".join(f":k{i}" for i in range(len(kinds)))
-    params = {"run": run_id, **{f"k{i}": k for i, k in enumerate(kinds)}}
+    marks = ", ".join(f":k{i}" for i in range(len(names)))
+    params = {"run": run_id, **{f"k{i}": k for i, k in enumerate(names)}}
     ids = [r[0] for r in conn.execute(text(
         f"SELECT f.id FROM findings f WHERE f.run_id = :run AND f.kind IN ({marks})" + ORDER), params)]
     sql = report.FINDING_SQL.format(kinds=marks)
@@ -131,9 +132,8 @@ def _stream(conn: Connection, sql: str, params: dict[str, Any]) -> Iterator[dict
 
 
 def all_kinds() -> tuple[str, ...]:
-    """Every finding kind a report table or the CSV shows."""
-    return tuple(sorted({*report.IDLE_KINDS, *report.CSV_ONLY_KINDS,
-                         *[k for ks in report.SECTION_KINDS.values() for k in ks]}))
+    """Every finding kind (the registry, :mod:`auditor.audit.kinds`): the CSV lists them all."""
+    return tuple(sorted(kinds.NAMES))
 
 
 class _CsvOut:
@@ -170,14 +170,14 @@ def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *
     and, when ``json_path`` is given, the full JSON export of ``ctx``'s run; ``groups`` are its uncut team
     and account tables when the caller has them (``build_context(keep=...)``)."""
     tz = report._tz(cfg)
-    kinds = all_kinds()
+    names = all_kinds()
     section = {k: "top_idle" for k in report.IDLE_KINDS}
     section.update({k: key for key, ks in report.SECTION_KINDS.items() for k in ks})
     with ExitStack() as files, store.engine.connect() as conn:
         spools = ({key: _Spool(files) for key in ("top_idle", "ghosts", *report.SECTION_KINDS)} if json_path
                   else {})
         out = _CsvOut(open_output(csv_path, files), cell)
-        for m in _findings(conn, kinds, run_id):
+        for m in _findings(conn, names, run_id):
             spark = m.pop("sparkline_json", None)
             row = report.finding_row(m, tz)
             out.add(row)

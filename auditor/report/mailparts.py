@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from auditor.audit import verdict
+from auditor.audit import kinds, verdict
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.report import context as report
@@ -86,8 +86,6 @@ def nudge_subject(audience: str, who: str, n: int, totals: dict[str, Any], curre
             f"{totals['idle_gpu_hours']:,.1f} GPU-hours, {currency} {totals['cost']:,.2f}")
 
 
-#: user-facing kinds (ghost_busy goes to operations, not the user)
-NUDGE_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "idle_gpus", "idle_episode")
 
 
 _CTRL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
@@ -151,16 +149,21 @@ def compose(cfg: Config, to: str, subject: str, text_body: str, html_body: str, 
 
 
 def nudge_rows(store: Store, cfg: Config, run_id: int) -> list[dict[str, Any]]:
-    """Every nudge-worthy finding of the run (about an allocation), costliest first."""
+    """Every nudge-worthy finding of the run (about an allocation), costliest first: one row per allocation,
+    its idle GPU-hours and cost those of all its nudged findings counted once
+    (:func:`auditor.report.context.finding_totals`), so that a nudge's rows add up to its total."""
+    where = " AND f.allocation_id IS NOT NULL"
     with store.engine.connect() as conn:
-        table = report.findings_table(conn, run_id, NUDGE_KINDS, report._tz(cfg), full=True, top_n=0,
-                                      where=" AND f.allocation_id IS NOT NULL")
+        table = report.findings_table(conn, run_id, kinds.NUDGED, report._tz(cfg), full=True, top_n=0,
+                                      where=where)
+        counted = report.finding_totals(conn, run_id, kinds.NUDGED, where=where)["by_allocation"]
     best: dict[int, dict[str, Any]] = {}
-    kinds: dict[int, list[str]] = defaultdict(list)
+    named: dict[int, list[str]] = defaultdict(list)
     for r in table["rows"]:  # one row per allocation: the costliest finding, naming all its kinds
-        kinds[r["allocation_id"]].append(r["kind"])
+        named[r["allocation_id"]].append(r["kind"])
         best.setdefault(r["allocation_id"], r)
-    return [{**r, "kind": ", ".join(kinds[a])} for a, r in best.items()]
+    out = [{**r, "kind": ", ".join(named[a]), **counted.get(a, {})} for a, r in best.items()]
+    return sorted(out, key=lambda r: -r["cost"])  # stable: ties keep the table's order
 
 
 def smtp_connect(cfg: Config) -> smtplib.SMTP:

@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import insert, select, text
 
+from auditor.audit import kinds
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.report import context as report
@@ -100,10 +101,24 @@ class Throttle:
         return [r for r in rows if r["allocation_id"] not in seen]
 
 
-def nudge_context(ctx: dict[str, Any], audience: str, who: str, rows: list[dict[str, Any]], top_n: int
-                  ) -> dict[str, Any]:
-    totals = {"gpu_hours": sum(r["gpu_hours"] for r in rows), "cost": sum(r["cost"] for r in rows),
-              "idle_gpu_hours": sum(r["idle_gpu_hours"] for r in rows)}
+def nudge_totals(store: Store, run_id: int, rows: list[dict[str, Any]], audience: str, who: str
+                 ) -> dict[str, Any]:
+    """Idle GPU-hours and cost of the nudged allocations (the one findings total,
+    :func:`auditor.report.context.finding_totals`, over their nudged kinds), the GPU-hours they reserved,
+    and ``reserved_by_recipient``: every GPU-hour the user (team) reserved in the window, as the web shows
+    them (:func:`auditor.report.context.usage_of`)."""
+    ids = sorted({int(r["allocation_id"]) for r in rows if r.get("allocation_id") is not None})
+    with store.engine.connect() as conn:
+        t = report.finding_totals(conn, run_id, kinds.NUDGED,
+                                  where=f" AND f.allocation_id IN ({', '.join(map(str, ids)) or 'NULL'})")
+        scope = {"team": who} if audience == "team" else {"user": who}
+        t["reserved_by_recipient"] = report.usage_of(conn, run_id, **scope)["reserved_gpu_hours"]
+    return t
+
+
+def nudge_context(ctx: dict[str, Any], audience: str, who: str, rows: list[dict[str, Any]], top_n: int,
+                  totals: dict[str, Any]) -> dict[str, Any]:
+    """What a nudge shows: its rows (one per allocation) and ``totals`` (:func:`nudge_totals`)."""
     return {"audience": audience, "who": who, "run": ctx["run"], "currency": ctx["currency"],
             "definitions": ctx["definitions"],
             "judged": ctx.get("judged") or [], "thresholds": ctx["thresholds"], "files": ctx["files"],
@@ -148,7 +163,7 @@ def build_messages(store: Store, cfg: Config, run_id: int, *, admin: bool = True
         for team in cfg.teams:
             if by_team.get(team.name):
                 for rcpt in team.emails:
-                    _nudge(out, skipped, cfg, ctx, throttle, "team_nudge", team.name, rcpt,
+                    _nudge(out, skipped, store, cfg, ctx, throttle, "team_nudge", team.name, rcpt,
                            by_team[team.name], pkey)
     if users:
         if not cfg.email.user_domain:
@@ -163,12 +178,12 @@ def build_messages(store: Store, cfg: Config, run_id: int, *, admin: bool = True
                     skipped.append({"kind": "user_nudge", "to": safe_header(user, 80),
                                     "reason": "user name is not a plain login name; no address derived"})
                     continue
-                _nudge(out, skipped, cfg, ctx, throttle, "user_nudge", user, rcpt, urows, pkey)
+                _nudge(out, skipped, store, cfg, ctx, throttle, "user_nudge", user, rcpt, urows, pkey)
     return out, skipped
 
 
-def _nudge(out: list[Outgoing], skipped: list[dict], cfg: Config, ctx: dict[str, Any], throttle: Throttle,
-           kind: str, who: str, rcpt: str, rows: list[dict[str, Any]], pkey: str) -> None:
+def _nudge(out: list[Outgoing], skipped: list[dict], store: Store, cfg: Config, ctx: dict[str, Any],
+           throttle: Throttle, kind: str, who: str, rcpt: str, rows: list[dict[str, Any]], pkey: str) -> None:
     block = throttle.nudge_block(rcpt, cfg.email.nudge_min_days)
     if block:
         skipped.append({"kind": kind, "to": rcpt, "reason": block})
@@ -178,7 +193,8 @@ def _nudge(out: list[Outgoing], skipped: list[dict], cfg: Config, ctx: dict[str,
         skipped.append({"kind": kind, "to": rcpt, "reason": "already nudged about every allocation"})
         return
     audience = "team" if kind == "team_nudge" else "user"
-    nctx = nudge_context(ctx, audience, who, fresh, cfg.report.top_n)
+    nctx = nudge_context(ctx, audience, who, fresh, cfg.report.top_n,
+                         nudge_totals(store, ctx["run"]["id"], fresh, audience, who))
     html, images = render_html(nctx, template="nudge.html.j2", mode="cid")
     txt = environment("text").get_template("nudge.txt.j2").render(**nctx)
     t = nctx["findings"]["totals"]

@@ -20,6 +20,7 @@ import jinja2
 import markupsafe
 
 from auditor import jsonsafe
+from auditor.audit import kinds
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.report import charts
@@ -111,7 +112,7 @@ def _filters(env: jinja2.Environment) -> None:
                        pct=fmt_pct, money=fmt_money, signed=fmt_signed, plain=plain, raw=Raw,
                        mdbar=lambda v, w=12: Raw("`" + charts.text_bar(v, 1.0, width=w) + "`"),
                        textbar=lambda v, w=20: charts.text_bar(v, 1.0, width=w),
-                       barpct=lambda v: charts.bar_width(v, 1.0))
+                       barpct=lambda v: charts.bar_width(v, 1.0), kind_label=kinds.label)
 
 
 @lru_cache(maxsize=4)

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from auditor.audit import kinds
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.intparse import INT32_MAX, parse_uint, uint_or_none
@@ -24,9 +25,7 @@ GROUPS = {"teams": ("u.team", "Team"), "users": ("a.user_name", "User"), "cluste
 SORTS = {"cost": "f.cost", "idle": "f.idle_gpu_hours", "gpu_hours": "f.gpu_hours", "start": "f.start_ts",
          "kind": "f.kind", "user": "f.user_name"}
 FILTERS = ("kind", "cluster", "team", "user", "account")
-ALL_KINDS = ("idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus", "idle_episode",
-             "low_efficiency", "idle_reservation", "unmonitored", "busy_unverified", "request_hygiene",
-             "idle_while_queued", "idle_quota")
+ALL_KINDS = kinds.NAMES  # every finding kind (the registry)
 
 
 def pick_run(store: Store, run: str | int | None) -> int:
@@ -60,16 +59,12 @@ def overview(store: Store, cfg: Config, run_id: int, user: str | None) -> dict[s
             head = report.headline(dict(run["summary"] or {}))
             trend = report.trend(conn, run, tz)
         else:
-            row = conn.execute(text(f"SELECT {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
-                                    f"u.allocation_id WHERE u.run_id = :run{w}"), {"run": run_id, **p}).one()
-            u = _usage_row(dict(row._mapping))
+            u = report.usage_of(conn, run_id, user=user)
             head = {**u, "dashboard_busy": u["mean_gpu_util"], "sm_active": u["mean_sm_active"],
                     "idle_share": report._ratio(u["idle_gpu_hours"], u["reserved_gpu_hours"]), "findings": {}}
             trend = []
             for pt in report.trend(conn, run, tz):
-                r = conn.execute(text(f"SELECT {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
-                                      f"u.allocation_id WHERE u.run_id = :run{w}"), {"run": pt["run_id"], **p}).one()
-                x = _usage_row(dict(r._mapping))
+                x = report.usage_of(conn, pt["run_id"], user=user)
                 trend.append({**pt, "idle_gpu_hours": x["idle_gpu_hours"], "idle_cost": x["idle_cost"],
                               "reserved_gpu_hours": x["reserved_gpu_hours"],
                               "effective_gpu_hours": x["effective_gpu_hours"],
@@ -137,9 +132,9 @@ def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dic
     order = "ASC" if args.get("order") == "asc" else "DESC"
     n = cfg.web.page_rows
     page = max(1, uint_or_none(args.get("page") or "1", hi=INT32_MAX) or 1)
-    kinds = ", ".join(f"'{k}'" for k in ALL_KINDS)
+    kinds_in = ", ".join(f"'{k}'" for k in ALL_KINDS)
     join = " LEFT JOIN allocations a ON a.id = f.allocation_id" if (user is not None or q) else ""
-    base = f"FROM findings f{join} WHERE f.run_id = :run AND f.kind IN ({kinds}){where}"
+    base = f"FROM findings f{join} WHERE f.run_id = :run AND f.kind IN ({kinds_in}){where}"
     with store.engine.connect() as conn:
         info, _ = run_info(conn, run_id, cfg)
         # page ids first (no evidence read while sorting), then the page's full rows
@@ -149,29 +144,22 @@ def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dic
         rows = []
         if ids:
             got = {r.id: report.finding_row(dict(r._mapping), tz) for r in conn.execute(text(
-                report.FINDING_SQL.format(kinds=kinds) + f" AND f.id IN ({', '.join(str(int(i)) for i in ids)})"),
+                report.FINDING_SQL.format(kinds=kinds_in) + f" AND f.id IN ({', '.join(str(int(i)) for i in ids)})"),
                 {"run": run_id})}
             rows = [got[i] for i in ids]
-        # one grouped pass gives the filter options, and the totals when only those filters are set
+        # one grouped pass gives the filter options
         sj = " LEFT JOIN allocations a ON a.id = f.allocation_id" if user is not None else ""
         grouped = [tuple(r) for r in conn.execute(text(
-            f"SELECT f.kind, f.cluster, f.team, COUNT(*), SUM(f.cost), SUM(f.idle_gpu_hours) FROM findings f{sj} "
-            f"WHERE f.run_id = :run AND f.kind IN ({kinds}){w} GROUP BY f.kind, f.cluster, f.team"),
-            {"run": run_id, **_scoped(user)[1]})]
-        if set(chosen) <= {"kind", "cluster", "team"}:
-            keep = [g for g in grouped if all(chosen.get(k) in (None, g[i]) for i, k in
-                                              enumerate(("kind", "cluster", "team")))]
-            total, cost, idle = sum(g[3] for g in keep), sum(g[4] or 0 for g in keep), sum(g[5] or 0 for g in keep)
-        else:
-            agg = conn.execute(text(f"SELECT COUNT(*), SUM(f.cost), SUM(f.idle_gpu_hours) {base}"),
-                               {"run": run_id, **p}).one()
-            total, cost, idle = agg[0], agg[1], agg[2]
+            f"SELECT DISTINCT f.kind, f.cluster, f.team FROM findings f{sj} "
+            f"WHERE f.run_id = :run AND f.kind IN ({kinds_in}){w}"), {"run": run_id, **_scoped(user)[1]})]
+        # the totals: the one computation of findings totals (no GPU-hour added twice)
+        t = report.finding_totals(conn, run_id, ALL_KINDS, where=where, params=p, join=join)
     options = {k: sorted({g[i] or "" for g in grouped})[:200] for i, k in enumerate(("kind", "cluster", "team"))}
     for r in rows:
         r.pop("sparkline", None)
     return {"schema": "gpu-audit.web.findings/1", "run": info, "scope": user, "currency": cfg.prices.currency,
             "filters": chosen, "sort": sort, "order": order.lower(), "page": page, "page_rows": n,
-            "total": int(total or 0), "totals": {"cost": cost or 0.0, "idle_gpu_hours": idle or 0.0},
+            "total": t["findings"], "totals": {k: v for k, v in t.items() if k != "by_allocation"},
             "rows": rows, "options": options}
 
 
