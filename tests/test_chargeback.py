@@ -15,8 +15,9 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
+from helpers import migrated_store
 from oracle import Oracle
-from test_findings_extra import IDLE, WORK, job, pg_store, run
+from test_findings_extra import IDLE, WORK, job, run
 
 from auditor.audit.run import run_audit
 from auditor.config import Config, PriceCard, ReportConfig, Team
@@ -159,8 +160,8 @@ def test_reconciles_on_sqlite(sqlite_store: Store) -> None:
 
 
 @pytest.mark.service
-def test_reconciles_on_postgresql(pg_url: str) -> None:
-    with pg_store(pg_url) as store:
+def test_reconciles_on_postgresql(tmp_path: Path) -> None:
+    with migrated_store("postgresql", tmp_path, "t_cb") as store:
         store.ingest(mixed())
         check_reconciles(store, cfg(), mixed())
         hand_checked(store, cfg())
