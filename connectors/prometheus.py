@@ -10,7 +10,8 @@ One row per GPU, bucket and job: dcgm-exporter repeats a GPU's series per ``hpc_
 pod; series with different job labels stay separate rows (the audit takes the rows that name the
 allocation, so the next job's minutes in a shared bucket are never credited to the one before). Copies of
 one job's series (aliases, the ``Hostname``/``hostname`` rename) are combined with ``max``, never summed.
-A row's observed seconds are its samples times the scrape interval (``sample_interval_s``, else estimated).
+A row's observed seconds are its samples times the scrape interval (``sample_interval_s``, else estimated),
+what overruns its bucket carried into the series' next bucket (docs/definitions.md).
 That fold is done here, per series, not with ``max by (...)`` in PromQL:
 Prometheus 2.x evaluates an aggregation per step, which made each query ~8x slower on 1,024 GPUs
 (measured, bench/bench_prometheus.py) for answers of the same size.
@@ -107,10 +108,11 @@ class PrometheusTelemetry:
                              "connection error, timeout, 429 or 5xx.")
         backoff_s: float = Field(1.0, ge=0, le=60, description="First retry delay; doubles each retry.")
         sample_interval_s: float | None = Field(None, gt=0, description="Scrape interval of the exporter, in "
-                                                "seconds: a bucket's observed seconds are its samples times this "
-                                                "(a job that ran 1 minute of a bucket is 1 minute observed). "
-                                                "Unset = estimated per GPU as the bucket length divided by the "
-                                                "most samples any bucket of it had in the chunk.")
+                                                "seconds: a bucket's observed seconds are its samples times this, "
+                                                "what overruns a bucket carried into the next (a job that ran 1 "
+                                                "minute of a bucket is 1 minute observed). Unset = estimated per "
+                                                "GPU as the median seconds per sample of its inner buckets (samples in "
+                                                "the buckets before and after) in the chunk.")
         metrics: list[str] | None = Field(None, description="Bucket fields to pull (e.g. `[\"sm_active\", "
                                           "\"gpu_util\"]`); unset = every field.")
         host_label: str | None = Field(None, description="Take the node name from this label only (e.g. "

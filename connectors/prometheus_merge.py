@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -179,17 +180,44 @@ class Merge:
             counts = row.pop("_count_sm_active", None) or row.pop("_count_gpu_util", None) or {0: 0}
             row.pop("_count_gpu_util", None)
             counted.append((start, job, row, uuid, model, labels, max(counts.values())))
-        most = max((c[-1] for c in counted), default=0)
-        step = interval or (seconds / most if most > 0 else None)
+        observed = carried(seconds, [(start, job, samples) for start, job, _r, _u, _m, _l, samples in counted],
+                           interval)
         for start, job, row, uuid, model, labels, samples in counted:
             joined: dict[str, set[str]] = {}
             for k, v in labels:
                 joined.setdefault(k, set()).add(v)
-            observed = min(float(seconds), samples * step) if step else None
             yield GpuBucket(cluster=cluster, host=host, gpu=gpu, gpu_instance=inst, seconds=seconds,
                             start=datetime.fromtimestamp(start, UTC), samples=samples, uuid=uuid, model=model,
-                            observed_s=observed, job=job,
+                            observed_s=observed[(start, job)], job=job,
                             **row, **{k: ",".join(sorted(vs)) for k, vs in joined.items()})
+
+
+def carried(seconds: int, rows: list[tuple[int, str, int]],
+            interval: float | None) -> dict[tuple[int, str], float | None]:
+    """Observed seconds per (bucket start, job) of one GPU from sample counts (docs/definitions.md): each
+    sample covers one interval, carried into the series' next bucket (at most one interval) when the
+    counts cover more than their bucket. The interval is ``sample_interval_s``, else estimated as the
+    median of the seconds per sample of the GPU's inner buckets (those whose series has samples in the
+    bucket before and after: the queries return counts, not instants; one bucket with a dropped scrape
+    does not move it); else the bucket length over the most samples."""
+    have = {(start, job) for start, job, n in rows if n > 0}
+    inner = [n for start, job, n in rows if n > 0 and (start - seconds, job) in have
+             and (start + seconds, job) in have]
+    most = max((n for _s, _j, n in rows), default=0)
+    step = interval or (statistics.median(seconds / n for n in inner) if inner else seconds / most if most > 0
+                        else None)
+    out: dict[tuple[int, str], float | None] = {}
+    carry: dict[str, tuple[int, float]] = {}  # job -> (bucket start it reaches, seconds carried)
+    for start, job, n in sorted(rows):
+        if step is None:
+            out[(start, job)] = None
+            continue
+        reach, extra = carry.pop(job, (start, 0.0))
+        avail = n * step + (extra if reach == start and n > 0 else 0.0)
+        out[(start, job)] = min(float(seconds), avail)
+        if n > 0 and avail > seconds:
+            carry[job] = (start + seconds, min(step, avail - seconds))
+    return out
 
 
 def job_of(labels: tuple[tuple[str, str], ...]) -> str:
