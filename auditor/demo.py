@@ -258,7 +258,8 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random,
                 pod = ns = ""
                 if w and w.source == "kubernetes":
                     pod, ns = w.name, w.account
-                sample_ts = _iso(ts + 150)
+                # one sample per bucket at its start: it covers the bucket until the next (docs/definitions.md)
+                sample_ts = _iso(ts)
                 for fld, metric in TELEMETRY_FIELDS.items():
                     if telemetry == "util-only" and fld not in UTIL_ONLY_FIELDS:
                         continue

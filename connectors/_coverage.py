@@ -1,38 +1,75 @@
 """Observed seconds and sample spans of buckets built from raw samples (scrape files, long CSVs).
 
-A bucket's samples cover ``samples x interval`` seconds (at most the bucket) and span from the first sample
-to the last sample plus one interval. The interval is the exporter's scrape interval, estimated per GPU as
-the smallest gap between two of its sample instants; a GPU with a single instant gives None (the source
-cannot tell: the store counts the whole bucket). So a job with 1 minute of samples in a 5-minute bucket is
-1 minute observed, not 5 (issue 13). A bucket whose samples cover it completely gets no span (the whole
-bucket): a once-per-bucket sampler's sample in mid-bucket stands for the bucket, not for its second half.
+Each sample covers the time until the next sample of its series (one GPU, MIG instance and job label), at
+most one scrape interval, carried across bucket boundaries (docs/definitions.md): a sample 20 s before a
+bucket's end at a 57 s interval covers those 20 s and the first 37 s of the next bucket, so a series sampled
+every 57 s without a gap covers every bucket completely, whatever the bucket width. A bucket row's observed
+seconds are the covered seconds inside the bucket and its span is their hull (none when they cover the
+whole bucket). Cover that crosses into a bucket where the series has no sample of its own is not credited
+(no row there to hold it; that time stays unknown, never idle).
+
+The interval is the exporter's scrape interval, estimated per GPU as the median gap between consecutive
+instants of each of its series (never the smallest: one scrape a second early must not shrink the interval
+for the whole window); a GPU with no gap gives None (the source cannot tell: the store counts the whole
+bucket). So a job with 1 minute of samples in a 5-minute bucket is 1 minute observed, not 5 (issue 13).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
+#: (observed seconds, span start, span end) of one bucket row; the span None = the whole bucket
+Cover = tuple[float | None, datetime | None, datetime | None]
 
-def interval(instants: Iterable[float]) -> float | None:
-    """Smallest positive gap between sorted distinct instants, or None with fewer than two."""
+
+def gaps(instants: Iterable[float]) -> list[float]:
+    """Positive gaps between the sorted distinct instants of one series."""
     ts = sorted(set(instants))
-    gaps = [b - a for a, b in zip(ts, ts[1:], strict=False) if b > a]
-    return min(gaps) if gaps else None
+    return [b - a for a, b in zip(ts, ts[1:], strict=False) if b > a]
 
 
-def coverage(instants: Iterable[float], start: int, seconds: int,
-             step: float | None) -> tuple[float | None, datetime | None, datetime | None]:
-    """(observed_s, span_start, span_end) of one bucket's instants; all None when ``step`` is unknown."""
+def interval(series_gaps: Iterable[float]) -> float | None:
+    """The scrape interval of one GPU: the median of its series' gaps, or None without a gap."""
+    gs = list(series_gaps)
+    return float(statistics.median(gs)) if gs else None
+
+
+def covers(instants: Iterable[float], bucket_s: int, step: float | None) -> dict[int, Cover]:
+    """Per bucket start the series' samples cover: (observed_s, span_start, span_end); all None when
+    ``step`` is unknown (then only the buckets with samples). Sample t covers [t, min(next sample, t + step)),
+    split at bucket boundaries; a bucket in the result without a sample of its own holds only cover carried
+    from the series' last sample before it (:func:`carried_from`)."""
     ts = sorted(set(instants))
-    if not ts or step is None:
-        return None, None, None
-    if len(ts) * step >= seconds:  # samples all through the bucket: no span (a sample in the middle of a
-        return float(seconds), None, None  # 5-minute bucket at a 5-minute interval covers the bucket)
-    end = start + seconds
-    first, last = max(start, int(ts[0])), min(end, int(ts[-1] + step + 0.999999))
-    return (min(float(seconds), len(ts) * step), datetime.fromtimestamp(first, UTC),
-            datetime.fromtimestamp(max(first, last), UTC))
+    starts = {int(t // bucket_s) * bucket_s for t in ts}
+    if step is None:
+        return {s: (None, None, None) for s in starts}
+    pieces: dict[int, list[tuple[float, float]]] = {}
+    for i, t in enumerate(ts):
+        end = min(ts[i + 1], t + step) if i + 1 < len(ts) else t + step
+        lo = t
+        while lo < end:
+            b = int(lo // bucket_s) * bucket_s
+            hi = min(end, b + bucket_s)
+            pieces.setdefault(b, []).append((lo, hi))
+            lo = hi
+    out: dict[int, Cover] = {}
+    for b, ps in pieces.items():
+        obs = min(float(bucket_s), math.fsum(hi - lo for lo, hi in ps))
+        first, last = min(lo for lo, _ in ps), max(hi for _, hi in ps)
+        if obs >= bucket_s - 1e-9:  # covered all through: no span
+            out[b] = (float(bucket_s), None, None)
+            continue
+        s0, s1 = max(b, math.floor(first)), min(b + bucket_s, math.ceil(last))
+        out[b] = (obs, datetime.fromtimestamp(s0, UTC), datetime.fromtimestamp(max(s0, s1), UTC))
+    return out
+
+
+def carried_from(instants: Iterable[float], start: int) -> float:
+    """The instant whose cover reaches into a bucket (``start``) without samples: the last one before it."""
+    return max(t for t in instants if t < start)
 
 
 def job_key(labels: dict[str, str] | dict[str, set[str]]) -> str:

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from auditor.records import METRIC_FIELDS, GpuBucket, NodeEvent
 from auditor.timeutil import parse_time
-from connectors._coverage import coverage, interval, job_key
+from connectors._coverage import carried_from, covers, gaps, interval, job_key
 from connectors._faults import FaultFolder, to_events
 from connectors._rows import error_reason, files_matching, read_rows
 from connectors.aliases import FAULT_ALIASES, METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
@@ -21,7 +21,7 @@ from connectors.base import Context, Options, Problems, Window
 class _Acc:
     """Running sums of one GPU bucket."""
 
-    __slots__ = ("sums", "counts", "instants", "labels", "uuid", "model")
+    __slots__ = ("sums", "counts", "instants", "labels", "uuid", "model", "last")
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
@@ -30,8 +30,11 @@ class _Acc:
         self.labels: dict[str, str] = {}
         self.uuid: str | None = None
         self.model: str | None = None
+        self.last: dict[str, tuple[int, float]] = {}  # field -> (instant, value) of its latest sample
 
     def add(self, field: str, value: float, ts: int) -> None:
+        if field not in self.last or ts >= self.last[field][0]:
+            self.last[field] = (ts, value)
         if field == "fb_used_mib":
             self.sums[field] = max(self.sums.get(field, 0.0), value)
             self.counts[field] = 1
@@ -121,15 +124,27 @@ class FileTelemetry:
             acc.uuid = acc.uuid or (row.get("uuid") or None)
             acc.model = acc.model or (row.get("model") or None)
             acc.labels.update(labels)
-        steps: dict[tuple[str, int, str], set[int]] = {}
-        for (host, gpu, inst, _start, _job), acc in accs.items():
-            steps.setdefault((host, gpu, inst), set()).update(acc.instants)
-        step = {k: interval(v) for k, v in steps.items()}
-        for (host, gpu, inst, start, job), acc in sorted(accs.items()):
-            values = {f: acc.sums[f] / acc.counts[f] for f in acc.sums}
-            obs, sp_s, sp_e = coverage(acc.instants, start, size, step[(host, gpu, inst)])
+        series: dict[tuple[str, int, str, str], set[int]] = {}
+        for (host, gpu, inst, _start, job), acc in accs.items():
+            series.setdefault((host, gpu, inst, job), set()).update(acc.instants)
+        per_gpu: dict[tuple[str, int, str], list[float]] = {}
+        for (host, gpu, inst, _job), ts in series.items():
+            per_gpu.setdefault((host, gpu, inst), []).extend(gaps(ts))
+        step = {k: interval(v) for k, v in per_gpu.items()}
+        cover = {k: covers(ts, size, step.get(k[:3])) for k, ts in series.items()}
+        keys = sorted((*k[:3], start, k[3]) for k, per in cover.items() for start in per)
+        for host, gpu, inst, start, job in keys:
+            obs, sp_s, sp_e = cover[(host, gpu, inst, job)][start]
+            acc = accs.get((host, gpu, inst, start, job))
+            samples = len(acc.instants) if acc is not None else 0
+            if acc is None:  # only cover carried from the series' last sample before this bucket
+                at = carried_from(series[(host, gpu, inst, job)], start)
+                acc = accs[(host, gpu, inst, at - at % size, job)]
+                values = {f: v for f, (t, v) in acc.last.items() if t == at}
+            else:
+                values = {f: acc.sums[f] / acc.counts[f] for f in acc.sums}
             yield GpuBucket(cluster=self.ctx.cluster, host=host, gpu=gpu, gpu_instance=inst,
                             start=datetime.fromtimestamp(start, window.since.tzinfo), seconds=size,
-                            samples=len(acc.instants), uuid=acc.uuid, model=acc.model, **values,
+                            samples=samples, uuid=acc.uuid, model=acc.model, **values,
                             **{k: acc.labels.get(k) for k in LABEL_COLUMNS}, observed_s=obs, span_start=sp_s,
                             span_end=sp_e, job=job)

@@ -10,7 +10,8 @@ One row per GPU, bucket and job: dcgm-exporter repeats a GPU's series per ``hpc_
 pod; series with different job labels stay separate rows (the audit takes the rows that name the
 allocation, so the next job's minutes in a shared bucket are never credited to the one before). Copies of
 one job's series (aliases, the ``Hostname``/``hostname`` rename) are combined with ``max``, never summed.
-A row's observed seconds are its samples times the scrape interval (``sample_interval_s``, else estimated).
+A row's observed seconds are its samples times the scrape interval (``sample_interval_s``, else estimated),
+what overruns its bucket carried into the series' next bucket (docs/definitions.md).
 That fold is done here, per series, not with ``max by (...)`` in PromQL:
 Prometheus 2.x evaluates an aggregation per step, which made each query ~8x slower on 1,024 GPUs
 (measured, bench/bench_prometheus.py) for answers of the same size. :class:`Merge` folds the answers of one
@@ -24,6 +25,7 @@ import json
 import logging
 import math
 import re
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -116,10 +118,11 @@ class PrometheusTelemetry:
                              "connection error, timeout, 429 or 5xx.")
         backoff_s: float = Field(1.0, ge=0, le=60, description="First retry delay; doubles each retry.")
         sample_interval_s: float | None = Field(None, gt=0, description="Scrape interval of the exporter, in "
-                                                "seconds: a bucket's observed seconds are its samples times this "
-                                                "(a job that ran 1 minute of a bucket is 1 minute observed). "
-                                                "Unset = estimated per GPU as the bucket length divided by the "
-                                                "most samples any bucket of it had in the chunk.")
+                                                "seconds: a bucket's observed seconds are its samples times this, "
+                                                "what overruns a bucket carried into the next (a job that ran 1 "
+                                                "minute of a bucket is 1 minute observed). Unset = estimated per "
+                                                "GPU as the median seconds per sample of its inner buckets (samples in "
+                                                "the buckets before and after) in the chunk.")
         metrics: list[str] | None = Field(None, description="Bucket fields to pull (e.g. `[\"sm_active\", "
                                           "\"gpu_util\"]`); unset = every field.")
         host_label: str | None = Field(None, description="Take the node name from this label only (e.g. "
@@ -575,17 +578,44 @@ class Merge:
             counts = row.pop("_count_sm_active", None) or row.pop("_count_gpu_util", None) or {0: 0}
             row.pop("_count_gpu_util", None)
             counted.append((start, job, row, uuid, model, labels, max(counts.values())))
-        most = max((c[-1] for c in counted), default=0)
-        step = interval or (seconds / most if most > 0 else None)
+        observed = carried(seconds, [(start, job, samples) for start, job, _r, _u, _m, _l, samples in counted],
+                           interval)
         for start, job, row, uuid, model, labels, samples in counted:
             joined: dict[str, set[str]] = {}
             for k, v in labels:
                 joined.setdefault(k, set()).add(v)
-            observed = min(float(seconds), samples * step) if step else None
             yield GpuBucket(cluster=cluster, host=host, gpu=gpu, gpu_instance=inst, seconds=seconds,
                             start=datetime.fromtimestamp(start, UTC), samples=samples, uuid=uuid, model=model,
-                            observed_s=observed, job=job,
+                            observed_s=observed[(start, job)], job=job,
                             **row, **{k: ",".join(sorted(vs)) for k, vs in joined.items()})
+
+
+def carried(seconds: int, rows: list[tuple[int, str, int]],
+            interval: float | None) -> dict[tuple[int, str], float | None]:
+    """Observed seconds per (bucket start, job) of one GPU from sample counts (docs/definitions.md): each
+    sample covers one interval, carried into the series' next bucket (at most one interval) when the
+    counts cover more than their bucket. The interval is ``sample_interval_s``, else estimated as the
+    median of the seconds per sample of the GPU's inner buckets (those whose series has samples in the
+    bucket before and after: the queries return counts, not instants; one bucket with a dropped scrape
+    does not move it); else the bucket length over the most samples."""
+    have = {(start, job) for start, job, n in rows if n > 0}
+    inner = [n for start, job, n in rows if n > 0 and (start - seconds, job) in have
+             and (start + seconds, job) in have]
+    most = max((n for _s, _j, n in rows), default=0)
+    step = interval or (statistics.median(seconds / n for n in inner) if inner else seconds / most if most > 0
+                        else None)
+    out: dict[tuple[int, str], float | None] = {}
+    carry: dict[str, tuple[int, float]] = {}  # job -> (bucket start it reaches, seconds carried)
+    for start, job, n in sorted(rows):
+        if step is None:
+            out[(start, job)] = None
+            continue
+        reach, extra = carry.pop(job, (start, 0.0))
+        avail = n * step + (extra if reach == start and n > 0 else 0.0)
+        out[(start, job)] = min(float(seconds), avail)
+        if n > 0 and avail > seconds:
+            carry[job] = (start + seconds, min(step, avail - seconds))
+    return out
 
 
 def job_of(labels: tuple[tuple[str, str], ...]) -> str:

@@ -27,7 +27,7 @@ from pydantic import Field
 from auditor.errors import SourceError
 from auditor.intparse import INT32_MAX, parse_uint, uint_or_none
 from auditor.records import LABEL_FIELDS, GpuBucket, NodeEvent
-from connectors._coverage import coverage, interval, job_key
+from connectors._coverage import carried_from, covers, gaps, interval, job_key
 from connectors._faults import FaultFolder, to_events
 from connectors._rows import MAX_FILE_BYTES, check_regular, fixed_dir, read_bounded
 from connectors._unstored import UnstoredGpus
@@ -197,17 +197,31 @@ class BucketBuilder:
                 acc.labels.setdefault(k, set()).add(lv)
 
     def buckets(self) -> Iterator[GpuBucket]:
-        steps: dict[tuple[str, int, str], set[float]] = {}
-        for (host, gpu, instance, _start, _job), acc in self._accs.items():
-            steps.setdefault((host, gpu, instance), set()).update(acc.instants)
-        step = {k: interval(v) for k, v in steps.items()}
-        for (host, gpu, instance, start, job), acc in sorted(self._accs.items()):
-            obs, sp_s, sp_e = coverage(acc.instants, start, self.bucket_s, step[(host, gpu, instance)])
+        series: dict[tuple[str, int, str, str], set[float]] = {}
+        for (host, gpu, instance, _start, job), acc in self._accs.items():
+            series.setdefault((host, gpu, instance, job), set()).update(acc.instants)
+        per_gpu: dict[tuple[str, int, str], list[float]] = {}
+        for (host, gpu, instance, _job), ts in series.items():
+            per_gpu.setdefault((host, gpu, instance), []).extend(gaps(ts))
+        step = {k: interval(v) for k, v in per_gpu.items()}
+        cover = {k: covers(ts, self.bucket_s, step.get(k[:3])) for k, ts in series.items()}
+        keys = sorted((*k[:3], start, k[3]) for k, per in cover.items() for start in per)
+        for host, gpu, instance, start, job in keys:
+            obs, sp_s, sp_e = cover[(host, gpu, instance, job)][start]
+            acc = self._accs.get((host, gpu, instance, start, job))
+            at: float | None = None
+            if acc is None:  # only cover carried from the series' last sample before this bucket
+                at = carried_from(series[(host, gpu, instance, job)], start)
+                acc = self._accs[(host, gpu, instance, int(at // self.bucket_s) * self.bucket_s, job)]
             b = GpuBucket(cluster=self.cluster, host=host, gpu=gpu, gpu_instance=instance,
                           start=datetime.fromtimestamp(start, UTC), seconds=self.bucket_s,
-                          samples=len(acc.instants), uuid=acc.uuid, model=acc.model, observed_s=obs,
-                          span_start=sp_s, span_end=sp_e, job=job)
+                          samples=0 if at is not None else len(acc.instants), uuid=acc.uuid, model=acc.model,
+                          observed_s=obs, span_start=sp_s, span_end=sp_e, job=job)
             for fname, per_ts in acc.values.items():
+                if at is not None:
+                    if at in per_ts:
+                        setattr(b, fname, per_ts[at])
+                    continue
                 vals = list(per_ts.values())
                 setattr(b, fname, max(vals) if fname == "fb_used_mib" else math.fsum(vals) / len(vals))
             for k, vs in acc.labels.items():

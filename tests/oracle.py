@@ -21,6 +21,8 @@ from typing import Any
 
 from oracle_infra import ALL_KINDS, Events, touches
 from oracle_rules import findings, price
+from oracle_samples import Sample
+from oracle_samples import rows as sample_rows
 
 from auditor.config import PriceCard, Thresholds
 from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory, NodeEvent
@@ -85,6 +87,7 @@ def row_of(b: GpuBucket) -> Row:
     obs = getattr(b, "observed_s", None)
     if obs is None:  # a connector that cannot tell: the whole bucket when sampled, else nothing
         obs = w if b.samples > 0 else 0.0
+    obs = min(w, max(0.0, obs))
     s0, s1 = epoch(getattr(b, "span_start", None)), epoch(getattr(b, "span_end", None))
     span = (ts if s0 is None else s0, ts + w if s1 is None else s1)
     return Row(b.cluster, b.host, b.gpu, b.gpu_instance, ts, bucket_job(b), w, b.samples, float(obs), span,
@@ -241,6 +244,10 @@ class Oracle:
 
     # -- store ------------------------------------------------------------------------------------
     def ingest(self, records: list[Any]) -> None:
+        raw = [r for r in records if isinstance(r, Sample)]  # raw samples: bucket rows by the definitions
+        if raw:
+            self.seen["raw samples made into bucket rows"] += 1
+            records = [r for r in records if not isinstance(r, Sample)] + sample_rows(raw)
         for r in records:
             if isinstance(r, GpuBucket):
                 row = row_of(r)
@@ -284,14 +291,14 @@ class Oracle:
                 continue
             metrics: dict[str, float | None] = {}
             for m in METRIC_FIELDS:
-                have = [r for r in rows if r.metrics[m] is not None and r.samples > 0]
+                have = [r for r in rows if r.metrics[m] is not None and r.observed_s > 0]
                 if m == "fb_used_mib":
                     have = [r for r in rows if r.metrics[m] is not None]
                     metrics[m] = max(r.metrics[m] for r in have) if have else None  # type: ignore
                     continue
                 n = sum(r.observed_s for r in have)
                 metrics[m] = sum(r.observed_s * r.metrics[m] for r in have) / n if n else None  # type: ignore
-            sampled = [r for r in rows if r.samples > 0]
+            sampled = [r for r in rows if r.observed_s > 0]
             span = (min(r.span[0] for r in sampled), max(r.span[1] for r in sampled)) if sampled \
                 else (hk[4], hk[4] + HOUR)
             for r in rows:
@@ -377,7 +384,7 @@ class Oracle:
                 if ts + 300 <= a_s:
                     self.seen["hourly bucket starting > 5 min before the reservation"] += 1
             covered.append((ts, ts + w))
-            obs = min(overlap(row.span[0], row.span[1], a_s, a_e), row.observed_s) if row.samples > 0 else 0.0
+            obs = min(overlap(row.span[0], row.span[1], a_s, a_e), row.observed_s) if row.observed_s > 0 else 0.0
             unobserved += ov - obs
             if 0 < obs < ov:
                 self.seen["partially observed bucket"] += 1

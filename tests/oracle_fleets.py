@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hypothesis import strategies as st
+from oracle_samples import Sample
 
 from auditor.config import Thresholds
 from auditor.records import AllocatedGpu, Allocation, GpuBucket, GpuInventory
@@ -44,6 +45,8 @@ ALL_FEATURES = {
     "backfill": "telemetry re-collected after a prune for hours already rolled up (dropped, never counted twice)",
     "rollup_unsampled": "rows without samples in an hour that is rolled up (the hourly span must not cover them)",
     "infra": "node events (GPU faults, drained/NotReady nodes) that make reserved time infrastructure-affected",
+    "cadence": "raw samples at misaligned cadences (57 s, 15 s, 30 s with dropped scrapes, 60 s with jitter) "
+               "made into bucket rows by the scrape connector (coverage carried across bucket edges)",
 }
 
 
@@ -68,6 +71,8 @@ def detect() -> frozenset[str]:
         on.add("min_finding")
     if "node_events" in schema.metadata.tables:
         on.add("infra")
+    if hasattr(importlib.import_module("connectors._coverage"), "covers"):
+        on.add("cadence")
     uniq = [c for c in schema.allocations.constraints if c.__class__.__name__ == "UniqueConstraint"]
     if any({"start_ts", "submit_ts", "instance_ts"} & {col.name for col in c.columns} for c in uniq):
         on.add("id_reuse")
@@ -116,8 +121,16 @@ class Fleet:
                 lines.append(f"  prune(now=T0{op[1] - T0:+d}s, keep_weeks={op[2]})")
                 continue
             lines.append(f"  ingest {len(op[1])} records:")
+            raw: dict[tuple[str, str, int], list[Sample]] = {}
             for r in op[1]:
-                lines.append("    " + short(r))
+                if isinstance(r, Sample):
+                    raw.setdefault((r.cluster, r.host, r.gpu), []).append(r)
+                else:
+                    lines.append("    " + short(r))
+            for (c, h, g), ss in raw.items():
+                ts = sorted(x.ts for x in ss)
+                lines.append(f"    {len(ss)} samples of {c}/{h}:{g} T0{ts[0] - T0:+.3f}..T0{ts[-1] - T0:+.3f} "
+                             f"first gaps {[round(b - a, 3) for a, b in zip(ts, ts[1:8], strict=False)]}")
         return "\n".join(lines)
 
 
@@ -370,7 +383,10 @@ def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
 
 def gpu_rows(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: Thresholds,
              features: frozenset[str]) -> tuple[list[GpuBucket], list[GpuBucket]]:
-    """The buckets one GPU's exporter(s) would emit: segments of ok / gap / no-sample / partial buckets."""
+    """The buckets one GPU's exporter(s) would emit: segments of ok / gap / no-sample / partial buckets; or
+    (feature ``cadence``) its raw samples, made into rows by the connector (code) and the definitions (oracle)."""
+    if "cadence" in features and draw(st.integers(0, 2)) == 0:
+        return gpu_samples(draw, nd, g, js, th, features), []
     host, iv = nd["name"], nd["interval"]
     mk = functools.partial(make_bucket, cluster=nd["cluster"])
     segs: list[tuple[str, dict[str, Any] | None]] = []
@@ -444,6 +460,40 @@ def gpu_rows(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: Thr
         if mig:  # MIG instance rows: never tied to an allocation (attribution uses the whole GPU's rows)
             rows.append(mk(host, g, ts, samples=10, metrics={"sm_active": 0.99}, jobs=[], instance="1"))
     return rows, extra
+
+
+def gpu_samples(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: Thresholds,
+                features: frozenset[str]) -> list[Any]:
+    """One GPU's raw samples at a cadence that does not divide the bucket: 57 s, 15 s, 30 s with dropped
+    scrapes, 60 s with +-2 s jitter (millisecond timestamps); sometimes an outage. Each sample carries the
+    job(s) on the GPU at that instant (a job-following exporter: nothing of a job after its end)."""
+    import random
+
+    cadence = draw(st.sampled_from(["57", "15", "30drop", "60jitter"]))
+    rng = random.Random(draw(st.integers(0, 2**20)))
+    phase = draw(st.integers(0, 59))
+    step = {"57": 57, "15": 15, "30drop": 30, "60jitter": 60}[cadence]
+    outage = (T0 + draw(st.integers(0, HOURS * 3600)), draw(st.sampled_from([0, 0, 90, 700, 3600])))
+    host, cl = nd["name"], nd["cluster"]
+    out: list[Any] = []
+    for k in range((END - T0 - phase) // step):
+        t = float(T0 + phase + k * step)
+        if cadence == "30drop" and rng.random() < 0.15:
+            continue
+        if cadence == "60jitter":
+            t = round(t + rng.uniform(-2.0, 2.0), 3)
+        if outage[0] <= t < outage[0] + outage[1] or not T0 <= t < END:
+            continue
+        occ = [j for j in js if (cl, host, g) in j.place and j.start <= t < j.end]
+        labels: dict[str, str] = {}
+        if nd["labels"] and occ:
+            if all(j.alloc.source == "slurm" for j in occ):
+                labels = {"hpc_job": ",".join(j.key for j in occ)}
+            elif len(occ) == 1:
+                labels = {"pod": occ[0].alloc.name, "namespace": occ[0].alloc.account}
+        p = compat(occ[-1].profile if occ else {"sm_active": 0.0, "gpu_util": 0.0}, th, features)
+        out.append(Sample(cl, host, g, t, {k2: v for k2, v in p.items() if v is not None}, labels))
+    return out
 
 
 def when(ts: int) -> datetime:

@@ -22,6 +22,7 @@ from helpers import migrated_store
 from hypothesis import HealthCheck, given, settings
 from oracle import CORE_FINDINGS, HOUR, Oracle
 from oracle_fleets import ALL_FEATURES, Fleet, detect, fleets
+from oracle_samples import Sample
 from sqlalchemy import text
 
 from auditor.audit.run import run_audit
@@ -29,6 +30,10 @@ from auditor.config import Config, PriceCard
 from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.store.retention import prune
+from connectors.aliases import METRIC_ALIASES
+from connectors.base import Problems
+from connectors.file_telemetry import stored_unit
+from connectors.scrape import BucketBuilder
 
 EXAMPLES = int(os.environ.get("GPU_AUDIT_ORACLE_EXAMPLES", "300"))
 FEATURES = detect()
@@ -59,12 +64,27 @@ def config(fleet: Fleet) -> Config:
     return Config(thresholds=fleet.th, prices=PRICES)
 
 
+def scraped(records: list[Any]) -> list[Any]:
+    """Raw samples of one batch made into bucket rows by the scrape connector's builder (the real path)."""
+    raw = [r for r in records if isinstance(r, Sample)]
+    if not raw:
+        return records
+    alias = {f: next(n for n, s in METRIC_ALIASES.items() if s.field == f and s.unit == stored_unit(f))
+             for f in {f for r in raw for f in r.metrics}}
+    builders: dict[str, BucketBuilder] = {}
+    for r in raw:
+        bb = builders.setdefault(r.cluster, BucketBuilder(r.cluster, 300, Problems()))
+        for f, v in r.metrics.items():
+            bb.add(r.host, r.gpu, "", alias[f], v, r.ts, ("oracle", "sample"), labels=r.labels)
+    return [r for r in records if not isinstance(r, Sample)] + [b for bb in builders.values() for b in bb.buckets()]
+
+
 def run_code(store: Store, fleet: Fleet) -> dict[str, Any]:
     """The real pipeline on one fleet: ingest, prune, audit; then the run's rows keyed like the oracle's."""
     clear(store)
     for op in fleet.ops:
         if op[0] == "ingest":
-            store.ingest(op[1], seen_at_ts=fleet.since)
+            store.ingest(scraped(op[1]), seen_at_ts=fleet.since)
         else:
             prune(store, now=op[1], keep_weeks=op[2], keep_runs_days=10_000)
     now = datetime.fromtimestamp(fleet.now, UTC)

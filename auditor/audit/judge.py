@@ -7,8 +7,8 @@ applicable rows are combined first (observed seconds summed up to the bucket wid
 observed seconds, spans joined). Then, per (allocated GPU, bucket):
 
 - the bucket counts when it overlaps the reserved interval by its own width (300 s fine, 3600 s rolled up);
-- ``obs`` = min(reserved seconds inside the sampled span, observed seconds) when there were samples, else 0;
-- ``v`` = the verdict code of :mod:`auditor.audit.verdict` (no samples: unknown). Reserved time without ``obs``
+- ``obs`` = min(reserved seconds inside the sampled span, observed seconds) (0 without observed seconds);
+- ``v`` = the verdict code of :mod:`auditor.audit.verdict` (no observed seconds: unknown). Reserved time without ``obs``
   is unknown: the audit's unknown = reserved - observed.
 
 Used by the audit on both engines, idle episodes and idle reservations, so all read the same rows.
@@ -181,7 +181,7 @@ def _obs(c: verdict.Col, a_s: str, a_e: str, g: str, le: str) -> str:
     observed_s); a row without a span inside the interval is simply its observed seconds."""
     sp_s = f"COALESCE({c('span_start')}, {c('bucket_ts')})"
     sp_e = f"COALESCE({c('span_end')}, {c('bucket_ts')} + {c('bucket_s')})"
-    return (f"CASE WHEN {c('samples')} <= 0 THEN 0 WHEN {c('span_start')} IS NULL AND {c('span_end')} IS NULL "
+    return (f"CASE WHEN NOT {c('observed_s')} > 0 THEN 0 WHEN {c('span_start')} IS NULL AND {c('span_end')} IS NULL "
             f"AND {c('bucket_ts')} >= {a_s} AND {c('bucket_ts')} + {c('bucket_s')} <= {a_e} THEN {c('observed_s')} "
             f"ELSE {le}({g}(0, {le}({sp_e}, {a_e}) - {g}({sp_s}, {a_s})), {c('observed_s')}) END")
 
@@ -189,8 +189,9 @@ def _obs(c: verdict.Col, a_s: str, a_e: str, g: str, le: str) -> str:
 def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, io: str, dialect: str = "sqlite") -> str:
     g, le = greatest_least(dialect)
     metrics = [f"{c(m)} AS {m}" for m in METRICS if m != "io_bps"] + [f"{io} AS io_bps"]
+    seen = c("observed_s")  # observed, also a row that holds only cover carried from its series' last sample
     return (f"{_obs(c, a_s, a_e, g, le)} AS obs, {', '.join(metrics)}, "
-            f"{verdict.case(th, c, working_first=True)} AS v")
+            f"{verdict.case(th, c, observed=f'{seen} > 0', working_first=True)} AS v")
 
 
 #: SQLite's three ways to read one allocated GPU's rows (:func:`sqlite_rows`)

@@ -121,10 +121,8 @@ def telemetry_gpu_ids(conn: Connection, buckets: list[GpuBucket], cache: dict[tu
 def _row(gid: int, b: GpuBucket) -> tuple:
     seconds, samples = int(b.seconds), int(b.samples)
     obs = b.observed_s
-    if samples <= 0:
-        obs = 0.0
-    elif obs is None:
-        obs = float(seconds)
+    if obs is None:  # a source that cannot tell: the whole bucket when sampled
+        obs = float(seconds) if samples > 0 else 0.0
     else:  # clamped to 0..seconds (NaN -> 0)
         obs = float(obs)
         if not obs > 0.0:

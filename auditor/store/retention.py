@@ -3,7 +3,7 @@
 Telemetry older than the cutoff (now - ``keep_weeks``, floored to the hour) is rolled up into hourly
 buckets (``bucket_s`` = 3600), one per GPU, hour and job (per-job sub-rows stay apart): samples and observed
 seconds summed (observed seconds at most 3600: an hour with 5 minutes of samples stays 5 minutes observed),
-the span the hull of the spans of the rows with samples (a row without samples has no sample times),
+the span the hull of the spans of the rows with observed seconds (a row without them covers nothing),
 every metric the observed-seconds-weighted mean of the buckets that had it, ``fb_used_mib`` the maximum,
 labels the greatest value seen. Pruning twice changes nothing. The store
 records how far it is rolled up (``store_meta.rolled_up_before``); a fine bucket ingested later for an hour
@@ -38,8 +38,8 @@ _MEANS = [m for m in METRIC_FIELDS if m != "fb_used_mib"]
 _W = "b.observed_s"
 ROLLUP = ("INSERT INTO _rollup SELECT b.gpu_id, (b.bucket_ts / 3600) * 3600, b.job, SUM(b.samples), "
           "{least}(3600, SUM(b.observed_s)), "
-          "MIN(CASE WHEN b.samples > 0 THEN COALESCE(b.span_start, b.bucket_ts) END), "
-          "MAX(CASE WHEN b.samples > 0 THEN COALESCE(b.span_end, b.bucket_ts + b.bucket_s) END), "
+          "MIN(CASE WHEN b.observed_s > 0 THEN COALESCE(b.span_start, b.bucket_ts) END), "
+          "MAX(CASE WHEN b.observed_s > 0 THEN COALESCE(b.span_end, b.bucket_ts + b.bucket_s) END), "
           + ", ".join(f"SUM(CASE WHEN b.{m} IS NOT NULL THEN {_W} * b.{m} END) / NULLIF(SUM(CASE WHEN b.{m} IS NOT "
                       f"NULL THEN {_W} END), 0)" for m in _MEANS)
           + ", MAX(b.fb_used_mib), " + ", ".join(f"MAX(b.{label})" for label in LABEL_FIELDS)

@@ -149,11 +149,13 @@ gpu_buckets = Table(
            comment="Job key of the series: hpc_job label (comma-joined if several) or namespace/pod; '' = no "
            "job label. Series of one GPU with different jobs are separate rows (sub-rows), never merged."),
     Column("bucket_s", Integer, nullable=False, comment="Bucket length in seconds (300 fine, 3600 rolled up)."),
-    Column("samples", Integer, nullable=False, comment="Raw samples behind the bucket; 0 = not observed."),
-    Column("observed_s", Float, nullable=False, comment="Seconds of the bucket the samples cover "
-           "(0..bucket_s; bucket_s when the source cannot tell)."),
-    Column("span_start", Integer, comment="First sample time; NULL = the whole bucket."),
-    Column("span_end", Integer, comment="Last sample time + sample interval; NULL = the whole bucket."),
+    Column("samples", Integer, nullable=False, comment="Raw samples in the bucket; 0 with observed_s > 0: only "
+           "the cover of the series' sample before it."),
+    Column("observed_s", Float, nullable=False, comment="Seconds of the bucket its series' samples cover, each "
+           "until the next at most one interval, carried across bucket edges (0..bucket_s; bucket_s when the "
+           "source cannot tell)."),
+    Column("span_start", Integer, comment="Start of the covered seconds; NULL = the whole bucket."),
+    Column("span_end", Integer, comment="End of the covered seconds; NULL = the whole bucket."),
     *[Column(name, Float, comment=text) for name, text in METRIC_COMMENTS.items()],
     Column("hpc_job", Text, comment="dcgm-exporter hpc_job label(s), comma-joined."),
     Column("pod", Text, comment="Pod label from telemetry."),
@@ -280,9 +282,9 @@ findings = Table(
     Column("id", Integer, primary_key=True, autoincrement=True, comment="Finding id."),
     Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), nullable=False,
            comment="audit_runs.id" + _NO_PG_FK),
-    Column("kind", String(32), nullable=False, comment="idle_allocation, idle_gpus, util_mirage, "
-           "hung_collective, ghost_busy, idle_episode, low_efficiency, idle_reservation, unmonitored, "
-           "idle_while_queued or idle_quota (no allocation: account = the quota's account, evidence.quota)."),
+    Column("kind", String(32), nullable=False, comment="A finding kind of the registry (auditor/audit/"
+           "kinds.py; docs/definitions.md, Finding kinds). idle_quota has no allocation: account = the quota's "
+           "account, evidence.quota."),
     Column("cluster", String(128), nullable=False, comment="Cluster name."),
     Column("allocation_id", Integer, ForeignKey("allocations.id", ondelete="CASCADE"),
            comment="allocations.id, when about an allocation" + _NO_PG_FK),
