@@ -25,7 +25,7 @@ from auditor.records import AllocatedGpu, Allocation
 from auditor.store.engine import Store
 from connectors import build
 from connectors.base import Context, Problems, Window
-from connectors.prometheus_merge import carried
+from connectors.prometheus import carried
 
 T4 = FIXTURES / "dcgm" / "t4-gke-k8s-prof.prom"  # real GKE scrape: GPU 0 runs pod default/triton-..., GPU 1 free
 HOST = "gke-test-dcgm-default-pool-fed1e979-tt7p"
