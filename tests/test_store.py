@@ -178,11 +178,12 @@ def test_bucket_with_more_samples_wins(store: Store) -> None:
 @pytest.mark.service
 def test_snapshot_closes_allocations_that_vanished(store: Store) -> None:
     pod = Allocation("c", "kubernetes", "uid-1", start=T0, gpus=[AllocatedGpu("n1", None)])
-    store.ingest([pod, RunningSnapshot("c", "kubernetes", T0)], seen_at_ts=1000)
-    store.ingest([RunningSnapshot("c", "kubernetes", T0)], seen_at_ts=2000)
+    t0 = int(T0.timestamp())  # seen after its start, as a real collector sees it (an end before the start is clamped)
+    store.ingest([pod, RunningSnapshot("c", "kubernetes", T0)], seen_at_ts=t0 + 1000)
+    store.ingest([RunningSnapshot("c", "kubernetes", T0)], seen_at_ts=t0 + 2000)
     with store.engine.connect() as conn:
         a = conn.execute(select(schema.allocations)).one()
-    assert (a.end_ts, a.state) == (1000, "GONE")
+    assert (a.end_ts, a.state) == (t0 + 1000, "GONE")
 
 
 def test_watermark_only_moves_forward(tmp_path) -> None:

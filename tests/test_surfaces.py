@@ -40,7 +40,7 @@ from auditor.store.retention import prune
 from auditor.web.app import create_app
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_oracle import PRICES, clear, run_oracle  # noqa: E402
+from test_oracle import PRICES, clear, run_oracle, scraped  # noqa: E402
 
 NUM = r"(-?[\d,]+\.\d+)"
 TOL = 0.051  # surfaces print one decimal: a figure within half a tenth (and float noise) of the truth
@@ -361,7 +361,7 @@ def audit_fleet(store: Store, fleet: Fleet, cfg: Config) -> int:
     clear(store)
     for op in fleet.ops:
         if op[0] == "ingest":
-            store.ingest(op[1], seen_at_ts=fleet.since)
+            store.ingest(scraped(op[1]), seen_at_ts=fleet.since)  # raw samples through the scrape builder
         else:
             prune(store, now=op[1], keep_weeks=op[2], keep_runs_days=10_000)
     with mock.patch("auditor.audit.run.utcnow", return_value=datetime.fromtimestamp(fleet.now, UTC)):
