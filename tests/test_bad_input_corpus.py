@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import PG_URL, need, pg_schema, port_open
+from conftest import need_pg, pg_schema
 from sqlalchemy import select
 
 from auditor import config as config_mod
@@ -45,7 +45,7 @@ def _propagate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(logging.getLogger("gpu_audit"), "propagate", True)
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.service)])
 def corpus_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """Every corpus input on both engines: what one stores or refuses, the other must too."""
     if request.param == "sqlite":
@@ -54,8 +54,7 @@ def corpus_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         yield store
         store.engine.dispose()
         return
-    need(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432 is not running")
-    with pg_schema(PG_URL, "corpus") as url:
+    with pg_schema(need_pg(), "corpus") as url:
         store = Store.open(url)
         store.upgrade()
         yield store

@@ -355,14 +355,15 @@ def test_a_10_mb_job_name_makes_small_reports_and_emails(tmp_path: Path, store: 
         assert len(c.execute(select(schema.allocations.c.name)).scalar()) == 10_000_000
 
 
+@pytest.mark.service
 def test_config_check_probe_says_which_answer(tmp_path: Path, pg_schema_url: str) -> None:
     """The real Prometheus testbed (scripts/testbed-prometheus.sh, port 19090) answers, a closed port does not,
     the PostgreSQL store answers (not migrated yet); `config check` alone would say "config ok"."""
     import json
 
-    from conftest import need, port_open
+    from conftest import TSDB_TESTBED_ROOT, need_tsdb
 
-    need(port_open("127.0.0.1", 19090), "the Prometheus testbed is not running (scripts/testbed-prometheus.sh up)")
+    need_tsdb("http://127.0.0.1:19090", TSDB_TESTBED_ROOT / "test")
     (tmp_path / "a.csv").write_text("id,start,gpus\n")
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[store]\nurl = "{pg_schema_url}"\n[[clusters]]\nname = "c"\n'

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import PG_URL, need, pg_schema, port_open
+from conftest import need_pg, pg_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -24,6 +24,8 @@ from auditor.records import AllocatedGpu, Allocation, GpuBucket
 from auditor.store import schema
 from auditor.store.engine import Store
 from connectors.base import Problems, Window
+
+pytestmark = pytest.mark.service  # both engines side by side: PostgreSQL is the test database
 
 FUZZ = settings(max_examples=60, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -40,8 +42,7 @@ TIMES = st.one_of(st.none(), st.datetimes(min_value=datetime(1900, 1, 1), max_va
 
 @pytest.fixture(scope="module")
 def stores() -> Iterator[tuple[Store, Store]]:
-    need(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432 is not running")
-    with tempfile.TemporaryDirectory() as tmp, pg_schema(PG_URL, "fuzz") as url:
+    with tempfile.TemporaryDirectory() as tmp, pg_schema(need_pg(), "fuzz") as url:
         lite, pg = Store.open(f"sqlite:///{tmp}/f.db"), Store.open(url)
         for s in (lite, pg):
             s.upgrade()

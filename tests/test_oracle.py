@@ -18,7 +18,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from conftest import PG_URL, need, pg_schema, port_open
+from conftest import need_pg, pg_schema
 from hypothesis import HealthCheck, given, settings
 from oracle import CORE_FINDINGS, HOUR, Oracle
 from oracle_fleets import ALL_FEATURES, Fleet, detect, fleets
@@ -47,8 +47,7 @@ def oracle_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         yield store
         store.engine.dispose()
         return
-    need(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432 is not running")
-    with pg_schema(PG_URL, "oracle") as url:
+    with pg_schema(need_pg(), "oracle") as url:
         store = Store.open(url)
         store.upgrade()
         yield store

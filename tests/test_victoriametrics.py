@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import need, port_open
+from conftest import need_tsdb
 from test_prometheus import PROM_DIR, PROM_URL, compare, expected_buckets
 
 from connectors import build
@@ -23,8 +23,7 @@ VM_DIR = Path(os.environ.get("GPU_AUDIT_TEST_VM_DIR", "/var/lib/gpu-audit-testbe
 
 @pytest.fixture(scope="module")
 def vm_state() -> dict:
-    need(port_open("127.0.0.1", int(VM_URL.rsplit(":", 1)[1])) and (VM_DIR / "state.json").exists(),
-         f"testbed VictoriaMetrics at {VM_URL} (run: bash scripts/testbed-victoriametrics.sh up)")
+    need_tsdb(VM_URL, VM_DIR)  # the testbed itself (its marker and reported data path)
     return json.loads((VM_DIR / "state.json").read_text())
 
 
@@ -70,8 +69,7 @@ def test_vm_chunked_queries_give_the_same_buckets(vm_state: dict) -> None:
 
 @pytest.mark.service
 def test_vm_equals_the_real_prometheus(vm_state: dict) -> None:
-    need(port_open("127.0.0.1", int(PROM_URL.rsplit(":", 1)[1])) and (PROM_DIR / "state.json").exists(),
-         f"testbed Prometheus at {PROM_URL} (run: bash scripts/testbed-prometheus.sh up)")
+    need_tsdb(PROM_URL, PROM_DIR)
     prom_state = json.loads((PROM_DIR / "state.json").read_text())
     assert prom_state == vm_state  # the VictoriaMetrics testbed takes the Prometheus testbed's start
     vm, _ = _pull(VM_URL, vm_state)
