@@ -335,13 +335,26 @@ def _live_service_guard(request: pytest.FixtureRequest, monkeypatch: pytest.Monk
         import psycopg
     except ImportError:
         psycopg = None  # type: ignore[assignment]
-    if psycopg is not None:
-        def pg_connect(*a: Any, **kw: Any) -> Any:
-            guard.refuse("a PostgreSQL connection")
+    if psycopg is not None:  # libpq opens its own sockets: judge the address it would connect to
+        real_pg = psycopg.Connection.connect
+
+        def pg_check(conninfo: str = "", **kw: Any) -> None:
+            from psycopg.conninfo import conninfo_to_dict
+
+            params = conninfo_to_dict(conninfo, **kw)
+            host, port = str(params.get("host") or "/run/postgresql"), int(str(params.get("port") or 5432))
+            if host.startswith("/"):
+                guard.refuse(f"a PostgreSQL connection over {host}")
+            for h in host.split(","):
+                guard.check_address(socket.AF_INET6 if ":" in h else socket.AF_INET, (h, port))
+
+        def pg_connect(conninfo: str = "", **kw: Any) -> Any:
+            pg_check(conninfo, **kw)
+            return real_pg(conninfo, **kw)
 
         monkeypatch.setattr(psycopg, "connect", pg_connect)
-        monkeypatch.setattr(psycopg.Connection, "connect", classmethod(lambda cls, *a, **kw: pg_connect()))
-        monkeypatch.setattr(psycopg.AsyncConnection, "connect", classmethod(lambda cls, *a, **kw: pg_connect()))
+        monkeypatch.setattr(psycopg.Connection, "connect", classmethod(lambda cls, conninfo="", **kw:
+                                                                        pg_connect(conninfo, **kw)))
     yield
     children = log.read_text(errors="replace").splitlines() if log.exists() else []
     hits = guard.hits + [f"command (child process) {line}" for line in children]
@@ -476,3 +489,35 @@ def store(store_url: str, request: pytest.FixtureRequest) -> Iterator[Any]:
     assert s.current() == s.head(), "the copied store is not at the newest revision"
     yield s
     s.engine.dispose()
+
+
+# --- The CLI in this process --------------------------------------------------------------------------------
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | str | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``gpu-audit ARGS`` through click's CliRunner, in this process (no interpreter start-up and imports per
+    case), answered like ``subprocess.run(..., capture_output=True, text=True)``: returncode, stdout, stderr.
+    For tests where the process boundary is not the point. An exception that escapes the command (a
+    subprocess would print its traceback) is appended to stderr as the traceback; gpu-audit's logging set-up
+    is restored afterwards."""
+    import logging
+    import traceback
+
+    from click.testing import CliRunner
+
+    from auditor.cli import main
+
+    root = logging.getLogger("gpu_audit")
+    saved = (root.handlers[:], root.level, root.propagate)
+    before = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        res = CliRunner().invoke(main, list(args), env=env, input=input)
+    finally:
+        os.chdir(before)
+        root.handlers[:], root.level, root.propagate = saved[0], saved[1], saved[2]
+    stderr = res.stderr
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        stderr += "Traceback (most recent call last):\n" + "".join(traceback.format_exception(res.exception))
+    return subprocess.CompletedProcess(["gpu-audit", *args], res.exit_code, res.stdout, stderr)

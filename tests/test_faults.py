@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from helpers_crash import REPO, T0, generate
 from sqlalchemy import select
 
@@ -273,10 +274,8 @@ def test_scrape_size_cap(tmp_path: Path) -> None:
 def test_cli_times_out_of_range_are_one_line(tmp_path: Path, args: list[str]) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[store]\nurl = "sqlite:///{tmp_path / "s.db"}"\n')
-    subprocess.run([sys.executable, "-m", "auditor", "-c", str(cfg), "db", "upgrade"], check=True, cwd=REPO,
-                   capture_output=True, timeout=60)
-    res = subprocess.run([sys.executable, "-m", "auditor", "-c", str(cfg), *args], capture_output=True,
-                         text=True, cwd=REPO, timeout=60)
+    assert run_cli("-c", str(cfg), "db", "upgrade", cwd=REPO).returncode == 0
+    res = run_cli("-c", str(cfg), *args, cwd=REPO)
     lines = res.stderr.strip().splitlines()
     assert "unexpected" not in res.stderr and "Traceback" not in res.stderr
     if args[0] == "db":  # click's own usage error: exit 2, the last line names the option
