@@ -365,8 +365,12 @@ def _live_service_guard(request: pytest.FixtureRequest, monkeypatch: pytest.Monk
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``serial`` share the Slurm testbed: under pytest-xdist (``--dist loadgroup``) they all run
-    in one worker, one after another."""
+    in one worker, one after another. A service test of a module that uses the Slurm testbed (it has
+    ``slurm_ready``) is serial even when it does not say so."""
     for item in items:
+        module = getattr(item, "module", None)
+        if item.get_closest_marker("service") and getattr(module, "slurm_ready", None) is not None:
+            item.add_marker(pytest.mark.serial)
         if item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.xdist_group("serial"))
 
