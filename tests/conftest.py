@@ -363,11 +363,18 @@ def _live_service_guard(request: pytest.FixtureRequest, monkeypatch: pytest.Monk
                     f"identification in tests/conftest.py): {'; '.join(dict.fromkeys(hits))}", pytrace=False)
 
 
+PG_FIXTURES = {"pg_url", "pg_schema_url"}  # a test that asks for one uses PostgreSQL: a service test
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``serial`` share the Slurm testbed: under pytest-xdist (``--dist loadgroup``) they all run
-    in one worker, one after another. A service test of a module that uses the Slurm testbed (it has
-    ``slurm_ready``) is serial even when it does not say so."""
+    """A test that takes a PostgreSQL fixture is a ``service`` test even when it does not say so. Tests marked
+    ``serial`` share the Slurm testbed: under pytest-xdist (``--dist loadgroup``) they all run in one worker,
+    one after another; a service test of a module that uses the Slurm testbed (it has ``slurm_ready``) is
+    serial even when it does not say so."""
     for item in items:
+        if PG_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("service"):
+            item.add_marker(pytest.mark.service)
         module = getattr(item, "module", None)
         if item.get_closest_marker("service") and getattr(module, "slurm_ready", None) is not None:
             item.add_marker(pytest.mark.serial)
