@@ -37,3 +37,14 @@ tb_wait() {
   tb_stop "$pidfile"
   return 1
 }
+
+# tb_marker FILE KEY=VALUE...: write the marker the tests identify a testbed by (tests/conftest.py, section
+# "Testbed identification"): they use a live service only when it is the one this file describes, never
+# whatever answers on the port. Written atomically; rewriting it with the same values is a no-op in effect.
+tb_marker() {
+  local file=$1; shift
+  mkdir -p "$(dirname "$file")"
+  { echo "# gpu-audit testbed marker, written by scripts/$(basename "$0"); tests/conftest.py reads it"
+    printf '%s\n' "$@"; } >"$file.tmp"
+  mv -f "$file.tmp" "$file"
+}

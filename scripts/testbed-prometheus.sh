@@ -12,7 +12,9 @@
 # jobstats : 127.0.0.1:19092, 6 h of 30 s samples from 3 days ago under Princeton jobstats' exporter names
 #         (nvidia_gpu_duty_cycle, ..._milliwatts, nvidia_gpu_jobId as the job); see the generator.
 # The packaged prometheus service is not used (nothing here starts it); ours runs from its own data dir
-# under $TESTBED_ROOT (default /var/lib/gpu-audit-testbed) with 100 years of retention.
+# under $TESTBED_ROOT (default /var/lib/gpu-audit-testbed) with 100 years of retention. The marker file
+# $TESTBED_ROOT/<profile>/gpu-audit-testbed names its URL and TSDB path: the tests use a Prometheus only when it
+# reports that TSDB path (/api/v1/status/flags) and the marker is there (tests/conftest.py).
 set -euo pipefail
 
 cmd=${1:-up}
@@ -40,8 +42,11 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends prometheus
 fi
 
+marker() { tb_marker "$dir/gpu-audit-testbed" "kind=prometheus" "profile=$profile" "url=$url" "tsdb=$dir/tsdb"; }
+
 if [[ -z ${TESTBED_FRESH:-} && -f $dir/prometheus.pid ]] && kill -0 "$(cat "$dir/prometheus.pid")" 2>/dev/null \
    && ready; then
+  marker
   echo "prometheus ($profile) already up at $url (data $dir)"; exit 0
 fi
 stop
@@ -75,4 +80,5 @@ nohup prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/t
 echo $! > "$dir/prometheus.pid"
 
 tb_wait "prometheus ($profile)" "$dir/prometheus.pid" "$dir/prometheus.log" "$url/-/ready" || exit 1
+marker
 echo "prometheus ($profile) ready at $url (data $dir)"

@@ -5,6 +5,7 @@
 #   bash scripts/testbed-slurm.sh up       # install (apt), configure, start, wait until ready (idempotent)
 #   bash scripts/testbed-slurm.sh status   # what runs, exit 0 when the cluster answers
 #   bash scripts/testbed-slurm.sh down     # stop only the daemons this script started (recorded PIDs)
+#   bash scripts/testbed-slurm.sh marker   # rewrite the marker file the tests identify the cluster by
 #
 # SLURM_TESTBED_VARIANT selects the configuration (an `up` with another variant rewrites it and restarts
 # the daemons; `up` without it restores the default):
@@ -14,7 +15,8 @@
 #                gpu-node-02: 8 x gpu:h100 with 8 shards each (GresTypes=gpu,shard)
 #
 # Needs root, mknod and a mounted /sys/fs/cgroup (Slurm 22.05). Writes /etc/slurm/{slurm,gres,cgroup,
-# slurmdbd}.conf (one cluster per host) and keeps its state under $SLURM_TESTBED_BASE.
+# slurmdbd}.conf (one cluster per host) and keeps its state under $SLURM_TESTBED_BASE, where `up` writes the
+# marker file gpu-audit-testbed (cluster name, state directory) the tests identify this cluster by.
 # Recipe and pitfalls: ../shared/fixtures/slurm/README.md (research notes), docs/slurm.md.
 set -euo pipefail
 
@@ -300,7 +302,17 @@ cmd_up() {
     -a rest_auth/jwt -u nobody 127.0.0.1:6820 || true
   sleep 1
   if alive slurmrestd; then log "slurmrestd on 127.0.0.1:6820"; else log "slurmrestd did not stay up (optional)"; fi
+  write_marker
   log "up: cluster $CLUSTER, nodes ${NODES[*]} (variant $VARIANT: ${NODE_GRES[*]}), base $BASE"
+}
+
+# The tests use a Slurm only when `scontrol show config` reports this cluster name and state directory
+# (tests/conftest.py, "Testbed identification"): a cluster that merely answers is never drained or filled.
+write_marker() {
+  local tmp="$BASE/gpu-audit-testbed.tmp"
+  printf '%s\n' "# gpu-audit testbed marker, written by scripts/testbed-slurm.sh; tests/conftest.py reads it" \
+    "kind=slurm" "cluster=$CLUSTER" "state=$BASE/state/slurmctld" "conf=$ETC/slurm.conf" >"$tmp"
+  chmod 0644 "$tmp"; mv -f "$tmp" "$BASE/gpu-audit-testbed"
 }
 
 cmd_down() {
@@ -321,7 +333,8 @@ cmd_status() {
 
 case "${1:-}" in
   up) cmd_up ;;
+  marker) write_marker ;;  # (re)write the marker of a cluster already up, without touching its daemons
   down) cmd_down ;;
   status) cmd_status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|marker" >&2; exit 2 ;;
 esac

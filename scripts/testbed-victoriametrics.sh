@@ -11,6 +11,8 @@
 # promtool backfill: the OpenMetrics text (seconds timestamps) is rewritten to Prometheus exposition
 # (millisecond timestamps) and POSTed to /api/v1/import/prometheus, then /internal/force_flush makes it
 # searchable. The packaged victoria-metrics service is not used; ours runs from $TESTBED_ROOT/victoriametrics.
+# The marker $TESTBED_ROOT/victoriametrics/gpu-audit-testbed names its URL and data path: the tests use a
+# VictoriaMetrics only when its /flags report that -storageDataPath and the marker is there (tests/conftest.py).
 set -euo pipefail
 
 cmd=${1:-up}
@@ -33,7 +35,10 @@ if ! command -v victoria-metrics >/dev/null; then
     victoria-metrics
 fi
 
+marker() { tb_marker "$dir/gpu-audit-testbed" "kind=victoriametrics" "url=$url" "data=$dir/data"; }
+
 if [[ -z ${TESTBED_FRESH:-} && -f $dir/vm.pid ]] && kill -0 "$(cat "$dir/vm.pid")" 2>/dev/null && ready; then
+  marker
   echo "victoria-metrics already up at $url (data $dir)"; exit 0
 fi
 stop
@@ -79,4 +84,5 @@ EOF
   rm -f "$dir/data.om"
   touch "$dir/imported"
 fi
+marker
 echo "victoria-metrics ready at $url (data $dir)"

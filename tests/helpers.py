@@ -24,7 +24,7 @@ def migrated_store(engine: str, tmp_dir: Path, prefix: str = "t") -> Iterator[St
     """A migrated store on ``engine``: "sqlite", a file in ``tmp_dir``; "postgresql", a fresh schema of the
     test database, dropped afterwards (skipped without PostgreSQL, failed under CI). For fixtures that share
     one store per module or pair the engines; a store per test is conftest's ``store``."""
-    from conftest import PG_URL, need, pg_schema, port_open
+    from conftest import need_pg, pg_schema
 
     if engine == "sqlite":
         store = Store.open(f"sqlite:///{tmp_dir / 'store.db'}")
@@ -34,8 +34,7 @@ def migrated_store(engine: str, tmp_dir: Path, prefix: str = "t") -> Iterator[St
         finally:
             store.engine.dispose()
         return
-    need(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432 is not running")
-    with pg_schema(PG_URL, prefix) as url:
+    with pg_schema(need_pg(), prefix) as url:  # only the identified test database
         store = Store.open(url)
         try:
             store.upgrade()

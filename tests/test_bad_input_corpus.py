@@ -46,7 +46,7 @@ def _propagate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(logging.getLogger("gpu_audit"), "propagate", True)
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.service)])
 def corpus_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """Every corpus input on both engines: what one stores or refuses, the other must too."""
     with migrated_store(request.param, tmp_path_factory.mktemp("corpus"), "corpus") as store:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import need, port_open
+from conftest import need_pg
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,6 +33,7 @@ def _table(text: str) -> dict[str, list[str]]:
     return {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", x.strip()) for x in lines[1:])}
 
 
+@pytest.mark.slow
 def test_bench_smoke_sqlite(tmp_path: Path) -> None:
     text, figures = _bench(tmp_path)
     assert "Store.ingest" in text and "raw sqlite3 executemany" in text
@@ -71,9 +72,10 @@ def test_bench_smoke_sqlite(tmp_path: Path) -> None:
 
 
 @pytest.mark.service
+@pytest.mark.slow
 def test_bench_smoke_postgresql(tmp_path: Path) -> None:
-    need(port_open("127.0.0.1", 5432), "PostgreSQL on 127.0.0.1:5432 is not running")
-    text, figures = _bench(tmp_path, "--engines", "postgresql", "--gpus", "32", "--ingest-gpus", "4")
+    text, figures = _bench(tmp_path, "--pg-url", need_pg(), "--engines", "postgresql", "--gpus", "32",
+                           "--ingest-gpus", "4")
     assert "PostgreSQL audit" in text and "audit/floor" in text
     (r,) = figures["pg"]
     assert r["rows"] > 0.9 * 32 * 288 and r["audit_s"] > 0 and r["floor_s"] > 0 and r["ingest_rows"] == r["rows"]

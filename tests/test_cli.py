@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from click.testing import CliRunner
+from conftest import run_cli
 
 from auditor.cli import main
 
@@ -26,8 +25,7 @@ def test_help_lists_commands() -> None:
 def test_bad_config_is_one_line_and_exit_1(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text("[thresholds]\nidle_sm = 7\n")
-    res = subprocess.run([sys.executable, "-m", "auditor", "-c", str(cfg), "config", "check"],
-                         capture_output=True, text=True)
+    res = run_cli("-c", str(cfg), "config", "check")
     assert res.returncode == 1
     assert res.stderr.strip().count("\n") == 0
     assert "thresholds.idle_sm" in res.stderr and "Traceback" not in res.stderr
@@ -36,8 +34,7 @@ def test_bad_config_is_one_line_and_exit_1(tmp_path: Path) -> None:
 def test_debug_shows_traceback(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text("[thresholds]\nidle_sm = 7\n")
-    res = subprocess.run([sys.executable, "-m", "auditor", "--debug", "-c", str(cfg), "config", "check"],
-                         capture_output=True, text=True)
+    res = run_cli("--debug", "-c", str(cfg), "config", "check")
     assert res.returncode != 0 and "Traceback" in res.stderr
 
 

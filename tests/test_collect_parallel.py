@@ -5,14 +5,12 @@ collecting them one after another stores, on SQLite (writers queued on the write
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import pg_schema
+from conftest import pg_schema, run_cli
 from helpers_collect import dying_worker
 from helpers_crash import REPO, generate, natural_rows
 
@@ -101,12 +99,10 @@ def test_cli_failing_cluster_is_one_line_exit_3(tmp_path: Path, parallel: str) -
     url = f"sqlite:///{tmp_path / 's.db'}"
     cfg = clusters(tmp_path, url, bad="missing.csv")
     open_store(url).engine.dispose()
-    res = subprocess.run([sys.executable, "-m", "auditor", "-c", str(cfg), "collect", "--parallel", parallel,
-                          "--until", "2026-11-22"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    res = run_cli("-c", str(cfg), "collect", "--parallel", parallel, "--until", "2026-11-22", cwd=REPO)
     assert res.returncode == 3, res.stdout + res.stderr
     failed = [line for line in res.stdout.splitlines() if "FAILED" in line]
     assert len(failed) == 1 and failed[0].startswith("c2 telemetry[0]:file: FAILED") and "no such file" in failed[0]
     assert per_cluster(Store.open(url)) == ALLOCS  # c2's allocations source worked; only its telemetry failed
-    js = subprocess.run([sys.executable, "-m", "auditor", "-c", str(cfg), "--json", "collect", "--parallel",
-                         parallel, "--until", "2026-11-22"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    js = run_cli("-c", str(cfg), "--json", "collect", "--parallel", parallel, "--until", "2026-11-22", cwd=REPO)
     assert json.loads(js.stdout)["ok"] is False and js.returncode == 3

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import types
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from helpers import add_connector
 from helpers_crash import REPO, T0, generate
 
@@ -29,8 +29,7 @@ from connectors.base import Context, Options, Problems, Window
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "auditor", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+    return run_cli(*args, cwd=REPO)  # in this process: the CLI's answer is the point, not its process
 
 
 @pytest.mark.parametrize("url", ["postgresql+psycopg://gpu_audit:pw@127.0.0.1:9/x",

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from helpers import add_connector
 from helpers_crash import REPO, T0, generate
 from sqlalchemy import select
@@ -275,10 +276,8 @@ def test_scrape_size_cap(tmp_path: Path) -> None:
 def test_cli_times_out_of_range_are_one_line(tmp_path: Path, args: list[str]) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[store]\nurl = "sqlite:///{tmp_path / "s.db"}"\n')
-    subprocess.run([sys.executable, "-m", "auditor", "-c", str(cfg), "db", "upgrade"], check=True, cwd=REPO,
-                   capture_output=True, timeout=60)
-    res = subprocess.run([sys.executable, "-m", "auditor", "-c", str(cfg), *args], capture_output=True,
-                         text=True, cwd=REPO, timeout=60)
+    assert run_cli("-c", str(cfg), "db", "upgrade", cwd=REPO).returncode == 0
+    res = run_cli("-c", str(cfg), *args, cwd=REPO)
     lines = res.stderr.strip().splitlines()
     assert "unexpected" not in res.stderr and "Traceback" not in res.stderr
     if args[0] == "db":  # click's own usage error: exit 2, the last line names the option
@@ -357,14 +356,15 @@ def test_a_10_mb_job_name_makes_small_reports_and_emails(tmp_path: Path, store: 
         assert len(c.execute(select(schema.allocations.c.name)).scalar()) == 10_000_000
 
 
+@pytest.mark.service
 def test_config_check_probe_says_which_answer(tmp_path: Path, pg_schema_url: str) -> None:
     """The real Prometheus testbed (scripts/testbed-prometheus.sh, port 19090) answers, a closed port does not,
     the PostgreSQL store answers (not migrated yet); `config check` alone would say "config ok"."""
     import json
 
-    from conftest import need, port_open
+    from conftest import TSDB_TESTBED_ROOT, need_tsdb
 
-    need(port_open("127.0.0.1", 19090), "the Prometheus testbed is not running (scripts/testbed-prometheus.sh up)")
+    need_tsdb("http://127.0.0.1:19090", TSDB_TESTBED_ROOT / "test")
     (tmp_path / "a.csv").write_text("id,start,gpus\n")
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[store]\nurl = "{pg_schema_url}"\n[[clusters]]\nname = "c"\n'

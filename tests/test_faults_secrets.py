@@ -65,6 +65,8 @@ COMMANDS = [["--json", "config", "check"], ["--debug", "config", "check"], ["--j
             ["--debug", "audit", "--since", "not-a-time"]]
 
 
+@pytest.mark.service  # the store is PostgreSQL
+@pytest.mark.slow  # ten CLI runs as processes: what leaves a process is the point
 def test_eleven_secrets_never_leave(tmp_path: Path, pg_schema_url: str) -> None:
     for mod in ("connectors.kubernetes", "connectors.slurm", "connectors.prometheus"):
         pytest.importorskip(mod)

@@ -25,6 +25,8 @@ from auditor.store import schema
 from auditor.store.engine import Store
 from connectors.base import Problems, Window
 
+pytestmark = pytest.mark.service  # both engines side by side: PostgreSQL is the test database
+
 FUZZ = settings(max_examples=60, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 T0 = datetime(2026, 11, 20, tzinfo=UTC)

@@ -11,6 +11,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 from test_slurm_live import CLUSTER, sh, slurm_ready
 
@@ -104,6 +105,8 @@ def _rest_opts() -> dict:
     return {"backend": "rest", "rest_url": "http://127.0.0.1:6820", "rest_token": {"env": "GPU_AUDIT_TEST_SLURM_JWT"}}
 
 
+@pytest.mark.service
+@pytest.mark.serial
 def test_live_rest_backend_sees_the_drain_and_a_listing_ends_it(store) -> None:  # noqa: ANN001 - fixture
     """slurmrestd's node list shows the drain (since reason_changed_at, with the reason); after the resume the
     next listing's snapshot ends the stored event at its last sighting."""
@@ -135,6 +138,8 @@ def test_live_rest_backend_sees_the_drain_and_a_listing_ends_it(store) -> None: 
     assert row.end_ts == row.last_seen_ts == t1
 
 
+@pytest.mark.service
+@pytest.mark.serial
 def test_live_drained_node_is_collected_with_its_reason(store) -> None:  # noqa: ANN001 - fixture
     need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
     node, reason = "gpu-node-02", f"gpu-audit infra test {uuid.uuid4().hex[:8]}"

@@ -19,6 +19,7 @@ from tests.test_slurm_live import CLUSTER, in_sacct, job_state, sbatch, sh, slur
 
 
 @pytest.mark.service
+@pytest.mark.serial
 def test_summary_in_admin_comment_read_back_with_sacct() -> None:
     need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
     job = sbatch("-o", "/tmp/gpu-audit-js-%j.out", "--uid=alice", "-A", "team-a", "--gres=gpu:2", "-t", "5",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import need, port_open
+from conftest import need_tsdb
 from sqlalchemy import text
 
 from auditor.audit.run import run_audit
@@ -40,8 +40,7 @@ def generator() -> Any:
 
 @pytest.fixture(scope="module")
 def state() -> dict:
-    need(port_open("127.0.0.1", int(URL.rsplit(":", 1)[1])) and (DIR / "state.json").exists(),
-         f"jobstats testbed Prometheus at {URL} (run: bash scripts/testbed-prometheus.sh up jobstats)")
+    need_tsdb(URL, DIR)  # the jobstats testbed itself (its marker and reported TSDB path)
     return json.loads((DIR / "state.json").read_text())
 
 

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from conftest import need
 
 from auditor.config import Config
@@ -28,6 +29,7 @@ def _metrics(tmp_path: Path) -> Metrics:
     return m
 
 
+@pytest.mark.service  # Prometheus' own promtool (installed by scripts/testbed-prometheus.sh)
 def test_metrics_pass_promtool(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     need(promtool is not None, "promtool not installed (scripts/testbed-prometheus.sh installs it)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -39,10 +40,12 @@ def test_wheel_installs_and_runs_the_demo(tmp_path: Path) -> None:
                     "-q", str(wheel)], check=True, capture_output=True, timeout=300)
     work = tmp_path / "elsewhere"
     work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on PYTHONPATH would win
     where = subprocess.run([str(py), "-c", "import auditor; print(auditor.__file__)"], cwd=work,
-                           capture_output=True, text=True, check=True)
+                           capture_output=True, text=True, check=True, env=env)
     assert str(venv) in where.stdout, f"imported from the source tree, not the wheel: {where.stdout}"
     res = subprocess.run([str(venv / "bin" / "gpu-audit"), "demo", "--out", str(work / "demo"),
-                          "--now", "2026-11-29T00:00"], cwd=work, capture_output=True, text=True, timeout=300)
+                          "--now", "2026-11-29T00:00"], cwd=work, capture_output=True, text=True, timeout=300,
+                         env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Reserved GPU-hours" in res.stdout and "util_mirage 1" in res.stdout

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import need, port_open
+from conftest import need_tsdb
 from helpers import free_port
 
 from auditor.errors import SourceError
@@ -111,8 +111,7 @@ def compare(buckets: list, expected: dict[tuple, dict[str, Any]]) -> None:
 
 @pytest.fixture(scope="module")
 def state() -> dict:
-    need(port_open("127.0.0.1", int(PROM_URL.rsplit(":", 1)[1])) and (PROM_DIR / "state.json").exists(),
-         f"testbed Prometheus at {PROM_URL} (run: bash scripts/testbed-prometheus.sh up)")
+    need_tsdb(PROM_URL, PROM_DIR)  # the testbed itself (its marker and reported TSDB path), not any Prometheus
     return json.loads((PROM_DIR / "state.json").read_text())
 
 

@@ -39,6 +39,8 @@ def _epoch(text_: str) -> int:
     return int(datetime.fromisoformat(text_).replace(tzinfo=UTC).timestamp())
 
 
+@pytest.mark.service
+@pytest.mark.serial
 def test_pending_job_waits_while_another_holds_gpus_idle(store: Store) -> None:
     need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
     qos = f"gpuaudit-q{uuid.uuid4().hex[:6]}"

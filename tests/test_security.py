@@ -10,12 +10,12 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import uuid
 import warnings
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from helpers_crash import REPO
 
 from auditor.config import SecretRef
@@ -26,8 +26,7 @@ HOSTILE = ["<img src=x onerror=alert(1)>", "; rm -rf /", "$(touch {pwned})", "`t
 
 
 def cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "auditor", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return run_cli(*args, env=env, cwd=cwd)  # in this process: what the CLI does with hostile input is the point
 
 
 def test_hostile_job_names_are_inert_and_stored_verbatim(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from auditor.errors import SourceError
 from auditor.records import Allocation, GpuInventory, Reservation
 from connectors import build
 from connectors.base import Context, Problems, RunningSnapshot, Window
-from tests.conftest import need, port_open
+from tests.conftest import need, port_open, slurm_testbed
 
 CLUSTER = "auditlab"
 
@@ -34,13 +34,9 @@ def sh(*args: str, timeout: float = 30) -> str:
 
 
 def slurm_ready() -> bool:
-    if not (shutil.which("sbatch") and shutil.which("scontrol")):
-        return False
-    try:
-        out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "UP" in out.stdout
+    """The Slurm that answers is the project's testbed (its marker's cluster name and state directory), not
+    merely a cluster: only then may a test submit, cancel or drain (tests/conftest.py slurm_testbed)."""
+    return slurm_testbed() is None
 
 
 def sbatch(*args: str) -> str:
@@ -153,6 +149,7 @@ def per_node(a: Allocation) -> dict[str, list[int | None]]:
 
 
 @pytest.mark.service
+@pytest.mark.serial
 def test_cli_reads_what_was_submitted(workload: Workload) -> None:
     records, problems = collect(expect=history_ids(workload))
     assert problems.total == 0, problems.items
@@ -186,6 +183,7 @@ def test_cli_reads_what_was_submitted(workload: Workload) -> None:
 
 
 @pytest.mark.service
+@pytest.mark.serial
 def test_json_and_text_history_agree_and_rereading_changes_nothing(workload: Workload) -> None:
     js, _ = collect({"history_format": "json"}, expect=history_ids(workload))
     txt, _ = collect({"history_format": "text"}, expect=history_ids(workload))
@@ -202,6 +200,7 @@ def test_json_and_text_history_agree_and_rereading_changes_nothing(workload: Wor
 
 
 @pytest.mark.service
+@pytest.mark.serial
 def test_rest_backend_matches_cli(workload: Workload) -> None:
     need(port_open("127.0.0.1", 6820), "slurmrestd not listening on 127.0.0.1:6820")
     token = sh("scontrol", "token", "username=root", "lifespan=600").strip().split("=", 1)[1]

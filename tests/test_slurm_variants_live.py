@@ -65,6 +65,7 @@ def allocs(records: list) -> dict[str, Allocation]:
 
 
 @pytest.mark.service
+@pytest.mark.serial
 def test_accounting_without_gres_gpu(tmp_path: Path) -> None:
     with variant("no-gpu-tres"):
         out = ["-o", "/tmp/gpu-audit-variant-%j.out", "--uid=alice", "-A", "team-a"]
@@ -96,6 +97,7 @@ def test_accounting_without_gres_gpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.service
+@pytest.mark.serial
 def test_mig_typed_gres_and_shards() -> None:
     with variant("mig-shard"):
         out = ["-o", "/tmp/gpu-audit-variant-%j.out", "--uid=bob", "-A", "team-b", "-t", "5"]
