@@ -1,5 +1,5 @@
-"""Enforcement on the REAL Slurm testbed (scripts/testbed-slurm.sh; run it under the shared lock:
-``flock /work/spec/slurm.lock python -m pytest tests/test_enforce_slurm_live.py``).
+"""Enforcement on the REAL Slurm testbed (scripts/testbed-slurm.sh; marked serial, so under ``pytest -n`` it
+shares one worker with every other test of the testbed).
 
 Three one-GPU jobs run: one idle, one idle but exempted with ``gpu-audit exempt``, one working (plus an
 idle requeueable one of account team-b, whose policy requeues instead of cancelling). Their GPUs'

@@ -138,7 +138,8 @@ def _config(tmp_path: Path, store_url: str, url: str) -> Path:
     cfg = tmp_path / "gpu-audit.toml"
     cfg.write_text(f'[store]\nurl = "{store_url}"\n[[clusters]]\nname = "hpc"\ninitial_days = 1\n'
                    f'[[clusters.allocations]]\nkind = "slurm"\nbackend = "rest"\nrest_url = "{url}"\n'
-                   'rest_version = "v0.0.44"\nsacctmgr = "/nonexistent/no-accounting-here"\n')  # never this host's Slurm
+                   # never this host's Slurm: no sacctmgr there
+                   'rest_version = "v0.0.44"\nsacctmgr = "/nonexistent/no-accounting-here"\n')
     return cfg
 
 
