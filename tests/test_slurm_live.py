@@ -40,7 +40,9 @@ def slurm_ready() -> bool:
 
 
 def sbatch(*args: str) -> str:
-    return sh("sbatch", "--parsable", "-p", "gpu", *args).strip().split(";")[0]
+    """Submit a testbed job. Its working directory is /tmp, never this process's: a test before it may have left
+    the process in a temporary directory since removed, and a step started there ran without its GPUs."""
+    return sh("sbatch", "--parsable", "-p", "gpu", "--chdir=/tmp", *args).strip().split(";")[0]
 
 
 def job_state(job: str) -> str:
