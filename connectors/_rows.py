@@ -197,6 +197,7 @@ def csv_rows(handle: Any) -> Iterator[tuple[str, dict[str, Any] | str]]:
     if any("\ufffd" in h for h in header):
         yield "line 1", "invalid UTF-8 bytes in the header: not a CSV file of this format"
         return
+    width = len(header)
     while True:
         try:
             fields = next(reader)
@@ -205,15 +206,18 @@ def csv_rows(handle: Any) -> Iterator[tuple[str, dict[str, Any] | str]]:
         except csv.Error as exc:
             yield f"line {reader.line_num}", f"unreadable CSV: {exc}"
             continue
-        loc = f"line {reader.line_num}"
-        if not fields or all(not f.strip() for f in fields):
+        joined = "".join(fields)  # one scan of the line's text for the two checks below, not one per field
+        if not joined.strip():
             continue
-        if any("\ufffd" in f for f in fields):
+        loc = f"line {reader.line_num}"
+        if "\ufffd" in joined:
             yield loc, "invalid UTF-8 bytes"
-        elif len(fields) > len(header):
+        elif len(fields) > width:
             yield loc, "more fields than the header"
+        elif len(fields) == width:
+            yield loc, dict(zip(header, fields, strict=True))
         else:
-            yield loc, dict(zip(header, [*fields, *[""] * (len(header) - len(fields))], strict=True))
+            yield loc, dict(zip(header, [*fields, *[""] * (width - len(fields))], strict=True))
 
 
 def row_time(value: Any, what: str) -> datetime | None:

@@ -75,16 +75,26 @@ class FileTelemetry:
     def _read(self, path: Path, window: Window, problems: Problems, faults: FaultFolder) -> Iterator[GpuBucket]:
         size = window.bucket_seconds
         lo, hi = int(window.since.timestamp()), int(window.until.timestamp())
-        accs: dict[tuple[str, int, str, int], _Acc] = {}
+        accs: dict[tuple[str, int, str, int, str], _Acc] = {}
         unknown: set[str] = set()
+        # Long CSVs repeat each timestamp for every GPU and metric, and each label set for every sample of a
+        # series: parse each distinct text once (the same parse, so the same value or the same error).
+        instants: dict[str, int] = {}
+        jobs: dict[tuple[str, ...], tuple[dict[str, str], str]] = {}
         for loc, row in read_rows(path, "csv"):
             if isinstance(row, str):
                 problems.skip(str(path), loc, row)
                 continue
             try:
-                if not row.get("timestamp"):
+                stamp = row.get("timestamp")
+                if not stamp:
                     raise ValueError("timestamp: missing")
-                ts = int(parse_time(row["timestamp"]).timestamp())
+                ts = instants.get(stamp)
+                if ts is None:
+                    ts = int(parse_time(stamp).timestamp())
+                    if len(instants) >= 65536:
+                        instants.clear()
+                    instants[stamp] = ts
                 host = (row.get("host") or "").strip()
                 gpu = int(row.get("gpu") or "")
                 metric = (row.get("metric") or "").strip()
@@ -115,15 +125,21 @@ class FileTelemetry:
                 problems.clamp(str(path), field)
             if not lo <= ts < hi:
                 continue
-            labels = {lab: row[lab] for lab in LABEL_COLUMNS if row.get(lab)}
-            key = (host, gpu, (row.get("gpu_instance") or "").strip(), ts - ts % size, job_key(labels))
+            label_values = tuple(row.get(lab) or "" for lab in LABEL_COLUMNS)
+            known = jobs.get(label_values)
+            if known is None:
+                labels = {lab: v for lab, v in zip(LABEL_COLUMNS, label_values, strict=True) if v}
+                known = jobs[label_values] = (labels, job_key(labels))
+            labels, job = known
+            key = (host, gpu, (row.get("gpu_instance") or "").strip(), ts - ts % size, job)
             acc = accs.get(key)
             if acc is None:
                 acc = accs[key] = _Acc()
             acc.add(field, value, ts)
             acc.uuid = acc.uuid or (row.get("uuid") or None)
             acc.model = acc.model or (row.get("model") or None)
-            acc.labels.update(labels)
+            if labels:
+                acc.labels.update(labels)
         series: dict[tuple[str, int, str, str], set[int]] = {}
         for (host, gpu, inst, _start, job), acc in accs.items():
             series.setdefault((host, gpu, inst, job), set()).update(acc.instants)

@@ -9,7 +9,10 @@ calls -- and prints the seconds the collection took.
 from __future__ import annotations
 
 import csv
+import os
 import random
+import signal
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -101,22 +104,105 @@ def driver_cmd(config: Path, until: str = UNTIL) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), str(config), until]
 
 
-def main(argv: list[str]) -> int:
-    sys.path.insert(0, str(REPO))
+def _collect_once(config: str, until_text: str) -> int:
+    """One collector run (in this process): ``ready``, then the collection, then its seconds."""
     from auditor import config as config_mod
     from auditor.collect import collect
     from auditor.store.engine import Store
     from auditor.timeutil import parse_time
 
-    cfg = config_mod.load(argv[0])
+    cfg = config_mod.load(config)
     store = Store.open(cfg.store.resolved_url(), cfg.store.batch_rows)
     store.require_current()
-    until = parse_time(argv[1])
+    until = parse_time(until_text)
     print("ready", flush=True)
     t0 = time.monotonic()
-    summary = collect(store, cfg, base_dir=Path(argv[0]).resolve().parent, until=until, now=until)
+    summary = collect(store, cfg, base_dir=Path(config).resolve().parent, until=until, now=until)
     print(f"{time.monotonic() - t0:.3f}", flush=True)
     return 0 if summary.ok else 3
+
+
+def _zygote(config: str, until_text: str) -> int:
+    """Import once, then fork one collector per ``go`` line on stdin: each is a separate process, killed with
+    SIGKILL like any collector, without paying the interpreter start-up and imports (about a second) again.
+    No store is opened here, so a child shares no connection or file lock with the zygote or its siblings.
+    Prints ``pid N`` and the child's ``ready`` (and seconds) lines; the next line on stdin, ``kill`` or
+    ``wait``, says whether to SIGKILL it (the zygote reaps its children, so a pid is never stale); then
+    prints ``exit CODE`` (negative: the signal)."""
+    import auditor.collect  # noqa: F401  (the imports the children inherit)
+    import auditor.store.engine  # noqa: F401
+
+    print("zygote", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _collect_once(config, until_text)
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        print(f"pid {pid}", flush=True)
+        if sys.stdin.readline().strip() == "kill":  # the child is not reaped yet: its pid is still its own
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
+    return 0
+
+
+class Collectors:
+    """Collector processes forked from one zygote (see :func:`_zygote`), for tests that kill many of them."""
+
+    def __init__(self, config: Path, env: dict[str, str], until: str = UNTIL) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--zygote", str(config),
+                                      until], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+        assert self._line() == "zygote"
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, "the collector zygote died"
+        return line.strip()
+
+    def start(self) -> int:
+        """Fork a collector; return its pid once it is ready (its store open, the collection about to begin)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        pid = int(self._line().removeprefix("pid "))
+        assert self._line() == "ready"
+        return pid
+
+    def finish(self, kill: bool) -> int:
+        """SIGKILL the collector (or let it run to its end); its exit code once reaped (negative: the
+        signal that ended it; 0 when it had finished before the kill came)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("kill\n" if kill else "wait\n")
+        self.proc.stdin.flush()
+        while not (line := self._line()).startswith("exit "):
+            pass
+        return int(line.removeprefix("exit "))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+
+
+def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(REPO))
+    if argv[0] == "--zygote":
+        return _zygote(argv[1], argv[2])
+    return _collect_once(argv[0], argv[1])
 
 
 if __name__ == "__main__":

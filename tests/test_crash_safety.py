@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers_crash import DATA_TABLES, REPO, driver_cmd, generate, natural_rows, pg_schema, write_config
+from helpers_crash import DATA_TABLES, REPO, Collectors, driver_cmd, generate, natural_rows, pg_schema, write_config
 from storecheck import checksum
 
 from auditor.store.engine import Store
@@ -85,25 +85,23 @@ def _crash_cycle(tmp_path: Path, ref_url: str, crash_url: str, engine: str) -> N
     rnd = random.Random(f"crash-{engine}")
     kinds: dict[str, int] = {}
     kills = completions = 0
-    while kills < KILLS:
-        proc = subprocess.Popen(driver_cmd(crash_cfg), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True, env=_env(), cwd=REPO)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(rnd.uniform(0.2 * seconds, seconds))
-        alive = proc.poll() is None
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        proc.stdout.close()
-        cur = natural_rows(crash_store)
-        state = _check_after_kill(cur, ref)
-        if alive:
-            kills += 1
-            kinds[state] = kinds.get(state, 0) + 1
-        if ("c", TEL_SOURCE) in cur["watermarks"]:  # this cycle's resumes completed: equal, then start over
-            assert cur == ref
-            completions += 1
-            _empty(crash_store)
+    collectors = Collectors(crash_cfg, _env())
+    try:
+        while kills < KILLS:
+            collectors.start()
+            time.sleep(rnd.uniform(0.2 * seconds, seconds))
+            alive = collectors.finish(kill=True) == -signal.SIGKILL  # killed, not finished before it came
+            cur = natural_rows(crash_store)
+            state = _check_after_kill(cur, ref)
+            if alive:
+                kills += 1
+                kinds[state] = kinds.get(state, 0) + 1
+            if ("c", TEL_SOURCE) in cur["watermarks"]:  # this cycle's resumes completed: equal, then start over
+                assert cur == ref
+                completions += 1
+                _empty(crash_store)
+    finally:
+        collectors.close()
     _run_to_end(crash_cfg)
     final = natural_rows(crash_store)
     for table in ref:
