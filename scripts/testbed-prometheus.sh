@@ -13,8 +13,9 @@
 #         (nvidia_gpu_duty_cycle, ..._milliwatts, nvidia_gpu_jobId as the job); see the generator.
 # rules : 127.0.0.1:19094, the `test` profile's samples (the test testbed's start time when it exists) plus the
 #         recorded series of deploy/prometheus-recording-rules.yml, backfilled with
-#         `promtool tsdb create-blocks-from rules` (evaluated off the 5-minute grid, as a live
-#         Prometheus's hashed evaluation phase would be). Its own instance: the others are not touched.
+#         `promtool tsdb create-blocks-from rules` from hour 1 on (as if installed then: the first 55 min
+#         have raw series only), evaluated off the 5-minute grid as a live Prometheus's hashed evaluation
+#         phase would be. Its own instance and data dir: the other profiles are not touched.
 # The packaged prometheus service is not used (nothing here starts it); ours runs from its own data dir
 # under $TESTBED_ROOT (default /var/lib/gpu-audit-testbed) with 100 years of retention. The marker file
 # $TESTBED_ROOT/<profile>/gpu-audit-testbed names its URL and TSDB path: the tests use a Prometheus only when it
@@ -96,7 +97,7 @@ if [[ $profile == rules && ! -f $dir/backfilled ]]; then
   # The recording rules evaluated by promtool against this instance's raw samples, written as blocks, moved
   # into its TSDB and picked up by a restart.
   read -r t0 t1 < <(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); a=s["start"] // 300 * 300
-print(a + 137, a + int(s["hours"] * 3600) + 900)' "$dir/state.json")
+print(a + 3600 + 137, a + int(s["hours"] * 3600) + 900)' "$dir/state.json")
   rm -rf "$dir/rule-blocks"
   promtool tsdb create-blocks-from rules --url="$url" --start="$t0" --end="$t1" --output-dir="$dir/rule-blocks" \
     "$here/../deploy/prometheus-recording-rules.yml" > "$dir/promtool-rules.log" 2>&1 \

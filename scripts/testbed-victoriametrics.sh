@@ -17,7 +17,8 @@
 # `up rules`: a second, separate instance on 127.0.0.1:19095 (data $TESTBED_ROOT/victoriametrics-rules) with the
 # same samples plus the recorded series of deploy/prometheus-recording-rules.yml, computed by Debian's vmalert
 # in replay mode (-replay.timeFrom/-replay.timeTo: the rules evaluated over the past window through the
-# instance's query API, written back with remote write). The default instance is not touched.
+# instance's query API, written back with remote write), from hour 1 on and off the 5-minute grid, as
+# scripts/testbed-prometheus.sh's `rules` profile does. The default instance is not touched.
 set -euo pipefail
 
 cmd=${1:-up}
@@ -100,7 +101,7 @@ EOF
   if [[ $profile == rules ]]; then
     read -r t0 t1 < <(python3 -c 'import json,sys,datetime as d; s=json.load(open(sys.argv[1])); a=s["start"] // 300 * 300
 f=lambda t: d.datetime.fromtimestamp(t, d.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-print(f(a + 137), f(a + int(s["hours"] * 3600) + 900))' "$dir/state.json")
+print(f(a + 3600 + 137), f(a + int(s["hours"] * 3600) + 900))' "$dir/state.json")
     vmalert -rule="$here/../deploy/prometheus-recording-rules.yml" -datasource.url="$url" \
       -remoteWrite.url="$url" -replay.timeFrom="$t0" -replay.timeTo="$t1" -replay.rulesDelay=0s \
       -replay.disableProgressBar -httpListenAddr=127.0.0.1:0 > "$dir/vmalert.log" 2>&1 \

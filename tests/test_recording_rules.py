@@ -1,0 +1,173 @@
+"""Telemetry pre-aggregated by the TSDB: deploy/prometheus-recording-rules.yml against REAL servers.
+
+The `rules` testbeds (scripts/testbed-prometheus.sh up rules: 127.0.0.1:19094; scripts/testbed-victoriametrics.sh
+up rules: 127.0.0.1:19095) hold the test profile's generated samples plus the rules' recorded series, computed
+by promtool's rule backfill and by vmalert's replay from hour 1 on (so the first buckets have no recorded
+series, as when the rules are installed on a running server) and evaluated off the 5-minute grid. The
+connector reading the recorded series must give the buckets it gives from the raw series (and those worked
+out from the generator's samples), while reading about a tenth of the samples."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import need, need_tsdb
+from test_prometheus import PROM_DIR, PROM_URL, compare, expected_buckets
+
+from auditor.errors import SourceError
+from connectors import build, recording
+from connectors.aliases import JOB_ID_METRICS, METRIC_ALIASES
+from connectors.base import Context, Problems, Window
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES_FILE = ROOT / "deploy" / "prometheus-recording-rules.yml"
+RULES_PROM_URL = os.environ.get("GPU_AUDIT_TEST_RULES_PROM_URL", "http://127.0.0.1:19094")
+RULES_PROM_DIR = Path(os.environ.get("GPU_AUDIT_TEST_RULES_PROM_DIR", "/var/lib/gpu-audit-testbed/rules"))
+RULES_VM_URL = os.environ.get("GPU_AUDIT_TEST_RULES_VM_URL", "http://127.0.0.1:19095")
+RULES_VM_DIR = Path(os.environ.get("GPU_AUDIT_TEST_RULES_VM_DIR",
+                                   "/var/lib/gpu-audit-testbed/victoriametrics-rules"))
+#: Buckets with recorded series: the backfill evaluates from start + 3600 + 137 s on; an evaluation at T
+#: records the bucket that ended at floor((T - 60) / 300) * 300, so the first one recorded is the bucket
+#: ending at start + 3600 (the 12th of 72), and every later one is: 72 - 11 = 61.
+RECORDED_BUCKETS = 61
+
+
+def _state(url: str, directory: Path) -> dict:
+    need_tsdb(url, directory)  # the rules testbed itself (marker and reported storage path)
+    return json.loads((directory / "state.json").read_text())
+
+
+def _window(state: dict, bucket_s: int = 300) -> Window:
+    start = datetime.fromtimestamp(state["start"], UTC)
+    return Window(start, start + timedelta(hours=state["hours"]), bucket_s)
+
+
+def _pull(url: str, state: dict, mode: str, bucket_s: int = 300, **opts: Any) -> tuple[list, Problems, Any]:
+    src = build("prometheus", "telemetry", {"url": url, "recording_rules": mode, **opts}, Context("test"))
+    problems = Problems()
+    return list(src.collect(_window(state, bucket_s), problems)), problems, src
+
+
+def _rows(buckets: list) -> dict[tuple, dict[str, Any]]:
+    """Every field of every bucket, keyed by GPU, bucket and job (dataclass fields: none left out)."""
+    out = {(b.host, b.gpu, b.gpu_instance, b.start, b.job): dataclasses.asdict(b) for b in buckets}
+    assert len(out) == len(buckets), "duplicate buckets"
+    return out
+
+
+# -- the shipped file ---------------------------------------------------------------------------------------
+
+def test_shipped_rules_file_is_the_generated_one() -> None:
+    assert RULES_FILE.read_text() == recording.rules_yaml(), \
+        "deploy/prometheus-recording-rules.yml is stale: python -m connectors.recording > it"
+
+
+def test_rules_cover_every_alias_with_the_raw_bucket_expression() -> None:
+    doc = yaml.safe_load(RULES_FILE.read_text())
+    (group,) = doc["groups"]
+    assert group["interval"] == "5m"
+    rules = {r["record"]: r["expr"] for r in group["rules"]}
+    # written out by hand: the raw connector's bucket query, picked at the bucket end 60 s before evaluation
+    assert rules["gpu_audit:DCGM_FI_PROF_SM_ACTIVE:avg5m"] == (
+        "last_over_time((avg_over_time(DCGM_FI_PROF_SM_ACTIVE[300s] offset 1ms))[299999ms:300s] offset 60s)")
+    assert rules["gpu_audit:DCGM_FI_DEV_FB_USED:max5m"] == (
+        "last_over_time((max_over_time(DCGM_FI_DEV_FB_USED[300s] offset 1ms))[299999ms:300s] offset 60s)")
+    assert rules["gpu_audit:DCGM_FI_DEV_GPU_UTIL:count5m"] == (
+        "last_over_time((count_over_time(DCGM_FI_DEV_GPU_UTIL[300s] offset 1ms))[299999ms:300s] offset 60s)")
+    assert rules["gpu_audit:recording_rules:version"] == "vector(1)"
+    sources = {r.split(":")[1] for r in rules if r != "gpu_audit:recording_rules:version"}
+    assert sources == set(METRIC_ALIASES) | JOB_ID_METRICS
+    counted = {r.split(":")[1] for r in rules if r.endswith(":count5m")}
+    assert "DCGM_FI_PROF_SM_ACTIVE" in counted and "nvidia_gpu_duty_cycle" in counted
+    assert "DCGM_FI_DEV_POWER_USAGE" not in counted  # samples come from SM_ACTIVE / GPU_UTIL only
+
+
+@pytest.mark.service
+def test_promtool_and_vmalert_accept_the_rules() -> None:
+    need(bool(shutil.which("promtool")), "promtool not installed (Debian package prometheus)")
+    out = subprocess.run(["promtool", "check", "rules", str(RULES_FILE)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+    need(bool(shutil.which("vmalert")), "vmalert not installed (Debian package victoria-metrics)")
+    out = subprocess.run(["vmalert", f"-rule={RULES_FILE}", "-dryRun"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+# -- against the real TSDBs ---------------------------------------------------------------------------------
+
+@pytest.mark.service
+def test_prometheus_recorded_buckets_equal_the_raw_ones() -> None:
+    state = _state(RULES_PROM_URL, RULES_PROM_DIR)
+    raw, raw_problems, raw_src = _pull(RULES_PROM_URL, state, "off")
+    rec, rec_problems, rec_src = _pull(RULES_PROM_URL, state, "on")
+    assert raw_src.read_recorded == 0 and rec_src.read_recorded == RECORDED_BUCKETS
+    assert len(raw) > 400
+    # identical: every field (values, samples, observed seconds, labels), floats bit for bit
+    assert _rows(rec) == _rows(raw)
+    assert rec_problems.items == raw_problems.items  # the NaN bucket quarantined alike, once
+    assert rec_src.notes == raw_src.notes == []  # recorded series are not "GPUs with unstored metrics"
+    compare(rec, expected_buckets(state, 300, nan="bucket"))  # and both are the generator's buckets
+    auto, _, auto_src = _pull(RULES_PROM_URL, state, "auto")
+    assert auto_src.read_recorded == RECORDED_BUCKETS and _rows(auto) == _rows(raw)
+
+
+@pytest.mark.service
+def test_prometheus_recorded_chunks_and_subsets_equal_the_raw_ones() -> None:
+    state = _state(RULES_PROM_URL, RULES_PROM_DIR)
+    opts = {"max_points_per_query": 7, "chunk_hours": 1, "metrics": ["sm_active", "gpu_util", "fb_used_mib"]}
+    raw, _, _ = _pull(RULES_PROM_URL, state, "off", **opts)
+    rec, _, src = _pull(RULES_PROM_URL, state, "on", **opts)
+    assert src.read_recorded == RECORDED_BUCKETS and _rows(rec) == _rows(raw)
+
+
+@pytest.mark.service
+def test_victoriametrics_recorded_buckets_equal_the_raw_ones() -> None:
+    state = _state(RULES_VM_URL, RULES_VM_DIR)
+    raw, raw_problems, _ = _pull(RULES_VM_URL, state, "off")
+    rec, rec_problems, src = _pull(RULES_VM_URL, state, "on")
+    assert src.read_recorded == RECORDED_BUCKETS
+    want, got = _rows(raw), _rows(rec)
+    assert set(got) == set(want) and len(want) > 400
+    # VictoriaMetrics stores a recorded float as a decimal of 12 significant digits (0.0298204 for the raw
+    # path's 0.029820400000000004): values agree to 1e-11 relative, everything else exactly
+    loose = 0
+    for key, row in want.items():
+        for f, v in row.items():
+            if isinstance(v, float) and f not in ("samples", "observed_s"):
+                assert math.isclose(got[key][f], v, rel_tol=1e-11, abs_tol=1e-15), (key, f, got[key][f], v)
+                loose += got[key][f] != v
+            else:
+                assert got[key][f] == v, (key, f, got[key][f], v)
+    assert loose > 0  # the tolerance is used (else this test would not need it)
+    assert rec_problems.items == raw_problems.items == []
+
+
+@pytest.mark.service
+def test_rules_need_five_minute_buckets_and_their_heartbeat() -> None:
+    state = _state(RULES_PROM_URL, RULES_PROM_DIR)
+    with pytest.raises(SourceError, match=r"recording_rules = on: the recording rules compute 300-s buckets, "
+                                          r"not 600-s ones"):
+        _pull(RULES_PROM_URL, state, "on", bucket_s=600)
+    auto, _, src = _pull(RULES_PROM_URL, state, "auto", bucket_s=600)
+    raw, _, _ = _pull(RULES_PROM_URL, state, "off", bucket_s=600)
+    assert src.read_recorded == 0 and _rows(auto) == _rows(raw)
+    # the test Prometheus has no rules: `on` fails in one line, `auto` reads the raw series
+    need_tsdb(PROM_URL, PROM_DIR)
+    plain = json.loads((PROM_DIR / "state.json").read_text())
+    with pytest.raises(SourceError, match=r"recording_rules = on: no gpu_audit:recording_rules:version series"):
+        _pull(PROM_URL, plain, "on")
+    auto, _, src = _pull(PROM_URL, plain, "auto")
+    assert src.read_recorded == 0 and _rows(auto) == _rows(_pull(PROM_URL, plain, "off")[0])
+    # `matchers` the heartbeat does not carry select no rules: raw series, never a partial recorded view
+    with pytest.raises(SourceError, match="must match them"):
+        _pull(RULES_PROM_URL, state, "on", matchers='cluster="a"')
