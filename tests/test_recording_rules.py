@@ -171,3 +171,17 @@ def test_rules_need_five_minute_buckets_and_their_heartbeat() -> None:
     # `matchers` the heartbeat does not carry select no rules: raw series, never a partial recorded view
     with pytest.raises(SourceError, match="must match them"):
         _pull(RULES_PROM_URL, state, "on", matchers='cluster="a"')
+
+
+def test_recorded_series_are_not_taken_for_gpus_with_unstored_metrics() -> None:
+    """Recorded names look like GPU metrics (``gpu_audit:...``) but are the rules' own: no look-up for GPUs
+    with only unstored metrics is made for them (the server here refuses connections: a query would raise)."""
+    from helpers import free_port
+
+    src = build("prometheus", "telemetry", {"url": f"http://127.0.0.1:{free_port()}", "retries": 0},
+                Context("test"))
+    win = Window(datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 1, tzinfo=UTC), 300)
+    have = {"DCGM_FI_PROF_SM_ACTIVE", recording.recorded("DCGM_FI_PROF_SM_ACTIVE", "avg"), recording.HEARTBEAT}
+    assert src.unstored_gpus(win, have, Problems()) == []
+    with pytest.raises(SourceError, match="cannot connect"):  # the same call with an unstored GPU metric queries
+        src.unstored_gpus(win, have | {"DCGM_FI_DEV_GPU_TEMP_X"}, Problems())
