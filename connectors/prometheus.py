@@ -279,22 +279,35 @@ class PrometheusTelemetry:
                     int(value[1])
         return out
 
-    def unstored_gpus(self, window: Window, have: set[str], problems: Problems) -> list[str]:
+    def unstored_gpus(self, window: Window, have: set[str], problems: Problems,
+                      recorded_buckets: tuple[int, int] | None = None) -> list[str]:
         """GPUs that have GPU-looking series in the window but none of a stored metric: one instant query
         finds them (usually none), a series listing of the first few gives their metric names; each is
-        warned about (:mod:`connectors._unstored`), since the bucket queries never see them."""
+        warned about (:mod:`connectors._unstored`), since the bucket queries never see them. When the
+        recording rules evaluated every bucket (``recorded_buckets``: the first and last bucket start), the
+        GPUs with stored metrics are the ones with recorded series there, read instead of the raw samples."""
         other = sorted(n for n in have if n not in METRIC_ALIASES and n not in FAULT_ALIASES
                        and n not in JOB_ID_METRICS and not recording.is_recorded(n) and GPU_LOOKING.search(n))
         if not other:
             return []
         span = max(1, math.ceil((window.until - window.since).total_seconds()))
         on = ", ".join(IDENTITY_LABELS)
-        q = f"group by ({on}) (last_over_time({self.selector(other)}[{span}s]))"
         stored = sorted(n for n in have if n in METRIC_ALIASES)
+        at, back = f"{window.until.timestamp():.3f}", ""
+        if recorded_buckets and stored:
+            # evaluated where the last bucket's recorded points are read; the raw side looks back to `until`
+            first, last = recorded_buckets
+            end = last + window.bucket_seconds + recording.READ_SHIFT_S
+            at, back = str(end), f" offset {max(1, round((end - window.until.timestamp()) * 1000))}ms"
+            names = [recording.recorded(n, recording.value_fn(n)) for n in stored]
+            has = f"last_over_time({self.selector(names)}[{last - first + window.bucket_seconds}s] offset 1ms)"
+        else:
+            has = f"last_over_time({self.selector(stored)}[{span}s])"
+        q = f"group by ({on}) (last_over_time({self.selector(other)}[{span}s]{back}))"
         if stored:
-            q += f" unless on ({on}) group by ({on}) (last_over_time({self.selector(stored)}[{span}s]))"
+            q += f" unless on ({on}) group by ({on}) ({has})"
         try:
-            data = self.api("/api/v1/query", {"query": q, "time": f"{window.until.timestamp():.3f}"}, problems)
+            data = self.api("/api/v1/query", {"query": q, "time": at}, problems)
         except SourceError as exc:
             if exc.transient:
                 raise
@@ -498,13 +511,17 @@ class PrometheusTelemetry:
                 log.warning("%s: no GPU metric of the alias table in this window%s", self.source,
                             f"; GPU-looking names present: {', '.join(gpuish[:8])}" if gpuish else
                             f" ({len(have)} metric names present, none GPU-looking)")
-            self.notes = self.unstored_gpus(window, have, problems)
+            # which buckets the rules evaluated, chunk by chunk (one small query each), before anything else reads
+            chunks = [(first, last, self.recorded_runs(first, last, problems) if rec else [(first, last, False)])
+                      for first, last in self.chunks(window)]
+            covered = all(use for _, _, runs in chunks for _, _, use in runs) and bool(chunks) and rec
+            self.notes = self.unstored_gpus(window, have, problems,
+                                            (chunks[0][0], chunks[-1][1]) if covered else None)
             b = window.bucket_seconds
             with ThreadPoolExecutor(self.options.concurrency, "prometheus") as pool:
-                for first, last in self.chunks(window):
+                for first, last, runs in chunks:
                     # points at bucket end with `offset 1ms`: each covers exactly [start, start + b); recorded
                     # series are read READ_SHIFT_S later, where the rules wrote each bucket (connectors.recording)
-                    runs = self.recorded_runs(first, last, problems) if rec else [(first, last, False)]
                     jobs: list[tuple[str, str, str, int, int, int]] = []
                     for lo, hi, use in runs:
                         back = b + (recording.READ_SHIFT_S if use else 0)

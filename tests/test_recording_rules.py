@@ -47,15 +47,16 @@ def _state(url: str, directory: Path) -> dict:
     return json.loads((directory / "state.json").read_text())
 
 
-def _window(state: dict, bucket_s: int = 300) -> Window:
+def _window(state: dict, bucket_s: int = 300, from_hour: float = 0) -> Window:
     start = datetime.fromtimestamp(state["start"], UTC)
-    return Window(start, start + timedelta(hours=state["hours"]), bucket_s)
+    return Window(start + timedelta(hours=from_hour), start + timedelta(hours=state["hours"]), bucket_s)
 
 
-def _pull(url: str, state: dict, mode: str, bucket_s: int = 300, **opts: Any) -> tuple[list, Problems, Any]:
+def _pull(url: str, state: dict, mode: str, bucket_s: int = 300, from_hour: float = 0,
+          **opts: Any) -> tuple[list, Problems, Any]:
     src = build("prometheus", "telemetry", {"url": url, "recording_rules": mode, **opts}, Context("test"))
     problems = Problems()
-    return list(src.collect(_window(state, bucket_s), problems)), problems, src
+    return list(src.collect(_window(state, bucket_s, from_hour), problems)), problems, src
 
 
 def _rows(buckets: list) -> dict[tuple, dict[str, Any]]:
@@ -131,6 +132,18 @@ def test_prometheus_recorded_chunks_and_subsets_equal_the_raw_ones() -> None:
 
 
 @pytest.mark.service
+def test_prometheus_window_the_rules_cover_whole() -> None:
+    """From hour 1 on every bucket is recorded (60 of them): the look-up for GPUs with only unstored metrics
+    then asks the recorded series which GPUs have stored ones; it must find the same (none: the
+    nvidia_gpu_exporter GPU's nvidia_smi_index has stored metrics beside it)."""
+    state = _state(RULES_PROM_URL, RULES_PROM_DIR)
+    raw, _, raw_src = _pull(RULES_PROM_URL, state, "off", from_hour=1)
+    rec, _, rec_src = _pull(RULES_PROM_URL, state, "on", from_hour=1)
+    assert rec_src.read_recorded == 60 and _rows(rec) == _rows(raw)
+    assert rec_src.notes == raw_src.notes == []
+
+
+@pytest.mark.service
 def test_victoriametrics_recorded_buckets_equal_the_raw_ones() -> None:
     state = _state(RULES_VM_URL, RULES_VM_DIR)
     raw, raw_problems, _ = _pull(RULES_VM_URL, state, "off")
@@ -150,6 +163,8 @@ def test_victoriametrics_recorded_buckets_equal_the_raw_ones() -> None:
                 assert got[key][f] == v, (key, f, got[key][f], v)
     assert loose > 0  # the tolerance is used (else this test would not need it)
     assert rec_problems.items == raw_problems.items == []
+    _, _, covered = _pull(RULES_VM_URL, state, "on", from_hour=1)  # every bucket recorded (see above)
+    assert covered.read_recorded == 60 and covered.notes == []
 
 
 @pytest.mark.service
