@@ -72,6 +72,8 @@ COUNT_FIELDS = recording.COUNT_FIELDS
 #: labels naming one whole GPU (host, index, UUID): a MIG instance's series belong to their GPU
 IDENTITY_LABELS: tuple[str, ...] = tuple(name for key in ("host", "gpu", "uuid") for name in LABEL_ALIASES[key])
 GPU_LOOKING = re.compile(r"gpu|dcgm|nvidia|nvml", re.IGNORECASE)
+#: label names in a `matchers` string (``cluster="a",env=~"p.*"`` -> cluster, env)
+MATCHER_LABEL = re.compile(r'(?:^|,)\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*"')
 
 try:  # optional: 3-5x faster decoding of large answers; the stdlib parser is the fallback
     from orjson import loads as json_loads
@@ -367,13 +369,24 @@ class PrometheusTelemetry:
 
     # -- recorded series (connectors.recording) -------------------------------------------------------------
 
+    def heartbeats(self) -> list[str]:
+        """Selectors of the rules' heartbeat that vouch for the series ``matchers`` select: one matching them
+        (Thanos/Mimir external labels), or one without any of their labels (a single Prometheus whose rules
+        saw all its series; a heartbeat labelled for another cluster vouches for nothing here)."""
+        m = self.options.matchers
+        if not m:
+            return [f'{{__name__="{recording.HEARTBEAT}"}}']
+        unset = ",".join(f'{name}=""' for name in dict.fromkeys(MATCHER_LABEL.findall(m)))
+        return [f'{{__name__="{recording.HEARTBEAT}",{m}}}', f'{{__name__="{recording.HEARTBEAT}",{unset}}}']
+
     def recorded_names(self, window: Window, problems: Problems) -> set[str]:
         """Names of recorded series from the window's start to the reading time of its last bucket (the
         rules record a bucket up to :data:`recording.READ_SHIFT_S` + one bucket after its end)."""
+        extra = f",{self.options.matchers}" if self.options.matchers else ""
         data: dict[str, Any] = {"start": f"{window.since.timestamp():.3f}",
                                 "end": f"{window.until.timestamp() + recording.READ_SHIFT_S + recording.BUCKET_S:.3f}",
-                                "match[]": f'{{__name__=~"{re.escape(recording.PREFIX)}.+"'
-                                           f'{"," + self.options.matchers if self.options.matchers else ""}}}'}
+                                "match[]": [f'{{__name__=~"{re.escape(recording.PREFIX)}.+"{extra}}}',
+                                            *self.heartbeats()]}
         try:
             names = self.api("/api/v1/label/__name__/values", data, problems, "GET")
         except SourceError as exc:
@@ -402,7 +415,7 @@ class PrometheusTelemetry:
             return None
         if recording.HEARTBEAT not in rec:
             refuse(f"no {recording.HEARTBEAT} series in the window (install deploy/prometheus-recording-rules.yml"
-                   " in Prometheus or vmalert; with `matchers`, the series must match them)")
+                   " in Prometheus or vmalert; with `matchers`, it must match them or lack their labels)")
             return None
         missing: list[str] = []
 
@@ -450,7 +463,7 @@ class PrometheusTelemetry:
         later, a missed evaluation)."""
         b = recording.BUCKET_S
         shift = b + recording.READ_SHIFT_S
-        q = self.query("last_over_time", [recording.HEARTBEAT], b)
+        q = " or ".join(f"last_over_time({sel}[{b}s] offset 1ms)" for sel in self.heartbeats())
         data = self.api("/api/v1/query_range", {"query": q, "start": str(first + shift), "end": str(last + shift),
                                                 "step": str(b)}, problems)
         per_series: list[dict[int, float]] = [
@@ -507,7 +520,7 @@ class PrometheusTelemetry:
                 self.recorded_plan(have, self.recorded_names(window, problems), window.bucket_seconds)
             self.read_recorded = 0  # buckets read from recorded series (the rest raw)
             if not todo and not rec:
-                gpuish = sorted(n for n in have if GPU_LOOKING.search(n))
+                gpuish = sorted(n for n in have if GPU_LOOKING.search(n) and not recording.is_recorded(n))
                 log.warning("%s: no GPU metric of the alias table in this window%s", self.source,
                             f"; GPU-looking names present: {', '.join(gpuish[:8])}" if gpuish else
                             f" ({len(have)} metric names present, none GPU-looking)")

@@ -183,9 +183,19 @@ def test_rules_need_five_minute_buckets_and_their_heartbeat() -> None:
         _pull(PROM_URL, plain, "on")
     auto, _, src = _pull(PROM_URL, plain, "auto")
     assert src.read_recorded == 0 and _rows(auto) == _rows(_pull(PROM_URL, plain, "off")[0])
-    # `matchers` the heartbeat does not carry select no rules: raw series, never a partial recorded view
-    with pytest.raises(SourceError, match="must match them"):
-        _pull(RULES_PROM_URL, state, "on", matchers='cluster="a"')
+
+
+
+@pytest.mark.service
+def test_matchers_select_the_heartbeat_that_vouches_for_the_series() -> None:
+    """The heartbeat of one Prometheus (no labels) vouches for the series whatever ``matchers`` select on
+    labels it lacks: the recorded view of a subset equals the raw one."""
+    state = _state(RULES_PROM_URL, RULES_PROM_DIR)
+    opts = {"matchers": 'job="dcgm-exporter",Hostname!="node-c"'}
+    raw, _, _ = _pull(RULES_PROM_URL, state, "off", **opts)
+    rec, _, src = _pull(RULES_PROM_URL, state, "on", **opts)
+    assert src.read_recorded == RECORDED_BUCKETS and _rows(rec) == _rows(raw)
+    assert {b.host for b in raw} == {"node-a", "node-b"}  # node-c left out, node-d is another job
 
 
 def test_recorded_series_are_not_taken_for_gpus_with_unstored_metrics() -> None:
