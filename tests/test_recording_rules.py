@@ -15,6 +15,8 @@ import math
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -210,3 +212,60 @@ def test_recorded_series_are_not_taken_for_gpus_with_unstored_metrics() -> None:
     assert src.unstored_gpus(win, have, Problems()) == []
     with pytest.raises(SourceError, match="cannot connect"):  # the same call with an unstored GPU metric queries
         src.unstored_gpus(win, have | {"DCGM_FI_DEV_GPU_TEMP_X"}, Problems())
+
+
+# -- heartbeats that must not vouch: a private Prometheus with hand-written series -----------------------------
+
+T0 = (int(time.time()) - 2 * 86400) // 3600 * 3600  # two days ago, a whole hour
+GPU = 'gpu="0",UUID="GPU-r0",Hostname="node-r",cluster="a"'
+
+
+def _hand_written() -> str:
+    """Five hours of one GPU's GPU_UTIL at 90 % every 30 s, with recorded series that say 50 % (so a bucket
+    read from them shows) and heartbeats at bucket ends + 100 s (inside their reading windows
+    [end + 60 s, end + 360 s)): hour 0 from another cluster's rules (cluster="b"), hour 2 label-less but of
+    version 2, hour 4 from this cluster's rules (cluster="a", version 1: the control that does vouch); none
+    in hours 1 and 3, so each test hour sees only its own."""
+    raw = [f"DCGM_FI_DEV_GPU_UTIL{{{GPU}}} 90 {t}" for t in range(T0, T0 + 5 * 3600, 30)]
+    ends = range(T0 + 300, T0 + 5 * 3600 + 1, 300)
+    avg = [f"gpu_audit:DCGM_FI_DEV_GPU_UTIL:avg5m{{{GPU}}} 50 {e + 100}" for e in ends]
+    count = [f"gpu_audit:DCGM_FI_DEV_GPU_UTIL:count5m{{{GPU}}} 10 {e + 100}" for e in ends]
+    beats = {'{cluster="b"} 1': range(0, 12), " 2": range(24, 36), '{cluster="a"} 1': range(48, 60)}
+    hb = [f"gpu_audit:recording_rules:version{labels} {T0 + 300 * (i + 1) + 100}"
+          for labels, idx in beats.items() for i in idx]
+    families = [("DCGM_FI_DEV_GPU_UTIL", raw), ("gpu_audit:DCGM_FI_DEV_GPU_UTIL:avg5m", avg),
+                ("gpu_audit:DCGM_FI_DEV_GPU_UTIL:count5m", count), ("gpu_audit:recording_rules:version", hb)]
+    return "".join(f"# TYPE {name} gauge\n" + "\n".join(lines) + "\n" for name, lines in families) + "# EOF\n"
+
+
+@pytest.fixture(scope="module")
+def hand_prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from test_infra_prometheus import private_prometheus
+
+    with private_prometheus(tmp_path_factory.mktemp("rules"), _hand_written()) as url:
+        yield url
+
+
+def _hour(url: str, hour: int, mode: str) -> tuple[list, Any]:
+    src = build("prometheus", "telemetry", {"url": url, "recording_rules": mode, "matchers": 'cluster="a"'},
+                Context("test"))
+    start = datetime.fromtimestamp(T0 + hour * 3600, UTC)
+    return list(src.collect(Window(start, start + timedelta(hours=1), 300), Problems())), src
+
+
+@pytest.mark.service
+def test_heartbeats_of_another_cluster_or_version_do_not_vouch(hand_prom: str,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    control, src = _hour(hand_prom, 4, "on")  # this cluster's rules: the recorded 50 % is read
+    assert src.read_recorded == 12 and [b.gpu_util for b in control] == [0.5] * 12
+    with pytest.raises(SourceError, match="recording_rules = on: no gpu_audit:recording_rules:version series"):
+        _hour(hand_prom, 0, "on")
+    buckets, src = _hour(hand_prom, 0, "auto")  # cluster="b"'s heartbeat: raw 90 %
+    assert src.read_recorded == 0 and [b.gpu_util for b in buckets] == [0.9] * 12
+    assert all(b.samples == 10 for b in buckets)
+    with pytest.raises(SourceError, match=r"recording_rules = on: gpu_audit:recording_rules:version = 2: the rules "
+                                          r"installed are not the version this gpu-audit reads \(1\)"):
+        _hour(hand_prom, 2, "on")
+    buckets, src = _hour(hand_prom, 2, "auto")
+    assert src.read_recorded == 0 and [b.gpu_util for b in buckets] == [0.9] * 12
+    assert "not the version this gpu-audit reads" in caplog.text
