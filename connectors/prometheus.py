@@ -434,9 +434,9 @@ class PrometheusTelemetry:
         out: list[tuple[str, str, str]] = []
         for fname in self.options.metrics or list(METRIC_FIELDS):
             by_unit: dict[str, list[str]] = {}
-            for name in present(names_for(fname), "max" if fname == "fb_used_mib" else "avg"):
+            fn = "max" if fname == "fb_used_mib" else "avg"  # as plan(): FB_USED takes the bucket's max
+            for name in present(names_for(fname), fn):
                 by_unit.setdefault(METRIC_ALIASES[name].unit, []).append(name)
-            fn = "max" if fname == "fb_used_mib" else "avg"
             for unit, names in by_unit.items():
                 out.append(("value", f"{fname}:{unit}:{names[0]}", read(names, fn)))
         for name in sorted(JOB_ID_METRICS):
