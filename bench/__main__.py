@@ -48,7 +48,7 @@ SCALING_4X = 4.5  # 4x the GPUs -> at most 4.5x the time (other steps: the same 
 INGEST_ROWS_S, INGEST_RATIO = 500_000.0, 0.5  # SQLite Store.ingest (issue 9)
 PG_INGEST_ROWS_S, PG_INGEST_RATIO = 300_000.0, 0.5  # PostgreSQL COPY + merge, and vs a raw COPY
 RENDER_S = 5.0  # all formats of the ~200k-allocation run
-OTHER = ("bench_slurm", "bench_kubernetes", "bench_prometheus", "bench_jobstats", "bench_web")
+OTHER = ("bench_slurm", "bench_kubernetes", "bench_prometheus", "bench_recording", "bench_jobstats", "bench_web")
 
 
 Bench = Callable[[argparse.Namespace, dict[str, Any]], list[Row]]

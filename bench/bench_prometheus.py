@@ -74,8 +74,8 @@ def main() -> None:
     state = json.loads(STATE.read_text())
     start = datetime.fromtimestamp(state["start"], UTC)
     window = Window(start, start + timedelta(days=a.days), 300)
-    src = Recording(Context("bench"), PrometheusTelemetry.Options(url=a.url, timeout_s=300,
-                                                                  compression=a.gzip))
+    src = Recording(Context("bench"), PrometheusTelemetry.Options(url=a.url, timeout_s=300, compression=a.gzip,
+                                                                  recording_rules="off"))  # the raw path
 
     problems = Problems()
     t0 = time.perf_counter()

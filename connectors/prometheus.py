@@ -12,6 +12,9 @@ allocation, so the next job's minutes in a shared bucket are never credited to t
 one job's series (aliases, the ``Hostname``/``hostname`` rename) are combined with ``max``, never summed.
 A row's observed seconds are its samples times the scrape interval (``sample_interval_s``, else estimated),
 what overruns its bucket carried into the series' next bucket (docs/definitions.md).
+With the recording rules of :mod:`connectors.recording` installed in the TSDB (``recording_rules``), the
+buckets those rules evaluated are read from the recorded series instead (one point per series and bucket,
+not ten raw samples), the others raw; both give the same buckets (values, counts, observed seconds).
 That fold is done here, per series, not with ``max by (...)`` in PromQL:
 Prometheus 2.x evaluates an aggregation per step, which made each query ~8x slower on 1,024 GPUs
 (measured, bench/bench_prometheus.py) for answers of the same size. :class:`Merge` folds the answers of one
@@ -32,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -42,6 +45,7 @@ from auditor.config import SecretRef
 from auditor.errors import SourceError
 from auditor.intparse import INT32_MAX, uint_or_none
 from auditor.records import LABEL_FIELDS, METRIC_FIELDS, GpuBucket, NodeEvent
+from connectors import recording
 from connectors._faults import Hits, promql, reason, to_events
 from connectors._unstored import MAX_GPU_WARNINGS, UnstoredGpus
 from connectors.aliases import (
@@ -64,10 +68,12 @@ log = logging.getLogger("gpu_audit.prometheus")
 #: Labels that identify one GPU (or MIG instance): the GPU_UTIL count skips GPUs that have SM_ACTIVE.
 GPU_LABELS: tuple[str, ...] = tuple(name for key in ("host", "gpu", "uuid", "gpu_instance")
                                     for name in LABEL_ALIASES[key])
-COUNT_FIELDS = ("sm_active", "gpu_util")
+COUNT_FIELDS = recording.COUNT_FIELDS
 #: labels naming one whole GPU (host, index, UUID): a MIG instance's series belong to their GPU
 IDENTITY_LABELS: tuple[str, ...] = tuple(name for key in ("host", "gpu", "uuid") for name in LABEL_ALIASES[key])
 GPU_LOOKING = re.compile(r"gpu|dcgm|nvidia|nvml", re.IGNORECASE)
+#: label names in a `matchers` string (``cluster="a",env=~"p.*"`` -> cluster, env)
+MATCHER_LABEL = re.compile(r'(?:^|,)\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*"')
 
 try:  # optional: 3-5x faster decoding of large answers; the stdlib parser is the fallback
     from orjson import loads as json_loads
@@ -128,6 +134,10 @@ class PrometheusTelemetry:
         host_label: str | None = Field(None, description="Take the node name from this label only (e.g. "
                                        "`instance` when Hostname is the exporter pod); unset = Hostname/"
                                        "hostname, node, then instance.")
+        recording_rules: Literal["auto", "on", "off"] = Field(
+            "auto", description="Read the series recorded by deploy/prometheus-recording-rules.yml for the "
+            "buckets the rules evaluated (raw series for the rest): auto = when they exist (one name listing "
+            "per collect), on = fail when they are missing or buckets are not 5 minutes, off = raw only.")
 
         @field_validator("metrics")
         @classmethod
@@ -271,22 +281,35 @@ class PrometheusTelemetry:
                     int(value[1])
         return out
 
-    def unstored_gpus(self, window: Window, have: set[str], problems: Problems) -> list[str]:
+    def unstored_gpus(self, window: Window, have: set[str], problems: Problems,
+                      recorded_buckets: tuple[int, int] | None = None) -> list[str]:
         """GPUs that have GPU-looking series in the window but none of a stored metric: one instant query
         finds them (usually none), a series listing of the first few gives their metric names; each is
-        warned about (:mod:`connectors._unstored`), since the bucket queries never see them."""
+        warned about (:mod:`connectors._unstored`), since the bucket queries never see them. When the
+        recording rules evaluated every bucket (``recorded_buckets``: the first and last bucket start), the
+        GPUs with stored metrics are the ones with recorded series there, read instead of the raw samples."""
         other = sorted(n for n in have if n not in METRIC_ALIASES and n not in FAULT_ALIASES
-                       and n not in JOB_ID_METRICS and GPU_LOOKING.search(n))
+                       and n not in JOB_ID_METRICS and not recording.is_recorded(n) and GPU_LOOKING.search(n))
         if not other:
             return []
         span = max(1, math.ceil((window.until - window.since).total_seconds()))
         on = ", ".join(IDENTITY_LABELS)
-        q = f"group by ({on}) (last_over_time({self.selector(other)}[{span}s]))"
         stored = sorted(n for n in have if n in METRIC_ALIASES)
+        at, back = f"{window.until.timestamp():.3f}", ""
+        if recorded_buckets and stored:
+            # evaluated where the last bucket's recorded points are read; the raw side looks back to `until`
+            first, last = recorded_buckets
+            end = last + window.bucket_seconds + recording.READ_SHIFT_S
+            at, back = str(end), f" offset {max(1, round((end - window.until.timestamp()) * 1000))}ms"
+            names = [recording.recorded(n, recording.value_fn(n)) for n in stored]
+            has = f"last_over_time({self.selector(names)}[{last - first + window.bucket_seconds}s] offset 1ms)"
+        else:
+            has = f"last_over_time({self.selector(stored)}[{span}s])"
+        q = f"group by ({on}) (last_over_time({self.selector(other)}[{span}s]{back}))"
         if stored:
-            q += f" unless on ({on}) group by ({on}) (last_over_time({self.selector(stored)}[{span}s]))"
+            q += f" unless on ({on}) group by ({on}) ({has})"
         try:
-            data = self.api("/api/v1/query", {"query": q, "time": f"{window.until.timestamp():.3f}"}, problems)
+            data = self.api("/api/v1/query", {"query": q, "time": at}, problems)
         except SourceError as exc:
             if exc.transient:
                 raise
@@ -344,6 +367,124 @@ class PrometheusTelemetry:
                 out.append(("count", f"{fname}:{name}", q))
         return out
 
+    # -- recorded series (connectors.recording) -------------------------------------------------------------
+
+    def heartbeats(self) -> list[str]:
+        """Selectors of the rules' heartbeat that vouch for the series ``matchers`` select: one matching them
+        (Thanos/Mimir external labels), or one without any of their labels (a single Prometheus whose rules
+        saw all its series; a heartbeat labelled for another cluster vouches for nothing here)."""
+        m = self.options.matchers
+        if not m:
+            return [f'{{__name__="{recording.HEARTBEAT}"}}']
+        unset = ",".join(f'{name}=""' for name in dict.fromkeys(MATCHER_LABEL.findall(m)))
+        return [f'{{__name__="{recording.HEARTBEAT}",{m}}}', f'{{__name__="{recording.HEARTBEAT}",{unset}}}']
+
+    def recorded_names(self, window: Window, problems: Problems) -> set[str]:
+        """Names of recorded series from the window's start to the reading time of its last bucket (the
+        rules record a bucket up to :data:`recording.READ_SHIFT_S` + one bucket after its end)."""
+        extra = f",{self.options.matchers}" if self.options.matchers else ""
+        data: dict[str, Any] = {"start": f"{window.since.timestamp():.3f}",
+                                "end": f"{window.until.timestamp() + recording.READ_SHIFT_S + recording.BUCKET_S:.3f}",
+                                "match[]": [f'{{__name__=~"{re.escape(recording.PREFIX)}.+"{extra}}}',
+                                            *self.heartbeats()]}
+        try:
+            names = self.api("/api/v1/label/__name__/values", data, problems, "GET")
+        except SourceError as exc:
+            if exc.transient or self.options.recording_rules == "on":
+                raise
+            log.info("%s: cannot list recorded series (%s); reading raw series", self.source, exc.reason)
+            return set()
+        return {n for n in names or () if recording.is_recorded(n)}
+
+    def recorded_plan(self, have: set[str], rec: set[str], bucket_s: int) -> list[tuple[str, str, str]] | None:
+        """The :meth:`plan` over recorded series (same kinds and labels, so :class:`Merge` folds both alike),
+        or None when the rules cannot stand in for the raw series: buckets other than 5 minutes, no rules'
+        heartbeat, or a raw name in the window without its recorded series (rules older than the alias
+        table). ``on`` turns each of these into an error."""
+        mode = self.options.recording_rules
+        if mode == "off":
+            return None
+
+        def refuse(why: str) -> None:
+            if mode == "on":
+                raise SourceError(self.source, f"recording_rules = on: {why}")
+            log.info("%s: %s; reading raw series", self.source, why)
+
+        if bucket_s != recording.BUCKET_S:
+            refuse(f"the recording rules compute {recording.BUCKET_S}-s buckets, not {bucket_s}-s ones")
+            return None
+        if recording.HEARTBEAT not in rec:
+            refuse(f"no {recording.HEARTBEAT} series in the window (install deploy/prometheus-recording-rules.yml"
+                   " in Prometheus or vmalert; with `matchers`, it must match them or lack their labels)")
+            return None
+        missing: list[str] = []
+
+        def read(names: list[str], fn: str) -> str:
+            return self.query("last_over_time", [recording.recorded(n, fn) for n in names], recording.BUCKET_S)
+
+        def present(names: Iterable[str], fn: str) -> list[str]:
+            out = []
+            for n in names:
+                if recording.recorded(n, fn) in rec:
+                    out.append(n)
+                elif n in have:
+                    missing.append(recording.recorded(n, fn))
+            return out
+
+        out: list[tuple[str, str, str]] = []
+        for fname in self.options.metrics or list(METRIC_FIELDS):
+            by_unit: dict[str, list[str]] = {}
+            fn = "max" if fname == "fb_used_mib" else "avg"  # as plan(): FB_USED takes the bucket's max
+            for name in present(names_for(fname), fn):
+                by_unit.setdefault(METRIC_ALIASES[name].unit, []).append(name)
+            for unit, names in by_unit.items():
+                out.append(("value", f"{fname}:{unit}:{names[0]}", read(names, fn)))
+        for name in sorted(JOB_ID_METRICS):
+            for fn in ("min", "max"):
+                if present([name], fn):
+                    out.append(("jobid", f"{fn}_over_time:{name}", read([name], fn)))
+        sm = present(names_for("sm_active"), "count")
+        for fname in COUNT_FIELDS:
+            for name in sm if fname == "sm_active" else present(names_for(fname), "count"):
+                q = read([name], "count")
+                if fname != "sm_active" and sm:
+                    q = f"{q} unless on ({', '.join(GPU_LABELS)}) {read(sm, 'count')}"
+                out.append(("count", f"{fname}:{name}", q))
+        if missing:
+            refuse(f"{len(missing)} raw metric(s) in the window have no recorded series (e.g. {missing[0]}: "
+                   "rules older than this gpu-audit? regenerate them)")
+            return None
+        return out
+
+    def recorded_runs(self, first: int, last: int, problems: Problems) -> list[tuple[int, int, bool]]:
+        """Bucket starts [first, last] of one chunk cut into runs (lo, hi, recorded): recorded where every
+        heartbeat series of the rules has a point of :data:`recording.VERSION` in the bucket's reading
+        window (the rule group evaluated that bucket), raw elsewhere (not evaluated yet, rules installed
+        later, a missed evaluation)."""
+        b = recording.BUCKET_S
+        shift = b + recording.READ_SHIFT_S
+        q = " or ".join(f"last_over_time({sel}[{b}s] offset 1ms)" for sel in self.heartbeats())
+        data = self.api("/api/v1/query_range", {"query": q, "start": str(first + shift), "end": str(last + shift),
+                                                "step": str(b)}, problems)
+        per_series: list[dict[int, float]] = [
+            {int(t) - shift: float(v) for t, v in series.get("values") or ()}
+            for series in (data or {}).get("result") or ()]
+        versions = {v for points in per_series for v in points.values()} - {float(recording.VERSION)}
+        if versions:
+            why = (f"{recording.HEARTBEAT} = {min(versions):g}: the rules installed are not the version this "
+                   f"gpu-audit reads ({recording.VERSION}); regenerate deploy/prometheus-recording-rules.yml")
+            if self.options.recording_rules == "on":
+                raise SourceError(self.source, f"recording_rules = on: {why}")
+            log.warning("%s: %s; reading raw series where they differ", self.source, why)
+        runs: list[tuple[int, int, bool]] = []
+        for start in range(first, last + b, b):
+            ok = bool(per_series) and all(p.get(start) == recording.VERSION for p in per_series)
+            if runs and runs[-1][2] == ok and runs[-1][1] == start - b:
+                runs[-1] = (runs[-1][0], start, ok)
+            else:
+                runs.append((start, start, ok))
+        return runs
+
     def chunks(self, window: Window) -> Iterator[tuple[int, int]]:
         """Aligned bucket starts [first, last] per query, at most max_points and chunk_hours long."""
         b = window.bucket_seconds
@@ -375,26 +516,42 @@ class PrometheusTelemetry:
             faults = [(name, what, q) for name, spec in FAULT_ALIASES.items() if name in have
                       for what, q in promql(self.selector([name]), spec, window.bucket_seconds, step)]
             self.index_of = self.uuid_index(window, have, problems)
-            if not todo:
-                gpuish = sorted(n for n in have if GPU_LOOKING.search(n))
+            rec = None if self.options.recording_rules == "off" else \
+                self.recorded_plan(have, self.recorded_names(window, problems), window.bucket_seconds)
+            self.read_recorded = 0  # buckets read from recorded series (the rest raw)
+            if not todo and not rec:
+                gpuish = sorted(n for n in have if GPU_LOOKING.search(n) and not recording.is_recorded(n))
                 log.warning("%s: no GPU metric of the alias table in this window%s", self.source,
                             f"; GPU-looking names present: {', '.join(gpuish[:8])}" if gpuish else
                             f" ({len(have)} metric names present, none GPU-looking)")
-            self.notes = self.unstored_gpus(window, have, problems)
+            # which buckets the rules evaluated, chunk by chunk (one small query each), before anything else reads
+            chunks = [(first, last, self.recorded_runs(first, last, problems) if rec else [(first, last, False)])
+                      for first, last in self.chunks(window)]
+            covered = all(use for _, _, runs in chunks for _, _, use in runs) and bool(chunks) and rec
+            self.notes = self.unstored_gpus(window, have, problems,
+                                            (chunks[0][0], chunks[-1][1]) if covered else None)
             b = window.bucket_seconds
             with ThreadPoolExecutor(self.options.concurrency, "prometheus") as pool:
-                for first, last in self.chunks(window):
-                    # points at bucket end with `offset 1ms`: each covers exactly [start, start + b)
-                    form = {"start": str(first + b), "end": str(last + b), "step": str(b)}
+                for first, last, runs in chunks:
+                    # points at bucket end with `offset 1ms`: each covers exactly [start, start + b); recorded
+                    # series are read READ_SHIFT_S later, where the rules wrote each bucket (connectors.recording)
+                    jobs: list[tuple[str, str, str, int, int, int]] = []
+                    for lo, hi, use in runs:
+                        back = b + (recording.READ_SHIFT_S if use else 0)
+                        jobs += [(kind, what, q, lo, hi, back) for kind, what, q in (rec if use and rec else todo)]
+                        self.read_recorded += (hi - lo) // b + 1 if use else 0
+                    jobs += [("fault", what, q, first, last, b) for _, what, q in faults]
                     # each query runs in the collector's context: its retries share the source's time budget
                     futures = [pool.submit(contextvars.copy_context().run, self.request, "/api/v1/query_range",
-                                           {"query": q, **form}) for _, _, q in [*todo, *faults]]
+                                           {"query": q, "start": str(lo + back), "end": str(hi + back),
+                                            "step": str(b)}) for _, _, q, lo, hi, back in jobs]
+                    n_values = len(jobs) - len(faults)
                     try:
                         merged = Merge(self, b, problems)
-                        for (kind, what, _), fut in zip(todo, futures[:len(todo)], strict=True):
-                            merged.add(kind, what, self.decode(fut.result(), "query_range", problems))
+                        for (kind, what, _, _, _, back), fut in zip(jobs[:n_values], futures[:n_values], strict=True):
+                            merged.add(kind, what, self.decode(fut.result(), "query_range", problems), back)
                         hits: Hits = defaultdict(lambda: defaultdict(set))
-                        for (name, what, _), fut in zip(faults, futures[len(todo):], strict=True):
+                        for (name, what, _), fut in zip(faults, futures[n_values:], strict=True):
                             self.fault_hits(merged, name, what, self.decode(fut.result(), "query_range", problems),
                                             hits)
                     finally:
@@ -470,11 +627,14 @@ class Merge:
         labels = tuple((k, v) for k in LABEL_FIELDS if (v := pick_label(metric, k)))
         return pick_label(metric, "uuid"), model, labels
 
-    def add(self, kind: str, what: str, data: Any) -> None:
+    def add(self, kind: str, what: str, data: Any, back: int | None = None) -> None:
+        """Fold one answer; a point at t is the bucket starting at t - ``back`` (default: the bucket length,
+        points at bucket ends; recorded series are read later, see :mod:`connectors.recording`)."""
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
             raise SourceError(self.src.source, f"query_range answered {str(data)[:60]!r}, not a matrix")
+        back = self.bucket_s if back is None else back
         if kind == "jobid":
-            self.add_jobs(data)
+            self.add_jobs(data, back)
             return
         if kind == "value":
             fname, unit, metric_name = what.split(":")
@@ -483,7 +643,6 @@ class Merge:
             fname, unit = "_count_" + field, ""
         div = 1.0 / normalise(fname, unit, 1.0)[0] if kind == "value" else 1.0  # type: ignore[arg-type]
         bounded, counting = fname in RATIO_FIELDS, kind == "count"
-        back = self.bucket_s  # a point stands at its bucket's end
         for series in data.get("result") or ():
             metric = series.get("metric") or {}
             gkey = self.key(metric)
@@ -519,7 +678,7 @@ class Merge:
                 if old is None or v > old:  # copies of one GPU: max, never summed
                     row[fname] = v
 
-    def add_jobs(self, data: dict[str, Any]) -> None:
+    def add_jobs(self, data: dict[str, Any], back: int) -> None:
         """Job ids from nvidia_gpu_jobId values (jobstats publishes the job as a value, 0 = no job), per GPU
         and bucket: they become the job key of that bucket's unlabelled row (comma-joined when the GPU
         changed hands inside the bucket)."""
@@ -534,7 +693,7 @@ class Merge:
                 except ValueError:
                     continue
                 if job > 0:
-                    per_bucket.setdefault(int(t) - self.bucket_s, set()).add(str(job))
+                    per_bucket.setdefault(int(t) - back, set()).add(str(job))
 
     def slow(self, fname: str, unit: str, raw: float, metric_name: str, gkey: tuple[str, int, str],
              start: int) -> float | None:

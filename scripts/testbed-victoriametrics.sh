@@ -2,8 +2,8 @@
 # A real VictoriaMetrics (single node, Debian's package `victoria-metrics`) as a second TSDB for the tests,
 # holding the same generated DCGM-shaped data as the Prometheus testbed (scripts/testbed-prometheus.sh).
 #
-#   scripts/testbed-victoriametrics.sh up     install, generate, import, start, wait until ready
-#   scripts/testbed-victoriametrics.sh down   stop the instance this script started
+#   scripts/testbed-victoriametrics.sh up [rules]    install, generate, import, start, wait until ready
+#   scripts/testbed-victoriametrics.sh down [rules]  stop the instance this script started
 #
 # 127.0.0.1:19093 (its own port: Prometheus testbeds are on 19090-19092 and are not touched). Data: the
 # `test` profile of scripts/gen_dcgm_openmetrics.py, with the Prometheus testbed's start time when that
@@ -13,13 +13,23 @@
 # searchable. The packaged victoria-metrics service is not used; ours runs from $TESTBED_ROOT/victoriametrics.
 # The marker $TESTBED_ROOT/victoriametrics/gpu-audit-testbed names its URL and data path: the tests use a
 # VictoriaMetrics only when its /flags report that -storageDataPath and the marker is there (tests/conftest.py).
+#
+# `up rules`: a second, separate instance on 127.0.0.1:19095 (data $TESTBED_ROOT/victoriametrics-rules) with the
+# same samples plus the recorded series of deploy/prometheus-recording-rules.yml, computed by Debian's vmalert
+# in replay mode (-replay.timeFrom/-replay.timeTo: the rules evaluated over the past window through the
+# instance's query API, written back with remote write), from hour 1 on and off the 5-minute grid, as
+# scripts/testbed-prometheus.sh's `rules` profile does. The default instance is not touched.
 set -euo pipefail
 
 cmd=${1:-up}
+profile=${2:-default}
 root=${TESTBED_ROOT:-/var/lib/gpu-audit-testbed}
 here=$(cd "$(dirname "$0")" && pwd)
-port=${VM_PORT:-19093}
-dir=$root/victoriametrics
+case $profile in
+  default) port=${VM_PORT:-19093}; dir=$root/victoriametrics ;;
+  rules) port=${VM_RULES_PORT:-19095}; dir=$root/victoriametrics-rules ;;
+  *) echo "unknown profile $profile (default|rules)" >&2; exit 2 ;;
+esac
 url=http://127.0.0.1:$port
 
 # shellcheck source=testbed-lib.sh
@@ -27,15 +37,21 @@ source "$here/testbed-lib.sh"
 stop() { tb_stop "$dir/vm.pid"; }
 ready() { tb_ready "$url/health"; }
 
-if [[ $cmd == down ]]; then stop; echo "victoria-metrics stopped"; exit 0; fi
-if [[ $cmd != up ]]; then echo "usage: $0 up|down" >&2; exit 2; fi
+if [[ $cmd == down ]]; then stop; echo "victoria-metrics ($profile) stopped"; exit 0; fi
+if [[ $cmd != up ]]; then echo "usage: $0 up|down [rules]" >&2; exit 2; fi
 
 if ! command -v victoria-metrics >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends \
     victoria-metrics
 fi
 
-marker() { tb_marker "$dir/gpu-audit-testbed" "kind=victoriametrics" "url=$url" "data=$dir/data"; }
+marker() {
+  if [[ $profile == rules ]]; then
+    tb_marker "$dir/gpu-audit-testbed" "kind=victoriametrics" "profile=rules" "url=$url" "data=$dir/data"
+  else
+    tb_marker "$dir/gpu-audit-testbed" "kind=victoriametrics" "url=$url" "data=$dir/data"
+  fi
+}
 
 if [[ -z ${TESTBED_FRESH:-} && -f $dir/vm.pid ]] && kill -0 "$(cat "$dir/vm.pid")" 2>/dev/null && ready; then
   marker
@@ -82,7 +98,18 @@ urllib.request.urlopen(url + "/internal/force_flush", timeout=60).read()
 print(f"imported {n} samples")
 EOF
   rm -f "$dir/data.om"
+  if [[ $profile == rules ]]; then
+    read -r t0 t1 < <(python3 -c 'import json,sys,datetime as d; s=json.load(open(sys.argv[1])); a=s["start"] // 300 * 300
+f=lambda t: d.datetime.fromtimestamp(t, d.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+print(f(a + 3600 + 137), f(a + int(s["hours"] * 3600) + 900))' "$dir/state.json")
+    vmalert -rule="$here/../deploy/prometheus-recording-rules.yml" -datasource.url="$url" \
+      -remoteWrite.url="$url" -replay.timeFrom="$t0" -replay.timeTo="$t1" -replay.rulesDelay=0s \
+      -replay.disableProgressBar -httpListenAddr=127.0.0.1:0 > "$dir/vmalert.log" 2>&1 \
+      || { tail -20 "$dir/vmalert.log" >&2; stop; exit 1; }
+    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=60).read()' \
+      "$url/internal/force_flush"
+  fi
   touch "$dir/imported"
 fi
 marker
-echo "victoria-metrics ready at $url (data $dir)"
+echo "victoria-metrics ($profile) ready at $url (data $dir)"

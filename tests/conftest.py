@@ -187,12 +187,12 @@ def need_pg(url: str = PG_URL) -> str:
 SERVICE_COMMANDS = frozenset({
     "scontrol", "sbatch", "squeue", "scancel", "sinfo", "sacct", "sacctmgr", "srun", "salloc", "sreport",
     "sprio", "sshare", "sstat", "sdiag", "strigger", "scrontab", "slurmrestd", "promtool", "prometheus",
-    "victoria-metrics", "chromium", "chromium-browser", "google-chrome", "chrome", "headless_shell", "psql",
+    "victoria-metrics", "vmalert", "chromium", "chromium-browser", "google-chrome", "chrome", "headless_shell", "psql",
     "mysql", "mariadb"})
 # The testbeds' and the usual services' ports: PostgreSQL, MariaDB, Slurm (ctld, slurmd, dbd, restd, the
 # testbed's slurmd ports), Prometheus/VictoriaMetrics (testbeds and defaults), SMTP.
-SERVICE_PORTS = frozenset({5432, 3306, 6817, 6818, 6819, 6820, 6831, 6832, 19090, 19091, 19092, 19093, 9090,
-                           8428, 25, 465, 587})
+SERVICE_PORTS = frozenset({5432, 3306, 6817, 6818, 6819, 6820, 6831, 6832, 19090, 19091, 19092, 19093, 19094,
+                           19095, 9090, 8428, 25, 465, 587})
 SERVICE_SOCKETS = ("/run/munge", "/var/run/munge", "/run/postgresql", "/var/run/postgresql", "/run/mysqld",
                    "/var/run/mysqld", "/tmp/.s.PGSQL")
 _DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]
