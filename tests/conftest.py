@@ -367,6 +367,21 @@ PG_FIXTURES = {"pg_url", "pg_schema_url"}  # a test that asks for one uses Postg
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per CPU, plus one for the serial group when the Slurm testbed is here. That group
+    runs in one worker and spends most of its time waiting on real Slurm jobs (an act window of idle time,
+    a requeue), about 40 s of CPU in 10 minutes; without the extra worker the other tests get one CPU of two
+    meanwhile. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still overrides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    if config.getoption("markexpr", "") and "not service" in config.getoption("markexpr", ""):
+        return None
+    if not (SLURM_TESTBED_BASE / MARKER_NAME).is_file():
+        return None  # no testbed: the serial tests skip (or fail under CI) at once, no worker waits on them
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cpus + 1
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that takes a PostgreSQL fixture is a ``service`` test even when it does not say so. Tests marked
     ``serial`` share the Slurm testbed: under pytest-xdist (``--dist loadgroup``) they all run in one worker,

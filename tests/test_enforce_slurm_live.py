@@ -126,24 +126,39 @@ def gpu_of(store: Store, job: str) -> tuple[str, int, int]:
 
 
 @pytest.fixture(scope="module")
-def jobs() -> Iterator[dict[str, str]]:
+def submitted() -> Iterator[dict[str, dict[str, str]]]:
+    """Every one-GPU job of this module, submitted at once: each test waits until its jobs have run the whole
+    act window (72 s and a margin), so jobs started together wait that time once, not once per fixture.
+    ``jobs``: idle, exempt, working, one for slurmrestd, one to requeue (issue 31's policy test).
+    ``moving``: issue 31 items 3 and 4, one to be requeued onto the other node, one whose GPU gets an XID
+    event. A test's store sees the others' jobs too, without telemetry for them: never judged idle."""
     need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
     out = Path("/tmp") / f"gpu-audit-enforce-{os.getpid()}"
     out.mkdir(exist_ok=True)
     out.chmod(0o1777)
     o = ["-o", f"{out}/%j.out", "--gres=gpu:1", "-t", "15", "-J"]
     ids: dict[str, str] = {}
+    moving: dict[str, str] = {}
     try:
         ids["idle"] = sbatch(*o, "enf-idle", "--uid=alice", "-A", "team-a", "--wrap", "sleep 900")
         ids["exempt"] = sbatch(*o, "enf-exempt", "--uid=bob", "-A", "team-b", "--wrap", "sleep 900")
         ids["working"] = sbatch(*o, "enf-working", "--uid=carol", "-A", "team-a", "--wrap", "sleep 900")
         ids["idle_rest"] = sbatch(*o, "enf-idle-rest", "--uid=alice", "-A", "team-a", "--wrap", "sleep 900")
         ids["requeue"] = sbatch(*o, "enf-requeue", "--requeue", "--uid=bob", "-A", "team-b", "--wrap", "sleep 900")
-        wait("jobs running", lambda: all(job_state(j) == "RUNNING" for j in ids.values()), timeout=90)
-        yield ids
+        moving["requeued"] = sbatch(*o, "enf-requeued", "--requeue", "--uid=alice", "-A", "team-a", "--wrap",
+                                    "sleep 900")
+        moving["fault"] = sbatch(*o, "enf-fault", "--uid=carol", "-A", "team-a", "--wrap", "sleep 900")
+        wait("jobs running", lambda: all(job_state(j) == "RUNNING" for j in [*ids.values(), *moving.values()]),
+             timeout=90)
+        yield {"jobs": ids, "moving": moving}
     finally:
-        for j in ids.values():
+        for j in [*ids.values(), *moving.values()]:
             subprocess.run(["scancel", j], capture_output=True, timeout=10)  # noqa: S603
+
+
+@pytest.fixture(scope="module")
+def jobs(submitted: dict[str, dict[str, str]]) -> dict[str, str]:
+    return submitted["jobs"]
 
 
 @pytest.mark.service
@@ -236,23 +251,8 @@ def test_rest_backend_cancels_through_slurmrestd(jobs: dict[str, str], tmp_path:
 
 
 @pytest.fixture(scope="module")
-def moving_jobs() -> Iterator[dict[str, str]]:
-    """Two idle one-GPU jobs for issue 31 items 3 and 4: one to be requeued onto the other node, one whose GPU
-    gets an XID event."""
-    need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
-    out = Path("/tmp") / f"gpu-audit-enforce-move-{os.getpid()}"
-    out.mkdir(exist_ok=True)
-    out.chmod(0o1777)
-    o = ["-o", f"{out}/%j.out", "--gres=gpu:1", "-t", "15", "-J"]
-    ids: dict[str, str] = {}
-    try:
-        ids["requeued"] = sbatch(*o, "enf-requeued", "--requeue", "--uid=alice", "-A", "team-a", "--wrap", "sleep 900")
-        ids["fault"] = sbatch(*o, "enf-fault", "--uid=carol", "-A", "team-a", "--wrap", "sleep 900")
-        wait("jobs running", lambda: all(job_state(j) == "RUNNING" for j in ids.values()), timeout=90)
-        yield ids
-    finally:
-        for j in ids.values():
-            subprocess.run(["scancel", j], capture_output=True, timeout=10)  # noqa: S603
+def moving_jobs(submitted: dict[str, dict[str, str]]) -> dict[str, str]:
+    return submitted["moving"]
 
 
 def _idle_and_collected(tmp_path: Path, jobs: dict[str, str]) -> tuple[Path, Store, int]:
