@@ -247,9 +247,10 @@ def render_page(page: str, data: dict[str, Any], v: Viewer, request: Request) ->
                           for g in data["gpus"]]
     q = dict(request.query_params)
     api = "/api" + (request.url.path if request.url.path != "/" else "/overview")
+    if request.url.query:
+        api += f"?{request.url.query}"
     return environment().get_template(f"web/{page}.html.j2").render(
-        d=data, viewer=v, page=page, charts=charts, q=q, path=request.url.path, api=api + (f"?{request.url.query}" if request.url.query
-                                                                   else ""))
+        d=data, viewer=v, page=page, charts=charts, q=q, path=request.url.path, api=api)
 
 
 def serve(store: Store, cfg: Config, listen: str, addr: tuple[str, int] | None = None) -> None:

@@ -60,8 +60,8 @@ def runs(conn: Connection, cfg: Config, limit: int = RUNS_LISTED) -> list[dict[s
 def pick_run(store: Store, cfg: Config, run: str | int | None) -> dict[str, Any]:
     """Which run a page shows: ``?run=`` when given, else the weekly audit run of the latest window (a
     chargeback run or an audit of another window never silently replaces it), else the latest audit that
-    is no chargeback run, else the latest run. Returns ``{"id", "chosen", "why", "runs"}``; a bad or unknown ``?run=`` is a
-    one-line error (HTTP 404)."""
+    is no chargeback run, else the latest run. Returns ``{"id", "chosen", "why", "runs"}``; a bad or
+    unknown ``?run=`` is a one-line error (HTTP 404)."""
     if run not in (None, ""):
         try:
             rid = parse_uint(run, hi=INT32_MAX, what="run")
@@ -111,8 +111,8 @@ def overview(store: Store, cfg: Config, run_id: int, user: str | None, *, mine: 
     """Headline, who (top teams, users and allocations by idle cost), week-over-week trend, coverage per
     cluster and one user's allocations ("my jobs": the viewer's own when scoped, else ``mine``).
 
-    The who tables are the report's own computations (:func:`auditor.report.context.usage_group_rows`,
-    :func:`~auditor.report.context.findings_table` of the top idle kinds), cut at :data:`TOP` rows."""
+    The teams and users are the report's own group rows (:func:`auditor.report.context.usage_group_rows`)
+    cut at :data:`TOP`; the allocations are ranked by their own idle cost (each allocation once)."""
     tz = report._tz(cfg)
     w, p = _scoped(user)
     with store.engine.connect() as conn:
@@ -141,26 +141,20 @@ def overview(store: Store, cfg: Config, run_id: int, user: str | None, *, mine: 
         kinds = dict(head.get("findings") or {}) if user is None else {r.kind: int(r.n) for r in conn.execute(text(
             f"SELECT f.kind, COUNT(*) AS n FROM findings f LEFT JOIN allocations a ON a.id = f.allocation_id "
             f"WHERE f.run_id = :run{w} GROUP BY f.kind ORDER BY f.kind"), {"run": run_id, **p})}
-        who = top_who(conn, run_id, user, tz)
+        who = top_who(conn, cfg, run_id, user, tz)
         me = user if user is not None else ((mine or "").strip() or None)
-        jobs = my_jobs(conn, cfg, run_id, me, tz) if me is not None else None
+        jobs = allocation_rows(conn, run_id, tz, user=me, limit=cfg.web.page_rows) if me is not None else None
     head["findings"] = kinds
     return {"schema": "gpu-audit.web.overview/2", "run": info, "scope": user, "currency": cfg.prices.currency,
             "headline": head, "who": who, "trend": trend, "earlier": earlier_window(info, len(trend)),
             "coverage": clusters, "mine": jobs}
 
 
-def top_who(conn: Connection, run_id: int, user: str | None, tz: Any) -> dict[str, Any]:
-    """Who idled the most: teams and users (every viewer's team and user rows are the report's groups; a
-    scoped viewer gets none, only their own allocations) and the top idle allocations (the report's top
-    idle table, the viewer's own when scoped). ``user_names``: every user of the run (the user picker)."""
-    where, params = " AND f.allocation_id IS NOT NULL", {}
-    if user is not None:
-        where, params = where + " AND f.user_name = :viewer", {"viewer": user}
-    jobs = report.findings_table(conn, run_id, report.IDLE_KINDS, tz, full=False, top_n=TOP, where=where,
-                                 params=params)
-    for r in jobs["rows"]:
-        r.pop("sparkline", None)
+def top_who(conn: Connection, cfg: Config, run_id: int, user: str | None, tz: Any) -> dict[str, Any]:
+    """Who idled the most: teams and users (the report's group rows; a scoped viewer gets none, only their
+    own allocations) and the allocations of the most idle cost (each once, as the users page sums them).
+    ``user_names``: every user of the run (the user picker)."""
+    jobs = allocation_rows(conn, run_id, tz, user=user, limit=TOP, idle_only=True)
     if user is not None:
         return {"teams": None, "users": None, "jobs": jobs, "user_names": [user]}
     totals = report.usage_totals(conn, run_id)
@@ -185,33 +179,44 @@ def earlier_window(info: dict[str, Any], points: int) -> dict[str, str] | None:
             for k, ts in (("since", info["since_ts"] - length), ("until", info["since_ts"]))}
 
 
-def my_jobs(conn: Connection, cfg: Config, run_id: int, user: str, tz: Any) -> dict[str, Any]:
-    """Every allocation of ``user`` the run judged (with or without findings), worst idle cost first, cut at
-    ``web.page_rows``; each with its usage (the users page's computation per allocation, so the rows add
-    up to that user's row), its findings' kinds and the advice of its costliest finding."""
+ALLOCATION_COLS = ("a.id, a.cluster, a.source, a.external_id, a.name, a.user_name, a.account, a.state, "
+                   "a.start_ts, a.end_ts, a.gpu_count, u.team")
+
+
+def allocation_rows(conn: Connection, run_id: int, tz: Any, *, user: str | None, limit: int,
+                    idle_only: bool = False) -> dict[str, Any]:
+    """Allocations the run judged (``user``'s only when given; with idle cost only if ``idle_only``), worst
+    idle cost first, cut at ``limit``: each with its usage (the users page's sums, per allocation, so a
+    user's rows add up to that user's row), its findings' kinds and the advice of its costliest finding;
+    ``totals`` over all of them (:func:`auditor.report.context.usage_of` for a user)."""
+    where, p = "", {"run": run_id}
+    if user is not None:
+        where, p["who"] = " AND a.user_name = :who", user
+    having = " HAVING SUM(u.idle_cost) > 0" if idle_only else ""
     raw = [dict(r._mapping) for r in conn.execute(text(
-        "SELECT a.id, a.cluster, a.source, a.external_id, a.name, a.account, a.state, a.start_ts, a.end_ts, "
-        f"a.gpu_count, u.team AS team, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
-        "u.allocation_id WHERE u.run_id = :run AND a.user_name = :who GROUP BY a.id, a.cluster, a.source, "
-        "a.external_id, a.name, a.account, a.state, a.start_ts, a.end_ts, a.gpu_count, u.team"),
-        {"run": run_id, "who": user})]
+        f"SELECT {ALLOCATION_COLS}, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
+        f"u.allocation_id WHERE u.run_id = :run{where} GROUP BY {ALLOCATION_COLS}{having} "
+        f"ORDER BY idle_cost DESC, reserved_s DESC, a.id DESC LIMIT {int(limit)}"), p)]
     found: dict[int, list[tuple[float, str]]] = {}
-    for r in conn.execute(text("SELECT f.allocation_id, f.kind, f.cost FROM findings f WHERE f.run_id = :run "
-                               "AND f.user_name = :who AND f.allocation_id IS NOT NULL"),
-                          {"run": run_id, "who": user}):
-        found.setdefault(int(r.allocation_id), []).append((float(r.cost or 0.0), r.kind))
-    raw.sort(key=lambda r: (-(r["idle_cost"] or 0.0), -(r["reserved_s"] or 0.0), -int(r["id"])))
+    ids = [int(r["id"]) for r in raw]
+    if ids:
+        for r in conn.execute(text("SELECT f.allocation_id, f.kind, f.cost FROM findings f WHERE f.run_id = :run "
+                                   f"AND f.allocation_id IN ({', '.join(str(i) for i in ids)})"), {"run": run_id}):
+            found.setdefault(int(r.allocation_id), []).append((float(r.cost or 0.0), r.kind))
     rows = []
-    for r in raw[:cfg.web.page_rows]:
+    for r in raw:
         fs = sorted(found.get(int(r["id"]), []), key=lambda x: (-x[0], x[1]))
         rows.append({"allocation_id": int(r["id"]), "cluster": r["cluster"], "source": r["source"],
-                     "job_id": r["external_id"], "job_name": r["name"] or "", "account": r["account"] or "",
-                     "team": r["team"] or "", "state": r["state"] or "", "gpus": r["gpu_count"],
-                     "start": report._when(r["start_ts"], tz), "end": report._when(r["end_ts"], tz),
-                     "kinds": sorted({k for _, k in fs}), "advice": ADVICE.get(fs[0][1], "") if fs else "",
-                     **_usage_row(r)})
-    tot = {k: sum((r[k] or 0) for r in raw) for k in RAW}
-    return {"user": user, "rows": rows, "total": len(raw), "shown": len(rows), "totals": _usage_row(tot)}
+                     "job_id": r["external_id"], "job_name": r["name"] or "", "user": r["user_name"] or "",
+                     "account": r["account"] or "", "team": r["team"] or "", "state": r["state"] or "",
+                     "gpus": r["gpu_count"], "start": report._when(r["start_ts"], tz),
+                     "end": report._when(r["end_ts"], tz), "kinds": sorted({k for _, k in fs}),
+                     "advice": ADVICE.get(fs[0][1], "") if fs else "", **_usage_row(r)})
+    out: dict[str, Any] = {"user": user, "rows": rows, "shown": len(rows)}
+    if user is not None:
+        out["totals"] = report.usage_of(conn, run_id, user=user)
+        out["total"] = out["totals"]["allocations"]
+    return out
 
 
 RAW = ("allocations", "reserved_s", "observed_s", "idle_s", "mirage_s", "effective_s", "unknown_s", "gpu_util_s",
