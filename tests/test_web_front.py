@@ -120,6 +120,7 @@ def test_front_page_who_by_hand(weekly) -> None:  # noqa: ANN001
     assert who["jobs"]["rows"][0]["kinds"] == ["idle_episode", "idle_gpus", "util_mirage"]
     assert who["jobs"]["rows"][0]["advice"]
     assert who["user_names"] == ["dana", "erin", "mallory"]
+    assert c.get("/api/overview").json()["who"] == who  # the app's ranking of this run, kept, reads the same
     page = c.get("/").text
     for table in ("top-teams", "top-users", "top-jobs"):
         assert f'id="{table}"' in page

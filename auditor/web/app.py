@@ -156,6 +156,8 @@ def check_params(request: Request) -> None:
 def create_app(store: Store, cfg: Config) -> Any:
     """The ASGI app (``gpu-audit web`` serves it; tests drive it with Starlette's TestClient or Chromium)."""
 
+    who_cache: dict[int, dict[str, Any]] = {}
+
     def data_for(page: str, request: Request, v: Viewer, kind: str) -> dict[str, Any]:
         q = request.query_params
         if page == "allocation":
@@ -164,7 +166,7 @@ def create_app(store: Store, cfg: Config) -> Any:
         choice = webdata.pick_run(store, cfg, q.get("run"))
         run_id = choice["id"]
         if page == "overview":
-            data = webdata.overview(store, cfg, run_id, v.scope, mine=q.get("user"))
+            data = webdata.overview(store, cfg, run_id, v.scope, mine=q.get("user"), cache=who_cache)
         elif page in ("teams", "users", "clusters"):
             data = webdata.groups(store, cfg, run_id, page, v.scope, page=_page_no(request))
         elif page == "findings":

@@ -7,6 +7,8 @@ keeps only that user's allocations (usage, findings, allocation pages, chargebac
 
 from __future__ import annotations
 
+import copy
+import threading
 from typing import Any
 
 from sqlalchemy import Connection, select, text
@@ -32,6 +34,8 @@ ALL_KINDS = kinds.NAMES  # every finding kind (the registry)
 
 RUNS_LISTED = 40  # audit runs the run picker offers (latest window first)
 TOP = 5  # rows of each "who" table on the front page
+WHO_CACHED = 8  # runs whose who tables an app keeps (they scan every allocation of the run)
+_WHO_LOCK = threading.Lock()  # uvicorn answers sync pages from a thread pool
 
 
 def run_kind(since_ts: int, until_ts: int, purpose: str | None, cfg: Config) -> str:
@@ -106,10 +110,11 @@ def say_run(data: dict[str, Any], choice: dict[str, Any], cfg: Config) -> None:
     data["runs"] = choice["runs"]
 
 
-def overview(store: Store, cfg: Config, run_id: int, user: str | None, *, mine: str | None = None
-             ) -> dict[str, Any]:
+def overview(store: Store, cfg: Config, run_id: int, user: str | None, *, mine: str | None = None,
+             cache: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Headline, who (top teams, users and allocations by idle cost), week-over-week trend, coverage per
-    cluster and one user's allocations ("my jobs": the viewer's own when scoped, else ``mine``).
+    cluster and one user's allocations ("my jobs": the viewer's own when scoped, else ``mine``). ``cache``
+    (the app's) keeps the whole fleet's who tables per run: an ok run's usage rows are never rewritten.
 
     The teams and users are the report's own group rows (:func:`auditor.report.context.usage_group_rows`)
     cut at :data:`TOP`; the allocations are ranked by their own idle cost (each allocation once)."""
@@ -141,7 +146,15 @@ def overview(store: Store, cfg: Config, run_id: int, user: str | None, *, mine: 
         kinds = dict(head.get("findings") or {}) if user is None else {r.kind: int(r.n) for r in conn.execute(text(
             f"SELECT f.kind, COUNT(*) AS n FROM findings f LEFT JOIN allocations a ON a.id = f.allocation_id "
             f"WHERE f.run_id = :run{w} GROUP BY f.kind ORDER BY f.kind"), {"run": run_id, **p})}
-        who = top_who(conn, cfg, run_id, user, tz)
+        if user is None and cache is not None:  # an ok run's usage never changes: rank it once per app
+            with _WHO_LOCK:
+                if run_id not in cache:
+                    while len(cache) >= WHO_CACHED:
+                        cache.pop(next(iter(cache)))
+                    cache[run_id] = top_who(conn, cfg, run_id, None, tz)
+                who = copy.deepcopy(cache[run_id])
+        else:
+            who = top_who(conn, cfg, run_id, user, tz)
         me = user if user is not None else ((mine or "").strip() or None)
         jobs = allocation_rows(conn, run_id, tz, user=me, limit=cfg.web.page_rows) if me is not None else None
     head["findings"] = kinds
@@ -190,15 +203,21 @@ def allocation_rows(conn: Connection, run_id: int, tz: Any, *, user: str | None,
     user's rows add up to that user's row), its findings' kinds and the advice of its costliest finding;
     ``totals`` over all of them (:func:`auditor.report.context.usage_of` for a user)."""
     where, p = "", {"run": run_id}
+    join = ""
     if user is not None:
-        where, p["who"] = " AND a.user_name = :who", user
-    having = " HAVING SUM(u.idle_cost) > 0" if idle_only else ""
+        where, p["who"], join = " AND a.user_name = :who", user, " JOIN allocations a ON a.id = u.allocation_id"
+    if idle_only:
+        where += " AND u.idle_cost > 0"
+    # the page's allocations first (one usage row each: no grouping over the whole run), then their rows
+    ids = [int(r[0]) for r in conn.execute(text(
+        f"SELECT u.allocation_id FROM usage_allocation u{join} WHERE u.run_id = :run{where} "
+        f"ORDER BY u.idle_cost DESC, u.reserved_s DESC, u.allocation_id DESC LIMIT {int(limit)}"), p)]
     raw = [dict(r._mapping) for r in conn.execute(text(
         f"SELECT {ALLOCATION_COLS}, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
-        f"u.allocation_id WHERE u.run_id = :run{where} GROUP BY {ALLOCATION_COLS}{having} "
-        f"ORDER BY idle_cost DESC, reserved_s DESC, a.id DESC LIMIT {int(limit)}"), p)]
+        f"u.allocation_id WHERE u.run_id = :run AND u.allocation_id IN ({', '.join(str(i) for i in ids)}) "
+        f"GROUP BY {ALLOCATION_COLS}"), {"run": run_id})] if ids else []
+    raw.sort(key=lambda r: (-(r["idle_cost"] or 0.0), -(r["reserved_s"] or 0.0), -int(r["id"])))
     found: dict[int, list[tuple[float, str]]] = {}
-    ids = [int(r["id"]) for r in raw]
     if ids:
         for r in conn.execute(text("SELECT f.allocation_id, f.kind, f.cost FROM findings f WHERE f.run_id = :run "
                                    f"AND f.allocation_id IN ({', '.join(str(i) for i in ids)})"), {"run": run_id}):
