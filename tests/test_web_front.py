@@ -162,3 +162,17 @@ def test_trend_says_how_to_get_a_second_bar(weekly) -> None:  # noqa: ANN001
     ov = c.get("/api/overview").json()
     assert ov["run"]["id"] == rid and len(ov["trend"]) == 2 and ov["earlier"] is None
     assert c.get("/").text.count("<rect") >= 2  # a bar per window
+
+
+def test_front_page_escapes_names_and_parameters(weekly) -> None:  # noqa: ANN001
+    """mallory's job's 3,000-character hostile name and a hostile ?user= reach the front page as text."""
+    store, _ = weekly
+    c = client(store)
+    for path in ("/", "/?user=mallory", "/?user=%3Cscript%3Ealert(2)%3C/script%3E%22%3E&run=1"):
+        body = c.get(path).text
+        assert "<script>" not in body and "x" * 400 not in body and "\u202e" not in body, path
+        assert "<script" not in body.lower(), path
+    body = c.get("/?user=mallory").text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "-tail" in body
+    hostile = c.get("/?user=%3Cscript%3Ealert(2)%3C/script%3E%22%3E").text
+    assert 'value="&lt;script&gt;alert(2)&lt;/script&gt;&#34;&gt;"' in hostile

@@ -1,8 +1,8 @@
 """The web pages in the real Chromium at a laptop's 1280 px and a phone's 390 px: at both widths every
 table shows its cost cells inside the viewport with no sideways scrolling, of the page or of the table
-(at 390 px rows become cards, the cost and the action first), and no word is broken inside a table cell (each word of each cell lies on
-one line: its Range has one client rect). The pages show the weekly audit after a chargeback run, as they
-say. SQLite and PostgreSQL (the store fixture)."""
+(at 390 px rows become cards, the cost and the action first), and no word is broken inside a table
+cell (each word of each cell lies on one line: its Range has one client rect). The pages show the
+weekly audit after a chargeback run, as they say. SQLite and PostgreSQL (the store fixture)."""
 
 from __future__ import annotations
 
