@@ -244,6 +244,47 @@ def test_demo_web_pages_and_api(demo: tuple[Store, Config, int, Path]) -> None:
     close(c.get("/api/teams").json()["totals"]["idle_gpu_hours"], t["idle"], "web teams total", 1e-6)
 
 
+def test_demo_web_front_page_who_and_my_jobs(demo: tuple[Store, Config, int, Path]) -> None:
+    """The front page's teams, users, allocations, infrastructure hours and a user's jobs read as the report,
+    the nudges and the audit say: the planted idle costs by hand (1003 108 x 4 = 432, 1002 96 x 4 = 384, the
+    notebook 120 x 2.5 = 300, 1001's stall and 1004 24 x 4 = 96 each), alice's every allocation (1,240
+    reserved GPU-hours, as her nudge says) and the report's team rows and infrastructure figure."""
+    store, cfg, rid, _ = demo
+    t = truth(store, rid)
+    ctx = report.build_context(store, cfg, rid)
+    html, _ = render_html(ctx)
+    c = web_client(store, cfg)
+    ov = c.get("/api/overview").json()
+    who, page = ov["who"], c.get("/").text
+    assert ov["run"]["id"] == rid and ov["run"]["kind"] == "weekly audit"
+    n = len(who["teams"]["rows"])
+    assert [(r["team"], r["idle_cost"]) for r in who["teams"]["rows"]] == [
+        (r["team"], r["idle_cost"]) for r in ctx["teams"]["rows"][:n]], "web teams vs the report's team table"
+    for r in who["users"]["rows"]:
+        close(r["idle_gpu_hours"], t["users"][r["user_name"]][1], f"web top users {r['user_name']}", 1e-6)
+    assert sorted((round(j["idle_cost"], 6) for j in who["jobs"]["rows"]), reverse=True) == [432.0, 384.0, 300.0,
+                                                                                             96.0, 96.0]
+    report_top = {r["allocation_id"]: r["cost"] for r in ctx["top_idle"]["rows"]}
+    for j in who["jobs"]["rows"]:  # an allocation the report lists as a top idle one costs the same here
+        if j["allocation_id"] in report_top:
+            close(j["idle_cost"], report_top[j["allocation_id"]], f"web top job {j['job_id']} vs the report", 1e-6)
+    assert set(report_top) <= {j["allocation_id"] for j in who["jobs"]["rows"]}
+    infra = find(r'id="infra-gpu-hours"[^>]*>' + NUM, page, "web infrastructure GPU-hours")
+    close(infra, find(r'id="infra-gpu-hours"[^>]*>' + NUM, html, "HTML report infrastructure"), "web infra vs HTML")
+    close(infra, ctx["headline"]["infra_gpu_hours"], "web infrastructure vs the report context")
+    mine = c.get("/api/overview?user=alice").json()["mine"]
+    nudge = nudge_figures(store, cfg, rid)["alice@example.org"]
+    close(mine["totals"]["reserved_gpu_hours"], NUDGES["alice"][2], "alice's jobs reserved by hand", 1e-6)
+    close(mine["totals"]["reserved_gpu_hours"], nudge[2], "alice's jobs vs her nudge's reserved")
+    close(sum(r["reserved_gpu_hours"] for r in mine["rows"]), t["users"]["alice"][0], "alice's rows vs the audit", 1e-6)
+    close(sum(r["idle_gpu_hours"] for r in mine["rows"]), t["users"]["alice"][1], "alice's idle vs the audit", 1e-6)
+    with store.engine.connect() as conn:
+        ids = {r[0] for r in conn.execute(text(
+            "SELECT u.allocation_id FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id "
+            "WHERE u.run_id = :r AND a.user_name = 'alice'"), {"r": rid})}
+    assert {r["allocation_id"] for r in mine["rows"]} == ids and mine["total"] == len(ids)
+
+
 def test_demo_web_findings_page_lists_every_kind(demo: tuple[Store, Config, int, Path]) -> None:
     store, cfg, rid, _ = demo
     t = truth(store, rid)

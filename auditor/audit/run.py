@@ -130,8 +130,10 @@ def _params(since: int, until: int, horizon: int) -> dict[str, Any]:
 
 def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
               thresholds: Thresholds | None = None, clusters: list[str] | None = None,
-              what_if: bool = False) -> AuditResult:
-    """Judge [since, until) and store usage and findings under a new audit run."""
+              what_if: bool = False, purpose: str | None = None) -> AuditResult:
+    """Judge [since, until) and store usage and findings under a new audit run. ``purpose`` (e.g.
+    ``"chargeback"``) goes into the run's summary: the web UI shows the newest weekly audit, not a run made
+    for another purpose (:func:`auditor.web.data.pick_run`)."""
     from auditor.audit.findings import find_all
 
     th = thresholds or cfg.thresholds
@@ -204,6 +206,8 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                      ", ".join(f"{k} {v:.2f} s" for k, v in steps.seconds.items()))
             if refused:
                 summary["refused_allocations"] = len(refused)
+            if purpose:
+                summary["purpose"] = purpose
             conn.info.pop(parallel.KEY, None)  # the pooled connection's info outlives this audit
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
                 status="ok", finished_ts=int(utcnow().timestamp()), summary=summary))

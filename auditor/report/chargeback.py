@@ -88,7 +88,7 @@ def chargeback(store: Store, cfg: Config, since: datetime, until: datetime, by: 
     if run_id is None:
         from auditor.audit.run import run_audit
 
-        run_id = run_audit(store, cfg, since, until).run_id
+        run_id = run_audit(store, cfg, since, until, purpose="chargeback").run_id
     owner = _OWNER[by]
     sums = ", ".join(f"SUM(u.{c}_s) AS {c}_s" for c in HOURS)
     sql = (f"SELECT a.cluster AS cluster, {owner} AS owner, COUNT(*) AS allocations, {sums}, "
@@ -194,7 +194,7 @@ def write_previous_month(store: Store, cfg: Config, out_dir: Path, now: datetime
     since, until = month_window(period, tz)
     from auditor.audit.run import run_audit
 
-    run_id = run_audit(store, cfg, since, until).run_id
+    run_id = run_audit(store, cfg, since, until, purpose="chargeback").run_id
     files = []
     for b in by:
         rows = chargeback(store, cfg, since, until, b, period=period, run_id=run_id)

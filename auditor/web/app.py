@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
@@ -31,7 +33,7 @@ from auditor.errors import GpuAuditError
 from auditor.intparse import INT32_MAX, parse_uint
 from auditor.report import jobview
 from auditor.report.chargeback import BY, to_csv
-from auditor.report.render import _filters
+from auditor.report.render import _filters, plain
 from auditor.store.engine import Store, resource_dir
 from auditor.web import data as webdata
 from auditor.web import svg
@@ -74,7 +76,18 @@ def environment(template_dir: str | None = None) -> jinja2.Environment:
                              autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
     _filters(env)
+    env.filters["words"] = words
     return env
+
+
+_BREAKS = re.compile(r"[-/\u2010-\u2014]")
+
+
+def words(value: Any) -> Markup:
+    """Prose for a table cell, escaped: a word with a hyphen or slash goes in a nowrap span, so a line
+    breaks between words only, never inside "GPU-hours" or "scancel/delete"."""
+    return Markup(" ".join(f'<span class="nw">{escape(w)}</span>' if _BREAKS.search(w) else str(escape(w))
+                           for w in plain(value).split()))
 
 
 def to_jsonable(v: Any) -> Any:
@@ -143,25 +156,31 @@ def check_params(request: Request) -> None:
 def create_app(store: Store, cfg: Config) -> Any:
     """The ASGI app (``gpu-audit web`` serves it; tests drive it with Starlette's TestClient or Chromium)."""
 
+    who_cache: dict[int, dict[str, Any]] = {}
+
     def data_for(page: str, request: Request, v: Viewer, kind: str) -> dict[str, Any]:
         q = request.query_params
         if page == "allocation":
             aid = request.path_params["aid"]
             return jobview.job_view(store, cfg, int(aid), user=v.scope)
-        run_id = webdata.pick_run(store, q.get("run"))
+        choice = webdata.pick_run(store, cfg, q.get("run"))
+        run_id = choice["id"]
         if page == "overview":
-            return webdata.overview(store, cfg, run_id, v.scope)
-        if page in ("teams", "users", "clusters"):
-            return webdata.groups(store, cfg, run_id, page, v.scope, page=_page_no(request))
-        if page == "findings":
-            return webdata.findings(store, cfg, run_id, v.scope, dict(q))
-        if page == "chargeback":
+            data = webdata.overview(store, cfg, run_id, v.scope, mine=q.get("user"), cache=who_cache)
+        elif page in ("teams", "users", "clusters"):
+            data = webdata.groups(store, cfg, run_id, page, v.scope, page=_page_no(request))
+        elif page == "findings":
+            data = webdata.findings(store, cfg, run_id, v.scope, dict(q))
+        elif page == "chargeback":
             by = q.get("by") or "team"
             if by not in BY:
                 raise GpuAuditError(f"by {by[:20]!r}: expected one of {', '.join(BY)}")
-            return webdata.chargeback_rows(store, cfg, run_id, v.scope, by,
+            data = webdata.chargeback_rows(store, cfg, run_id, v.scope, by,
                                            page=None if kind == "csv" else _page_no(request))
-        raise GpuAuditError("no such page")
+        else:
+            raise GpuAuditError("no such page")
+        webdata.say_run(data, choice, cfg)
+        return data
 
     def handle(page: str, kind: str) -> Callable[[Request], Response]:
         def endpoint(request: Request) -> Response:
@@ -212,7 +231,7 @@ def error_response(request: Request, v: Viewer, kind: str, message: str, status:
     if kind == "csv":
         return PlainTextResponse(message, status_code=status)
     return HTMLResponse(environment().get_template("web/error.html.j2").render(
-        message=message, viewer=v, page="error", q={}, charts={}), status_code=status)
+        message=message, viewer=v, page="error", q={}, charts={}, path=request.url.path), status_code=status)
 
 
 def render_page(page: str, data: dict[str, Any], v: Viewer, request: Request) -> str:
@@ -221,7 +240,7 @@ def render_page(page: str, data: dict[str, Any], v: Viewer, request: Request) ->
     if page == "overview" and data["trend"]:
         pts = data["trend"]
         charts["trend"] = svg.trend_bars([p["idle_gpu_hours"] for p in pts], [(p["until"] or "")[:10] for p in pts],
-                                         "Idle GPU-hours per window, this one last",
+                                         f"Idle GPU-hours per window ({len(pts)} of them), this one highlighted",
                                          current=[p["current"] for p in pts].index(True) if any(
                                              p["current"] for p in pts) else -1)
     if page == "allocation":
@@ -230,9 +249,10 @@ def render_page(page: str, data: dict[str, Any], v: Viewer, request: Request) ->
                           for g in data["gpus"]]
     q = dict(request.query_params)
     api = "/api" + (request.url.path if request.url.path != "/" else "/overview")
+    if request.url.query:
+        api += f"?{request.url.query}"
     return environment().get_template(f"web/{page}.html.j2").render(
-        d=data, viewer=v, page=page, charts=charts, q=q, api=api + (f"?{request.url.query}" if request.url.query
-                                                                   else ""))
+        d=data, viewer=v, page=page, charts=charts, q=q, path=request.url.path, api=api)
 
 
 def serve(store: Store, cfg: Config, listen: str, addr: tuple[str, int] | None = None) -> None:

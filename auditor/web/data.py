@@ -7,9 +7,11 @@ keeps only that user's allocations (usage, findings, allocation pages, chargebac
 
 from __future__ import annotations
 
+import copy
+import threading
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, select, text
 
 from auditor.audit import kinds
 from auditor.config import Config
@@ -18,6 +20,8 @@ from auditor.intparse import INT32_MAX, parse_uint, uint_or_none
 from auditor.report import context as report
 from auditor.report.chargeback import chargeback, totals
 from auditor.report.context import USAGE_SUMS, _usage_row
+from auditor.report.words import ADVICE
+from auditor.store import schema
 from auditor.store.engine import Store
 
 GROUPS = {"teams": ("u.team", "Team"), "users": ("a.user_name", "User"), "clusters": ("a.cluster", "Cluster"),
@@ -28,14 +32,63 @@ FILTERS = ("kind", "cluster", "team", "user", "account")
 ALL_KINDS = kinds.NAMES  # every finding kind (the registry)
 
 
-def pick_run(store: Store, run: str | int | None) -> int:
-    """``?run=`` or the latest official ok run; a bad value is a one-line error (HTTP 404)."""
-    if run in (None, ""):
-        return report.latest_ok_run(store)
-    try:
-        return parse_uint(run, hi=INT32_MAX, what="run")
-    except ValueError:
-        raise GpuAuditError(f"run {str(run)[:20]!r} is not a run id") from None
+RUNS_LISTED = 40  # audit runs the run picker offers (latest window first)
+TOP = 5  # rows of each "who" table on the front page
+WHO_CACHED = 8  # runs whose who tables an app keeps (they scan every allocation of the run)
+_WHO_LOCK = threading.Lock()  # uvicorn answers sync pages from a thread pool
+
+
+def run_kind(since_ts: int, until_ts: int, purpose: str | None, cfg: Config) -> str:
+    """What a run is, in words: a weekly audit (a window of ``report.days``), a chargeback run or an audit
+    of some other window. Weekly allows the trend's tolerance (a seventh of the window, at least an hour)."""
+    if purpose == "chargeback":
+        return "chargeback"
+    want = cfg.report.days * 86400
+    if abs((until_ts - since_ts) - want) <= max(3600, want // 7):
+        return "weekly audit"
+    days = (until_ts - since_ts) / 86400
+    return f"audit of {days:.3g} day{'' if days == 1 else 's'}"
+
+
+def runs(conn: Connection, cfg: Config, limit: int = RUNS_LISTED) -> list[dict[str, Any]]:
+    """The official ok runs, the latest window first (a week audited afterwards for the trend is not the
+    newest week), with their kind (the run picker's options)."""
+    t = schema.audit_runs
+    tz = report._tz(cfg)
+    q = select(t.c.id, t.c.since_ts, t.c.until_ts, t.c.summary["purpose"].as_string().label("purpose")).where(
+        t.c.status == "ok", t.c.what_if.is_(False)).order_by(t.c.until_ts.desc(), t.c.id.desc()).limit(limit)
+    return [{"id": int(r.id), "since": report._when(r.since_ts, tz), "until": report._when(r.until_ts, tz),
+             "kind": run_kind(r.since_ts, r.until_ts, r.purpose, cfg)} for r in conn.execute(q)]
+
+
+def pick_run(store: Store, cfg: Config, run: str | int | None) -> dict[str, Any]:
+    """Which run a page shows: ``?run=`` when given, else the weekly audit run of the latest window (a
+    chargeback run or an audit of another window never silently replaces it), else the latest audit that
+    is no chargeback run, else the latest run. Returns ``{"id", "chosen", "why", "runs"}``; a bad or
+    unknown ``?run=`` is a one-line error (HTTP 404)."""
+    if run not in (None, ""):
+        try:
+            rid = parse_uint(run, hi=INT32_MAX, what="run")
+        except ValueError:
+            raise GpuAuditError(f"run {str(run)[:20]!r} is not a run id") from None
+        with store.engine.connect() as conn:
+            listed = runs(conn, cfg)
+        return {"id": rid, "chosen": True, "why": "chosen", "runs": listed}
+    with store.engine.connect() as conn:
+        listed = runs(conn, cfg)
+        pool = listed
+        if len(listed) == RUNS_LISTED and not any(r["kind"] == "weekly audit" for r in listed):
+            pool = runs(conn, cfg, limit=100_000)  # a long tail of other runs: look further back
+    for want, why in (("weekly audit", "the latest weekly audit"),
+                      (None, f"the latest audit that is no chargeback run: none covers report.days "
+                             f"({cfg.report.days:g} days)")):
+        for r in pool:
+            if r["kind"] == want or (want is None and r["kind"] != "chargeback"):
+                return {"id": r["id"], "chosen": False, "why": why, "runs": listed}
+    if pool:
+        return {"id": pool[0]["id"], "chosen": False, "why": "the latest run (only chargeback runs are stored)",
+                "runs": listed}
+    return {"id": report.latest_ok_run(store), "chosen": False, "why": "the latest run", "runs": listed}
 
 
 def _scoped(user: str | None, alias: str = "a") -> tuple[str, dict[str, Any]]:
@@ -46,11 +99,25 @@ def run_info(conn: Connection, run_id: int, cfg: Config) -> dict[str, Any]:
     run = report.load_run(conn, run_id)
     tz = report._tz(cfg)
     return {"id": run_id, "since": report._when(run["since_ts"], tz), "until": report._when(run["until_ts"], tz),
-            "since_ts": run["since_ts"], "until_ts": run["until_ts"]}, run
+            "since_ts": run["since_ts"], "until_ts": run["until_ts"],
+            "kind": run_kind(run["since_ts"], run["until_ts"], (run["summary"] or {}).get("purpose"), cfg)}, run
 
 
-def overview(store: Store, cfg: Config, run_id: int, user: str | None) -> dict[str, Any]:
-    """Headline, week-over-week trend and coverage per cluster (of the viewer's allocations if scoped)."""
+def say_run(data: dict[str, Any], choice: dict[str, Any], cfg: Config) -> None:
+    """Add to a page's data which run it shows and why (chosen, or the latest weekly audit), and the runs
+    the picker offers: every page says which run its figures come from."""
+    data["run"] = {**data["run"], "chosen": choice["chosen"], "why": choice["why"]}
+    data["runs"] = choice["runs"]
+
+
+def overview(store: Store, cfg: Config, run_id: int, user: str | None, *, mine: str | None = None,
+             cache: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Headline, who (top teams, users and allocations by idle cost), week-over-week trend, coverage per
+    cluster and one user's allocations ("my jobs": the viewer's own when scoped, else ``mine``). ``cache``
+    (the app's) keeps the whole fleet's who tables per run: an ok run's usage rows are never rewritten.
+
+    The teams and users are the report's own group rows (:func:`auditor.report.context.usage_group_rows`)
+    cut at :data:`TOP`; the allocations are ranked by their own idle cost (each allocation once)."""
     tz = report._tz(cfg)
     w, p = _scoped(user)
     with store.engine.connect() as conn:
@@ -79,9 +146,96 @@ def overview(store: Store, cfg: Config, run_id: int, user: str | None) -> dict[s
         kinds = dict(head.get("findings") or {}) if user is None else {r.kind: int(r.n) for r in conn.execute(text(
             f"SELECT f.kind, COUNT(*) AS n FROM findings f LEFT JOIN allocations a ON a.id = f.allocation_id "
             f"WHERE f.run_id = :run{w} GROUP BY f.kind ORDER BY f.kind"), {"run": run_id, **p})}
+        if user is None and cache is not None:  # an ok run's usage never changes: rank it once per app
+            with _WHO_LOCK:
+                if run_id not in cache:
+                    while len(cache) >= WHO_CACHED:
+                        cache.pop(next(iter(cache)))
+                    cache[run_id] = top_who(conn, cfg, run_id, None, tz)
+                who = copy.deepcopy(cache[run_id])
+        else:
+            who = top_who(conn, cfg, run_id, user, tz)
+        me = user if user is not None else ((mine or "").strip() or None)
+        jobs = allocation_rows(conn, run_id, tz, user=me, limit=cfg.web.page_rows) if me is not None else None
     head["findings"] = kinds
-    return {"schema": "gpu-audit.web.overview/1", "run": info, "scope": user, "currency": cfg.prices.currency,
-            "headline": head, "trend": trend, "coverage": clusters}
+    return {"schema": "gpu-audit.web.overview/2", "run": info, "scope": user, "currency": cfg.prices.currency,
+            "headline": head, "who": who, "trend": trend, "earlier": earlier_window(info, len(trend)),
+            "coverage": clusters, "mine": jobs}
+
+
+def top_who(conn: Connection, cfg: Config, run_id: int, user: str | None, tz: Any) -> dict[str, Any]:
+    """Who idled the most: teams and users (the report's group rows; a scoped viewer gets none, only their
+    own allocations) and the allocations of the most idle cost (each once, as the users page sums them).
+    ``user_names``: every user of the run (the user picker)."""
+    jobs = allocation_rows(conn, run_id, tz, user=user, limit=TOP, idle_only=True)
+    if user is not None:
+        return {"teams": None, "users": None, "jobs": jobs, "user_names": [user]}
+    totals = report.usage_totals(conn, run_id)
+    users = report.usage_group_rows(conn, run_id, ["a.user_name"])
+    return {"teams": report.group_table(report.usage_group_rows(conn, run_id, ["u.team"]), totals, full=False,
+                                        top_n=TOP),
+            "users": report.group_table(users, totals, full=False, top_n=TOP), "jobs": jobs,
+            "user_names": sorted({r["user_name"] or "" for r in users} - {""})[:USER_NAMES]}
+
+
+USER_NAMES = 2000  # names the user picker suggests
+
+
+def earlier_window(info: dict[str, Any], points: int) -> dict[str, str] | None:
+    """With a single window in the trend, the window before it (what to audit for a second bar)."""
+    if points > 1:
+        return None
+    from datetime import UTC, datetime
+
+    length = info["until_ts"] - info["since_ts"]
+    return {k: datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%MZ")
+            for k, ts in (("since", info["since_ts"] - length), ("until", info["since_ts"]))}
+
+
+ALLOCATION_COLS = ("a.id, a.cluster, a.source, a.external_id, a.name, a.user_name, a.account, a.state, "
+                   "a.start_ts, a.end_ts, a.gpu_count, u.team")
+
+
+def allocation_rows(conn: Connection, run_id: int, tz: Any, *, user: str | None, limit: int,
+                    idle_only: bool = False) -> dict[str, Any]:
+    """Allocations the run judged (``user``'s only when given; with idle cost only if ``idle_only``), worst
+    idle cost first, cut at ``limit``: each with its usage (the users page's sums, per allocation, so a
+    user's rows add up to that user's row), its findings' kinds and the advice of its costliest finding;
+    ``totals`` over all of them (:func:`auditor.report.context.usage_of` for a user)."""
+    where, p = "", {"run": run_id}
+    join = ""
+    if user is not None:
+        where, p["who"], join = " AND a.user_name = :who", user, " JOIN allocations a ON a.id = u.allocation_id"
+    if idle_only:
+        where += " AND u.idle_cost > 0"
+    # the page's allocations first (one usage row each: no grouping over the whole run), then their rows
+    ids = [int(r[0]) for r in conn.execute(text(
+        f"SELECT u.allocation_id FROM usage_allocation u{join} WHERE u.run_id = :run{where} "
+        f"ORDER BY u.idle_cost DESC, u.reserved_s DESC, u.allocation_id DESC LIMIT {int(limit)}"), p)]
+    raw = [dict(r._mapping) for r in conn.execute(text(
+        f"SELECT {ALLOCATION_COLS}, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
+        f"u.allocation_id WHERE u.run_id = :run AND u.allocation_id IN ({', '.join(str(i) for i in ids)}) "
+        f"GROUP BY {ALLOCATION_COLS}"), {"run": run_id})] if ids else []
+    raw.sort(key=lambda r: (-(r["idle_cost"] or 0.0), -(r["reserved_s"] or 0.0), -int(r["id"])))
+    found: dict[int, list[tuple[float, str]]] = {}
+    if ids:
+        for r in conn.execute(text("SELECT f.allocation_id, f.kind, f.cost FROM findings f WHERE f.run_id = :run "
+                                   f"AND f.allocation_id IN ({', '.join(str(i) for i in ids)})"), {"run": run_id}):
+            found.setdefault(int(r.allocation_id), []).append((float(r.cost or 0.0), r.kind))
+    rows = []
+    for r in raw:
+        fs = sorted(found.get(int(r["id"]), []), key=lambda x: (-x[0], x[1]))
+        rows.append({"allocation_id": int(r["id"]), "cluster": r["cluster"], "source": r["source"],
+                     "job_id": r["external_id"], "job_name": r["name"] or "", "user": r["user_name"] or "",
+                     "account": r["account"] or "", "team": r["team"] or "", "state": r["state"] or "",
+                     "gpus": r["gpu_count"], "start": report._when(r["start_ts"], tz),
+                     "end": report._when(r["end_ts"], tz), "kinds": sorted({k for _, k in fs}),
+                     "advice": ADVICE.get(fs[0][1], "") if fs else "", **_usage_row(r)})
+    out: dict[str, Any] = {"user": user, "rows": rows, "shown": len(rows)}
+    if user is not None:
+        out["totals"] = report.usage_of(conn, run_id, user=user)
+        out["total"] = out["totals"]["allocations"]
+    return out
 
 
 RAW = ("allocations", "reserved_s", "observed_s", "idle_s", "mirage_s", "effective_s", "unknown_s", "gpu_util_s",
