@@ -267,3 +267,58 @@ def test_jobs_prints_refs_whole_and_names_unknown_clusters(store, tmp_path: Path
     res = run.invoke(main, ["-c", str(cfgp), "jobs", "--user", "hal", "--cluster", "c9"])
     assert res.exit_code == 1 and res.output.strip().count("\n") == 0
     assert "no cluster named 'c9' in the store; known: c1" in res.output
+
+
+# -- the host side Slurm accounting keeps: exit code and CPU efficiency (migration 0016) -------------------------
+
+FX = Path(__file__).parent / "fixtures" / "slurm"
+
+
+def test_sacct_exit_code_and_cpu_time_parsed() -> None:
+    from connectors import build
+    from connectors.base import Context, Problems
+    from connectors.slurm import jobs
+
+    # by hand: 1 day + 2 h + 3 min + 4.5 s = 86,400 + 7,200 + 180 + 4.5
+    assert jobs.cpu_seconds("1-02:03:04.500") == pytest.approx(93784.5)
+    assert jobs.cpu_seconds("00:01.500") == pytest.approx(1.5) and jobs.cpu_seconds("01:00:00") == 3600.0
+    for unsaid in ("", "00:00:00", "00:00.000", "garbage", "1-xx:00:00", None):
+        assert jobs.cpu_seconds(unsaid) is None, unsaid
+    assert [jobs.exit_code(x) for x in ("0:0", "3:0", "0:9", "", "n/a", "3")] == ["0:0", "3:0", "0:9", None, None,
+                                                                                 None]
+    # real sacct -P -X output of Slurm 24.11 (ExitCode column, no TotalCPU): job 4 FAILED with exit code 3
+    p = Problems()
+    cli = build("slurm", "allocations", {}, Context("lab")).backend
+    txt = {a.external_id: a for a in cli.history_text((FX / "24.11/running/sacct-X.txt").read_text(), p, {}, None)}
+    assert p.total == 0
+    assert (txt["4"].exit_code, txt["1"].exit_code, txt["4"].cpus, txt["4"].cpu_time_s) == ("3:0", "0:0", 1, None)
+    assert txt["7"].exit_code is None and txt["7"].cpus == 2  # running: no final exit code yet
+    # the same cluster's sacct --json: 24.11's {set, number} shapes; job 4's TotalCPU 7,440 microseconds
+    data = json.loads((FX / "24.11/running/sacct.json").read_text())
+    js = {a.external_id: a for a in (jobs.from_json_db_job(j, "lab") for j in data["jobs"])}
+    assert (js["4"].exit_code, js["4"].cpus, js["4"].cpu_time_s) == ("3:0", 1, pytest.approx(0.00744))
+    assert js["5"].exit_code is None and js["5"].cpu_time_s is None  # running
+    old = json.loads((FX / "22.05/1node/after-cancel/sacct.json").read_text())  # 22.05: plain ints
+    first = jobs.from_json_db_job(old["jobs"][0], "lab")
+    assert first.exit_code == "0:0" and first.cpus == 1 and first.cpu_time_s is None  # 0 s: not said
+
+
+def test_exit_code_and_cpu_efficiency_shown(store, tmp_path: Path) -> None:  # noqa: ANN001
+    from starlette.testclient import TestClient
+
+    from auditor.cli.jobs import format_job
+    from auditor.web.app import create_app
+
+    t = T0
+    job = Allocation("c1", "slurm", "950", user="ivy", start=t, end=t + timedelta(hours=4), exit_code="3:0",
+                     cpus=4, cpu_time_s=14400.0, gpus=[AllocatedGpu("g5", 0)])
+    store.ingest([job, *bk("g5", 0, t, 4, sm_active=0.6, gpu_util=0.9)])
+    # a later sighting that does not say (e.g. a running snapshot) keeps what accounting said
+    store.ingest([Allocation("c1", "slurm", "950", user="ivy", start=t, end=t + timedelta(hours=4),
+                             gpus=[AllocatedGpu("g5", 0)])])
+    v = jobview.job_view(store, Config(), "c1:950")
+    # 14,400 CPU-s used of 4 CPUs x 4 h = 57,600 CPU-s held: 25 %
+    assert v["exit_code"] == "3:0" and v["cpu_efficiency"] == pytest.approx(0.25)
+    assert "CPU efficiency 25% of 4 CPU(s); host memory not collected; exit code 3:0" in format_job(v)
+    page = TestClient(create_app(store, Config())).get(f"/allocation/{v['allocation_id']}").text
+    assert 'id="cpu-eff">25% of 4 CPU(s)<' in page and ">3:0<" in page

@@ -57,7 +57,8 @@ def _nodes(nodes: list[str], limit: int = 8) -> str:
 
 def _host(v: dict[str, Any]) -> str:
     """CPU efficiency, host memory and exit code, or "not collected" where the store has none."""
-    cpu = fmt_pct(v["cpu_efficiency"]) if v.get("cpu_efficiency") is not None else "not collected"
+    cpu = (f"{fmt_pct(v['cpu_efficiency'])} of {v['cpus']} CPU(s)" if v.get("cpu_efficiency") is not None
+           else "not collected")
     mem = (f"{v['host_memory_bytes'] / 2**30:,.1f} GiB" if v.get("host_memory_bytes") is not None
            else "not collected")
     code = _s(v["exit_code"], 16) if v.get("exit_code") not in (None, "") else "not collected"

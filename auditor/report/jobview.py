@@ -185,6 +185,15 @@ def axis(s: int, e: int, tz: Any, ticks: int = 4) -> list[dict[str, Any]]:
             for i in range(ticks + 1)]
 
 
+def cpu_efficiency(cpu_time_s: float | None, cpus: int | None, held_s: int | None, running: bool
+                   ) -> float | None:
+    """seff's CPU efficiency: CPU seconds used over CPU seconds held (cpus x wall time); None while running or
+    when the store lacks either (Slurm's TotalCPU is only final once the job ended)."""
+    if running or not cpu_time_s or not cpus or not held_s or held_s <= 0:
+        return None
+    return cpu_time_s / (cpus * held_s)
+
+
 def summary_of(conn: Connection, run_id: int, allocation_id: int) -> dict[str, Any]:
     """The allocation's usage as the report sums it (:data:`auditor.report.context.USAGE_SUMS`, read by
     :func:`auditor.report.context._usage_row`): one computation of idle hours, coverage and mean GPU-Util
@@ -292,7 +301,9 @@ def job_view(store: Store, cfg: Config, ref: str | int, *, user: str | None = No
             "verdict": verdict_line(summary, findings, cfg.prices.currency, running), "summary": summary,
             "partition": a.get("partition") or "", "qos": a.get("qos") or "", "time_limit_s": limit_s,
             "time_limit_used": held_s / limit_s if held_s is not None and limit_s else None, "nodes": nodes,
-            "exit_code": a.get("exit_code"), "cpu_efficiency": None, "host_memory_bytes": None,
+            "exit_code": a.get("exit_code"), "cpus": a.get("cpus"), "cpu_time_s": a.get("cpu_time_s"),
+            "cpu_efficiency": cpu_efficiency(a.get("cpu_time_s"), a.get("cpus"), held_s, running),
+            "host_memory_bytes": None,
             "axis": axis(s, e, tz) if a["start_ts"] is not None else [],
             "hours_held": held_s / H if held_s is not None else None, "gpu_count": a["gpu_count"],
             "run_id": rid, "run": {"since": _when(run["since_ts"], tz), "until": _when(run["until_ts"], tz)} if run
