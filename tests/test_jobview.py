@@ -231,6 +231,11 @@ def test_verdict_line(audited, eight) -> None:  # noqa: ANN001
     # 0.02 x 4) / 8 = 0.235
     assert v["summary"]["mean_gpu_util"] == pytest.approx(0.725)
     assert v["summary"]["mean_sm_active"] == pytest.approx(0.235)
+    # one figure, one computation: the report's usage of dana (whose only job this is) is the same dict
+    from auditor.report.context import usage_of
+
+    with store.engine.connect() as conn:
+        assert usage_of(conn, v["run_id"], user="dana") == v["summary"]
 
 
 def test_verdict_ok_and_unaudited(store) -> None:  # noqa: ANN001
