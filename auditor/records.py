@@ -62,6 +62,10 @@ class Allocation:
     eligible: datetime | None = None
     #: GPUs the job asked for (Slurm ReqTRES gres/gpu): a pending job holds none yet; not stored either
     gpus_requested: float = 0.0
+    #: the host side Slurm accounting keeps (sacct ExitCode, AllocTRES cpu, TotalCPU); None: not said
+    exit_code: str | None = None
+    cpus: int | None = None
+    cpu_time_s: float | None = None
 
     @property
     def gpu_count(self) -> float:

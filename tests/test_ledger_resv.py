@@ -84,7 +84,7 @@ old-maint|2|cpu=16|2026-11-29T13:00:00|2026-11-29T13:30:00|gpu-node-02|MAINT,SPE
 # the job ran in it: sacct -P columns of jobs.SACCT_FIELDS; 22.05 leaves Reservation empty, gives the id
 SACCT = ("100|100|alice|team-a|gpu|normal|COMPLETED|2026-11-29T15:00:00|2026-11-29T15:00:00|"
          "2026-11-29T15:38:00|2280|60|gpu-node-01|billing=1,cpu=1,gres/gpu:h100=1,gres/gpu=1,node=1|6||"
-         "2026-11-29T15:00:00|billing=1,cpu=1,gres/gpu=1,node=1|ft\n")
+         "2026-11-29T15:00:00|billing=1,cpu=1,gres/gpu=1,node=1|0:0|00:01.500|ft\n")
 NODES = ("NodeName=gpu-node-01 Arch=x86_64 Gres=gpu:h100:8 State=MIXED\n"
          "NodeName=gpu-node-02 Arch=x86_64 Gres=gpu:h100:8 State=IDLE\n")
 

@@ -15,6 +15,7 @@ METRIC_NAMES = {"sm_active": "SM activity", "tensor_active": "Tensor activity", 
                 "gpu_util": "GPU-Util", "fb_used_mib": "Memory used", "power_w": "Power"}
 LEGEND = ("\u2588 working  \u2584 low  _ idle  ! mirage (GPU-Util busy, SMs idle)  f idle by GPU-Util  "
           "? no data")
+SPARK_SCALE = "\u2581 0% to \u2588 100%, ? no data"
 
 
 def _s(value: Any, limit: int = 48) -> str:
@@ -37,43 +38,101 @@ def stopped_text(x: dict[str, Any]) -> str:
     return f"{x['when']} (stopped by gpu-audit: {x['action']} {_s(x['target'], 60)})"
 
 
+def _limit(v: dict[str, Any]) -> str:
+    """``time limit 144.0 h, used 97 % of it`` (jobstats' "used N% of its time limit")."""
+    if not v.get("time_limit_s"):
+        return "time limit not known"
+    used = v.get("time_limit_used")
+    return (f"time limit {fmt_hours(v['time_limit_s'] / 3600)} h"
+            + (f", used {fmt_pct(used)} of its time limit" if used is not None else ""))
+
+
+def _nodes(nodes: list[str], limit: int = 8) -> str:
+    if not nodes:
+        return "no node known"
+    shown = ", ".join(_s(n, 40) for n in nodes[:limit])
+    return f"node{'s' if len(nodes) > 1 else ''} {shown}" + (f" and {len(nodes) - limit} more"
+                                                             if len(nodes) > limit else "")
+
+
+def _host(v: dict[str, Any]) -> str:
+    """CPU efficiency, host memory and exit code, or "not collected" where the store has none."""
+    cpu = (f"{fmt_pct(v['cpu_efficiency'])} of {v['cpus']} CPU(s)" if v.get("cpu_efficiency") is not None
+           else "not collected")
+    mem = (f"{v['host_memory_bytes'] / 2**30:,.1f} GiB" if v.get("host_memory_bytes") is not None
+           else "not collected")
+    code = _s(v["exit_code"], 16) if v.get("exit_code") not in (None, "") else "not collected"
+    return f"  CPU efficiency {cpu}; host memory {mem}; exit code {code}"
+
+
+GPU_HEAD = f"  {'GPU':>3} {'NODE':<16} {'IDX':>3} {'UTIL':>5} {'SM':>5} {'TENSOR':>6} {'DRAM':>5} {'MEM GiB':>8} " \
+           f"{'COVER':>5} "
+
+
+def _gib(v: float | None) -> str:
+    return "n/a" if v is None else f"{v / 1024:,.1f}"
+
+
+def gpu_rows(v: dict[str, Any]) -> list[str]:
+    """One line per GPU: means of GPU-Util, SM, Tensor and DRAM activity, peak memory, coverage and the
+    verdict of each time bin; then the SM activity sparkline of each GPU (jobstats' per-GPU lines)."""
+    gpus = v["gpus"]
+    if not gpus:
+        return ["", "No GPUs recorded for this allocation."]
+    t0 = gpus[0]["timeline"]
+    out = ["", GPU_HEAD + f" VERDICT PER TIME BIN ({t0['bins']} x {t0['bin_s'] / 60:.0f} min)"]
+    for n, g in enumerate(gpus):
+        m = g["metrics"]
+        idx = g["gpu_index"] if g["gpu_index"] is not None else "?"
+        out.append(f"  {n:>3} {_s(g['node'], 16):<16} {idx!s:>3} {fmt_pct(m['gpu_util']['mean']):>5} "
+                   f"{fmt_pct(m['sm_active']['mean']):>5} {fmt_pct(m['tensor_active']['mean']):>6} "
+                   f"{fmt_pct(m['dram_active']['mean']):>5} {_gib(m['fb_used_mib']['peak']):>8} "
+                   f"{fmt_pct(g['coverage']):>5} |{g['timeline']['line']}|")
+    pad = len(GPU_HEAD) - 6
+    for n, g in enumerate(gpus):
+        label = f"SM activity ({SPARK_SCALE})" if n == 0 else ""
+        out.append(f"  {n:>3} {label:<{pad}}|{g['timeline']['spark']}|")
+    ticks = v.get("axis") or []
+    if len(ticks) > 1:
+        first, last = ticks[0]["label"] or "", ticks[-1]["label"] or ""
+        width = len(t0["line"])
+        gap = width - len(first) - len(last)
+        out.append(f"  {'':>3} {'time':>{pad - 1}}  " + (first + " " * gap + last if gap >= 1 else first[:width]))
+    out += ["", "  " + LEGEND, "  UTIL, SM, TENSOR, DRAM: means over the job; MEM: peak GPU memory used; "
+            "COVER: share of the reserved time with samples"]
+    return out
+
+
 def format_job(v: dict[str, Any]) -> str:
-    """The job as a terminal page: header, money, per-GPU time line and metrics, findings."""
+    """The job as a terminal page, jobstats-like: the verdict first, a short header, one line per GPU, the
+    findings and what to do."""
     cur = v["currency"]
-    lines = [f"{v['source']} job {_s(v['id'], 40)} \"{_s(v['name'])}\" on {_s(v['cluster'], 32)}",
-             f"  user {_s(v['user'], 32)}, account {_s(v['account'], 32)}, "
-             f"team {_s(v['team'] or '-', 32)}",
-             f"  {_s(v['state'] or '?', 32)}: {v['start'] or 'not started'} to "
+    lines = [f"{_s(v['verdict']['text'], 200)}", "",
+             f"{v['source']} job {_s(v['id'], 40)} \"{_s(v['name'])}\" on {_s(v['cluster'], 32)}: user "
+             f"{_s(v['user'], 32)}, account {_s(v['account'], 32)}, team {_s(v['team'] or '-', 32)}",
+             f"  partition {_s(v['partition'] or '-', 32)}, QOS {_s(v['qos'] or '-', 32)}, "
+             f"state {_s(v['state'] or '?', 32)}, {_limit(v)}",
+             f"  {v['start'] or 'not started'} to "
              f"{v['end'] or (stopped_text(v['stopped']) if v.get('stopped') else 'now (still running)')}"
              + (f" ({fmt_hours(v['hours_held'])} h)" if v["hours_held"] is not None else "")
-             + f", {v['gpu_count']:g} GPU(s)"]
+             + f", {v['gpu_count']:g} GPU(s) on {_nodes(v['nodes'])}",
+             _host(v)]
     u = v["usage"]
     if u:
         lines.append(f"  reserved {fmt_hours(u['reserved_gpu_hours'])} GPU-h ({fmt_money(v['reserved_cost'], cur)}), "
                      f"idle {fmt_hours(u['idle_gpu_hours'] + u['mirage_gpu_hours'])} GPU-h "
                      f"({fmt_money(v['idle_cost'], cur)}), effective {fmt_hours(u['effective_gpu_hours'])} GPU-h, "
-                     f"unknown {fmt_hours(u['unknown_gpu_hours'])} GPU-h; coverage {fmt_pct(u['coverage'])}")
-        lines.append(f"  judged by audit run {v['run_id']} ({v['run']['since']} to {v['run']['until']})")
-    else:
-        lines.append("  not audited yet: no hours or cost (run `gpu-audit audit`); time line from telemetry")
+                     f"unknown {fmt_hours(u['unknown_gpu_hours'])} GPU-h; coverage {fmt_pct(u['coverage'])}; "
+                     f"audit run {v['run_id']} ({v['run']['since']} to {v['run']['until']})")
     if v["running"]:
         lines.append("  STILL RUNNING: it holds its GPUs now.")
     for x in v.get("actions") or []:
         lines.append(f"  gpu-audit {x['when']}: {x['stage']} {x['action']} {x['decision']}"
                      f"{' (dry run)' if x['dry_run'] else ''}: {_s(x['target'], 60)}"
                      + (f" -> {_s(x['result'], 80)}" if x["result"] else ""))
-    for g in v["gpus"]:
-        t = g["timeline"]
-        lines += ["", f"GPU {g['gpu_index'] if g['gpu_index'] is not None else '?'} on {_s(g['node'], 40)}"
-                  f" ({g['attribution']}{', ' + g['signal'] if g.get('signal') else ''}): coverage "
-                  f"{fmt_pct(g['coverage'])}",
-                  f"  verdict |{t['line']}|  ({t['bins']} bins of {t['bin_s'] / 60:.0f} min)",
-                  f"  SM      |{t['spark']}|"]
-        lines.append(f"  {'':<16}{'mean':>10}{'peak':>10}")
-        lines += [f"  {METRIC_NAMES[m]:<16}{_metric(m, s['mean']):>10}{_metric(m, s['peak']):>10}"
-                  for m, s in g["metrics"].items()]
-    if v["gpus"]:
-        lines += ["", "  " + LEGEND]
+    if not v.get("actions"):
+        lines.append("  no action taken by gpu-audit (warnings, cancellations)")
+    lines += gpu_rows(v)
     lines += ["", "FINDINGS" if v["findings"] else "No findings."]
     for f in v["findings"]:
         lines += [f"  {f['kind']}: {fmt_hours(f['idle_gpu_hours'])} idle GPU-h of {fmt_hours(f['gpu_hours'])}, "
@@ -86,12 +145,16 @@ def format_job(v: dict[str, Any]) -> str:
 
 
 def format_jobs(rows: list[dict[str, Any]], currency: str) -> str:
+    """A user's allocations, one a line. REFs are printed whole (escaped, never shortened): they are meant to
+    be pasted into ``gpu-audit job``."""
     if not rows:
         return "No allocations in that window."
-    out = [f"{'JOB':<28} {'STATE':<10} {'START':<21} {'GPUS':>5} {'RES GPU-H':>10} {'IDLE GPU-H':>10} "
+    refs = [log_safe(r["ref"]) for r in rows]
+    w = max(len("JOB"), *(len(x) for x in refs))
+    out = [f"{'JOB':<{w}} {'STATE':<10} {'START':<21} {'GPUS':>5} {'RES GPU-H':>10} {'IDLE GPU-H':>10} "
            f"{'IDLE COST':>12}  NAME"]
-    for r in rows:
-        out.append(f"{_s(r['ref'], 28):<28} {_s(r['state'], 10):<10} {r['start'] or '':<21} "
+    for ref, r in zip(refs, rows, strict=True):
+        out.append(f"{ref:<{w}} {_s(r['state'], 10):<10} {r['start'] or '':<21} "
                    f"{r['gpus']:>5g} {fmt_hours(r['reserved_gpu_hours']):>10} {fmt_hours(r['idle_gpu_hours']):>10} "
                    f"{fmt_money(r['idle_cost'], currency):>12}  {_s(r['name'], 40)}")
     return "\n".join(out)

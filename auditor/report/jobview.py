@@ -13,19 +13,23 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import verdict
+from auditor.audit import kinds, verdict
 from auditor.config import Config, Thresholds
 from auditor.errors import GpuAuditError
-from auditor.report.context import ADVICE, _tz, _when, load_run
+from auditor.report.context import ADVICE, USAGE_SUMS, _tz, _usage_row, _when, load_run
+from auditor.report.render import fmt_hours, fmt_money, fmt_pct
 from auditor.store.engine import Store
 from auditor.timeutil import H, utcnow
 
 BINS = 48
+#: per time bin, the mean of these metrics (the SM bars and the GPU-Util line of the charts)
+BIN_METRICS = {"sm": "sm_active", "util": "gpu_util"}
 METRICS = ("sm_active", "tensor_active", "dram_active", "gpu_util", "fb_used_mib", "power_w")
 # verdict codes as the one verdict definition numbers them (auditor.audit.verdict), and how a terminal draws them
 VERDICTS = verdict.NAMES
 GLYPH = {"working": "\u2588", "low": "\u2584", "idle": "_", "mirage": "!", "idle_by_util": "f",
-         "busy_unverified": "~", "unknown": "?", None: " "}
+         "busy_unverified": "~", "unknown": "?", None: "?"}
+NO_DATA = "?"  # a time bin without samples, in the verdict strip and the sparklines (as the legend says)
 SPARK = "\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"
 
 
@@ -126,14 +130,14 @@ def gpu_series(conn: Connection, gpu_ids: list[int], s: int, e: int, th: Thresho
              "AND b.bucket_ts + b.bucket_s > :s")
     ov = f"({fn['LEAST']}(b.bucket_ts + b.bucket_s, :e) - {fn['GREATEST']}(b.bucket_ts, :s))"
     binx = f"CAST(({fn['GREATEST']}(b.bucket_ts, :s) - :s) * :bins / (:e - :s) AS INTEGER)"
-    out: dict[int, dict[str, Any]] = {i: {"per_bin": [{} for _ in range(bins)], "sm": [[0.0, 0] for _ in range(bins)],
-                                          "seconds": {}, "metrics": {}} for i in ids}
+    out: dict[int, dict[str, Any]] = {i: {"per_bin": [{} for _ in range(bins)], "seconds": {}, "metrics": {},
+                                          **{k: [[0.0, 0] for _ in range(bins)] for k in BIN_METRICS}} for i in ids}
     mcols = ", ".join(f"SUM(CASE WHEN b.samples > 0 THEN b.{m} END), COUNT(CASE WHEN b.samples > 0 THEN b.{m} END), "
                       f"MAX(CASE WHEN b.samples > 0 THEN b.{m} END)" for m in METRICS)
     sql = (f"SELECT b.gpu_id, {binx} AS bin, {_verdict_sql(th)} AS v, SUM({ov}) AS sec, {mcols} "
            f"FROM gpu_buckets b WHERE {where} GROUP BY b.gpu_id, {binx}, {_verdict_sql(th)}")
     acc: dict[int, list[list[float]]] = {i: [[0.0, 0, None] for _ in METRICS] for i in ids}
-    sm_i = METRICS.index("sm_active")
+    per_bin = {METRICS.index(m): k for k, m in BIN_METRICS.items()}
     for r in conn.execute(text(sql), p):
         gid, k, v, sec = r[0], r[1], r[2], r[3]
         g = out[gid]
@@ -148,23 +152,84 @@ def gpu_series(conn: Connection, gpu_ids: list[int], s: int, e: int, th: Thresho
             a[1] += int(count or 0)
             if peak is not None and (a[2] is None or peak > a[2]):
                 a[2] = peak
-            if i == sm_i:
-                g["sm"][k][0] += float(total or 0)
-                g["sm"][k][1] += int(count or 0)
+            if i in per_bin:
+                g[per_bin[i]][k][0] += float(total or 0)
+                g[per_bin[i]][k][1] += int(count or 0)
     for gid, a in acc.items():
         out[gid]["metrics"] = {m: {"mean": a[i][0] / a[i][1] if a[i][1] else None, "peak": a[i][2]}
                                for i, m in enumerate(METRICS)}
     for g in out.values():
         codes = [max(d, key=lambda x: d[x]) if d else None for d in g["per_bin"]]
-        sm = [a / n if n else None for a, n in g.pop("sm")]
+        means = {k: [a / n if n else None for a, n in g.pop(k)] for k in BIN_METRICS}
         g.pop("per_bin")
-        g["timeline"] = {"bins": bins, "bin_s": (e - s) / bins, "verdicts": codes, "sm": sm,
+        g["timeline"] = {"bins": bins, "bin_s": (e - s) / bins, "verdicts": codes, **means,
                          "seconds": g.pop("seconds"), "line": "".join(GLYPH[c] for c in codes),
-                         "spark": "".join(" " if v is None else SPARK[min(7, int(v * 8))] for v in sm)}
+                         "spark": spark(means["sm"])}
     return out
 
 
 EMPTY_METRICS = {m: {"mean": None, "peak": None} for m in METRICS}
+
+
+def spark(values: list[float | None]) -> str:
+    """A 0-1 series as eight-level block characters, ``?`` where a bin has no data."""
+    return "".join(NO_DATA if v is None else SPARK[max(0, min(7, int(v * 8)))] for v in values)
+
+
+def axis(s: int, e: int, tz: Any, ticks: int = 4) -> list[dict[str, Any]]:
+    """Time-axis ticks of the per-GPU charts: ``ticks`` + 1 evenly spaced labels from start to end (the
+    local time the report uses), as fractions of the width."""
+    if e <= s:
+        return []
+    return [{"frac": i / ticks, "ts": s + (e - s) * i // ticks, "label": _when(s + (e - s) * i // ticks, tz)}
+            for i in range(ticks + 1)]
+
+
+def cpu_efficiency(cpu_time_s: float | None, cpus: int | None, held_s: int | None, running: bool
+                   ) -> float | None:
+    """seff's CPU efficiency: CPU seconds used over CPU seconds held (cpus x wall time); None while running or
+    when the store lacks either (Slurm's TotalCPU is only final once the job ended)."""
+    if running or not cpu_time_s or not cpus or not held_s or held_s <= 0:
+        return None
+    return cpu_time_s / (cpus * held_s)
+
+
+def summary_of(conn: Connection, run_id: int, allocation_id: int) -> dict[str, Any]:
+    """The allocation's usage as the report sums it (:data:`auditor.report.context.USAGE_SUMS`, read by
+    :func:`auditor.report.context._usage_row`): one computation of idle hours, coverage and mean GPU-Util
+    and SM activity for the report, the job view and the web page."""
+    row = conn.execute(text(f"SELECT {USAGE_SUMS} FROM usage_allocation u WHERE u.run_id = :r "
+                            "AND u.allocation_id = :a"), {"r": run_id, "a": allocation_id}).one()
+    return _usage_row(dict(row._mapping))
+
+
+def verdict_line(summary: dict[str, Any] | None, findings: list[dict[str, Any]], currency: str,
+                 running: bool) -> dict[str, str]:
+    """The job's one-line verdict (the first line of ``gpu-audit job`` and of the web page): the findings
+    by cost, else how much of the reserved time did work. Idle hours are the audit's (findings about the
+    same hours overlap, so they are never summed here)."""
+    if summary is None:
+        return {"level": "unaudited", "text": "not audited yet: no hours or cost (run `gpu-audit audit`); "
+                "the time line comes straight from telemetry"}
+    res, idle = summary["reserved_gpu_hours"], summary["idle_gpu_hours"]
+    share = idle / res if res else None
+    if findings:
+        names: list[str] = []
+        for f in findings:
+            if kinds.label(f["kind"]) not in names:
+                names.append(kinds.label(f["kind"]))
+        level = "idle" if share is not None and share >= 0.5 else "partly idle" if idle > 0 else "check"
+        head = (f"{fmt_hours(idle)} of its {fmt_hours(res)} GPU-h idle ({fmt_pct(share)}, "
+                f"{fmt_money(summary['idle_cost'], currency)})" if idle > 0 else f"{fmt_hours(res)} GPU-h")
+        return {"level": level, "text": f"{level.upper()}: {head}" + (", still running" if running else "")
+                + f"; {len(findings)} finding{'s' if len(findings) > 1 else ''}: " + ", ".join(names)}
+    eff = summary["effective_gpu_hours"] / res if res else None
+    if summary["coverage"] is not None and summary["coverage"] < 0.5:
+        return {"level": "unknown", "text": f"UNKNOWN: only {fmt_pct(summary['coverage'])} of its "
+                f"{fmt_hours(res)} GPU-h had samples; no findings"}
+    return {"level": "ok", "text": f"OK: no findings; {fmt_pct(eff)} of its {fmt_hours(res)} reserved GPU-h "
+            f"was effective work (mean SM activity {fmt_pct(summary['mean_sm_active'])}, GPU-Util "
+            f"{fmt_pct(summary['mean_gpu_util'])})"}
 
 
 def job_view(store: Store, cfg: Config, ref: str | int, *, user: str | None = None, run_id: int | None = None,
@@ -188,14 +253,16 @@ def job_view(store: Store, cfg: Config, ref: str | int, *, user: str | None = No
         usage = conn.execute(text("SELECT * FROM usage_allocation WHERE run_id = :r AND allocation_id = :a"),
                              {"r": rid, "a": aid}).first() if rid is not None else None
         usage = dict(usage._mapping) if usage is not None else None
+        summary = summary_of(conn, rid, aid) if usage is not None else None
         s = a["start_ts"] or 0
         e = a["end_ts"] if a["end_ts"] is not None else now_ts
         gpus = _gpus(conn, a, rid if usage else None)
         series = gpu_series(conn, [g["gpu_id"] for g in gpus if g["gpu_id"] is not None], s, e, th,
                             cfg.store.bucket_seconds)
         bins = max(1, min(BINS, -(-(e - s) // max(1, cfg.store.bucket_seconds)))) if e > s else 1
-        blank = {"bins": bins, "bin_s": (e - s) / bins, "verdicts": [None] * bins, "sm": [None] * bins,
-                 "seconds": {}, "line": " " * bins, "spark": " " * bins}
+        blank = {"bins": bins, "bin_s": (e - s) / bins, "verdicts": [None] * bins,
+                 **{k: [None] * bins for k in BIN_METRICS}, "seconds": {}, "line": NO_DATA * bins,
+                 "spark": NO_DATA * bins}
         for g in gpus:
             got = series.get(g["gpu_id"]) if g["gpu_id"] is not None else None
             g["timeline"] = got["timeline"] if got else blank
@@ -218,6 +285,10 @@ def job_view(store: Store, cfg: Config, ref: str | int, *, user: str | None = No
     # an action gpu-audit took ends the allocation's hold even before a collection sees it end
     stopped = next((x for x in acts if x["stage"] == "act" and x["decision"] == "done" and not x["dry_run"]
                     and (a["start_ts"] is None or x["decided_ts"] >= a["start_ts"])), None)
+    running = a["start_ts"] is not None and (a["end_ts"] is None or a["end_ts"] > now_ts) and not stopped
+    held_s = e - s if a["start_ts"] is not None else None
+    limit_s = a.get("time_limit_s")
+    nodes = sorted({g["node"] for g in gpus if g["node"]})
     hours = None
     if usage:
         hours = {k[:-2] + "_gpu_hours": (usage[k] or 0.0) / H for k in usage if k.endswith("_s")}
@@ -226,9 +297,15 @@ def job_view(store: Store, cfg: Config, ref: str | int, *, user: str | None = No
             "id": a["external_id"], "name": a["name"], "user": a["user_name"], "account": a["account"],
             "team": usage["team"] if usage else "", "state": a["state"], "start": _when(a["start_ts"], tz),
             "end": _when(a["end_ts"], tz), "start_ts": a["start_ts"], "end_ts": a["end_ts"],
-            "running": a["start_ts"] is not None and (a["end_ts"] is None or a["end_ts"] > now_ts) and not stopped,
-            "actions": acts, "stopped": stopped,
-            "hours_held": (e - s) / H if a["start_ts"] is not None else None, "gpu_count": a["gpu_count"],
+            "running": running, "actions": acts, "stopped": stopped,
+            "verdict": verdict_line(summary, findings, cfg.prices.currency, running), "summary": summary,
+            "partition": a.get("partition") or "", "qos": a.get("qos") or "", "time_limit_s": limit_s,
+            "time_limit_used": held_s / limit_s if held_s is not None and limit_s else None, "nodes": nodes,
+            "exit_code": a.get("exit_code"), "cpus": a.get("cpus"), "cpu_time_s": a.get("cpu_time_s"),
+            "cpu_efficiency": cpu_efficiency(a.get("cpu_time_s"), a.get("cpus"), held_s, running),
+            "host_memory_bytes": None,
+            "axis": axis(s, e, tz) if a["start_ts"] is not None else [],
+            "hours_held": held_s / H if held_s is not None else None, "gpu_count": a["gpu_count"],
             "run_id": rid, "run": {"since": _when(run["since_ts"], tz), "until": _when(run["until_ts"], tz)} if run
             else None, "usage": hours, "currency": cfg.prices.currency,
             "price_per_gpu_hour": usage["price_per_gpu_hour"] if usage else None,
@@ -243,6 +320,18 @@ def _ev(v: Any) -> dict[str, Any]:
 
         return json.loads(v)
     return v or {}
+
+
+def known_cluster(conn: Connection, cluster: str) -> None:
+    """Refuse a cluster the store has never heard of, naming the ones it has (a typo must not read as "no
+    allocations")."""
+    names = sorted({r[0] for r in conn.execute(text("SELECT name FROM clusters UNION SELECT DISTINCT cluster "
+                                                    "FROM allocations"))})
+    if cluster not in names:
+        from auditor.logs import log_safe
+
+        shown = ", ".join(log_safe(n) for n in names) if names else "none"
+        raise GpuAuditError(f"no cluster named {log_safe(cluster)!r} in the store; known: {shown}")
 
 
 def jobs_list(store: Store, cfg: Config, *, user: str | None, since: datetime, until: datetime,
@@ -265,6 +354,8 @@ def jobs_list(store: Store, cfg: Config, *, user: str | None, since: datetime, u
            f"WHERE {where} ORDER BY a.start_ts DESC, a.id DESC LIMIT {int(limit)}")
     out = []
     with store.engine.connect() as conn:
+        if cluster:
+            known_cluster(conn, cluster)
         for r in conn.execute(text(sql), p):
             ref = f"{r.cluster}:{r.account}/{r.name}" if r.source == "kubernetes" else f"{r.cluster}:{r.external_id}"
             out.append({"allocation_id": r.id, "ref": ref, "cluster": r.cluster, "source": r.source,

@@ -106,6 +106,9 @@ def clean(rec: Any) -> Any:
         for f in ("submit", "start", "end"):
             _time(getattr(rec, f), f)
         _int(rec.time_limit_s, "time_limit_s", optional=True)
+        rec.exit_code = _text(rec.exit_code, "exit_code", optional=True)
+        _int(rec.cpus, "cpus", optional=True)
+        rec.cpu_time_s = _float(rec.cpu_time_s, "cpu_time_s", optional=True)
         rec.labels = _labels(rec.labels)
         gpus = []
         for g in rec.gpus:

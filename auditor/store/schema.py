@@ -62,6 +62,13 @@ allocations = Table(
            comment="GPUs held: sum of shares of allocated_gpus."),
     _ts("first_seen_ts", "First time a collector saw the allocation"),
     _ts("last_seen_ts", "Latest time a collector saw the allocation"),
+    Column("exit_code", Text, comment="Slurm ExitCode of the job, return code:signal (e.g. 0:0, 1:0, 0:9); NULL "
+           "when the source does not say."),
+    Column("cpus", Integer, comment="CPUs allocated (the cpu count of Slurm's AllocTRES); NULL when the source "
+           "does not say."),
+    Column("cpu_time_s", Float, comment="CPU seconds the job used (Slurm TotalCPU: user + system over its "
+           "steps); NULL when the source does not say or reports 0 for a job that ran (sacct -X may leave "
+           "it empty)."),
     UniqueConstraint("cluster", "source", "external_id", "instance_ts"),
     Index(None, "cluster", "start_ts", "end_ts"),
     comment="Jobs and pods that held GPUs (the ledger: kept after the scheduler forgets them).",

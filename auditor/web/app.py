@@ -244,9 +244,9 @@ def render_page(page: str, data: dict[str, Any], v: Viewer, request: Request) ->
                                          current=[p["current"] for p in pts].index(True) if any(
                                              p["current"] for p in pts) else -1)
     if page == "allocation":
-        charts["gpus"] = [svg.gpu_chart(g["timeline"]["verdicts"], g["timeline"]["sm"],
-                                        f"GPU {g['gpu_index']} on {g['node']}: SM activity and verdict per time bin")
-                          for g in data["gpus"]]
+        charts["gpus"] = [svg.gpu_chart(g["timeline"]["verdicts"], g["timeline"]["sm"], g["timeline"]["util"],
+                                        data["axis"], f"GPU {g['gpu_index']} on {g['node']}: SM activity (bars), "
+                                        "GPU-Util (line) and verdict per time bin") for g in data["gpus"]]
     q = dict(request.query_params)
     api = "/api" + (request.url.path if request.url.path != "/" else "/overview")
     if request.url.query:

@@ -40,7 +40,60 @@ PENDING = "PENDING"
 #: sacct columns the CLI asks for (``-o``); JobName last so a ``|`` inside a name cannot shift columns.
 SACCT_FIELDS = ("JobID", "JobIDRaw", "User", "Account", "Partition", "QOS", "State", "Submit", "Start",
                 "End", "ElapsedRaw", "TimelimitRaw", "NodeList", "AllocTRES", "ReservationId",
-                "Reservation", "Eligible", "ReqTRES", "JobName")
+                "Reservation", "Eligible", "ReqTRES", "ExitCode", "TotalCPU", "JobName")
+
+
+def exit_code(value: Any) -> str | None:
+    """sacct ``ExitCode`` (``return code:signal``, e.g. ``0:0``, ``1:0``, ``0:9``) as printed; None when
+    absent or not of that form."""
+    text = "" if is_null(value) else str(value).strip()
+    code, sep, sig = text.partition(":")
+    return text if sep and code.isdigit() and sig.isdigit() else None
+
+
+def json_exit_code(value: Any) -> str | None:
+    """sacct --json ``exit_code`` -> ``return code:signal``: 22.05 ``{"return_code": 0}``, 24.x
+    ``{"return_code": {"set", "number"}, "signal": {"id": {"set", "number"}}}``."""
+    if not isinstance(value, dict):
+        return None
+    rc = number(value.get("return_code"))
+    sig = value.get("signal")
+    sn = number(sig.get("id")) if isinstance(sig, dict) else None
+    return None if rc is None else f"{int(rc)}:{int(sn or 0)}"
+
+
+def cpu_seconds(value: Any) -> float | None:
+    """sacct ``TotalCPU`` (``[D-][HH:]MM:SS[.mmm]``) -> seconds; None when absent, malformed or 0 (sacct -X
+    may print 0 for a job whose steps it did not read: 0 is "not said", never "no CPU used")."""
+    text = "" if is_null(value) else str(value).strip()
+    if not text:
+        return None
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        if not d.isdigit():
+            return None
+        days = int(d)
+    parts = text.split(":")
+    if not 2 <= len(parts) <= 3 or not all(p.replace(".", "", 1).isdigit() for p in parts):
+        return None
+    secs = float(parts[-1]) + 60 * int(parts[-2]) + (3600 * int(parts[0]) if len(parts) == 3 else 0)
+    total = days * 86400 + secs
+    return total if total > 0 else None
+
+
+def _cpus(tres: dict[str, str]) -> int | None:
+    n = tres.get("cpu")
+    return int(n) if n is not None and n.isdigit() and int(n) > 0 else None
+
+
+def _json_cpu_seconds(t: dict[str, Any]) -> float | None:
+    """sacct --json ``time.total`` (``{"seconds", "microseconds"}``) -> seconds; None when absent or 0."""
+    total = t.get("total") if isinstance(t, dict) else None
+    if not isinstance(total, dict):
+        return None
+    s = float(number(total.get("seconds")) or 0) + float(number(total.get("microseconds")) or 0) / 1e6
+    return s if s > 0 else None
 
 
 def external_id(job_id: Any, array_job: Any = None, array_task: Any = None, het_job: Any = None,
@@ -177,6 +230,9 @@ def from_sacct_row(row: dict[str, str], cluster: str, resv_names: dict[str, str]
                        reservation_id=None if resv_id in ("", "0") else resv_id),
         gpus=gpus, eligible=parse_time(row.get("Eligible")),
         gpus_requested=float(tres_gpus(parse_tres(row.get("ReqTRES")))[0]),
+        exit_code=None if state in HOLDING else exit_code(row.get("ExitCode")),
+        cpus=_cpus(parse_tres(row.get("AllocTRES"))),
+        cpu_time_s=None if state in HOLDING else cpu_seconds(row.get("TotalCPU")),
     )
 
 
@@ -312,7 +368,10 @@ def from_json_db_job(job: dict[str, Any], cluster: str,
         eligible=parse_time(t.get("eligible")), gpus_requested=float(tres_gpus(req)[0]),
         reservation=rname, time_limit_s=parse_duration(t.get("limit")),
         labels=_labels(nodes_text, placement, job_id_raw=number(job.get("job_id")), reservation_id=rid),
-        gpus=gpus,
+        gpus=gpus, exit_code=None if state in HOLDING else json_exit_code(job.get("exit_code")),
+        cpus=next((int(c["count"]) for c in (job.get("tres") or {}).get("allocated") or []
+                   if c.get("type") == "cpu" and isinstance(c.get("count"), int) and c["count"] > 0), None),
+        cpu_time_s=None if state in HOLDING else _json_cpu_seconds(t),
     )
 
 
@@ -325,6 +384,7 @@ def merge(history: Allocation, running: Allocation) -> Allocation:
     running.submit = running.submit or history.submit
     running.start = running.start or history.start
     running.time_limit_s = running.time_limit_s or history.time_limit_s
+    running.cpus = running.cpus or history.cpus
     if not running.gpus or running.labels.get("gpu_placement") not in ("idx", "per-node"):
         running.gpus = history.gpus or running.gpus
         running.labels["gpu_placement"] = history.labels.get("gpu_placement", "")
