@@ -193,9 +193,27 @@ class WebConfig(Strict):
     admin_groups: list[str] = Field(default_factory=list, description="Groups whose members see every "
                                     "allocation.")
     page_rows: int = Field(100, ge=1, le=10000, description="Rows per page in the web UI's lists.")
+    base_url: str | None = Field(None, description="Address readers reach the web UI at, e.g. "
+                                 "https://gpu-audit.example.org (behind your proxy). Set: the weekly email's "
+                                 "actions and the nudges link to each job's page there; unset: they name the "
+                                 "`gpu-audit job REF` command only.")
     allow_unauthenticated: bool = Field(False, description="Serve the web UI on a non-loopback address "
                                         "without `user_header` (everyone who reaches the port sees every "
                                         "user's jobs and costs). Off: such a `listen` is refused.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str | None) -> str | None:
+        """An http(s) address with a host: it becomes links in emails (never a javascript: or mailto: one)."""
+        if v is None or not v.strip():
+            return None
+        from urllib.parse import urlsplit
+
+        u = urlsplit(v.strip())
+        if u.scheme not in ("http", "https") or not u.netloc or u.query or u.fragment or any(
+                c.isspace() or c in "\"<>" for c in v.strip()):
+            raise ValueError(f"web.base_url {v[:80]!r}: expected http(s)://HOST[/PATH], no query")
+        return v.strip().rstrip("/")
 
 
 class Policy(Strict):

@@ -83,6 +83,19 @@ def shorten(value: Any, limit: int = 48) -> str:
     return s[:head] + "\u2026" + s[len(s) - (limit - 1 - head):]
 
 
+LONG_TOKEN = 20  # characters: a name with a longer run (no space or hyphen to break at) may break anywhere
+_BREAKS = re.compile(r"[\s-]+")
+
+
+def wrap_css(value: Any) -> str:
+    """How a user-controlled name may wrap in the email: like any word (``break-word``: table columns keep
+    it whole, so "platform" never reads "platf/orm" at 375 px), unless it holds a run of more than
+    LONG_TOKEN characters with nowhere to break, which may then break anywhere (no sideways scrolling)."""
+    s = plain(value)
+    return "overflow-wrap:anywhere;" if any(len(t) > LONG_TOKEN for t in _BREAKS.split(s)) \
+        else "overflow-wrap:break-word;"
+
+
 def fmt_hours(v: float | None) -> str:
     return "n/a" if v is None else f"{v:,.1f}"
 
@@ -112,7 +125,7 @@ def _filters(env: jinja2.Environment) -> None:
                        pct=fmt_pct, money=fmt_money, signed=fmt_signed, plain=plain, raw=Raw,
                        mdbar=lambda v, w=12: Raw("`" + charts.text_bar(v, 1.0, width=w) + "`"),
                        textbar=lambda v, w=20: charts.text_bar(v, 1.0, width=w),
-                       barpct=lambda v: charts.bar_width(v, 1.0), kind_label=kinds.label)
+                       barpct=lambda v: charts.bar_width(v, 1.0), kind_label=kinds.label, wrapcss=wrap_css)
 
 
 @lru_cache(maxsize=4)
@@ -151,7 +164,7 @@ def attach_images(ctx: dict[str, Any], *, mode: str) -> tuple[dict[str, Any], li
             if img is not None:
                 images.append(img)
                 row["image"] = {"src": img.data_uri if mode == "data" else "cid:" + img.cid, "alt": img.alt,
-                                "width": img.width, "height": img.height}
+                                "short_alt": img.short_alt, "width": img.width, "height": img.height}
             else:
                 row["image"] = None
             rows.append(row)
