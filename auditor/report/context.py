@@ -399,7 +399,7 @@ def web_link(cfg: Config, path: str, **query: Any) -> str | None:
     if not cfg.web.base_url:
         return None
     q = urlencode({k: v for k, v in query.items() if v is not None})
-    return cfg.web.base_url + path + (f"?{q}" if q else "")
+    return cfg.web.base_url.rstrip("/") + path + (f"?{q}" if q else "")
 
 
 def allocation_links(conn: Connection, cfg: Config, ids: list[int]) -> dict[int, dict[str, Any]]:
