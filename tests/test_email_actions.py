@@ -229,3 +229,45 @@ def test_first_screen_holds_the_actions_and_no_word_breaks(demo, tmp_path: Path)
                         assert want in seen, want
                     headline = page.evaluate(BOX_JS, "#idle-cost")
                     assert headline["top"] > cards[2][0]  # the headline comes after the actions
+
+
+def test_site_templates_come_first_and_still_escape(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "nudge.txt.j2").write_text("Site nudge for {{ who }}: {{ findings.totals.cost|money(currency) }}\n"
+                                       "{% for f in findings.rows %}{{ f.command }}\n{% endfor %}", encoding="utf-8")
+    (site / "t.html.j2").write_text("<p>{{ x }}</p>", encoding="utf-8")
+    (site / "bad.html.j2").write_text("{% if %}", encoding="utf-8")
+    (site / "typo.html.j2").write_text("{{ nosuchvalue.x }}", encoding="utf-8")
+    store, cfg, rid = hostile_week(tmp_path / "w")
+    cfg = cfg.model_copy(update={
+        "report": cfg.report.model_copy(update={"templates_dir": site}),
+        "email": cfg.email.model_copy(update={"help_url": "https://kb.example.org/gpu-jobs"})})
+    msgs, _ = notify.build_messages(store, cfg, rid)
+    bob = next(o.message for o in msgs if o.recipient == "bob@example.org")
+    # bob's two idle jobs (tests/test_email_actions.py above): 104 5.0 h and 203 2.0 h at 2.0 = 14.00
+    assert bob.get_body(("plain",)).get_content() == ("Site nudge for bob: USD 14.00\ngpu-audit job c1:104\n"
+                                                      "gpu-audit job c1:203\n")
+    html = bob.get_body(("html",)).get_content()  # not overridden: the shipped one, with the advice page
+    assert "Hello" in html and 'href="https://kb.example.org/gpu-jobs"' in html
+    assert render.render_html({"x": "<script>"}, template="t.html.j2", templates=str(site))[0] == \
+        "<p>&lt;script&gt;</p>"
+    with pytest.raises(render.GpuAuditError, match=r"^template .*bad.html.j2 line 1: "):
+        render.render_html({}, template="bad.html.j2", templates=str(site))
+    with pytest.raises(render.GpuAuditError, match=r"^template .*typo.html.j2: 'nosuchvalue' is undefined"):
+        render.render_html({}, template="typo.html.j2", templates=str(site))
+    gone = cfg.model_copy(update={"report": cfg.report.model_copy(update={"templates_dir": tmp_path / "nope"})})
+    with pytest.raises(render.GpuAuditError, match="report.templates_dir .*nope: not a directory"):
+        notify.build_messages(store, gone, rid)
+
+
+def test_site_settings_load_and_validate(tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text('[report]\ntemplates_dir = "site"\n[email]\nhelp_url = "https://kb.example.org/gpu/"\n'
+                 '[web]\nbase_url = "https://ga.example.org"\n', encoding="utf-8")
+    cfg = load(p)
+    assert cfg.report.templates_dir == tmp_path.resolve() / "site"  # relative to the config file
+    assert cfg.email.help_url == "https://kb.example.org/gpu" and cfg.web.base_url == "https://ga.example.org"
+    p.write_text('[email]\nhelp_url = "javascript:alert(1)"\n', encoding="utf-8")
+    with pytest.raises(Exception, match=r"email.help_url 'javascript:alert\(1\)': expected http"):
+        load(p)
