@@ -27,7 +27,7 @@ from auditor.store.engine import Store
 from auditor.web.app import create_app
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chromium import OVERFLOW_JS, artifacts_dir, browser  # noqa: E402
+from chromium import CONTRAST_JS, OVERFLOW_JS, artifacts_dir, browser  # noqa: E402
 from test_email_layout import hostile_week, inline_cids  # noqa: E402
 
 # Every place where a line break falls between two letters or digits of one word in a table cell: a word
@@ -271,3 +271,22 @@ def test_site_settings_load_and_validate(tmp_path: Path) -> None:
     p.write_text('[email]\nhelp_url = "javascript:alert(1)"\n', encoding="utf-8")
     with pytest.raises(Exception, match=r"email.help_url 'javascript:alert\(1\)': expected http"):
         load(p)
+
+
+@pytest.mark.service
+def test_links_and_actions_readable_in_dark_mode(demo, tmp_path: Path) -> None:  # noqa: ANN001
+    """With web.base_url the emails carry links: readable on the dark theme too (WCAG AA), as is every
+    other text the demo's report shows (lemon nodes, action cards)."""
+    store, cfg, rid, _ = demo
+    msgs, _ = notify.build_messages(store, cfg, rid)
+    by = {o.recipient: o.message for o in msgs}
+    with browser(tmp_path, color_scheme="dark") as ctx:
+        page = ctx.new_page()
+        for rcpt in ("gpu-platform@example.com", "carol@example.com"):
+            path = tmp_path / f"{rcpt}.html"
+            path.write_text(inline_cids(email.message_from_bytes(by[rcpt].as_bytes(), policy=policy.default)),
+                            encoding="utf-8")
+            page.goto(path.as_uri())
+            assert page.evaluate("() => document.links.length") > 0
+            worst = min(page.evaluate(CONTRAST_JS), key=lambda r: r["ratio"])
+            assert worst["ratio"] >= 4.5, (rcpt, worst)
