@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -162,6 +163,8 @@ def test_weekly_nudges_to_channels(store: Any, sink: Sink, tmp_path: Path) -> No
     assert ops["title"] == "[gpu-audit] 3 allocations held GPUs idle, 19.0 GPU-hours"
     # one line per allocation even with a CR/LF in a user name (user-controlled text)
     assert sorted(line.split()[3] for line in ops["message"].splitlines()) == ["101", "102", "104"]
+    # and where to look further, as the email nudges say it
+    assert sorted(re.findall(r"gpu-audit job (\S+)", ops["message"])) == ["c1:101", "c1:102", "c1:104"]
     mm = next(r["body"] for r in sink.requests if "mmSECRET" in r["path"])
     assert "101" in mm["text"] and "102" in mm["text"] and "104" not in mm["text"]
     # never twice about one allocation: a second run sends nothing

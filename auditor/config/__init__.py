@@ -120,6 +120,20 @@ class Team(Strict):
     emails: list[str] = Field(default_factory=list, description="Where team nudges go.")
 
 
+def http_url(v: str | None, key: str) -> str | None:
+    """An http(s) address with a host and no query: it becomes links in emails (never a javascript: or mailto:
+    one); the trailing slash dropped. Empty = unset."""
+    if v is None or not v.strip():
+        return None
+    from urllib.parse import urlsplit
+
+    u = urlsplit(v.strip())
+    if u.scheme not in ("http", "https") or not u.netloc or u.query or u.fragment or any(
+            c.isspace() or c in "\"<>'" for c in v.strip()):
+        raise ValueError(f"{key} {v[:80]!r}: expected http(s)://HOST[/PATH], no query")
+    return v.strip().rstrip("/")
+
+
 class EmailConfig(Strict):
     smtp_host: str = Field("localhost", description="SMTP server.")
     smtp_port: int = Field(25, ge=1, le=65535, description="SMTP port.")
@@ -136,6 +150,14 @@ class EmailConfig(Strict):
                                     "user nudges.")
     nudge_min_days: float = Field(7, ge=0, le=MAX_DAYS, description="Minimum days between two nudges to one person.")
     verify_tls: bool = Field(True, description="Verify the SMTP server's certificate.")
+    help_url: str | None = Field(None, description="A page of your site's advice on using GPUs well (a "
+                                 "knowledge-base article, e.g. https://kb.example.org/gpu-jobs): nudges link to "
+                                 "it under \"What to do\".")
+
+    @field_validator("help_url")
+    @classmethod
+    def _help_url(cls, v: str | None) -> str | None:
+        return http_url(v, "email.help_url")
 
 
 class ScheduleConfig(Strict):
@@ -173,6 +195,11 @@ class ReportConfig(Strict):
     timezone: str = Field("UTC", description="Timezone for times shown in reports.")
     top_n: int = Field(25, ge=1, le=100_000, description="Rows in each report table before it is cut.")
     days: float = Field(7, gt=0, le=MAX_DAYS, description="Default audit/report window in days.")
+    templates_dir: Path | None = Field(None, description="A directory of site templates (relative to the "
+                                       "config file's directory): a file there named like a shipped one "
+                                       "(`report.html.j2`, `nudge.html.j2`, `nudge.txt.j2`, `_macros.html.j2`, "
+                                       "`report.txt.j2`, `report.md.j2`) is used instead of it in reports and "
+                                       "emails; the others stay the shipped ones (docs/reports.md).")
 
     @field_validator("timezone")
     @classmethod
@@ -193,9 +220,18 @@ class WebConfig(Strict):
     admin_groups: list[str] = Field(default_factory=list, description="Groups whose members see every "
                                     "allocation.")
     page_rows: int = Field(100, ge=1, le=10000, description="Rows per page in the web UI's lists.")
+    base_url: str | None = Field(None, description="Address readers reach the web UI at, e.g. "
+                                 "https://gpu-audit.example.org (behind your proxy). Set: the weekly email's "
+                                 "actions and the nudges link to each job's page there; unset: they name the "
+                                 "`gpu-audit job REF` command only.")
     allow_unauthenticated: bool = Field(False, description="Serve the web UI on a non-loopback address "
                                         "without `user_header` (everyone who reaches the port sees every "
                                         "user's jobs and costs). Off: such a `listen` is refused.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str | None) -> str | None:
+        return http_url(v, "web.base_url")
 
 
 class Policy(Strict):
@@ -362,5 +398,8 @@ def load(path: str | Path | None = None) -> Config:
     cfg = parse(data, str(p))
     if not cfg.report.out_dir.is_absolute():  # relative paths are relative to the config file, like sources
         report = cfg.report.model_copy(update={"out_dir": p.resolve().parent / cfg.report.out_dir})
+        cfg = cfg.model_copy(update={"report": report})
+    if cfg.report.templates_dir is not None and not cfg.report.templates_dir.is_absolute():
+        report = cfg.report.model_copy(update={"templates_dir": p.resolve().parent / cfg.report.templates_dir})
         cfg = cfg.model_copy(update={"report": report})
     return cfg

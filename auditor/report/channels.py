@@ -238,7 +238,8 @@ def send_nudges(store: Store, cfg: Config, run_id: int, *, dry_run: bool) -> lis
         n = len(fresh)
         subject = f"[gpu-audit] {n} allocation{'s' if n != 1 else ''} held GPUs idle, {idle:,.1f} GPU-hours"
         body = "\n".join(safe_header(f"- {r['cluster']} {r['source']} {r['job_id']} ({r['user']}, {r['team']}): "
-                                     f"{r['idle_gpu_hours']:,.1f} idle GPU-h, {r['kind']}", 300)
+                                     f"{r['idle_gpu_hours']:,.1f} idle GPU-h, {r['kind']}"
+                                     + "".join(f"; {x}" for x in (r.get("command"), r.get("url")) if x), 400)
                          for r in fresh[:cfg.report.top_n])  # one line each: names are user-controlled text
         if dry_run:
             out.append({"to": rcpt, "status": "dry_run", "allocations": len(fresh)})

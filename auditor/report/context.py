@@ -7,9 +7,11 @@ numbers cannot disagree between them. Long tables are cut at ``report.top_n`` wi
 
 from __future__ import annotations
 
+import shlex
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlencode
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import Connection, select, text
@@ -135,6 +137,8 @@ def group_table(rows: list[dict[str, Any]], totals: dict[str, Any], *, full: boo
     peak = max((r["idle_gpu_hours"] for r in shown), default=0.0)
     for r in shown:
         r["bar"] = r["idle_gpu_hours"] / peak if peak > 0 else 0.0
+        # what the report draws: idle GPU-hours as a share of the group's own reserved ones (0-100 %)
+        r["idle_share"] = _ratio(r["idle_gpu_hours"], r["reserved_gpu_hours"])
         r["reserved_bar"] = r["reserved_gpu_hours"] / totals["reserved_gpu_hours"] \
             if totals["reserved_gpu_hours"] else 0.0
     return _table(shown, len(rows), totals)
@@ -232,9 +236,7 @@ def finding_totals(conn: Connection, run_id: int, names: tuple[str, ...], *, whe
         for i in range(0, len(ids), 500):
             for r in conn.execute(text("SELECT f.id, f.evidence FROM findings f WHERE f.id IN ("
                                        + ", ".join(str(x) for x in ids[i:i + 500]) + ")")):
-                ev = _evidence(r.evidence)
-                h = float(ev.get("unused_gpu_hours") or 0.0)
-                unused[int(r.id)] = (h, h * float(ev.get("price_per_gpu_hour") or 0.0))
+                unused[int(r.id)] = reservation_unused(_evidence(r.evidence))
     choices = [adds] if adds else [{k} for k in sorted(present)]
     best: dict[str, Any] = {"idle_gpu_hours": 0.0, "cost": 0.0, "gpu_hours": 0.0, "reserved_gpu_hours": 0.0,
                             "allocations": 0, "counted_kinds": [], "by_allocation": {}}
@@ -268,6 +270,12 @@ def finding_totals(conn: Connection, run_id: int, names: tuple[str, ...], *, whe
         if not best["counted_kinds"] or t["idle_gpu_hours"] > best["idle_gpu_hours"]:
             best = t
     return {"findings": int(sum(g["n"] for g in groups)), **best}
+
+
+def reservation_unused(ev: dict[str, Any]) -> tuple[float, float]:
+    """(GPU-hours, cost) of an idle reservation that no job used: what it adds to idle totals."""
+    h = float(ev.get("unused_gpu_hours") or 0.0)
+    return h, h * float(ev.get("price_per_gpu_hour") or 0.0)
 
 
 def _evidence(ev: Any) -> dict[str, Any]:
@@ -374,6 +382,122 @@ def run_for_window(store: Store, since: datetime, until: datetime) -> int:
     return int(rid)
 
 
+ACTIONS_N = 5  # actions the weekly email leads with
+ACTION_FOLD = 3  # a user with this many idle allocations is one action (talk to them), not several
+
+
+def job_ref(source: str, cluster: str, external_id: str, account: str | None, name: str | None) -> str:
+    """The REF ``gpu-audit job`` takes for an allocation (what ``gpu-audit jobs`` prints): CLUSTER:NAMESPACE/POD
+    for a pod, CLUSTER:JOBID otherwise."""
+    if source == "kubernetes" and account and name:
+        return f"{cluster}:{account}/{name}"
+    return f"{cluster}:{external_id}"
+
+
+def web_link(cfg: Config, path: str, **query: Any) -> str | None:
+    """``path`` on the web UI at ``web.base_url`` (None when it is not set: emails then name commands only)."""
+    if not cfg.web.base_url:
+        return None
+    q = urlencode({k: v for k, v in query.items() if v is not None})
+    return cfg.web.base_url.rstrip("/") + path + (f"?{q}" if q else "")
+
+
+def allocation_links(conn: Connection, cfg: Config, ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Where to look further at each allocation: its REF, the ``gpu-audit job`` command and its web page
+    (the report's actions and the nudges say the same)."""
+    t = schema.allocations
+    out: dict[int, dict[str, Any]] = {}
+    ids = sorted(set(ids))
+    for i in range(0, len(ids), 500):
+        for a in conn.execute(select(t.c.id, t.c.cluster, t.c.source, t.c.external_id, t.c.account, t.c.name)
+                              .where(t.c.id.in_(ids[i:i + 500]))):
+            ref = job_ref(a.source, a.cluster, a.external_id, a.account, a.name)
+            out[int(a.id)] = {"ref": ref, "command": "gpu-audit job " + shlex.quote(ref),
+                              "url": web_link(cfg, f"/allocation/{int(a.id)}")}
+    return out
+
+
+def actions_section(conn: Connection, cfg: Config, run_id: int, tz: Any, h: dict[str, Any]) -> dict[str, Any]:
+    """This week's actions: the few allocations, users and idle reservations worth the most idle cost, each
+    with who, what, how much, what to do and where to look further.
+
+    An allocation's figures are those its nudge shows (:func:`finding_totals` over the nudged kinds, each
+    allocation counted once); a user with ACTION_FOLD or more such allocations is one action, their sum; an
+    idle reservation's are the GPU-hours no job used (what idle totals add: :func:`reservation_unused`).
+    ``totals.share`` compares the actions with the week's idle cost (allocations plus reservations)."""
+    where = " AND f.allocation_id IS NOT NULL"
+    counted = finding_totals(conn, run_id, kinds.NUDGED, where=where)["by_allocation"]
+    marks = ", ".join(f":k{i}" for i in range(len(kinds.NUDGED)))
+    owner: dict[int, str] = {int(r.id): r.user_name or "" for r in conn.execute(text(
+        "SELECT a.id, a.user_name FROM allocations a WHERE a.id IN (SELECT f.allocation_id FROM findings f "
+        f"WHERE f.run_id = :run AND f.kind IN ({marks}) AND f.allocation_id IS NOT NULL)"),
+        {"run": run_id, **{f"k{i}": k for i, k in enumerate(kinds.NUDGED)}})} if counted else {}
+    by_user: dict[str, list[int]] = {}
+    for aid, c in counted.items():
+        if c["cost"] > 0 or c["idle_gpu_hours"] > 0:
+            by_user.setdefault(owner.get(aid, ""), []).append(aid)
+    cands: list[dict[str, Any]] = []
+    for user, ids in by_user.items():
+        ids.sort(key=lambda a: (-counted[a]["cost"], -counted[a]["idle_gpu_hours"], a))
+        groups = [ids] if user and len(ids) >= ACTION_FOLD else [[a] for a in ids]
+        for g in groups:
+            cands.append({"scope": "user" if len(g) > 1 else "allocation", "ids": g, "key": str(g[0]),
+                          "cost": sum(counted[a]["cost"] for a in g),
+                          "idle_gpu_hours": sum(counted[a]["idle_gpu_hours"] for a in g)})
+    for r in conn.execute(text(
+            "SELECT f.id, f.cluster, f.account, f.team, f.user_name, f.evidence, r.name AS reservation_name "
+            "FROM findings f LEFT JOIN reservations r ON r.id = f.reservation_id WHERE f.run_id = :run "
+            "AND f.kind = 'idle_reservation'"), {"run": run_id}):
+        ev = _evidence(r.evidence)
+        ih, c = reservation_unused(ev)
+        if ih > 0:
+            cands.append({"scope": "reservation", "ids": [], "key": f"r{r.id}", "cost": c, "idle_gpu_hours": ih,
+                          "cluster": r.cluster, "account": r.account or "", "team": r.team or "",
+                          "user": r.user_name or "",
+                          "name": r.reservation_name or str(ev.get("reservation") or "")})
+    cands.sort(key=lambda c: (-c["cost"], -c["idle_gpu_hours"], c["scope"], c["key"]))
+    chosen = cands[:ACTIONS_N]
+    lead = [c["ids"][0] for c in chosen if c["ids"]]
+    first: dict[int, dict[str, Any]] = {}
+    named: dict[int, list[str]] = {}
+    if lead:
+        table = findings_table(conn, run_id, kinds.NUDGED, tz, full=True, top_n=0,
+                               where=f" AND f.allocation_id IN ({', '.join(str(int(a)) for a in lead)})")
+        for f in table["rows"]:  # costliest first: an allocation's first row is its costliest finding
+            first.setdefault(f["allocation_id"], f)
+            named.setdefault(f["allocation_id"], []).append(f["kind"])
+    links = allocation_links(conn, cfg, lead)
+    rows = []
+    for c in chosen:
+        base = {"scope": c["scope"], "cost": c["cost"], "idle_gpu_hours": c["idle_gpu_hours"],
+                "allocations": len(c["ids"])}
+        if c["scope"] == "reservation":
+            rows.append({**base, "user": c["user"], "team": c["team"], "account": c["account"],
+                         "cluster": c["cluster"], "name": c["name"], "kind": "idle_reservation", "source": "",
+                         "job_id": "", "allocation_id": None, "advice": ADVICE["idle_reservation"], "ref": None,
+                         "command": None,
+                         "url": web_link(cfg, "/findings", kind="idle_reservation", run=run_id)})
+            continue
+        aid = c["ids"][0]
+        f = first.get(aid) or {}
+        kind = f.get("kind", "")
+        user = owner.get(aid, f.get("user", ""))
+        row = {**base, "user": user, "team": f.get("team", ""), "account": f.get("account", ""),
+               "cluster": f.get("cluster", ""), "name": f.get("job_name", ""),
+               "kind": ", ".join(named.get(aid, [kind])), "source": f.get("source", ""),
+               "job_id": f.get("job_id", ""), "allocation_id": aid, "advice": ADVICE.get(kind, ""),
+               **links.get(aid, {"ref": None, "command": None, "url": None})}
+        if c["scope"] == "user":
+            row.update(command="gpu-audit jobs --user " + shlex.quote(user),
+                       url=web_link(cfg, "/findings", user=user, run=run_id))
+        rows.append(row)
+    week = (h.get("idle_cost") or 0.0) + (h.get("idle_reservation_cost") or 0.0)
+    cost = sum(r["cost"] for r in rows)
+    return {"rows": rows, "total": len(cands), "shown": len(rows), "cut": len(cands) > len(rows),
+            "totals": {"cost": cost, "idle_gpu_hours": sum(r["idle_gpu_hours"] for r in rows),
+                       "week_idle_cost": week, "share": cost / week if week > 0 else None}}
+
+
 def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
                   now: datetime | None = None, keep: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything a report shows about run ``run_id``; ``full`` keeps every table row (JSON export).
@@ -397,6 +521,7 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
                     "days": (run["until_ts"] - run["since_ts"]) / 86400.0},
             "currency": summary.get("currency") or cfg.prices.currency, "top_n": n, "full": full,
             "headline": headline(summary),
+            "actions": actions_section(conn, cfg, run_id, tz, headline(summary)),
             "teams": group_table(groups["teams"], totals, full=full, top_n=n),
             "accounts": group_table(groups["accounts"], totals, full=full, top_n=n),
             "top_idle": findings_table(conn, run_id, IDLE_KINDS, tz, full=full, top_n=n,

@@ -151,18 +151,21 @@ def compose(cfg: Config, to: str, subject: str, text_body: str, html_body: str, 
 def nudge_rows(store: Store, cfg: Config, run_id: int) -> list[dict[str, Any]]:
     """Every nudge-worthy finding of the run (about an allocation), costliest first: one row per allocation,
     its idle GPU-hours and cost those of all its nudged findings counted once
-    (:func:`auditor.report.context.finding_totals`), so that a nudge's rows add up to its total."""
+    (:func:`auditor.report.context.finding_totals`), so that a nudge's rows add up to its total; with where
+    to look further (``ref``, ``command``, ``url``: :func:`auditor.report.context.allocation_links`, as the
+    report's actions say it)."""
     where = " AND f.allocation_id IS NOT NULL"
     with store.engine.connect() as conn:
         table = report.findings_table(conn, run_id, kinds.NUDGED, report._tz(cfg), full=True, top_n=0,
                                       where=where)
         counted = report.finding_totals(conn, run_id, kinds.NUDGED, where=where)["by_allocation"]
+        links = report.allocation_links(conn, cfg, [r["allocation_id"] for r in table["rows"]])
     best: dict[int, dict[str, Any]] = {}
     named: dict[int, list[str]] = defaultdict(list)
     for r in table["rows"]:  # one row per allocation: the costliest finding, naming all its kinds
         named[r["allocation_id"]].append(r["kind"])
         best.setdefault(r["allocation_id"], r)
-    out = [{**r, "kind": ", ".join(named[a]), **counted.get(a, {})} for a, r in best.items()]
+    out = [{**r, "kind": ", ".join(named[a]), **counted.get(a, {}), **links.get(a, {})} for a, r in best.items()]
     return sorted(out, key=lambda r: -r["cost"])  # stable: ties keep the table's order
 
 

@@ -36,7 +36,7 @@ from auditor.report.mailparts import (
     smtp_connect,
     user_address,
 )
-from auditor.report.render import environment, render_html, render_text
+from auditor.report.render import render_html, render_text, site_templates
 from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
@@ -117,9 +117,11 @@ def nudge_totals(store: Store, run_id: int, rows: list[dict[str, Any]], audience
 
 
 def nudge_context(ctx: dict[str, Any], audience: str, who: str, rows: list[dict[str, Any]], top_n: int,
-                  totals: dict[str, Any]) -> dict[str, Any]:
-    """What a nudge shows: its rows (one per allocation) and ``totals`` (:func:`nudge_totals`)."""
+                  totals: dict[str, Any], help_url: str | None = None) -> dict[str, Any]:
+    """What a nudge shows: its rows (one per allocation), ``totals`` (:func:`nudge_totals`) and the site's
+    advice page (``email.help_url``)."""
     return {"audience": audience, "who": who, "run": ctx["run"], "currency": ctx["currency"],
+            "help_url": help_url,
             "definitions": ctx["definitions"],
             "judged": ctx.get("judged") or [], "thresholds": ctx["thresholds"], "files": ctx["files"],
             "allocations": len({r["allocation_id"] for r in rows}),
@@ -137,12 +139,13 @@ def build_messages(store: Store, cfg: Config, run_id: int, *, admin: bool = True
     pkey = period_key(ctx["run"]["until_ts"])
     out: list[Outgoing] = []
     skipped: list[dict] = []
+    site = site_templates(cfg)
     if admin:
-        html, images = render_html(ctx, mode="cid")
+        html, images = render_html(ctx, mode="cid", templates=site)
         h = ctx["headline"]
         subject = (f"GPU audit {ctx['run']['since']} to {ctx['run']['until']}: "
                    f"{h['idle_gpu_hours']:,.1f} idle GPU-hours, {ctx['currency']} {h['idle_cost']:,.2f}")
-        txt = render_text(ctx)
+        txt = render_text(ctx, templates=site)
         for rcpt in cfg.email.admin_to:
             if (rcpt.lower(), pkey) in throttle.periods:
                 skipped.append({"kind": "admin_report", "to": rcpt, "reason": f"already sent for {pkey}"})
@@ -194,9 +197,10 @@ def _nudge(out: list[Outgoing], skipped: list[dict], store: Store, cfg: Config, 
         return
     audience = "team" if kind == "team_nudge" else "user"
     nctx = nudge_context(ctx, audience, who, fresh, cfg.report.top_n,
-                         nudge_totals(store, ctx["run"]["id"], fresh, audience, who))
-    html, images = render_html(nctx, template="nudge.html.j2", mode="cid")
-    txt = environment("text").get_template("nudge.txt.j2").render(**nctx)
+                         nudge_totals(store, ctx["run"]["id"], fresh, audience, who), cfg.email.help_url)
+    site = site_templates(cfg)
+    html, images = render_html(nctx, template="nudge.html.j2", mode="cid", templates=site)
+    txt = render_text(nctx, "nudge.txt.j2", templates=site)
     t = nctx["findings"]["totals"]
     n = nctx["allocations"]
     subject = nudge_subject(audience, who, n, t, ctx["currency"], sum(1 for r in fresh if r.get("running_now")))

@@ -83,6 +83,19 @@ def shorten(value: Any, limit: int = 48) -> str:
     return s[:head] + "\u2026" + s[len(s) - (limit - 1 - head):]
 
 
+LONG_TOKEN = 20  # characters: a name with a longer run (no space or hyphen to break at) may break anywhere
+_BREAKS = re.compile(r"[\s-]+")
+
+
+def wrap_css(value: Any) -> str:
+    """How a user-controlled name may wrap in the email: like any word (``break-word``: table columns keep
+    it whole, so "platform" never reads "platf/orm" at 375 px), unless it holds a run of more than
+    LONG_TOKEN characters with nowhere to break, which may then break anywhere (no sideways scrolling)."""
+    s = plain(value)
+    return "overflow-wrap:anywhere;" if any(len(t) > LONG_TOKEN for t in _BREAKS.split(s)) \
+        else "overflow-wrap:break-word;"
+
+
 def fmt_hours(v: float | None) -> str:
     return "n/a" if v is None else f"{v:,.1f}"
 
@@ -112,13 +125,17 @@ def _filters(env: jinja2.Environment) -> None:
                        pct=fmt_pct, money=fmt_money, signed=fmt_signed, plain=plain, raw=Raw,
                        mdbar=lambda v, w=12: Raw("`" + charts.text_bar(v, 1.0, width=w) + "`"),
                        textbar=lambda v, w=20: charts.text_bar(v, 1.0, width=w),
-                       barpct=lambda v: charts.bar_width(v, 1.0), kind_label=kinds.label)
+                       barpct=lambda v: charts.bar_width(v, 1.0), kind_label=kinds.label, wrapcss=wrap_css)
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)
 def environment(kind: str, template_dir: str | None = None) -> jinja2.Environment:
-    """The Jinja2 environment for ``kind`` (html, text or md) over the shipped templates."""
-    loader = jinja2.FileSystemLoader(template_dir or str(resource_dir("templates")))
+    """The Jinja2 environment for ``kind`` (html, text or md) over the shipped templates, with a site's
+    ``template_dir`` (``report.templates_dir``) looked in first: a file there named like a shipped one
+    replaces it, the rest stay the shipped ones (escaping is the environment's, whoever wrote the file)."""
+    shipped = jinja2.FileSystemLoader(str(resource_dir("templates")))
+    loader: jinja2.BaseLoader = shipped if not template_dir else jinja2.ChoiceLoader(
+        [jinja2.FileSystemLoader(template_dir), shipped])
     if kind == "html":
         env = jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
                                  trim_blocks=True, lstrip_blocks=True, finalize=cap_shown)
@@ -151,7 +168,7 @@ def attach_images(ctx: dict[str, Any], *, mode: str) -> tuple[dict[str, Any], li
             if img is not None:
                 images.append(img)
                 row["image"] = {"src": img.data_uri if mode == "data" else "cid:" + img.cid, "alt": img.alt,
-                                "width": img.width, "height": img.height}
+                                "short_alt": img.short_alt, "width": img.width, "height": img.height}
             else:
                 row["image"] = None
             rows.append(row)
@@ -159,19 +176,47 @@ def attach_images(ctx: dict[str, Any], *, mode: str) -> tuple[dict[str, Any], li
     return out, images
 
 
-def render_html(ctx: dict[str, Any], *, template: str = "report.html.j2", mode: str = "data"
-                ) -> tuple[str, list[charts.Image]]:
+def site_templates(cfg: Config) -> str | None:
+    """``report.templates_dir`` as the directory to look in first, or None; one line when it is no directory."""
+    d = cfg.report.templates_dir
+    if d is None:
+        return None
+    if not Path(d).is_dir():
+        raise GpuAuditError(f"report.templates_dir {d}: not a directory")
+    return str(d)
+
+
+def get_template(kind: str, name: str, templates: str | None = None) -> jinja2.Template:
+    """Template ``name`` of environment ``kind``; a site template that does not parse is one line naming it."""
+    try:
+        return environment(kind, templates).get_template(name)
+    except jinja2.TemplateSyntaxError as exc:
+        raise GpuAuditError(f"template {exc.filename or name} line {exc.lineno}: {exc.message}") from None
+    except jinja2.TemplateNotFound:
+        raise GpuAuditError(f"template {name} not found") from None
+
+
+def _render(t: jinja2.Template, values: dict[str, Any]) -> str:
+    """A site template that names a value the report has not is one line, not a traceback."""
+    try:
+        return t.render(**values)
+    except jinja2.UndefinedError as exc:
+        raise GpuAuditError(f"template {t.filename or t.name}: {exc.message}") from None
+
+
+def render_html(ctx: dict[str, Any], *, template: str = "report.html.j2", mode: str = "data",
+                templates: str | None = None) -> tuple[str, list[charts.Image]]:
     """HTML plus the images it refers to (needed as MIME parts when ``mode`` is "cid")."""
     c, images = attach_images(ctx, mode=mode)
-    return environment("html").get_template(template).render(**c), images
+    return _render(get_template("html", template, templates), c), images
 
 
-def render_text(ctx: dict[str, Any], template: str = "report.txt.j2") -> str:
-    return environment("text").get_template(template).render(**ctx)
+def render_text(ctx: dict[str, Any], template: str = "report.txt.j2", *, templates: str | None = None) -> str:
+    return _render(get_template("text", template, templates), ctx)
 
 
-def render_md(ctx: dict[str, Any], template: str = "report.md.j2") -> str:
-    return environment("md").get_template(template).render(**ctx)
+def render_md(ctx: dict[str, Any], template: str = "report.md.j2", *, templates: str | None = None) -> str:
+    return _render(get_template("md", template, templates), ctx)
 
 
 def render_json(ctx: dict[str, Any], *, compact: bool = False) -> str:
@@ -181,13 +226,13 @@ def render_json(ctx: dict[str, Any], *, compact: bool = False) -> str:
     return jsonsafe.dumps(ctx, indent=2, default=str, ensure_ascii=False) + "\n"
 
 
-def render(ctx: dict[str, Any], fmt: str) -> str:
+def render(ctx: dict[str, Any], fmt: str, *, templates: str | None = None) -> str:
     if fmt == "html":
-        return render_html(ctx)[0]
+        return render_html(ctx, templates=templates)[0]
     if fmt == "text":
-        return render_text(ctx)
+        return render_text(ctx, templates=templates)
     if fmt == "md":
-        return render_md(ctx)
+        return render_md(ctx, templates=templates)
     if fmt == "json":
         return render_json(ctx)
     raise GpuAuditError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
@@ -236,12 +281,13 @@ def write_reports(store: Store, cfg: Config, run_id: int, out_dir: Path | str,
     except OSError as exc:
         raise GpuAuditError(f"cannot create report directory {out}: {exc.strerror}") from None
     groups: dict[str, Any] = {}
+    site = site_templates(cfg)
     ctx = build_context(store, cfg, run_id, now=now, keep=groups)
     paths = []
     for f in fmts:
         p = out / f"report-{run_id}.{EXT[f]}"
         if f != "json":
-            write_text(p, render(ctx, f))
+            write_text(p, render(ctx, f, templates=site))
         paths.append(p)
     csv_path = out / ctx["files"]["csv"]
     write_exports(store, cfg, run_id, ctx, csv_path=csv_path, cell=csv_cell, groups=groups,

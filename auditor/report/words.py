@@ -58,6 +58,10 @@ def judged_in_words(th: dict[str, Any]) -> list[str]:
     def p(k: str) -> str:
         return f"{g(k):.0%}"
 
+    def n(k: str, unit: str) -> str:  # "1 GPU-hour", "4 GPU-hours"
+        v = g(k)
+        return f"{v:g} {unit}{'' if v == 1 else 's'}"
+
     out = [f"A reserved GPU counts as idle while its SMs are active less than {p('idle_sm')} of the time, "
            f"memory bandwidth is below {p('idle_dram')} and the Tensor cores below {p('idle_tensor')}.",
            f"If the dashboard's GPU-Util still reads {p('mirage_gpu_util')} or more at such a time, the idle time "
@@ -71,13 +75,13 @@ def judged_in_words(th: dict[str, Any]) -> list[str]:
     else:
         out.append("GPUs that report only GPU-Util are not judged: their time is unknown.")
     out += [f"A job is an idle allocation when at least {p('idle_allocation_fraction')} of its observed time "
-            f"was idle and it reserved at least {g('idle_allocation_min_gpu_hours'):g} GPU-hours.",
+            f"was idle and it reserved at least {n('idle_allocation_min_gpu_hours', 'GPU-hour')}.",
             f"One GPU of a multi-GPU job is reported when it was idle {p('idle_gpus_fraction')} of its time while "
             "another GPU of the job worked.",
-            f"A GPU-Util mirage is reported once it lasts {g('mirage_min_minutes'):g} minutes.",
-            f"Idle spells of {g('episode_hours'):g} hours or more inside otherwise working jobs are idle episodes.",
+            f"A GPU-Util mirage is reported once it lasts {n('mirage_min_minutes', 'minute')}.",
+            f"Idle spells of {n('episode_hours', 'hour')} or more inside otherwise working jobs are idle episodes.",
             f"Jobs averaging under {p('low_efficiency_sm')} SM activity over at least "
-            f"{g('low_efficiency_min_gpu_hours'):g} observed GPU-hours are low efficiency.",
+            f"{n('low_efficiency_min_gpu_hours', 'observed GPU-hour')} are low efficiency.",
             f"A GPU with telemetry for less than {p('unmonitored_coverage')} of its reserved time is unmonitored: "
             "its time is unknown and never billed as idle."]
     return out
