@@ -11,7 +11,8 @@ from auditor.errors import GpuAuditError
 
 
 def _run_id(app: App, run: int | None, since: str | None, until: str | None) -> int:
-    """--run, else the newest ok run inside --since/--until, else the latest ok audit run."""
+    """--run, else the newest ok run inside --since/--until, else the run the web pages show (the latest
+    weekly audit: a chargeback run made since does not take its place)."""
     from auditor.report import context as report
 
     if run is not None:
@@ -19,7 +20,7 @@ def _run_id(app: App, run: int | None, since: str | None, until: str | None) -> 
     if since or until:
         s, u = window(app, since, until)
         return report.run_for_window(app.store(), s, u)
-    return report.latest_ok_run(app.store())
+    return int(report.shown_run(app.store(), app.cfg)["id"])
 
 
 def register(group: click.Group) -> None:
@@ -28,7 +29,8 @@ def register(group: click.Group) -> None:
                   help="Output format (repeatable; default: all four). A findings CSV is always written.")
     @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                   help="Directory for the files (default: report.out_dir).")
-    @click.option("--run", "run", type=int, default=None, help="Audit run id (default: the latest ok run).")
+    @click.option("--run", "run", type=int, default=None,
+                  help="Audit run id (default: the latest weekly audit, as the web UI shows).")
     @time_option("--since", "Use the newest ok audit run whose window starts at or after this.")
     @time_option("--until", "...and ends at or before this (default now).")
     @pass_app
@@ -47,7 +49,8 @@ def register(group: click.Group) -> None:
     @click.option("--dry-run", is_flag=True, help="Write each message as an .eml file instead of sending.")
     @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                   help="Where --dry-run writes .eml files (default: <report.out_dir>/outbox).")
-    @click.option("--run", "run", type=int, default=None, help="Audit run id (default: the latest ok run).")
+    @click.option("--run", "run", type=int, default=None,
+                  help="Audit run id (default: the latest weekly audit, as the web UI shows).")
     @click.option("--admin/--no-admin", default=True, show_default=True,
                   help="Send the weekly report to email.admin_to.")
     @click.option("--teams/--no-teams", default=True, show_default=True,

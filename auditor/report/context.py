@@ -19,6 +19,7 @@ from sqlalchemy import Connection, select, text
 from auditor.audit import kinds
 from auditor.config import Config
 from auditor.errors import GpuAuditError
+from auditor.intparse import INT32_MAX, parse_uint
 from auditor.report import sizing
 from auditor.report.nodes import nodes_section
 from auditor.report.words import ADVICE, DEFINITIONS, judged_in_words
@@ -328,6 +329,8 @@ def trend(conn: Connection, run: dict[str, Any], tz: Any) -> list[dict[str, Any]
     for k in range(1, TREND_WEEKS + 1):
         target = run["until_ts"] - k * length
         for c in candidates:
+            if (c.get("summary") or {}).get("purpose") == "chargeback":
+                continue  # a chargeback run's window is no week of the trend (:func:`shown_run`)
             if abs(c["until_ts"] - target) <= tol and abs(c["until_ts"] - c["since_ts"] - length) <= tol:
                 points.append(_trend_point(c, tz))
                 break
@@ -357,6 +360,62 @@ def load_run(conn: Connection, run_id: int) -> dict[str, Any]:
     if run["status"] != "ok":
         raise GpuAuditError(f"audit run {run_id} is {run['status']}, not ok; run `gpu-audit audit` again")
     return run
+
+
+RUNS_LISTED = 40  # audit runs the run picker offers (latest window first)
+
+
+def run_kind(since_ts: int, until_ts: int, purpose: str | None, cfg: Config) -> str:
+    """What a run is, in words: a weekly audit (a window of ``report.days``), a chargeback run or an audit
+    of some other window. Weekly allows the trend's tolerance (a seventh of the window, at least an hour)."""
+    if purpose == "chargeback":
+        return "chargeback"
+    want = cfg.report.days * 86400
+    if abs((until_ts - since_ts) - want) <= max(3600, want // 7):
+        return "weekly audit"
+    days = (until_ts - since_ts) / 86400
+    return f"audit of {days:.3g} day{'' if days == 1 else 's'}"
+
+
+def runs(conn: Connection, cfg: Config, limit: int = RUNS_LISTED) -> list[dict[str, Any]]:
+    """The official ok runs, the latest window first (a week audited afterwards for the trend is not the
+    newest week), with their kind (the run picker's options)."""
+    t = schema.audit_runs
+    tz = _tz(cfg)
+    q = select(t.c.id, t.c.since_ts, t.c.until_ts, t.c.summary["purpose"].as_string().label("purpose")).where(
+        t.c.status == "ok", t.c.what_if.is_(False)).order_by(t.c.until_ts.desc(), t.c.id.desc()).limit(limit)
+    return [{"id": int(r.id), "since": _when(r.since_ts, tz), "until": _when(r.until_ts, tz),
+             "kind": run_kind(r.since_ts, r.until_ts, r.purpose, cfg)} for r in conn.execute(q)]
+
+
+def shown_run(store: Store, cfg: Config, run: str | int | None = None) -> dict[str, Any]:
+    """Which run the report, the nudges and the web pages show: ``run`` (``--run``, ``?run=``) when given,
+    else the weekly audit run of the latest window (a chargeback run or an audit of another window never
+    silently replaces it), else the latest audit that is no chargeback run, else the latest run. Returns
+    ``{"id", "chosen", "why", "runs"}``; a bad ``run`` is a one-line error."""
+    if run not in (None, ""):
+        try:
+            rid = parse_uint(run, hi=INT32_MAX, what="run")
+        except ValueError:
+            raise GpuAuditError(f"run {str(run)[:20]!r} is not a run id") from None
+        with store.engine.connect() as conn:
+            listed = runs(conn, cfg)
+        return {"id": rid, "chosen": True, "why": "chosen", "runs": listed}
+    with store.engine.connect() as conn:
+        listed = runs(conn, cfg)
+        pool = listed
+        if len(listed) == RUNS_LISTED and not any(r["kind"] == "weekly audit" for r in listed):
+            pool = runs(conn, cfg, limit=100_000)  # a long tail of other runs: look further back
+    for want, why in (("weekly audit", "the latest weekly audit"),
+                      (None, f"the latest audit that is no chargeback run: none covers report.days "
+                             f"({cfg.report.days:g} days)")):
+        for r in pool:
+            if r["kind"] == want or (want is None and r["kind"] != "chargeback"):
+                return {"id": r["id"], "chosen": False, "why": why, "runs": listed}
+    if pool:
+        return {"id": pool[0]["id"], "chosen": False, "why": "the latest run (only chargeback runs are stored)",
+                "runs": listed}
+    return {"id": latest_ok_run(store), "chosen": False, "why": "the latest run", "runs": listed}
 
 
 def latest_ok_run(store: Store) -> int:

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, text
 from auditor.audit import kinds, verdict
 from auditor.config import Config, Thresholds
 from auditor.errors import GpuAuditError
-from auditor.report.context import ADVICE, USAGE_SUMS, _tz, _usage_row, _when, load_run
+from auditor.report.context import ADVICE, USAGE_SUMS, _tz, _usage_row, _when, job_ref, load_run
 from auditor.report.render import fmt_hours, fmt_money, fmt_pct
 from auditor.store.engine import Store
 from auditor.timeutil import H, utcnow
@@ -357,7 +357,7 @@ def jobs_list(store: Store, cfg: Config, *, user: str | None, since: datetime, u
         if cluster:
             known_cluster(conn, cluster)
         for r in conn.execute(text(sql), p):
-            ref = f"{r.cluster}:{r.account}/{r.name}" if r.source == "kubernetes" else f"{r.cluster}:{r.external_id}"
+            ref = job_ref(r.source, r.cluster, r.external_id, r.account, r.name)
             out.append({"allocation_id": r.id, "ref": ref, "cluster": r.cluster, "source": r.source,
                         "id": r.external_id, "name": r.name, "user": r.user_name, "account": r.account,
                         "team": r.team or "", "state": r.state, "start": _when(r.start_ts, tz),

@@ -11,17 +11,15 @@ import copy
 import threading
 from typing import Any
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import Connection, text
 
 from auditor.audit import kinds
 from auditor.config import Config
-from auditor.errors import GpuAuditError
-from auditor.intparse import INT32_MAX, parse_uint, uint_or_none
+from auditor.intparse import INT32_MAX, uint_or_none
 from auditor.report import context as report
 from auditor.report.chargeback import chargeback, totals
 from auditor.report.context import USAGE_SUMS, _usage_row
 from auditor.report.words import ADVICE
-from auditor.store import schema
 from auditor.store.engine import Store
 
 GROUPS = {"teams": ("u.team", "Team"), "users": ("a.user_name", "User"), "clusters": ("a.cluster", "Cluster"),
@@ -32,63 +30,19 @@ FILTERS = ("kind", "cluster", "team", "user", "account")
 ALL_KINDS = kinds.NAMES  # every finding kind (the registry)
 
 
-RUNS_LISTED = 40  # audit runs the run picker offers (latest window first)
 TOP = 5  # rows of each "who" table on the front page
 WHO_CACHED = 8  # runs whose who tables an app keeps (they scan every allocation of the run)
 _WHO_LOCK = threading.Lock()  # uvicorn answers sync pages from a thread pool
 
 
-def run_kind(since_ts: int, until_ts: int, purpose: str | None, cfg: Config) -> str:
-    """What a run is, in words: a weekly audit (a window of ``report.days``), a chargeback run or an audit
-    of some other window. Weekly allows the trend's tolerance (a seventh of the window, at least an hour)."""
-    if purpose == "chargeback":
-        return "chargeback"
-    want = cfg.report.days * 86400
-    if abs((until_ts - since_ts) - want) <= max(3600, want // 7):
-        return "weekly audit"
-    days = (until_ts - since_ts) / 86400
-    return f"audit of {days:.3g} day{'' if days == 1 else 's'}"
-
-
-def runs(conn: Connection, cfg: Config, limit: int = RUNS_LISTED) -> list[dict[str, Any]]:
-    """The official ok runs, the latest window first (a week audited afterwards for the trend is not the
-    newest week), with their kind (the run picker's options)."""
-    t = schema.audit_runs
-    tz = report._tz(cfg)
-    q = select(t.c.id, t.c.since_ts, t.c.until_ts, t.c.summary["purpose"].as_string().label("purpose")).where(
-        t.c.status == "ok", t.c.what_if.is_(False)).order_by(t.c.until_ts.desc(), t.c.id.desc()).limit(limit)
-    return [{"id": int(r.id), "since": report._when(r.since_ts, tz), "until": report._when(r.until_ts, tz),
-             "kind": run_kind(r.since_ts, r.until_ts, r.purpose, cfg)} for r in conn.execute(q)]
+run_kind = report.run_kind
+runs = report.runs
 
 
 def pick_run(store: Store, cfg: Config, run: str | int | None) -> dict[str, Any]:
-    """Which run a page shows: ``?run=`` when given, else the weekly audit run of the latest window (a
-    chargeback run or an audit of another window never silently replaces it), else the latest audit that
-    is no chargeback run, else the latest run. Returns ``{"id", "chosen", "why", "runs"}``; a bad or
-    unknown ``?run=`` is a one-line error (HTTP 404)."""
-    if run not in (None, ""):
-        try:
-            rid = parse_uint(run, hi=INT32_MAX, what="run")
-        except ValueError:
-            raise GpuAuditError(f"run {str(run)[:20]!r} is not a run id") from None
-        with store.engine.connect() as conn:
-            listed = runs(conn, cfg)
-        return {"id": rid, "chosen": True, "why": "chosen", "runs": listed}
-    with store.engine.connect() as conn:
-        listed = runs(conn, cfg)
-        pool = listed
-        if len(listed) == RUNS_LISTED and not any(r["kind"] == "weekly audit" for r in listed):
-            pool = runs(conn, cfg, limit=100_000)  # a long tail of other runs: look further back
-    for want, why in (("weekly audit", "the latest weekly audit"),
-                      (None, f"the latest audit that is no chargeback run: none covers report.days "
-                             f"({cfg.report.days:g} days)")):
-        for r in pool:
-            if r["kind"] == want or (want is None and r["kind"] != "chargeback"):
-                return {"id": r["id"], "chosen": False, "why": why, "runs": listed}
-    if pool:
-        return {"id": pool[0]["id"], "chosen": False, "why": "the latest run (only chargeback runs are stored)",
-                "runs": listed}
-    return {"id": report.latest_ok_run(store), "chosen": False, "why": "the latest run", "runs": listed}
+    """Which run a page shows (:func:`auditor.report.context.shown_run`, the rule every surface uses):
+    ``?run=`` when given; a bad or unknown ``?run=`` is a one-line error (HTTP 404)."""
+    return report.shown_run(store, cfg, run)
 
 
 def _scoped(user: str | None, alias: str = "a") -> tuple[str, dict[str, Any]]:
