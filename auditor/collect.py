@@ -258,6 +258,21 @@ def _quarantine(conn: Any, cluster: str, problems: Problems) -> None:
          "reason": _clip(reason), "excerpt": _clip(excerpt, 200)} for s, loc, reason, excerpt in problems.items])
 
 
+def chosen_clusters(cfg: Config, clusters: list[str] | None = None) -> list[ClusterConfig]:
+    """The configured clusters named in ``clusters`` (all when None); an unknown name is an error, raised
+    before anything is opened."""
+    known = {c.name for c in cfg.clusters}
+    for name in clusters or []:
+        if name not in known:
+            raise GpuAuditError(f"unknown cluster {name!r} (configured: {', '.join(sorted(known)) or 'none'})")
+    return [c for c in cfg.clusters if not clusters or c.name in clusters]
+
+
+def has_sources(clusters: Iterable[ClusterConfig]) -> bool:
+    """Whether any of ``clusters`` has a source to collect (a collection without one does nothing)."""
+    return any(c.allocations or c.telemetry for c in clusters)
+
+
 def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | None = None,
             since: datetime | None = None, until: datetime | None = None, now: datetime | None = None,
             progress: Progress | None = None, parallel: int | None = None) -> CollectSummary:
@@ -271,11 +286,7 @@ def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | 
 
     with store.engine.connect() as conn:
         meta.check_config_width(conn, bucket)  # a changed width would double count: refuse up front
-    known = {c.name for c in cfg.clusters}
-    for name in clusters or []:
-        if name not in known:
-            raise GpuAuditError(f"unknown cluster {name!r} (configured: {', '.join(sorted(known)) or 'none'})")
-    chosen = [c for c in cfg.clusters if not clusters or c.name in clusters]
+    chosen = chosen_clusters(cfg, clusters)
     workers = workers_for(cfg.collect.parallel if parallel is None else parallel, len(chosen), store)
     if workers > 1:
         summary.results = collect_parallel(store, cfg, chosen, workers, base_dir=base_dir, since=since,

@@ -17,6 +17,7 @@ from auditor import config as config_mod
 from auditor.cli import core, db, enforce, jobs, money, report, serve, web
 from auditor.cli.app import App, pass_app, time_option, window  # noqa: F401
 from auditor.errors import EXIT_ERROR, GpuAuditError
+from auditor.logs import log_safe
 
 #: The one registration list: every command module, each with ``register(group)`` (they import only
 #: auditor.cli.app, so importing them here first is no cycle)
@@ -79,12 +80,26 @@ def config_group() -> None:
               "answer (exit 1 when one does not).")
 @pass_app
 def config_check(app: App, probe: bool) -> None:
-    """Validate the config file (every connector's options included); print a summary."""
-    cfg = app.cfg
+    """Validate the config file (every connector's options included): every error on its own line, an unknown
+    key or connector kind with the nearest known one; else a summary. Warns when no config file was read."""
+    from auditor.configdoc import check
+
+    checked = check(app.config_path)
+    if checked.config is None:
+        if app.as_json:
+            app.emit({"ok": False, "errors": checked.errors, "warnings": checked.warnings}, "")
+        else:
+            for line in checked.errors:
+                click.echo(f"gpu-audit: error: {log_safe(line)}", err=True)
+        raise click.exceptions.Exit(EXIT_ERROR)
+    if not app.as_json:
+        for line in checked.warnings:
+            click.echo(f"gpu-audit: warning: {line}", err=True)
+    app._cfg = cfg = checked.config
     data = {"clusters": [{"name": c.name, "allocations": [s.kind for s in c.allocations],
                           "telemetry": [s.kind for s in c.telemetry]} for c in cfg.clusters],
             "store": _redacted(cfg.store.url) if not cfg.store.url_env else f"${cfg.store.url_env}",
-            "teams": [t.name for t in cfg.teams]}
+            "teams": [t.name for t in cfg.teams], "warnings": checked.warnings}
     if probe:
         from dataclasses import asdict
 

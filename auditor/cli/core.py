@@ -94,6 +94,7 @@ def register(main: click.Group) -> None:
                 parallel: int | None) -> None:
         """Read allocations and telemetry from every configured source into the store. Exit 0 ok, 1 every
         source failed, 3 partial (some failed, the others were stored)."""
+        from auditor.collect import chosen_clusters, has_sources
         from auditor.collect import collect as do_collect
         from auditor.timeutil import parse_time
 
@@ -102,7 +103,9 @@ def register(main: click.Group) -> None:
             u = check_time(parse_time(until), "--until") if until else None
         except ValueError as exc:
             raise GpuAuditError(str(exc)) from None
-        summary = do_collect(app.store(), app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,
+        if not has_sources(chosen_clusters(app.cfg, list(clusters) or None)):  # before the store is created
+            raise GpuAuditError(f"nothing to collect: no sources configured ({app.origin})")
+        summary = do_collect(app.store(create=True), app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,
                              since=s, until=u, progress=_progress(app), parallel=parallel)
         app.emit(summary.as_dict(), lambda: "\n".join(
             f"{r.cluster} {r.source}: " + (f"WARNING: {r.warning}" if r.ok and r.warning else

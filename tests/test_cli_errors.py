@@ -1,0 +1,148 @@
+"""What a platform engineer meets first when something is wrong: `config check` lists every error with the
+nearest known key or connector kind, an unusable store URL names the one that works, a read-only command never
+creates a store, `collect` with nothing configured says so, and usage errors are one line like every other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+BAD = """
+[thresholds]
+idel_sm = 0.1
+[store]
+bucket_second = 300
+[[clusters]]
+name = "a"
+[[clusters.allocations]]
+kind = "slrum"
+[[clusters.telemetry]]
+kind = "prometheus"
+ulr = "http://x"
+[[teams]]
+name = "t"
+acounts = ["x"]
+"""
+
+
+def test_config_check_lists_every_error_with_the_nearest_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(BAD)
+    res = run_cli("-c", str(cfg), "config", "check")
+    assert res.returncode == 1 and res.stdout == ""
+    lines = res.stderr.splitlines()
+    # six mistakes in the file above, counted by hand: one line each, none summarised as "and N more"
+    assert sorted(ln.removeprefix(f"gpu-audit: error: {cfg}: ") for ln in lines) == sorted([
+        "thresholds.idel_sm: unknown key (did you mean 'idle_sm'?)",
+        "store.bucket_second: unknown key (did you mean 'bucket_seconds'?)",
+        "teams[0].acounts: unknown key (did you mean 'accounts'?)",
+        "clusters[0].allocations[0].kind: unknown connector kind 'slrum' (did you mean 'slurm'?)",
+        "clusters[0].telemetry[0].url: Field required",
+        "clusters[0].telemetry[0].ulr: unknown key (did you mean 'url'?)",
+    ]), res.stderr
+    assert all(ln.startswith(f"gpu-audit: error: {cfg}: ") for ln in lines) and "more" not in res.stderr
+    data = json.loads(run_cli("--json", "-c", str(cfg), "config", "check").stdout)
+    assert data["ok"] is False and len(data["errors"]) == 6
+
+
+def test_a_far_off_key_gets_no_suggestion(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[report]\nzzzzzz = 1\n")
+    res = run_cli("-c", str(cfg), "config", "check")
+    assert res.returncode == 1 and "report.zzzzzz: unknown key" in res.stderr and "did you mean" not in res.stderr
+
+
+def test_other_commands_still_stop_at_the_first_error_on_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(BAD)
+    res = run_cli("-c", str(cfg), "audit")
+    assert res.returncode == 1 and len(res.stderr.splitlines()) == 1
+    assert "(did you mean" in res.stderr and "`gpu-audit config check` lists them" in res.stderr
+
+
+def test_config_check_warns_when_no_config_file_was_read(tmp_path: Path) -> None:
+    res = run_cli("config", "check", cwd=tmp_path, env={"GPU_AUDIT_CONFIG": ""})
+    assert res.returncode == 0 and "config ok" in res.stdout
+    assert "gpu-audit: warning: no config file read" in res.stderr
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("")
+    res = run_cli("-c", str(cfg), "config", "check")
+    assert res.returncode == 0 and "warning" not in res.stderr
+
+
+@pytest.mark.parametrize("url", ["postgres://u@db/gpu", "postgresql://u@db/gpu", "postgresql+psycopg2://u@db/gpu",
+                                 "postgres+psycopg://u@db/gpu"])
+def test_a_postgres_url_without_psycopg_names_the_form_that_works(tmp_path: Path, url: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "{url}"\n')
+    for cmd in (("config", "check"), ("audit",)):
+        res = run_cli("-c", str(cfg), *cmd)
+        assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, res.stderr
+        assert "postgresql+psycopg://" in res.stderr and "unexpected" not in res.stderr
+
+
+def test_an_unsupported_backend_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[store]\nurl = "mysql://u@db/gpu"\n')
+    res = run_cli("-c", str(cfg), "db", "upgrade")
+    assert res.returncode == 1 and "mysql:// is not a supported store" in res.stderr and "unexpected" not in res.stderr
+    cfg.write_text('[store]\nurl_env = "GA_TEST_URL"\n')  # the same check on a URL from the environment
+    monkeypatch.setenv("GA_TEST_URL", "postgres://u:secret@db/gpu")
+    res = run_cli("-c", str(cfg), "db", "upgrade")
+    assert res.returncode == 1 and "store.url_env: postgres://" in res.stderr and "secret" not in res.stderr
+    cfg.write_text('[store]\nurl = "postgresql+psycopg://u@127.0.0.1:9/gpu"\n')
+    assert run_cli("-c", str(cfg), "config", "check").returncode == 0  # the form it names passes the check
+
+
+READERS = [("audit",), ("report",), ("jobs", "--user", "x"), ("job", "hpc:1"), ("db", "current"), ("enforce",),
+           ("enforce-log",), ("chargeback",), ("run", "--steps", "audit"), ("db", "prune", "--dry-run")]
+
+
+@pytest.mark.parametrize("cmd", READERS, ids=lambda c: " ".join(c))
+def test_a_reading_command_never_creates_the_store(tmp_path: Path, cmd: tuple[str, ...]) -> None:
+    """No -c: the default store in the current directory; a typo'd path: its directories too."""
+    res = run_cli(*cmd, cwd=tmp_path, env={"GPU_AUDIT_CONFIG": ""})
+    assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, res.stderr
+    assert f"no store at {tmp_path.resolve() / 'gpu-audit.db'}" in res.stderr
+    assert "no config file read" in res.stderr and "gpu-audit db upgrade" in res.stderr
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/typo/s.db"\n')
+    res = run_cli("-c", str(cfg), *cmd, cwd=tmp_path)
+    assert res.returncode == 1 and f"store.url of config {cfg}" in res.stderr, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+def test_the_probe_never_creates_the_store(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/d/s.db"\n')
+    res = run_cli("-c", str(cfg), "config", "check", "--probe")
+    assert res.returncode == 1 and "no store file" in res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+def test_writing_commands_create_the_store(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text("timestamp,host,gpu,uuid,metric,value\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/new/s.db"\n[[clusters]]\nname = "a"\n'
+                   '[[clusters.telemetry]]\nkind = "file"\npaths = ["t.csv"]\n')
+    res = run_cli("-c", str(cfg), "collect")
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "new" / "s.db").is_file()
+    res = run_cli("--json", "-c", str(cfg), "db", "current")  # created at the newest revision
+    assert res.returncode == 0 and json.loads(res.stdout)["current"] == json.loads(res.stdout)["head"]
+
+
+def test_collect_with_no_sources_exits_non_zero(tmp_path: Path) -> None:
+    res = run_cli("collect", cwd=tmp_path, env={"GPU_AUDIT_CONFIG": ""})
+    assert res.returncode == 1 and res.stderr.startswith("gpu-audit: error: nothing to collect: no sources "
+                                                         "configured (the built-in defaults")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[[clusters]]\nname = "a"\n')  # a cluster, but no source in it
+    res = run_cli("-c", str(cfg), "collect", cwd=tmp_path)
+    assert res.returncode == 1 and len(res.stderr.splitlines()) == 1 and f"(config {cfg})" in res.stderr
+    res = run_cli("-c", str(cfg), "collect", "--cluster", "nope", cwd=tmp_path)
+    assert res.returncode == 1 and "unknown cluster 'nope'" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
