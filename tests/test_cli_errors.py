@@ -146,3 +146,60 @@ def test_collect_with_no_sources_exits_non_zero(tmp_path: Path) -> None:
     res = run_cli("-c", str(cfg), "collect", "--cluster", "nope", cwd=tmp_path)
     assert res.returncode == 1 and "unknown cluster 'nope'" in res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+def test_run_help_lists_every_step_and_job_help_every_ref_form() -> None:
+    text = " ".join(run_cli("run", "--help").stdout.split())
+    for step in ("collect", "audit", "report", "notify", "enforce", "chargeback"):  # docs/operations.md's list
+        assert step in text.split("--steps TEXT")[1][:200], text
+    text = " ".join(run_cli("job", "--help").stdout.split())
+    assert "bare job id" in text and "CLUSTER:POD-UID" in text and "CLUSTER:JOBID" in text
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--bogus",), "No such option '--bogus'"),
+    (("audit", "--sinc", "now"), "Did you mean '--since'?"),
+    (("db", "upgrade", "--rev", "x"), "Did you mean '--revision'?"),
+    (("job",), "Missing argument 'REF'"),
+    (("report", "--format", "pdf"), "'pdf' is not one of"),
+    (("demo", "--seed", "x"), "'x' is not a valid integer"),
+    (("config", "check", "extra"), "unexpected extra argument"),
+])
+def test_usage_errors_are_one_line_with_exit_2(args: tuple[str, ...], says: str) -> None:
+    res = run_cli(*args)
+    assert res.returncode == 2 and res.stdout == ""
+    assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith("gpu-audit: error: "), res.stderr
+    assert says in res.stderr and "Usage:" not in res.stderr and "Try '" not in res.stderr
+
+
+def test_a_group_without_a_command_still_shows_its_help() -> None:
+    res = run_cli("db")
+    assert "Usage:" in res.stdout + res.stderr and "upgrade" in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("since, until, start, end", [
+    # --until 2026-03-04T10:30 (a Wednesday); each expected value worked out by hand from it
+    ("today", "2026-03-04T10:30", "2026-03-04T00:00", "2026-03-04T10:30"),
+    ("midnight", "2026-03-04T10:30", "2026-03-04T00:00", "2026-03-04T10:30"),
+    ("noon", "2026-03-04T10:30", "2026-03-03T12:00", "2026-03-04T10:30"),  # the latest noon: yesterday's
+    ("now-36h", "2026-03-04T10:30", "2026-03-02T22:30", "2026-03-04T10:30"),
+    ("03/01", "2026-03-04T10:30", "2026-03-01T00:00", "2026-03-04T10:30"),
+    ("12/30", "2026-03-04T10:30", "2025-12-30T00:00", "2026-03-04T10:30"),  # no year: the latest 30 Dec
+    ("12/30/25", "03/02/26-08:15", "2025-12-30T00:00", "2026-03-02T08:15"),
+    ("2026-03-01", "2026-03-02T00:00+01:00", "2026-03-01T00:00", "2026-03-01T23:00"),
+])
+def test_sacct_style_times(tmp_path: Path, since: str, until: str, start: str, end: str) -> None:
+    """Through a command that takes times and prints the window it used (an empty store: nothing judged)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "sqlite:///{tmp_path / "s.db"}"\n')
+    assert run_cli("-c", str(cfg), "db", "upgrade").returncode == 0
+    res = run_cli("--json", "-c", str(cfg), "audit", "--since", since, "--until", until)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert (data["since"], data["until"]) == (f"{start}:00+00:00", f"{end}:00+00:00")
+
+
+@pytest.mark.parametrize("text", ["02/30", "13/01", "03/01-25:00", "last tuesday", "tomorrow-ish"])
+def test_bad_sacct_times_are_one_line(text: str) -> None:
+    res = run_cli("audit", "--since", text)
+    assert res.returncode == 1 and len(res.stderr.splitlines()) == 1 and "cannot parse time" in res.stderr

@@ -24,15 +24,48 @@ from auditor.logs import log_safe
 COMMAND_MODULES = (core, money, serve, report, db, jobs, web, enforce)
 
 
+class OneLineError(click.ClickException):
+    """A click error (a usage error: an unknown option, a missing argument, a bad value) shown as one line like
+    every other error, naming where help is, instead of click's usage block; its exit code is kept (2 for
+    usage errors)."""
+
+    def __init__(self, exc: click.ClickException) -> None:
+        super().__init__(" ".join(exc.format_message().split()))
+        self.exit_code = exc.exit_code
+        ctx = getattr(exc, "ctx", None)
+        self.where = ctx.command_path if isinstance(exc, click.UsageError) and ctx is not None else ""
+
+    def show(self, file: Any = None) -> None:
+        hint = f" (see `{self.where} --help`)" if self.where else ""
+        click.echo(f"gpu-audit: error: {log_safe(self.message)}{hint}", err=True)
+
+
+def one_line(exc: click.ClickException) -> click.ClickException:
+    """``exc`` as :class:`OneLineError`, except help shown for a group called without a command."""
+    if isinstance(exc, (OneLineError, click.exceptions.NoArgsIsHelpError)):
+        return exc
+    return OneLineError(exc)
+
+
 class Cli(click.Group):
-    """Turns GpuAuditError into one line and exit 1; everything else keeps its traceback under --debug."""
+    """Turns GpuAuditError and click's usage errors into one line (exit 1, and 2 for usage); everything else
+    keeps its traceback under --debug."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:  # the group's own options: `gpu-audit --bogus`
+            raise one_line(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
-        from auditor.logs import log_safe, scrub
+        from auditor.logs import scrub
 
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except click.ClickException as exc:  # a subcommand's options and arguments, and errors it raised
+            raise one_line(exc) from None
+        except (click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
             if _debug(ctx):  # the traceback, with every secret this process resolved scrubbed out of it

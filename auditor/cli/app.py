@@ -102,7 +102,8 @@ class FiniteRange(click.FloatRange):
 
 
 def time_option(name: str, help_text: str) -> Callable:
-    return click.option(name, help=help_text + " sacct-style: 2026-11-22, 2026-11-22T08:00, now-7days.")
+    return click.option(name, metavar="TIME", help=help_text + " sacct-style: 2026-11-22, 2026-11-22T08:00, "
+                        "11/22, 11/22/26, today, midnight, now, now-7days (UTC unless an offset is given).")
 
 
 def check_time(dt: datetime | None, option: str) -> datetime | None:

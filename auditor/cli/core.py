@@ -132,9 +132,11 @@ def register(main: click.Group) -> None:
                  lambda: f"audit run {result.run_id}: {s:%Y-%m-%d %H:%M} .. {u:%Y-%m-%d %H:%M} UTC\n"
                  + headline(result.summary))
 
+    from auditor.daemon.pipeline import STEPS
+
     @main.command()
     @click.option("--steps", default="collect,audit,report", show_default=True,
-                  help="Comma-separated steps: collect, audit, report, notify, chargeback.")
+                  help=f"Comma-separated steps, run in this order: {', '.join(STEPS)}.")
     @time_option("--since", "Audit window start (default: report.days ago).")
     @time_option("--until", "Audit window end (default: now).")
     @click.option("--dry-run", is_flag=True, help="notify writes .eml files instead of sending.")
