@@ -164,20 +164,27 @@ def register(main: click.Group) -> None:
     @click.option("--telemetry", default="dcgm", show_default=True, type=click.Choice(["dcgm", "util-only"]),
                   help="dcgm: profiling fields on; util-only: the same week as a site whose exporter has only "
                        "GPU-Util, memory and power (busy time then shows as busy-unverified).")
+    @click.option("--fresh", is_flag=True, help="Start over when --out already holds a demo store: delete it "
+                  "and its reports (without it, such a directory is refused).")
     @pass_app
-    def demo(app: App, out: str, store_url: str | None, now: str | None, seed: int, telemetry: str) -> None:
+    def demo(app: App, out: str, store_url: str | None, now: str | None, seed: int, telemetry: str,
+             fresh: bool) -> None:
         """Simulate a week of a small mixed fleet, collect it through the file connectors, audit, report."""
         import connectors
         from auditor.audit.run import run_audit
         from auditor.collect import collect as do_collect
-        from auditor.demo import generate
+        from auditor.demo import clear_or_refuse, generate
         from auditor.store.engine import Store
         from auditor.timeutil import parse_time
 
         t0 = time.monotonic()
         out_dir = Path(out)
-        cfg_path, start, end = generate(out_dir, now=parse_time(now) if now else None, seed=seed,
-                                        store_url=store_url, telemetry=telemetry)
+        try:
+            when = check_time(parse_time(now), "--now") if now else None
+        except ValueError as exc:
+            raise GpuAuditError(str(exc)) from None
+        clear_or_refuse(out_dir, store_url, fresh)
+        cfg_path, start, end = generate(out_dir, now=when, seed=seed, store_url=store_url, telemetry=telemetry)
         cfg = connectors.load_config(cfg_path)
         store = Store.open(cfg.store.resolved_url(), cfg.store.batch_rows)
         store.upgrade()
