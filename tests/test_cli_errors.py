@@ -203,3 +203,21 @@ def test_sacct_style_times(tmp_path: Path, since: str, until: str, start: str, e
 def test_bad_sacct_times_are_one_line(text: str) -> None:
     res = run_cli("audit", "--since", text)
     assert res.returncode == 1 and len(res.stderr.splitlines()) == 1 and "cannot parse time" in res.stderr
+
+
+def test_deploy_prints_the_shipped_files() -> None:
+    root = Path(__file__).resolve().parent.parent / "deploy"
+    res = run_cli("deploy", "dcgm-counters")
+    assert res.returncode == 0 and res.stdout == (root / "dcgm-counters.csv").read_text(encoding="utf-8")
+    assert "DCGM_FI_PROF_SM_ACTIVE" in res.stdout
+    res = run_cli("deploy", "example-config")
+    assert res.returncode == 0 and res.stdout == (root / "example-config.toml").read_text(encoding="utf-8")
+
+
+def test_the_counters_advice_names_the_command_that_prints_the_file() -> None:
+    from auditor.audit.findings import COUNTERS_ADVICE
+
+    cmd = COUNTERS_ADVICE.split("`")[1].split(">")[0].split()  # the command the advice names, run as written
+    assert cmd[0] == "gpu-audit"
+    res = run_cli(*cmd[1:])
+    assert res.returncode == 0 and "DCGM_FI_PROF_SM_ACTIVE" in res.stdout

@@ -14,14 +14,14 @@ from typing import Any
 import click
 
 from auditor import config as config_mod
-from auditor.cli import core, db, enforce, jobs, money, report, serve, web
+from auditor.cli import core, db, deploy, enforce, jobs, money, report, serve, web
 from auditor.cli.app import App, pass_app, time_option, window  # noqa: F401
 from auditor.errors import EXIT_ERROR, GpuAuditError
 from auditor.logs import log_safe
 
 #: The one registration list: every command module, each with ``register(group)`` (they import only
 #: auditor.cli.app, so importing them here first is no cycle)
-COMMAND_MODULES = (core, money, serve, report, db, jobs, web, enforce)
+COMMAND_MODULES = (core, money, serve, report, db, jobs, web, enforce, deploy)
 
 
 class OneLineError(click.ClickException):
