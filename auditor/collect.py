@@ -32,6 +32,9 @@ from connectors import retry
 log = logging.getLogger("gpu_audit.collect")
 
 RETRIES = retry.RETRIES  # the policy lives in connectors.retry (one for every source)
+#: ``extra`` of the one log line that sums a source up (stats, failure, or why nothing was stored): the
+#: daemon's record of it; ``gpu-audit collect`` prints the same as its own line and filters these out
+SUMMARY = {"gpu_audit_summary": True}
 
 #: Connector instances kept for the life of the process, so a daemon's connectors keep their state between
 #: collections (a Kubernetes watch's resourceVersion, caches). Keyed by cluster, source and options.
@@ -186,8 +189,6 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
         res.stats = asdict(stats)
         res.skipped, res.clamped = problems.total, sum(problems.clamped.values())
         res.warning = warning
-        if warning:
-            log.warning("%s %s: %s", cluster.name, key, warning)
     except GpuAuditError as exc:
         res.error = _one_line(str(exc))
     except SQLAlchemyError as exc:
@@ -197,12 +198,14 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
         log.debug("%s %s: traceback", cluster.name, key, exc_info=True)
     res.attempts = max(res.attempts, 1)
     res.seconds = round(time.monotonic() - t0, 3)
-    if res.ok:
+    if res.ok and res.warning:
+        log.warning("%s %s: %s", cluster.name, key, res.warning, extra=SUMMARY)
+    elif res.ok:
         log.info("%s %s: %s; %d bad records quarantined; %.1f s", cluster.name, key,
                  ", ".join(f"{k} {v}" for k, v in res.stats.items() if v) or "nothing new", res.skipped,
-                 res.seconds)
+                 res.seconds, extra=SUMMARY)
     else:
-        log.error("%s %s failed: %s", cluster.name, key, res.error)
+        log.error("%s %s failed: %s", cluster.name, key, res.error, extra=SUMMARY)
     return res
 
 
@@ -384,7 +387,7 @@ def collect_parallel(store: Store, cfg: Config, clusters: list[ClusterConfig], w
                 if not isinstance(got, list):
                     why = got or f"the worker process died (exit code {p.exitcode})"
                     got = [SourceResult(c.name, "worker", False, "", "", f"collecting {c.name} failed: {why}")]
-                    log.error("%s failed: %s", c.name, got[0].error)
+                    log.error("%s failed: %s", c.name, got[0].error, extra=SUMMARY)
                 done[c.name] = got
                 for r in got:
                     if progress and r.ok:

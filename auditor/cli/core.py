@@ -9,22 +9,26 @@ from typing import Any
 import click
 
 from auditor.cli.app import App, check_time, pass_app, time_option, window
+from auditor.cli.progress import audit_progress, collect_progress
 from auditor.errors import EXIT_ERROR, EXIT_PARTIAL, GpuAuditError
 
 
-def _progress(app: App) -> Any:
-    """A live record counter per source on a terminal; one line per source otherwise; nothing with --json."""
-    if app.as_json:
-        return None
-    tty = click.get_text_stream("stderr").isatty()
+def source_line(r: Any) -> str:
+    """One collected source in one line (its notes below it): what the daemon logs, the command prints."""
+    if not r.ok:
+        return f"{r.cluster} {r.source}: FAILED: {r.error}"
+    if r.warning:
+        line = f"{r.cluster} {r.source}: WARNING: {r.warning}"
+    else:
+        other = ", ".join(f"{k} {v}" for k, v in r.stats.items() if v and k not in ("allocations", "buckets"))
+        line = (f"{r.cluster} {r.source}: ok ({r.stats.get('allocations', 0)} allocations, "
+                f"{r.stats.get('buckets', 0)} buckets, {r.skipped} bad records skipped{'; ' + other if other else ''};"
+                f" {r.seconds:.1f} s)")
+    return line + "".join(f"\n  note: {n}" for n in r.notes)
 
-    def show(what: str, n: int, done: bool) -> None:
-        if tty:
-            click.echo(f"\r  collecting {what}: {n:,} records", err=True, nl=done)
-        elif done:
-            click.echo(f"  collected {what}: {n:,} records", err=True)
 
-    return show
+def _sources(cfg: Any, clusters: list[Any]) -> int:
+    return sum(len(c.allocations) + len(c.telemetry) for c in clusters)
 
 
 def _hours(x: float | None) -> str:
@@ -103,17 +107,14 @@ def register(main: click.Group) -> None:
             u = check_time(parse_time(until), "--until") if until else None
         except ValueError as exc:
             raise GpuAuditError(str(exc)) from None
-        if not has_sources(chosen_clusters(app.cfg, list(clusters) or None)):  # before the store is created
+        chosen = chosen_clusters(app.cfg, list(clusters) or None)
+        if not has_sources(chosen):  # before the store is created
             raise GpuAuditError(f"nothing to collect: no sources configured ({app.origin})")
-        summary = do_collect(app.store(create=True), app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,
-                             since=s, until=u, progress=_progress(app), parallel=parallel)
-        app.emit(summary.as_dict(), lambda: "\n".join(
-            f"{r.cluster} {r.source}: " + (f"WARNING: {r.warning}" if r.ok and r.warning else
-                                           f"ok ({r.stats.get('allocations', 0)} allocations, "
-                                           f"{r.stats.get('buckets', 0)} buckets, {r.skipped} bad records "
-                                           "skipped)" if r.ok else f"FAILED: {r.error}")
-            + "".join(f"\n  note: {n}" for n in (r.notes if r.ok else ()))
-            for r in summary.results) or "no sources configured")
+        store = app.store(create=True)
+        with collect_progress(app.as_json, _sources(app.cfg, chosen)) as progress:
+            summary = do_collect(store, app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,
+                                 since=s, until=u, progress=progress, parallel=parallel)
+        app.emit(summary.as_dict(), lambda: "\n".join(source_line(r) for r in summary.results))
         if not summary.ok:
             raise click.exceptions.Exit(EXIT_ERROR if not any(r.ok for r in summary.results) else EXIT_PARTIAL)
 
@@ -127,7 +128,9 @@ def register(main: click.Group) -> None:
         s, u = window(app, since, until)
         from auditor.audit.run import run_audit
 
-        result = run_audit(app.store(), app.cfg, s, u, clusters=list(clusters) or None)
+        store = app.store()
+        with audit_progress(app.as_json):
+            result = run_audit(store, app.cfg, s, u, clusters=list(clusters) or None)
         app.emit({"run_id": result.run_id, "since": s.isoformat(), "until": u.isoformat(), **result.summary},
                  lambda: f"audit run {result.run_id}: {s:%Y-%m-%d %H:%M} .. {u:%Y-%m-%d %H:%M} UTC\n"
                  + headline(result.summary))
@@ -188,10 +191,12 @@ def register(main: click.Group) -> None:
         cfg = connectors.load_config(cfg_path)
         store = Store.open(cfg.store.resolved_url(), cfg.store.batch_rows)
         store.upgrade()
-        cs = do_collect(store, cfg, base_dir=cfg_path.parent, until=end, progress=_progress(app))
+        with collect_progress(app.as_json, _sources(cfg, cfg.clusters)) as progress:
+            cs = do_collect(store, cfg, base_dir=cfg_path.parent, until=end, progress=progress)
         if not cs.ok:
             raise GpuAuditError("demo collection failed: " + "; ".join(r.error for r in cs.failed))
-        result = run_audit(store, cfg, start, end)
+        with audit_progress(app.as_json):
+            result = run_audit(store, cfg, start, end)
         files: list[str] = []
         try:
             from auditor.report.render import write_reports

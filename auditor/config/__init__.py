@@ -35,7 +35,8 @@ MAX_JUDGE_CONNECTIONS = 16
 
 
 class StoreConfig(Strict):
-    url: str = Field("sqlite:///gpu-audit.db", description="SQLAlchemy URL of the store.")
+    url: str = Field("sqlite:///gpu-audit.db", description="SQLAlchemy URL of the store: `sqlite:///PATH` or "
+                     "`postgresql+psycopg://USER@HOST/DB`.")
     url_env: str | None = Field(None, description="Environment variable holding the store URL "
                                 "(use it when the URL carries a password); overrides `url`.")
     bucket_seconds: int = Field(300, ge=60, le=3600, description="Telemetry bucket length in seconds.")
