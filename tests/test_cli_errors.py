@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import click
 import pytest
 from conftest import run_cli
 
@@ -221,3 +222,27 @@ def test_the_counters_advice_names_the_command_that_prints_the_file() -> None:
     assert cmd[0] == "gpu-audit"
     res = run_cli(*cmd[1:])
     assert res.returncode == 0 and "DCGM_FI_PROF_SM_ACTIVE" in res.stdout
+
+
+def _commands(cmd: click.Command, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:
+    out = [(path, cmd)]
+    if isinstance(cmd, click.Group):
+        for name, sub in cmd.commands.items():
+            out += _commands(sub, (*path, name))
+    return out
+
+
+def test_every_command_and_flag_is_documented() -> None:
+    """README.md and docs/ name every command (`gpu-audit demo`) and every long option of it (`--fresh`)."""
+    from auditor.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    docs = "\n".join(p.read_text() for p in (root / "docs").glob("*.md")) + (root / "README.md").read_text()
+    missing = []
+    for path, cmd in _commands(main):
+        name = " ".join(("gpu-audit", *path))
+        if path and name not in docs:
+            missing.append(name)
+        missing += [f"{name} {o}" for p in cmd.params if isinstance(p, click.Option) for o in p.opts
+                    if o.startswith("--") and o != "--help" and o not in docs]
+    assert not missing, f"undocumented commands or flags: {missing}"

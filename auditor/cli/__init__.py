@@ -40,7 +40,7 @@ class OneLineError(click.ClickException):
         click.echo(f"gpu-audit: error: {log_safe(self.message)}{hint}", err=True)
 
 
-def one_line(exc: click.ClickException) -> click.ClickException:
+def one_line_error(exc: click.ClickException) -> click.ClickException:
     """``exc`` as :class:`OneLineError`, except help shown for a group called without a command."""
     if isinstance(exc, (OneLineError, click.exceptions.NoArgsIsHelpError)):
         return exc
@@ -56,7 +56,7 @@ class Cli(click.Group):
         try:
             return super().make_context(info_name, args, parent, **extra)
         except click.ClickException as exc:  # the group's own options: `gpu-audit --bogus`
-            raise one_line(exc) from None
+            raise one_line_error(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         from auditor.logs import scrub
@@ -64,7 +64,7 @@ class Cli(click.Group):
         try:
             return super().invoke(ctx)
         except click.ClickException as exc:  # a subcommand's options and arguments, and errors it raised
-            raise one_line(exc) from None
+            raise one_line_error(exc) from None
         except (click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
