@@ -14,7 +14,8 @@ from auditor.errors import EXIT_ERROR, EXIT_PARTIAL, GpuAuditError
 
 
 def source_line(r: Any) -> str:
-    """One collected source in one line (its notes below it): what the daemon logs, the command prints."""
+    """One collected source in one line (an ok one's notes below it): what the daemon logs, the command
+    prints."""
     if not r.ok:
         return f"{r.cluster} {r.source}: FAILED: {r.error}"
     if r.warning:
@@ -27,7 +28,7 @@ def source_line(r: Any) -> str:
     return line + "".join(f"\n  note: {n}" for n in r.notes)
 
 
-def _sources(cfg: Any, clusters: list[Any]) -> int:
+def _sources(clusters: list[Any]) -> int:
     return sum(len(c.allocations) + len(c.telemetry) for c in clusters)
 
 
@@ -111,7 +112,7 @@ def register(main: click.Group) -> None:
         if not has_sources(chosen):  # before the store is created
             raise GpuAuditError(f"nothing to collect: no sources configured ({app.origin})")
         store = app.store(create=True)
-        with collect_progress(app.as_json, _sources(app.cfg, chosen)) as progress:
+        with collect_progress(app.as_json, _sources(chosen)) as progress:
             summary = do_collect(store, app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,
                                  since=s, until=u, progress=progress, parallel=parallel)
         app.emit(summary.as_dict(), lambda: "\n".join(source_line(r) for r in summary.results))
@@ -191,7 +192,7 @@ def register(main: click.Group) -> None:
         cfg = connectors.load_config(cfg_path)
         store = Store.open(cfg.store.resolved_url(), cfg.store.batch_rows)
         store.upgrade()
-        with collect_progress(app.as_json, _sources(cfg, cfg.clusters)) as progress:
+        with collect_progress(app.as_json, _sources(cfg.clusters)) as progress:
             cs = do_collect(store, cfg, base_dir=cfg_path.parent, until=end, progress=progress)
         if not cs.ok:
             raise GpuAuditError("demo collection failed: " + "; ".join(r.error for r in cs.failed))
