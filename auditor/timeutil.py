@@ -107,7 +107,7 @@ def _sacct(s: str, low: str, now: datetime, tz: object) -> datetime:
             return _utc(datetime(y, month, day, *hms, tzinfo=tz), s)  # type: ignore[arg-type]
         dt = datetime(local.year, month, day, *hms, tzinfo=tz)  # type: ignore[arg-type]
         return _utc(dt.replace(year=local.year - 1) if dt > local else dt, s)
-    except ValueError:  # 02/30, 13/01, 25:00
+    except (ValueError, OverflowError):  # 02/30, 13/01, 25:00; the day before year 1
         raise ValueError(f"cannot parse time {s[:40]!r}: no such date or time (use {FORMS})") from None
 
 

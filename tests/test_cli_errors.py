@@ -5,11 +5,14 @@ creates a store, `collect` with nothing configured says so, and usage errors are
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 import pytest
 from conftest import run_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 BAD = """
 [thresholds]
@@ -246,3 +249,20 @@ def test_every_command_and_flag_is_documented() -> None:
         missing += [f"{name} {o}" for p in cmd.params if isinstance(p, click.Option) for o in p.opts
                     if o.startswith("--") and o != "--help" and o not in docs]
     assert not missing, f"undocumented commands or flags: {missing}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2037, 12, 31), timezones=st.just(UTC)),
+       st.integers(1, 12), st.integers(1, 31), st.sampled_from(["", "-00:00", "-23:59", "-12:30:15"]))
+def test_a_date_without_a_year_is_the_latest_one_at_or_before_now(now: datetime, month: int, day: int,
+                                                                   clock: str) -> None:
+    """sacct's reading of MM/DD: this year's, or last year's when this year's is still to come."""
+    from auditor.timeutil import parse_time
+
+    try:
+        got = parse_time(f"{month:02d}/{day:02d}{clock}", now=now)
+    except ValueError:  # 02/30, or 02/29 in a year that has none
+        assert day > 28 and month == 2 or day == 31 and month in (4, 6, 9, 11) or day > 29 and month == 2
+        return
+    assert (got.month, got.day) == (month, day) and got <= now
+    assert got.year in (now.year, now.year - 1) and (got.year == now.year or got.replace(year=now.year) > now)
