@@ -32,6 +32,9 @@ from connectors import retry
 log = logging.getLogger("gpu_audit.collect")
 
 RETRIES = retry.RETRIES  # the policy lives in connectors.retry (one for every source)
+#: ``extra`` of the one log line that sums a source up (stats, failure, or why nothing was stored): the
+#: daemon's record of it; ``gpu-audit collect`` prints the same as its own line and filters these out
+SUMMARY = {"gpu_audit_summary": True}
 
 #: Connector instances kept for the life of the process, so a daemon's connectors keep their state between
 #: collections (a Kubernetes watch's resourceVersion, caches). Keyed by cluster, source and options.
@@ -186,8 +189,6 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
         res.stats = asdict(stats)
         res.skipped, res.clamped = problems.total, sum(problems.clamped.values())
         res.warning = warning
-        if warning:
-            log.warning("%s %s: %s", cluster.name, key, warning)
     except GpuAuditError as exc:
         res.error = _one_line(str(exc))
     except SQLAlchemyError as exc:
@@ -197,12 +198,14 @@ def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str,
         log.debug("%s %s: traceback", cluster.name, key, exc_info=True)
     res.attempts = max(res.attempts, 1)
     res.seconds = round(time.monotonic() - t0, 3)
-    if res.ok:
+    if res.ok and res.warning:
+        log.warning("%s %s: %s", cluster.name, key, res.warning, extra=SUMMARY)
+    elif res.ok:
         log.info("%s %s: %s; %d bad records quarantined; %.1f s", cluster.name, key,
                  ", ".join(f"{k} {v}" for k, v in res.stats.items() if v) or "nothing new", res.skipped,
-                 res.seconds)
+                 res.seconds, extra=SUMMARY)
     else:
-        log.error("%s %s failed: %s", cluster.name, key, res.error)
+        log.error("%s %s failed: %s", cluster.name, key, res.error, extra=SUMMARY)
     return res
 
 
@@ -258,6 +261,21 @@ def _quarantine(conn: Any, cluster: str, problems: Problems) -> None:
          "reason": _clip(reason), "excerpt": _clip(excerpt, 200)} for s, loc, reason, excerpt in problems.items])
 
 
+def chosen_clusters(cfg: Config, clusters: list[str] | None = None) -> list[ClusterConfig]:
+    """The configured clusters named in ``clusters`` (all when None); an unknown name is an error, raised
+    before anything is opened."""
+    known = {c.name for c in cfg.clusters}
+    for name in clusters or []:
+        if name not in known:
+            raise GpuAuditError(f"unknown cluster {name!r} (configured: {', '.join(sorted(known)) or 'none'})")
+    return [c for c in cfg.clusters if not clusters or c.name in clusters]
+
+
+def has_sources(clusters: Iterable[ClusterConfig]) -> bool:
+    """Whether any of ``clusters`` has a source to collect (a collection without one does nothing)."""
+    return any(c.allocations or c.telemetry for c in clusters)
+
+
 def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | None = None,
             since: datetime | None = None, until: datetime | None = None, now: datetime | None = None,
             progress: Progress | None = None, parallel: int | None = None) -> CollectSummary:
@@ -271,11 +289,7 @@ def collect(store: Store, cfg: Config, *, base_dir: Path, clusters: list[str] | 
 
     with store.engine.connect() as conn:
         meta.check_config_width(conn, bucket)  # a changed width would double count: refuse up front
-    known = {c.name for c in cfg.clusters}
-    for name in clusters or []:
-        if name not in known:
-            raise GpuAuditError(f"unknown cluster {name!r} (configured: {', '.join(sorted(known)) or 'none'})")
-    chosen = [c for c in cfg.clusters if not clusters or c.name in clusters]
+    chosen = chosen_clusters(cfg, clusters)
     workers = workers_for(cfg.collect.parallel if parallel is None else parallel, len(chosen), store)
     if workers > 1:
         summary.results = collect_parallel(store, cfg, chosen, workers, base_dir=base_dir, since=since,
@@ -373,7 +387,7 @@ def collect_parallel(store: Store, cfg: Config, clusters: list[ClusterConfig], w
                 if not isinstance(got, list):
                     why = got or f"the worker process died (exit code {p.exitcode})"
                     got = [SourceResult(c.name, "worker", False, "", "", f"collecting {c.name} failed: {why}")]
-                    log.error("%s failed: %s", c.name, got[0].error)
+                    log.error("%s failed: %s", c.name, got[0].error, extra=SUMMARY)
                 done[c.name] = got
                 for r in got:
                     if progress and r.ok:

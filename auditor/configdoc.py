@@ -1,13 +1,18 @@
-"""Walk the settings models: the key paths the docs must cover, and a generated reference table."""
+"""Walk the settings models: the key paths the docs must cover, a generated reference table, and every
+problem of a config file at once (``gpu-audit config check``; loading stops at the first)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from auditor import config as config_mod
 from auditor.config import Config, SecretRef, SourceConfig
+from auditor.errors import ConfigError
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
@@ -61,6 +66,57 @@ def reference_table() -> str:
     for path, info in walk():
         rows.append(f"| `{path}` | {_default(info)} | {info.description or ''} |")
     return "\n".join(rows)
+
+
+@dataclass
+class Checked:
+    """What `config check` found: the config (None when it has errors), every error, and warnings."""
+
+    path: Path | None
+    config: Config | None = None
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check(path: str | Path | None = None) -> Checked:
+    """Every error of the config ``path`` (else $GPU_AUDIT_CONFIG, else none): the settings models' and each
+    source's connector options', all of them, each ``<file>: key.path: what is wrong``; a warning when no
+    file was read (the built-in defaults were checked, which is rarely what was meant)."""
+    import connectors
+
+    p = config_mod.config_path(path)
+    out = Checked(p)
+    if p is None:
+        out.warnings.append(f"no config file read (no -c/--config and ${config_mod.ENV_VAR} unset): checked the "
+                            "built-in defaults (an SQLite store gpu-audit.db in the current directory, no "
+                            "clusters)")
+        out.config = Config()
+        return out
+    origin = str(p)
+    try:
+        data = config_mod.read(p)
+    except ConfigError as exc:
+        out.errors.append(str(exc))
+        return out
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as exc:
+        out.errors += [f"{origin}: {e}" for e in config_mod.errors(exc, model=Config)]
+        cfg = None
+    clusters = data.get("clusters") if isinstance(data.get("clusters"), list) else []
+    for ci, cluster in enumerate(clusters):
+        if not isinstance(cluster, dict):
+            continue
+        for role in connectors.ROLES:
+            sources = cluster.get(role) if isinstance(cluster.get(role), list) else []
+            for si, src in enumerate(sources):
+                if isinstance(src, dict) and isinstance(src.get("kind"), str):  # else the models said why
+                    options = {k: v for k, v in src.items() if k != "kind"}
+                    out.errors += [f"{origin}: {e}" for e in connectors.source_errors(
+                        src["kind"], role, options, f"clusters[{ci}].{role}[{si}]")]
+    if cfg is not None and not out.errors:
+        out.config = config_mod.resolved(cfg, p)
+    return out
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
   resnet training pod) throws XID 79, later XID 48, and hits a hardware power brake: that time is
   infrastructure-affected (its own column, never idle), and gpu-node-a, with 3 faults, is a lemon
   (lemon_node, for operations).
+
+Every capability a site can switch on is on: prices per model, teams, email, and energy with a grid carbon
+intensity per cluster (so the report shows kg CO2 beside kWh).
 """
 
 from __future__ import annotations
@@ -293,6 +296,10 @@ def write_telemetry(out: Path, t0: int, days: int, seed: int, telemetry: str = "
     return paths
 
 
+#: The demo's grid carbon intensity per cluster (gCO2/kWh): a coal-heavy grid for hpc, a mostly hydro one for k8s
+GRID = {"hpc": 380.0, "k8s": 120.0}
+
+
 def write_config(out: Path, store_url: str) -> Path:
     cfg = f'''# gpu-audit demo configuration (written by `gpu-audit demo`)
 [store]
@@ -346,10 +353,66 @@ user_domain = "example.com"
 
 [report]
 out_dir = "reports"
+
+# carbon: kg CO2 = kWh x the cluster's grid intensity (gCO2/kWh) / 1000; idle power (W) prices the energy of
+# reserved time without a power reading (the exporter gaps)
+[energy]
+grid_gco2_per_kwh = {{ hpc = {GRID["hpc"]}, k8s = {GRID["k8s"]} }}
+idle_power_w = {{ h100 = 70.0, a100 = 50.0, l40s = 35.0 }}
 '''
     p = out / "demo.toml"
     p.write_text(cfg, encoding="utf-8")
     return p
+
+
+#: The demo's own store, in --out (unless --store names another)
+DB_FILE = "gpu-audit-demo.db"
+
+
+def clear_or_refuse(out: Path, store_url: str | None, fresh: bool) -> None:
+    """A store left by an earlier demo in ``out`` (or a --store that holds data) would keep its watermarks,
+    so a new week would be collected only from where the old one ended and priced against the wrong hours:
+    refuse it, or with ``fresh`` delete the demo's own SQLite file (and its reports). A --store given by URL
+    is never emptied: it must be empty."""
+    from auditor.config import sqlite_file
+    from auditor.config.base import check_store_url
+    from auditor.errors import GpuAuditError
+
+    if store_url is None:
+        db = out / DB_FILE
+        files = [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+        if not any(f.exists() for f in files):
+            return
+        if not fresh:
+            raise GpuAuditError(f"{out} already holds a demo store ({db}); pass --fresh to start over, or choose "
+                                "another --out (a store's watermarks would skip most of the new week)")
+        reports = out / "reports"
+        for f in [*files, *reports.glob("report-*.*"), *reports.glob("findings-*.csv")]:
+            f.unlink(missing_ok=True)
+        return
+    try:
+        check_store_url(store_url, "--store")
+    except ValueError as exc:
+        raise GpuAuditError(str(exc)) from None
+    file = sqlite_file(store_url)
+    if file is not None and not file.exists():
+        return
+    from sqlalchemy import func, select
+
+    from auditor.store import schema
+    from auditor.store.engine import Store
+
+    store = Store.open(store_url)
+    try:
+        if store.current() is None:
+            return
+        with store.engine.connect() as conn:
+            held = conn.execute(select(func.count()).select_from(schema.watermarks)).scalar() or 0
+    finally:
+        store.engine.dispose()
+    if held:
+        raise GpuAuditError(f"--store {store.redacted_url()} already holds collected data ({held} watermarks); "
+                            "give the demo an empty store (--fresh replaces only the demo's own SQLite file)")
 
 
 def generate(out: Path, *, now: datetime | None = None, days: int = 7, seed: int = 7,
@@ -364,5 +427,5 @@ def generate(out: Path, *, now: datetime | None = None, days: int = 7, seed: int
     t0 = int(start.timestamp())
     write_allocations(out, t0)
     write_telemetry(out, t0, days, seed, telemetry)
-    url = store_url or f"sqlite:///{(out / 'gpu-audit-demo.db').resolve()}"
+    url = store_url or f"sqlite:///{(out / DB_FILE).resolve()}"
     return write_config(out, url), start, end

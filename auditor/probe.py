@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from auditor.config import Config, SourceConfig
+from auditor.config import Config, SourceConfig, sqlite_file
 from auditor.logs import redact_url, scrub
 
 TIMEOUT_S = 5.0
@@ -108,6 +108,10 @@ def probe_store(url: str) -> Probe:
 
     t0 = time.monotonic()
     target = redact_url(url)
+    file = sqlite_file(url)
+    if file is not None and not file.exists():  # a probe reads: it never creates the store
+        return Probe("store", target, False, f"no store file {file.resolve()} (`gpu-audit db upgrade` creates it)",
+                     round(time.monotonic() - t0, 3))
     try:
         store = Store.open(url)
         try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from auditor import config as config_mod
-from auditor.config import Config, one_line
+from auditor.config import Config
 from auditor.config.base import check_url
 from auditor.errors import ConfigError
 
@@ -70,27 +70,41 @@ def build(kind: str, role: str, options: dict[str, Any], context: Any) -> Alloca
     return cls(context, cls.Options.model_validate(options))  # type: ignore[call-arg]
 
 
+def source_errors(kind: Any, role: str, options: dict[str, Any], where: str) -> list[str]:
+    """Every problem of one source's settings (``where``: its key path, ``clusters[0].telemetry[1]``): an
+    unknown kind (naming the nearest known one), each option its connector's model refuses (an unknown
+    option naming the nearest known one), a URL with a bad port."""
+    try:
+        cls = connector_class(kind, role)
+    except KeyError as exc:
+        near = config_mod.suggest(kind, kinds()) if isinstance(kind, str) else ""
+        return [f"{where}.kind: {exc.args[0]}{near}"]
+    try:
+        cls.Options.model_validate(options)
+    except ValidationError as exc:
+        return config_mod.errors(exc, where, cls.Options)
+    out = []
+    for key, value in options.items():
+        if isinstance(value, str) and (key.endswith("url") or key == "host") and "://" in value:
+            try:
+                check_url(value, f"{where}.{key}")
+            except ConfigError as exc:
+                out.append(str(exc))
+    return out
+
+
 def validate_sources(cfg: Config, origin: str = "config") -> Config:
     """``cfg`` once each source's options passed its connector's own model, so a bad key fails `config
-    check`, not a 3 a.m. run. Errors name the key path: ``<origin>: clusters[0].telemetry[1].url: ...``."""
+    check`, not a 3 a.m. run. Errors name the key path: ``<origin>: clusters[0].telemetry[1].url: ...``;
+    the first is raised (``gpu-audit config check`` lists them all)."""
     for ci, cluster in enumerate(cfg.clusters):
         for role in ROLES:
             for si, src in enumerate(getattr(cluster, role)):
-                where = f"clusters[{ci}].{role}[{si}]"
-                try:
-                    cls = connector_class(src.kind, role)
-                except KeyError as exc:
-                    raise ConfigError(f"{origin}: {where}.kind: {exc.args[0]}") from None
-                try:
-                    cls.Options.model_validate(src.options())
-                except ValidationError as exc:
-                    raise ConfigError(f"{origin}: {one_line(exc, where)}") from None
-                for key, value in src.options().items():
-                    if isinstance(value, str) and (key.endswith("url") or key == "host") and "://" in value:
-                        try:
-                            check_url(value, f"{where}.{key}")
-                        except ConfigError as exc:
-                            raise ConfigError(f"{origin}: {exc}") from None
+                errs = source_errors(src.kind, role, src.options(), f"clusters[{ci}].{role}[{si}]")
+                if errs:
+                    more = f" (and {len(errs) - 1} more: `gpu-audit config check` lists them)" if len(errs) > 1 \
+                        else ""
+                    raise ConfigError(f"{origin}: {errs[0]}{more}")
     return cfg
 
 

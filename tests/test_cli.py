@@ -34,7 +34,7 @@ def test_bad_config_is_one_line_and_exit_1(tmp_path: Path) -> None:
 def test_debug_shows_traceback(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text("[thresholds]\nidle_sm = 7\n")
-    res = run_cli("--debug", "-c", str(cfg), "config", "check")
+    res = run_cli("--debug", "-c", str(cfg), "audit")  # config check lists errors; a command raises the first
     assert res.returncode != 0 and "Traceback" in res.stderr
 
 

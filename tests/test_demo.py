@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import run_cli
 from sqlalchemy import text
 from storecheck import checksum
 
@@ -184,3 +186,46 @@ def test_demo_util_only_site_is_observed_not_unknown(demo: tuple[dict, Path],
     assert u["busy_unverified_gpu_hours"] > 0 and u["findings"].get("unmonitored") == d["findings"]["unmonitored"]
     assert "dcgm-counters.csv" in (u["advice"] or "") and d["advice"] is None
     assert "dcgm-counters.csv" in (out / "reports" / f"report-{u['run_id']}.txt").read_text()
+
+
+def test_demo_reports_carbon_with_its_grid_intensity(demo: tuple[dict, Path]) -> None:
+    """The demo configures a grid intensity per cluster (hpc 380, k8s 120 gCO2/kWh), so the report shows carbon.
+    Idle energy by hand from the planted power draws (every idle bucket has a power reading, no noise on it):
+    hpc: 1002 96 GPU-h x 210 W + 1004 24 x 75 W + 1003's idle GPUs 108 x 62 W + 1001's stall 24 x 62 W =
+    30.144 kWh -> 11.455 kg; k8s: the notebook 120 x 62 W = 7.44 kWh -> 0.893 kg."""
+    data, out = demo
+    hpc_kwh, k8s_kwh = (96 * 210 + 24 * 75 + 108 * 62 + 24 * 62) / 1000, 120 * 62 / 1000
+    e = data["energy"]
+    by = {c["cluster"]: c for c in e["by_cluster"]}
+    assert by["hpc"]["idle_energy_kwh"] == pytest.approx(hpc_kwh) and by["k8s"]["idle_energy_kwh"] == pytest.approx(
+        k8s_kwh)
+    assert e["idle_co2_kg"] == pytest.approx(hpc_kwh * 0.380 + k8s_kwh * 0.120)
+    assert e["co2_kg"] is not None and e["co2_kg"] > e["idle_co2_kg"]
+    text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
+    assert f"{e['co2_kg']:.1f} kg CO2, {e['idle_co2_kg']:.1f} kg idle" in text_report
+
+
+def test_demo_refuses_a_directory_that_holds_a_store(demo: tuple[dict, Path], tmp_path: Path) -> None:
+    """Before: the old watermark was reused and the new week priced at USD 25,449 per effective GPU-hour."""
+    _, out = demo
+    before = (out / "gpu-audit-demo.db").stat().st_mtime_ns
+    res = run_cli("demo", "--out", str(out), "--now", "2026-12-06T00:00")
+    assert res.returncode == 1 and len(res.stderr.splitlines()) == 1 and "--fresh" in res.stderr, res.stderr
+    assert (out / "gpu-audit-demo.db").stat().st_mtime_ns == before
+    res = run_cli("demo", "--out", str(tmp_path / "d"), "--store", f"sqlite:///{out / 'gpu-audit-demo.db'}")
+    assert res.returncode == 1 and "already holds collected data" in res.stderr, res.stderr
+
+
+def test_demo_fresh_starts_over(demo: tuple[dict, Path], tmp_path: Path) -> None:
+    """A copy of the demo's directory, run again for the week before with --fresh: the same week's figures (the
+    week's hours do not depend on its date), not what the old watermark left of it."""
+    data, out = demo
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    res = run_cli("--json", "demo", "--out", str(again), "--now", "2026-11-22T00:00", "--fresh")
+    assert res.returncode == 0, res.stderr
+    new = json.loads(res.stdout)
+    assert new["run_id"] == 1 and new["since"].startswith("2026-11-15")
+    for key in ("reserved_gpu_hours", "idle_gpu_hours", "effective_gpu_hours", "cost_per_effective_gpu_hour"):
+        assert new[key] == pytest.approx(data[key]), key
+    assert sorted(p.name for p in (again / "reports").glob("report-*.txt")) == ["report-1.txt"]

@@ -280,8 +280,9 @@ def test_cli_times_out_of_range_are_one_line(tmp_path: Path, args: list[str]) ->
     res = run_cli("-c", str(cfg), *args, cwd=REPO)
     lines = res.stderr.strip().splitlines()
     assert "unexpected" not in res.stderr and "Traceback" not in res.stderr
-    if args[0] == "db":  # click's own usage error: exit 2, the last line names the option
-        assert res.returncode == 2 and lines[-1].startswith("Error: Invalid value for '--keep"), res.stderr
+    if args[0] == "db":  # click's usage error, one line like the others: exit 2, naming the option
+        assert res.returncode == 2 and len(lines) == 1, res.stderr
+        assert lines[0].startswith("gpu-audit: error: Invalid value for '--keep"), res.stderr
         return
     assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("gpu-audit: error: "), res.stderr
     assert "out of range" in lines[0]

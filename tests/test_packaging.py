@@ -49,3 +49,6 @@ def test_wheel_installs_and_runs_the_demo(tmp_path: Path) -> None:
                          env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Reserved GPU-hours" in res.stdout and "util_mirage 1" in res.stdout
+    res = subprocess.run([str(venv / "bin" / "gpu-audit"), "deploy", "dcgm-counters"], cwd=work, capture_output=True,
+                         text=True, timeout=120, env=env)  # the counters file for a pip install, from the wheel
+    assert res.returncode == 0 and res.stdout == (ROOT / "deploy" / "dcgm-counters.csv").read_text(), res.stderr

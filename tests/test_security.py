@@ -114,7 +114,9 @@ def test_inline_store_password_not_printed_by_config_check(tmp_path: Path) -> No
 @pytest.mark.parametrize("command", [["collect"], ["--debug", "db", "current"], ["--json", "db", "upgrade"]])
 def test_store_password_not_in_store_errors(tmp_path: Path, command: list[str]) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[store]\nurl_env = "SEC_STORE"\n')
+    # a source, so collect gets as far as the store (with nothing to collect it stops before opening it)
+    cfg.write_text('[store]\nurl_env = "SEC_STORE"\n[[clusters]]\nname = "c"\n[[clusters.telemetry]]\n'
+                   'kind = "file"\npaths = ["t.csv"]\n')
     res = cli("-c", str(cfg), *command, env={"SEC_STORE": "postgresql+psycopg://u:StorePw77@127.0.0.1:9/x"})
     assert res.returncode != 0 and "127.0.0.1" in res.stderr
     assert "StorePw77" not in res.stdout + res.stderr

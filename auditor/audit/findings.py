@@ -247,8 +247,8 @@ def opportunity(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], 
 
 
 COUNTERS_ADVICE = ("enable the DCGM profiling fields (DCGM_FI_PROF_SM_ACTIVE, ..._DRAM_ACTIVE, "
-                   "..._PIPE_TENSOR_ACTIVE) in dcgm-exporter with deploy/dcgm-counters.csv, so busy time "
-                   "can be verified")
+                   "..._PIPE_TENSOR_ACTIVE) in dcgm-exporter with deploy/dcgm-counters.csv (`gpu-audit deploy "
+                   "dcgm-counters > dcgm-counters.csv` writes it), so busy time can be verified")
 _GROUP = re.compile(r"[-_.]?\d+$")
 
 

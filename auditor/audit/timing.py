@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 
@@ -24,6 +24,9 @@ class Steps:
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
+        watcher = _watcher.get()
+        if watcher is not None:  # the CLI's progress line on a terminal
+            watcher(name)
         t = time.perf_counter()
         try:
             yield
@@ -36,6 +39,15 @@ class Steps:
 #: The running audit's split. A context variable, not a module global: two audits at once in one process
 #: (the daemon's and a what-if run's, in two threads) each time into their own split.
 _current: ContextVar[Steps | None] = ContextVar("gpu_audit_steps", default=None)
+
+
+#: Told the name of each step as it starts, in this thread (``gpu-audit audit`` on a terminal shows it)
+_watcher: ContextVar[Callable[[str], None] | None] = ContextVar("gpu_audit_step_watcher", default=None)
+
+
+def watch(fn: Callable[[str], None] | None) -> None:
+    """Have ``fn`` told each audit step's name as it starts in this thread or task (None: stop)."""
+    _watcher.set(fn)
 
 
 def start() -> Steps:

@@ -14,24 +14,58 @@ from typing import Any
 import click
 
 from auditor import config as config_mod
-from auditor.cli import core, db, enforce, jobs, money, report, serve, web
+from auditor.cli import core, db, deploy, enforce, jobs, money, report, serve, web
 from auditor.cli.app import App, pass_app, time_option, window  # noqa: F401
 from auditor.errors import EXIT_ERROR, GpuAuditError
+from auditor.logs import log_safe
 
 #: The one registration list: every command module, each with ``register(group)`` (they import only
 #: auditor.cli.app, so importing them here first is no cycle)
-COMMAND_MODULES = (core, money, serve, report, db, jobs, web, enforce)
+COMMAND_MODULES = (core, money, serve, report, db, jobs, web, enforce, deploy)
+
+
+class OneLineError(click.ClickException):
+    """A click error (a usage error: an unknown option, a missing argument, a bad value) shown as one line like
+    every other error, naming where help is, instead of click's usage block; its exit code is kept (2 for
+    usage errors)."""
+
+    def __init__(self, exc: click.ClickException) -> None:
+        super().__init__(" ".join(exc.format_message().split()))
+        self.exit_code = exc.exit_code
+        ctx = getattr(exc, "ctx", None)
+        self.where = ctx.command_path if isinstance(exc, click.UsageError) and ctx is not None else ""
+
+    def show(self, file: Any = None) -> None:
+        hint = f" (see `{self.where} --help`)" if self.where else ""
+        click.echo(f"gpu-audit: error: {log_safe(self.message)}{hint}", err=True)
+
+
+def one_line_error(exc: click.ClickException) -> click.ClickException:
+    """``exc`` as :class:`OneLineError`, except help shown for a group called without a command."""
+    if isinstance(exc, (OneLineError, click.exceptions.NoArgsIsHelpError)):
+        return exc
+    return OneLineError(exc)
 
 
 class Cli(click.Group):
-    """Turns GpuAuditError into one line and exit 1; everything else keeps its traceback under --debug."""
+    """Turns GpuAuditError and click's usage errors into one line (exit 1, and 2 for usage); everything else
+    keeps its traceback under --debug."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:  # the group's own options: `gpu-audit --bogus`
+            raise one_line_error(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
-        from auditor.logs import log_safe, scrub
+        from auditor.logs import scrub
 
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except click.ClickException as exc:  # a subcommand's options and arguments, and errors it raised
+            raise one_line_error(exc) from None
+        except (click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
             if _debug(ctx):  # the traceback, with every secret this process resolved scrubbed out of it
@@ -79,12 +113,26 @@ def config_group() -> None:
               "answer (exit 1 when one does not).")
 @pass_app
 def config_check(app: App, probe: bool) -> None:
-    """Validate the config file (every connector's options included); print a summary."""
-    cfg = app.cfg
+    """Validate the config file (every connector's options included): every error on its own line, an unknown
+    key or connector kind with the nearest known one; else a summary. Warns when no config file was read."""
+    from auditor.configdoc import check
+
+    checked = check(app.config_path)
+    if checked.config is None:
+        if app.as_json:
+            app.emit({"ok": False, "errors": checked.errors, "warnings": checked.warnings}, "")
+        else:
+            for line in checked.errors:
+                click.echo(f"gpu-audit: error: {log_safe(line)}", err=True)
+        raise click.exceptions.Exit(EXIT_ERROR)
+    if not app.as_json:
+        for line in checked.warnings:
+            click.echo(f"gpu-audit: warning: {line}", err=True)
+    app._cfg = cfg = checked.config
     data = {"clusters": [{"name": c.name, "allocations": [s.kind for s in c.allocations],
                           "telemetry": [s.kind for s in c.telemetry]} for c in cfg.clusters],
             "store": _redacted(cfg.store.url) if not cfg.store.url_env else f"${cfg.store.url_env}",
-            "teams": [t.name for t in cfg.teams]}
+            "teams": [t.name for t in cfg.teams], "warnings": checked.warnings}
     if probe:
         from dataclasses import asdict
 

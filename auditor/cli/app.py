@@ -46,12 +46,34 @@ class App:
         path = self.config_path or os.environ.get(config_mod.ENV_VAR)
         return Path(path).resolve().parent if path else Path.cwd()
 
-    def store(self, *, migrate_check: bool = True) -> Any:
+    @property
+    def origin(self) -> str:
+        """Where the settings came from, for messages: the config file, or the built-in defaults."""
+        path = config_mod.config_path(self.config_path)
+        return f"config {path}" if path else (f"the built-in defaults, no config file read: pass -c FILE or set "
+                                              f"${config_mod.ENV_VAR}")
+
+    def store(self, *, migrate_check: bool = True, create: bool = False) -> Any:
+        """The store. Only a command that writes passes ``create``: one that reads and finds no SQLite file
+        says which config and file it looked for instead of creating an empty store (and its directories)
+        from a typo or a forgotten -c. ``create`` with ``migrate_check`` migrates a store it just created."""
         if self._store is None:
+            from auditor.errors import StoreError
             from auditor.store.engine import Store
 
-            self._store = Store.open(self.cfg.store.resolved_url(), self.cfg.store.batch_rows)
-            if migrate_check:
+            url = self.cfg.store.resolved_url()
+            file = config_mod.sqlite_file(url)
+            new = file is not None and not file.exists()
+            if new and not create:
+                raise StoreError(f"no store at {file.resolve()} (store.url of {self.origin}): run `gpu-audit db "
+                                 "upgrade` to create it")
+            self._store = Store.open(url, self.cfg.store.batch_rows)
+            if new and migrate_check:
+                import logging
+
+                self._store.upgrade()
+                logging.getLogger("gpu_audit.store").info("created the store %s", self._store.redacted_url())
+            elif migrate_check:
                 self._store.require_current()
         return self._store
 
@@ -80,7 +102,8 @@ class FiniteRange(click.FloatRange):
 
 
 def time_option(name: str, help_text: str) -> Callable:
-    return click.option(name, help=help_text + " sacct-style: 2026-11-22, 2026-11-22T08:00, now-7days.")
+    return click.option(name, metavar="TIME", help=help_text + " sacct-style: 2026-11-22, 2026-11-22T08:00, "
+                        "11/22, 11/22/26, today, midnight, now, now-7days (UTC unless an offset is given).")
 
 
 def check_time(dt: datetime | None, option: str) -> datetime | None:

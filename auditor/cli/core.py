@@ -9,22 +9,27 @@ from typing import Any
 import click
 
 from auditor.cli.app import App, check_time, pass_app, time_option, window
+from auditor.cli.progress import audit_progress, collect_progress
 from auditor.errors import EXIT_ERROR, EXIT_PARTIAL, GpuAuditError
 
 
-def _progress(app: App) -> Any:
-    """A live record counter per source on a terminal; one line per source otherwise; nothing with --json."""
-    if app.as_json:
-        return None
-    tty = click.get_text_stream("stderr").isatty()
+def source_line(r: Any) -> str:
+    """One collected source in one line (an ok one's notes below it): what the daemon logs, the command
+    prints."""
+    if not r.ok:
+        return f"{r.cluster} {r.source}: FAILED: {r.error}"
+    if r.warning:
+        line = f"{r.cluster} {r.source}: WARNING: {r.warning}"
+    else:
+        other = ", ".join(f"{k} {v}" for k, v in r.stats.items() if v and k not in ("allocations", "buckets"))
+        line = (f"{r.cluster} {r.source}: ok ({r.stats.get('allocations', 0)} allocations, "
+                f"{r.stats.get('buckets', 0)} buckets, {r.skipped} bad records skipped{'; ' + other if other else ''};"
+                f" {r.seconds:.1f} s)")
+    return line + "".join(f"\n  note: {n}" for n in r.notes)
 
-    def show(what: str, n: int, done: bool) -> None:
-        if tty:
-            click.echo(f"\r  collecting {what}: {n:,} records", err=True, nl=done)
-        elif done:
-            click.echo(f"  collected {what}: {n:,} records", err=True)
 
-    return show
+def _sources(clusters: list[Any]) -> int:
+    return sum(len(c.allocations) + len(c.telemetry) for c in clusters)
 
 
 def _hours(x: float | None) -> str:
@@ -94,6 +99,7 @@ def register(main: click.Group) -> None:
                 parallel: int | None) -> None:
         """Read allocations and telemetry from every configured source into the store. Exit 0 ok, 1 every
         source failed, 3 partial (some failed, the others were stored)."""
+        from auditor.collect import chosen_clusters, has_sources
         from auditor.collect import collect as do_collect
         from auditor.timeutil import parse_time
 
@@ -102,15 +108,14 @@ def register(main: click.Group) -> None:
             u = check_time(parse_time(until), "--until") if until else None
         except ValueError as exc:
             raise GpuAuditError(str(exc)) from None
-        summary = do_collect(app.store(), app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,
-                             since=s, until=u, progress=_progress(app), parallel=parallel)
-        app.emit(summary.as_dict(), lambda: "\n".join(
-            f"{r.cluster} {r.source}: " + (f"WARNING: {r.warning}" if r.ok and r.warning else
-                                           f"ok ({r.stats.get('allocations', 0)} allocations, "
-                                           f"{r.stats.get('buckets', 0)} buckets, {r.skipped} bad records "
-                                           "skipped)" if r.ok else f"FAILED: {r.error}")
-            + "".join(f"\n  note: {n}" for n in (r.notes if r.ok else ()))
-            for r in summary.results) or "no sources configured")
+        chosen = chosen_clusters(app.cfg, list(clusters) or None)
+        if not has_sources(chosen):  # before the store is created
+            raise GpuAuditError(f"nothing to collect: no sources configured ({app.origin})")
+        store = app.store(create=True)
+        with collect_progress(app.as_json, _sources(chosen)) as progress:
+            summary = do_collect(store, app.cfg, base_dir=app.base_dir, clusters=list(clusters) or None,
+                                 since=s, until=u, progress=progress, parallel=parallel)
+        app.emit(summary.as_dict(), lambda: "\n".join(source_line(r) for r in summary.results))
         if not summary.ok:
             raise click.exceptions.Exit(EXIT_ERROR if not any(r.ok for r in summary.results) else EXIT_PARTIAL)
 
@@ -124,14 +129,18 @@ def register(main: click.Group) -> None:
         s, u = window(app, since, until)
         from auditor.audit.run import run_audit
 
-        result = run_audit(app.store(), app.cfg, s, u, clusters=list(clusters) or None)
+        store = app.store()
+        with audit_progress(app.as_json):
+            result = run_audit(store, app.cfg, s, u, clusters=list(clusters) or None)
         app.emit({"run_id": result.run_id, "since": s.isoformat(), "until": u.isoformat(), **result.summary},
                  lambda: f"audit run {result.run_id}: {s:%Y-%m-%d %H:%M} .. {u:%Y-%m-%d %H:%M} UTC\n"
                  + headline(result.summary))
 
+    from auditor.daemon.pipeline import STEPS
+
     @main.command()
     @click.option("--steps", default="collect,audit,report", show_default=True,
-                  help="Comma-separated steps: collect, audit, report, notify, chargeback.")
+                  help=f"Comma-separated steps, run in this order: {', '.join(STEPS)}.")
     @time_option("--since", "Audit window start (default: report.days ago).")
     @time_option("--until", "Audit window end (default: now).")
     @click.option("--dry-run", is_flag=True, help="notify writes .eml files instead of sending.")
@@ -159,27 +168,36 @@ def register(main: click.Group) -> None:
     @click.option("--telemetry", default="dcgm", show_default=True, type=click.Choice(["dcgm", "util-only"]),
                   help="dcgm: profiling fields on; util-only: the same week as a site whose exporter has only "
                        "GPU-Util, memory and power (busy time then shows as busy-unverified).")
+    @click.option("--fresh", is_flag=True, help="Start over when --out already holds a demo store: delete it "
+                  "and its reports (without it, such a directory is refused).")
     @pass_app
-    def demo(app: App, out: str, store_url: str | None, now: str | None, seed: int, telemetry: str) -> None:
+    def demo(app: App, out: str, store_url: str | None, now: str | None, seed: int, telemetry: str,
+             fresh: bool) -> None:
         """Simulate a week of a small mixed fleet, collect it through the file connectors, audit, report."""
         import connectors
         from auditor.audit.run import run_audit
         from auditor.collect import collect as do_collect
-        from auditor.demo import generate
+        from auditor.demo import clear_or_refuse, generate
         from auditor.store.engine import Store
         from auditor.timeutil import parse_time
 
         t0 = time.monotonic()
         out_dir = Path(out)
-        cfg_path, start, end = generate(out_dir, now=parse_time(now) if now else None, seed=seed,
-                                        store_url=store_url, telemetry=telemetry)
+        try:
+            when = check_time(parse_time(now), "--now") if now else None
+        except ValueError as exc:
+            raise GpuAuditError(str(exc)) from None
+        clear_or_refuse(out_dir, store_url, fresh)
+        cfg_path, start, end = generate(out_dir, now=when, seed=seed, store_url=store_url, telemetry=telemetry)
         cfg = connectors.load_config(cfg_path)
         store = Store.open(cfg.store.resolved_url(), cfg.store.batch_rows)
         store.upgrade()
-        cs = do_collect(store, cfg, base_dir=cfg_path.parent, until=end, progress=_progress(app))
+        with collect_progress(app.as_json, _sources(cfg.clusters)) as progress:
+            cs = do_collect(store, cfg, base_dir=cfg_path.parent, until=end, progress=progress)
         if not cs.ok:
             raise GpuAuditError("demo collection failed: " + "; ".join(r.error for r in cs.failed))
-        result = run_audit(store, cfg, start, end)
+        with audit_progress(app.as_json):
+            result = run_audit(store, cfg, start, end)
         files: list[str] = []
         try:
             from auditor.report.render import write_reports

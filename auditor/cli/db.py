@@ -17,7 +17,7 @@ def register(main: click.Group) -> None:
     @pass_app
     def db_upgrade(app: App, revision: str) -> None:
         """Create or migrate the store's tables."""
-        store = app.store(migrate_check=False)
+        store = app.store(migrate_check=False, create=True)
         store.upgrade(revision)
         app.emit({"store": store.redacted_url(), "revision": store.current()},
                  f"store {store.redacted_url()} at revision {store.current()}")

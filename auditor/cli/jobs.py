@@ -167,7 +167,8 @@ def register(main: click.Group) -> None:
                   "[default: the newest official run that judged the allocation].")
     @pass_app
     def job(app: App, ref: str, run_id: int | None) -> None:
-        """One allocation: REF is CLUSTER:JOBID, k8s:NAMESPACE/POD or CLUSTER:NAMESPACE/POD."""
+        """One allocation. REF is a bare job id (1234, an array task 1234_5) or pod UID where one cluster has
+        it, CLUSTER:JOBID, CLUSTER:POD-UID, or CLUSTER:NAMESPACE/POD (k8s:NAMESPACE/POD)."""
         from auditor.report.jobview import job_view
 
         v = job_view(app.store(), app.cfg, ref, run_id=run_id)

@@ -35,7 +35,8 @@ MAX_JUDGE_CONNECTIONS = 16
 
 
 class StoreConfig(Strict):
-    url: str = Field("sqlite:///gpu-audit.db", description="SQLAlchemy URL of the store.")
+    url: str = Field("sqlite:///gpu-audit.db", description="SQLAlchemy URL of the store: `sqlite:///PATH` or "
+                     "`postgresql+psycopg://USER@HOST/DB`.")
     url_env: str | None = Field(None, description="Environment variable holding the store URL "
                                 "(use it when the URL carries a password); overrides `url`.")
     bucket_seconds: int = Field(300, ge=60, le=3600, description="Telemetry bucket length in seconds.")
@@ -62,7 +63,7 @@ class StoreConfig(Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        check_store_url(v, "store.url")
+        check_store_url(v)  # the error's location names store.url
         return v.strip()
 
 
@@ -359,44 +360,122 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def one_line(exc: ValidationError, prefix: str = "") -> str:
-    """The first validation error as ``key.path: what is wrong`` (plus how many more)."""
-    errs = exc.errors()
-    first = errs[0]
-    loc = _loc(tuple(first["loc"]))
-    path = f"{prefix}.{loc}" if prefix and loc != "(top level)" else (prefix or loc)
-    msg = first["msg"].replace("Extra inputs are not permitted", "unknown key").removeprefix("Value error, ")
-    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-    return f"{path}: {msg}{more}"
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The settings model inside an annotation (``list[Team]``, ``X | None``), if any."""
+    from typing import get_args
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        m = _model_in(arg)
+        if m is not None:
+            return m
+    return None
+
+
+def keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys the table at ``loc`` (a validation error's location, less its last part) accepts: what an
+    unknown key there may have been meant as. Empty where ``loc`` leaves the models (a dict of prices)."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list of tables: the model stays the item's
+        info = current.model_fields.get(part) if current is not None else None
+        current = _model_in(info.annotation) if info is not None else None
+        if current is None:
+            return []
+    return list(current.model_fields) if current is not None else []
+
+
+def suggest(word: str, choices: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a mistyped ``word``, else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def errors(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> list[str]:
+    """Every validation error as ``key.path: what is wrong``; an unknown key of ``model`` (the model that was
+    validated) names the nearest known key, when one is near."""
+    out = []
+    for err in exc.errors():
+        loc_t = tuple(err["loc"])
+        loc = _loc(loc_t)
+        path = f"{prefix}.{loc}" if prefix and loc != "(top level)" else (prefix or loc)
+        msg = err["msg"].replace("Extra inputs are not permitted", "unknown key").removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden" and model is not None and loc_t and isinstance(loc_t[-1], str):
+            msg += suggest(loc_t[-1], keys_at(model, loc_t[:-1]))
+        out.append(f"{path}: {msg}")
+    return out
+
+
+def one_line(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """The first validation error as ``key.path: what is wrong``, saying how many more there are (all of
+    them: ``gpu-audit config check``)."""
+    errs = errors(exc, prefix, model)
+    more = f" (and {len(errs) - 1} more: `gpu-audit config check` lists them)" if len(errs) > 1 else ""
+    return f"{errs[0]}{more}"
 
 
 def parse(data: dict[str, Any], origin: str = "config") -> Config:
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{origin}: {one_line(exc)}") from None
+        raise ConfigError(f"{origin}: {one_line(exc, model=Config)}") from None
     return cfg
 
 
-def load(path: str | Path | None = None) -> Config:
-    """Load ``path``, else $GPU_AUDIT_CONFIG, else defaults (a store in the current directory)."""
-    if path is None:
-        path = os.environ.get(ENV_VAR) or None
-    if path is None:
-        return Config()
+def sqlite_file(url: str) -> Path | None:
+    """The file an SQLite store URL names (None for another backend or an in-memory database): what a command
+    that only reads must find, not create."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        u = make_url(url)
+    except (ArgumentError, ValueError):
+        return None
+    db = u.database or ""
+    if u.get_backend_name() != "sqlite" or db in ("", ":memory:") or db.startswith("file:"):
+        return None
+    return Path(db).expanduser()
+
+
+def config_path(path: str | Path | None = None) -> Path | None:
+    """The config file a command reads: ``path`` (-c), else $GPU_AUDIT_CONFIG, else none (defaults)."""
+    path = path or os.environ.get(ENV_VAR) or None
+    return Path(path) if path else None
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """The TOML document at ``path``; an unreadable or malformed file is one ConfigError line."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, not a config file") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})") from None
-    cfg = parse(data, str(p))
-    if not cfg.report.out_dir.is_absolute():  # relative paths are relative to the config file, like sources
+
+
+def load(path: str | Path | None = None) -> Config:
+    """Load ``path``, else $GPU_AUDIT_CONFIG, else defaults (a store in the current directory)."""
+    p = config_path(path)
+    if p is None:
+        return Config()
+    return resolved(parse(read(p), str(p)), p)
+
+
+def resolved(cfg: Config, p: Path) -> Config:
+    """``cfg`` read from ``p`` with its relative paths taken relative to the file, like sources' paths."""
+    if not cfg.report.out_dir.is_absolute():
         report = cfg.report.model_copy(update={"out_dir": p.resolve().parent / cfg.report.out_dir})
         cfg = cfg.model_copy(update={"report": report})
     if cfg.report.templates_dir is not None and not cfg.report.templates_dir.is_absolute():

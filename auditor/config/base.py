@@ -37,17 +37,42 @@ def check_url(value: str, what: str) -> None:
         raise ConfigError(f"{what}: bad port in URL (a number from 1 to 65535)")
 
 
-def check_store_url(value: str, what: str) -> None:
-    """A SQLAlchemy URL that parses, with a valid port; never echoes the URL (it may hold a password)."""
+def check_store_url(value: str, what: str | None = None) -> None:
+    """A SQLAlchemy URL that parses, with a valid port, of a store gpu-audit can use; never echoes the URL (it
+    may hold a password). ``what`` names the setting where the error's location does not (an environment
+    variable's value)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
+    where = f"{what}: " if what else ""
     try:
         u = make_url(value.strip())
     except (ArgumentError, ValueError):
-        raise ValueError(f"{what} is not a valid SQLAlchemy URL (value not shown)") from None
+        raise ValueError(f"{where}not a valid SQLAlchemy URL (value not shown)") from None
     if u.port is not None and not 1 <= u.port <= 65535:
-        raise ValueError(f"{what}: port {u.port} is not in 1..65535")
+        raise ValueError(f"{where}port {u.port} is not in 1..65535")
+    hint = store_url_hint(u.get_backend_name(), u.get_driver_name() if "+" in u.drivername else None)
+    if hint:
+        raise ValueError(f"{where}{hint}")
+
+
+#: The store's PostgreSQL URL form: psycopg 3, the driver `pip install 'gpu-audit[postgres]'` installs (its COPY
+#: protocol is what bulk ingest uses)
+PG_FORM = "postgresql+psycopg://USER@HOST/DB"
+
+
+def store_url_hint(backend: str, driver: str | None) -> str:
+    """Why a store URL of this backend and driver cannot work, naming the form that does ("" when it can):
+    gpu-audit stores in SQLite (any driver) or PostgreSQL through psycopg 3; ``postgres://`` (Heroku's and
+    libpq's spelling) is no SQLAlchemy dialect, and a bare ``postgresql://`` means psycopg2."""
+    if backend == "sqlite" or (backend == "postgresql" and driver == "psycopg"):
+        return ""
+    if backend in ("postgres", "postgresql"):
+        given = f"{backend}+{driver}://" if driver else f"{backend}://"
+        return (f"{given} is not a store URL gpu-audit can use; write {PG_FORM} (psycopg 3: pip install "
+                "'gpu-audit[postgres]')")
+    return (f"{backend}:// is not a supported store (SQLite or PostgreSQL); write sqlite:///PATH or "
+            f"{PG_FORM}")
 
 
 class Strict(BaseModel):
