@@ -4,6 +4,7 @@ afterwards never replaces, or the run chosen in the picker. SQLite and PostgreSQ
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from datetime import timedelta
@@ -176,3 +177,28 @@ def test_front_page_escapes_names_and_parameters(weekly) -> None:  # noqa: ANN00
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "-tail" in body
     hostile = c.get("/?user=%3Cscript%3Ealert(2)%3C/script%3E%22%3E").text
     assert 'value="&lt;script&gt;alert(2)&lt;/script&gt;&#34;&gt;"' in hostile
+
+
+def test_report_and_notify_default_to_the_run_the_pages_show(weekly, tmp_path: Path) -> None:  # noqa: ANN001
+    """`gpu-audit report` (and `notify`) without --run chose the newest run: after `chargeback`, the weekly
+    report silently became the chargeback window's (8 reserved GPU-hours instead of 12). Now the CLI takes
+    the run the web pages show (report.context.shown_run)."""
+    from conftest import run_cli
+
+    store, rid = weekly
+    since = T0 + timedelta(hours=1)
+    cb_run = chargeback(store, Config(), since, since + WEEK, "user")[0]["audit_run_id"]
+    assert cb_run > rid
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "{store.engine.url.render_as_string(hide_password=False)}"\n'
+                   '[[teams]]\nname = "ml"\naccounts = ["acct-ml"]\n')
+    out = tmp_path / "out"
+    res = run_cli("-c", str(cfg), "report", "--format", "json", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert [f.name for f in out.glob("*.json")] == [f"report-{rid}.json"]
+    data = json.loads((out / f"report-{rid}.json").read_text())
+    assert data["headline"]["reserved_gpu_hours"] == pytest.approx(12.0)
+    res = run_cli("-c", str(cfg), "report", "--format", "json", "--out", str(tmp_path / "cb"), "--run", str(cb_run))
+    assert res.returncode == 0, res.stderr
+    data = json.loads((tmp_path / "cb" / f"report-{cb_run}.json").read_text())
+    assert data["headline"]["reserved_gpu_hours"] == pytest.approx(8.0)
