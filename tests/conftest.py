@@ -366,7 +366,7 @@ def _live_service_guard(request: pytest.FixtureRequest, monkeypatch: pytest.Monk
 PG_FIXTURES = {"pg_url", "pg_schema_url"}  # a test that asks for one uses PostgreSQL: a service test
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown under -p no:xdist
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker per CPU, plus one for the serial group when the Slurm testbed is here. That group
     runs in one worker and spends most of its time waiting on real Slurm jobs (an act window of idle time,
@@ -382,6 +382,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return cpus + 1
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that takes a PostgreSQL fixture is a ``service`` test even when it does not say so. Tests marked
     ``serial`` share the Slurm testbed: under pytest-xdist (``--dist loadgroup``) they all run in one worker,
