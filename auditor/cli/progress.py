@@ -52,8 +52,10 @@ class CollectProgress:
         if first:
             self.done.add(what)
             self.since = now
+        # drawn now, not at rich's next tick: a fast source would otherwise show only its end (one redraw per
+        # report, and a source reports every 5,000 records)
         self.bar.update(self.task, description=what, rows=f"{n:,} records ({rate:,.0f}/s)",
-                        advance=1 if first else 0)
+                        advance=1 if first else 0, refresh=not done)
 
     def __enter__(self) -> CollectProgress:
         self.since = time.monotonic()
