@@ -106,7 +106,7 @@ def test_aggregate_path_matches_buckets_and_is_taken(sim: Store, taken: list[int
     want = audit(sim, cfg, SPEC.start, SPEC.end, whole_hours=False)
     got = audit(sim, cfg, SPEC.start, SPEC.end, whole_hours=True)
     assert got == want
-    assert taken and taken[0] > 0
+    assert sum(taken) > 0
     with sim.engine.connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM judged_hours")).scalar() > 0
 
@@ -122,14 +122,14 @@ def test_changed_thresholds_give_the_bucket_totals(sim: Store, taken: list[int])
     assert want != audit(sim, base, SPEC.start, SPEC.end, whole_hours=False), "the new thresholds change nothing"
     taken.clear()
     assert audit(sim, cfg, SPEC.start, SPEC.end, whole_hours=True) == want
-    assert taken[0] > 0
+    assert sum(taken) > 0
     with sim.engine.connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM judged_sets")).scalar() == 1
     other = th.model_copy(update={"idle_sm": 0.3, "working_sm": 0.7})
     want_if = audit(sim, base, SPEC.start, SPEC.end, whole_hours=False, what_if=True, thresholds=other)
     taken.clear()
     assert audit(sim, base, SPEC.start, SPEC.end, whole_hours=True, what_if=True, thresholds=other) == want_if
-    assert taken == [0]  # judged from buckets: the kept set is not this one
+    assert taken and sum(taken) == 0  # judged from buckets: the kept set is not this one
 
 
 def test_a_late_ingest_into_a_judged_hour_is_rejudged(sim: Store, taken: list[int]) -> None:
@@ -151,7 +151,7 @@ def test_a_late_ingest_into_a_judged_hour_is_rejudged(sim: Store, taken: list[in
     assert want != before, "the late buckets change no figure"
     taken.clear()
     assert audit(sim, cfg, SPEC.start, SPEC.end, whole_hours=True) == want
-    assert taken[0] > 0
+    assert sum(taken) > 0
 
 
 def test_an_unlabelled_row_beside_the_jobs_row_is_not_counted(store: Store, taken: list[int]) -> None:
@@ -178,7 +178,7 @@ def test_an_unlabelled_row_beside_the_jobs_row_is_not_counted(store: Store, take
     want = audit(store, cfg, since, until, whole_hours=False)
     taken.clear()
     assert audit(store, cfg, since, until, whole_hours=True) == want
-    assert taken == [1]
+    assert sum(taken) == 1  # (PostgreSQL: one call per judging connection)
     with store.engine.connect() as conn:
         idle, working = conn.execute(text("SELECT idle_s, working_s FROM usage_gpu WHERE run_id = "
                                           "(SELECT MAX(id) FROM audit_runs)")).one()
