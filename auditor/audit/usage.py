@@ -145,13 +145,12 @@ def judge_whole_hours(conn: Connection, params: dict[str, Any], th: Thresholds, 
     return n or 0
 
 
-def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thresholds, *,
-          whole_hours: bool = True) -> None:
+def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thresholds) -> None:
     """Judge every bucket of ``_attr`` into usage_gpu: whole hours from the judged aggregate where it is fresh
-    (``whole_hours``), the rest with judge_sql (on SQLite its two-step equivalent); buckets of
+    (:data:`WHOLE_HOURS`), the rest with judge_sql (on SQLite its two-step equivalent); buckets of
     infrastructure-affected time are left out (:mod:`auditor.audit.infra`)."""
     skip = infra.skip(conn)
-    if whole_hours:
+    if WHOLE_HOURS:
         judge_whole_hours(conn, params, th, skip)
     if conn.dialect.name != "sqlite":
         conn.execute(text(judge_sql(conn.dialect.name, th, skip)), params)
@@ -197,7 +196,7 @@ def attribute_and_judge(conn: Connection, th: Thresholds, fn: dict[str, str], p:
     with step("infrastructure intervals"):
         infra.prepare(conn, th, since, horizon)
     with step("judge buckets"):
-        judge(conn, fn, {**p, "run_id": run_id}, th, whole_hours=WHOLE_HOURS)
+        judge(conn, fn, {**p, "run_id": run_id}, th)
         conn.execute(text("DROP TABLE _attr"))
 
 
