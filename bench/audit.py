@@ -123,16 +123,17 @@ def run_digest(store: object, run_id: int) -> dict[str, object]:
 
     out: dict[str, object] = {}
     with store.engine.connect() as conn:  # type: ignore[attr-defined]
-        for table, key in (("usage_gpu", "allocated_gpu_id"), ("usage_allocation", "allocation_id"),
-                           ("findings", "kind, allocation_id, reservation_id, start_ts, cluster")):
-            rows = conn.execute(text(f"SELECT * FROM {table} WHERE run_id = :r ORDER BY {key}"),
-                                {"r": run_id}).mappings().all()
-            h = hashlib.sha256()
+        for table in ("usage_gpu", "usage_allocation", "findings"):
+            rows = conn.execute(text(f"SELECT * FROM {table} WHERE run_id = :r"), {"r": run_id}).mappings().all()
+            texts = []
             for r in rows:
                 d = {k: v for k, v in r.items() if k not in ("run_id", "id")}
                 if isinstance(d.get("evidence"), str):
                     d["evidence"] = json.loads(d["evidence"])
-                h.update(json.dumps(_rounded(d), sort_keys=True, default=str).encode())
+                texts.append(json.dumps(_rounded(d), sort_keys=True, default=str))
+            h = hashlib.sha256()
+            for t in sorted(texts):  # order-independent (findings of one user and kind share every key column)
+                h.update(t.encode())
             out[table] = f"{len(rows)}:{h.hexdigest()[:16]}"
     return out
 
