@@ -37,18 +37,19 @@ H = 3600
 KEYS = tuple(SUMS)
 #: sums combined by MAX (peak frame buffer), the others by SUM
 MAXED = ("peak_fb", "idle_fb")
-_ALONE = ("NOT EXISTS (SELECT 1 FROM gpu_buckets s WHERE s.gpu_id = b.gpu_id AND s.bucket_ts = b.bucket_ts "
+_ALONE = ("NOT EXISTS (SELECT 1 FROM {src} s WHERE s.gpu_id = b.gpu_id AND s.bucket_ts = b.bucket_ts "
           "AND s.job <> '')")
 _UNFIT = f"(b.bucket_ts % {H} + b.bucket_s > {H} OR b.job LIKE '%,%')"
 
 
-def hour_rows(dialect: str, th: Thresholds, frm: str) -> str:
+def hour_rows(dialect: str, th: Thresholds, frm: str, src: str = "gpu_buckets", lab: str = "1") -> str:
     """Per (GPU, hour, job key) the SUMS of the buckets of ``frm`` (binds ``b``, ends in a WHERE clause),
     each judged whole; buckets crossing their hour's end and comma-joined labels are left out (their hours
-    stay marked, :func:`refresh`)."""
+    stay marked, :func:`refresh`). ``src``: the table holding every row of those buckets (their siblings);
+    ``lab`` = 0 says the GPU never had a labelled row (telemetry_gpus.has_jobs), skipping the sibling probe."""
     cols = _judged_cols(th, verdict.prefixed("b"), "b.bucket_ts", "b.bucket_ts + b.bucket_s", _IO, dialect)
     rows = (f"SELECT b.gpu_id AS gpu_id, b.bucket_ts / {H} AS hour, b.job AS job, {cols} {frm} AND b.bucket_s > 0 "
-            f"AND NOT {_UNFIT} AND (b.job <> '' OR {_ALONE})")
+            f"AND NOT {_UNFIT} AND (b.job <> '' OR {lab} = 0 OR {_ALONE.format(src=src)})")
     sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
     return f"SELECT j.gpu_id, j.hour, j.job, {sums} FROM ({rows}) j GROUP BY j.gpu_id, j.hour, j.job"
 
@@ -62,9 +63,10 @@ def set_hash(th: Thresholds) -> str:
 _COLS = ", ".join(KEYS)
 
 
-def _insert(dialect: str, th: Thresholds, frm: str) -> str:
+def _insert(dialect: str, th: Thresholds, frm: str, src: str) -> str:
+    """``frm`` binds ``b`` and ``tg`` (its telemetry_gpus row)."""
     return (f"INSERT INTO judged_hours (ths, gpu_id, hour, job, {_COLS}) SELECT :ths, x.gpu_id, x.hour, x.job, "
-            f"{', '.join(f'x.{k}' for k in KEYS)} FROM ({hour_rows(dialect, th, frm)}) x")
+            f"{', '.join(f'x.{k}' for k in KEYS)} FROM ({hour_rows(dialect, th, frm, src, 'tg.has_jobs')}) x")
 
 
 def _lock(conn: Connection) -> None:
@@ -89,28 +91,55 @@ def _judge_marked(conn: Connection, th: Thresholds, ths: str, lo_hour: int) -> i
     if n:
         if pg:
             conn.execute(text("ANALYZE _jd"))
-        conn.execute(text("DELETE FROM judged_hours WHERE (ths, gpu_id, hour) IN (SELECT :ths, gpu_id, hour "
+        conn.execute(text("DELETE FROM judged_hours WHERE ths = :ths AND (gpu_id, hour) IN (SELECT gpu_id, hour "
                           "FROM _jd)"), {"ths": ths})
+        # the marked hours' buckets, read once (index range scans), for the judging and the unfit check
         rng = f"b.gpu_id = d.gpu_id AND b.bucket_ts >= d.hour * {H} AND b.bucket_ts < d.hour * {H} + {H}"
-        if pg:  # an index range scan per marked hour (OFFSET 0: not flattened into a join over every bucket)
-            frm = f"FROM _jd d CROSS JOIN LATERAL (SELECT * FROM gpu_buckets b WHERE {rng} OFFSET 0) b WHERE 1 = 1"
+        conn.execute(text("DROP TABLE IF EXISTS _jb"))
+        if pg:  # OFFSET 0: a LATERAL range scan per marked hour, not a join planned over every bucket
+            conn.execute(text("CREATE TEMPORARY TABLE _jb AS SELECT b.* FROM _jd d CROSS JOIN LATERAL (SELECT * FROM "
+                              f"gpu_buckets b WHERE {rng} OFFSET 0) b"))
         else:
-            frm = f"FROM _jd d CROSS JOIN gpu_buckets b WHERE {rng}"
-        conn.execute(text(_insert(conn.dialect.name, th, frm)), {"ths": ths})
-        unfit = (f"EXISTS (SELECT 1 FROM gpu_buckets b WHERE b.gpu_id = judged_dirty.gpu_id AND b.bucket_ts >= "
-                 f"judged_dirty.hour * {H} AND b.bucket_ts < judged_dirty.hour * {H} + {H} AND {_UNFIT})")
-        conn.execute(text(f"UPDATE judged_dirty SET unfit = 1 WHERE {_MINE} AND {unfit}"))
+            conn.execute(text(f"CREATE TEMPORARY TABLE _jb AS SELECT b.* FROM _jd d CROSS JOIN gpu_buckets b "
+                              f"WHERE {rng}"))
+        conn.execute(text("CREATE INDEX _jb_key ON _jb (gpu_id, bucket_ts)"))
+        if pg:
+            conn.execute(text("ANALYZE _jb"))
+        conn.execute(text(_insert(conn.dialect.name, th, "FROM _jb b JOIN telemetry_gpus tg ON tg.id = b.gpu_id "
+                                  "WHERE 1 = 1", "_jb")), {"ths": ths})
+        conn.execute(text(f"UPDATE judged_dirty SET unfit = 1 WHERE {_MINE} AND (gpu_id, hour) IN (SELECT b.gpu_id, "
+                          f"b.bucket_ts / {H} FROM _jb b WHERE {_UNFIT})"))
+        conn.execute(text("DROP TABLE _jb"))
         conn.execute(text(f"DELETE FROM judged_dirty WHERE unfit = 0 AND {_MINE}"))
     conn.execute(text("DROP TABLE _jd"))
     return n
+
+
+def _build(conn: Connection, th: Thresholds, ths: str, lo_hour: int, hi_hour: int) -> None:
+    """Judge every hour in [lo_hour, hi_hour) in one pass over its buckets (a new set, or an earlier window):
+    the marks of the range read first are cleared after, the hours holding unfit buckets marked unfit."""
+    rng = {"lo": lo_hour, "hi": hi_hour, "ths": ths}
+    conn.execute(text("DROP TABLE IF EXISTS _jd"))
+    conn.execute(text("CREATE TEMPORARY TABLE _jd (gpu_id INTEGER NOT NULL, hour INTEGER NOT NULL, mark BIGINT "
+                      "NOT NULL, PRIMARY KEY (gpu_id, hour))"))
+    conn.execute(text("INSERT INTO _jd SELECT gpu_id, hour, mark FROM judged_dirty WHERE hour >= :lo AND hour < :hi"),
+                 rng)
+    conn.execute(text("DELETE FROM judged_hours WHERE ths = :ths AND hour >= :lo AND hour < :hi"), rng)
+    within = f"b.bucket_ts >= :lo * {H} AND b.bucket_ts < :hi * {H}"
+    # CROSS JOIN: telemetry_gpus the outer loop, each GPU's buckets one index range (SQLite)
+    conn.execute(text(_insert(conn.dialect.name, th, "FROM telemetry_gpus tg CROSS JOIN gpu_buckets b WHERE "
+                              f"b.gpu_id = tg.id AND {within}", "gpu_buckets")), rng)
+    conn.execute(text(f"DELETE FROM judged_dirty WHERE {_MINE}"))
+    conn.execute(text("INSERT INTO judged_dirty (gpu_id, hour, mark, unfit) SELECT DISTINCT b.gpu_id, "
+                      f"b.bucket_ts / {H}, 0, 1 FROM gpu_buckets b WHERE {within} AND {_UNFIT} "
+                      "ON CONFLICT (gpu_id, hour) DO UPDATE SET unfit = 1"), rng)
+    conn.execute(text("DROP TABLE _jd"))
 
 
 def refresh(conn: Connection, th: Thresholds, since: int) -> dict[str, Any]:
     """Bring the aggregate of ``th`` up to date for an audit from ``since`` on (in ``conn``'s transaction,
     which the caller commits before judging): a new set (dropping the one kept before) or an earlier
     window marks every hour of the range, then the marked hours are re-judged. Returns what it did."""
-    from auditor.store import judged
-
     _lock(conn)
     ths = set_hash(th)
     lo = int(since) // H
@@ -120,19 +149,19 @@ def refresh(conn: Connection, th: Thresholds, since: int) -> dict[str, Any]:
     if frm is None:
         conn.execute(text("DELETE FROM judged_sets"))
         conn.execute(text("DELETE FROM judged_hours"))  # not TRUNCATE: its lock would wait for every reader
-        judged.mark_range(conn, lo * H, END)
+        _build(conn, th, ths, lo, END // H)
         conn.execute(text("INSERT INTO judged_sets (ths, from_hour, built_ts) VALUES (:ths, :lo, :now)"),
                      {"ths": ths, "lo": lo, "now": int(utcnow().timestamp())})
         out["built_from_hour"] = frm = lo
     elif lo < frm:
-        judged.mark_range(conn, lo * H, frm * H)
+        _build(conn, th, ths, lo, frm)
         conn.execute(text("UPDATE judged_sets SET from_hour = :lo WHERE ths = :ths"), {"lo": lo, "ths": ths})
         out["built_from_hour"] = frm = lo
     out["rejudged_hours"] = _judge_marked(conn, th, ths, frm)
     return out
 
 
-#: past every bucket start (int4)
+#: past every bucket start (hours times 3600 stay inside int4)
 END = 2**31 - 1
 
 
