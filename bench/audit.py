@@ -105,6 +105,109 @@ def measure(url: str, gpus: int, days: float, seed: int, render: str | None) -> 
     return out
 
 
+def _rounded(v: object) -> object:
+    """Floats to 9 significant digits (sums added in another order differ in the last bits), recursively."""
+    if isinstance(v, float):
+        return float(f"{v:.9g}")
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in sorted(v.items())}
+    if isinstance(v, list | tuple):
+        return [_rounded(x) for x in v]
+    return v
+
+
+def run_digest(store: object, run_id: int) -> dict[str, object]:
+    """A hash of a run's usage_gpu rows and of its findings (evidence included), floats to 9 digits: two
+    judging paths on the same store give the same digest when their figures are the same."""
+    import hashlib
+
+    out: dict[str, object] = {}
+    with store.engine.connect() as conn:  # type: ignore[attr-defined]
+        for table in ("usage_gpu", "usage_allocation", "findings"):
+            rows = conn.execute(text(f"SELECT * FROM {table} WHERE run_id = :r"), {"r": run_id}).mappings().all()
+            texts = []
+            for r in rows:
+                d = {k: v for k, v in r.items() if k not in ("run_id", "id")}
+                if isinstance(d.get("evidence"), str):
+                    d["evidence"] = json.loads(d["evidence"])
+                texts.append(json.dumps(_rounded(d), sort_keys=True, default=str))
+            h = hashlib.sha256()
+            for t in sorted(texts):  # order-independent (findings of one user and kind share every key column)
+                h.update(t.encode())
+            out[table] = f"{len(rows)}:{h.hexdigest()[:16]}"
+    return out
+
+
+def _drop_run(store: object, run_id: int) -> None:
+    with store.begin() as conn:  # type: ignore[attr-defined]
+        for table in ("findings", "usage_gpu", "usage_allocation"):
+            conn.execute(text(f"DELETE FROM {table} WHERE run_id = :r"), {"r": run_id})
+        conn.execute(text("DELETE FROM audit_runs WHERE id = :r"), {"r": run_id})
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def side_by_side(url: str, gpus: int, days: float, seed: int) -> dict[str, object]:
+    """In one process on one store: the floor, the audit judging every bucket (the old path), building the
+    judged aggregate, the audit reading it (whole hours from judged_hours, edges from buckets), and the
+    upkeep of one re-judged hour of every GPU; wall and this process's CPU seconds (the client's: the
+    PostgreSQL server's CPU is not in it), and whether both audits' digests (:func:`run_digest`) agree."""
+    from auditor.audit import usage
+    from auditor.audit.run import run_audit
+    from auditor.config import Config
+    from auditor.simulate import FleetSpec
+    from auditor.store import judged
+    from auditor.store.engine import Store
+
+    spec = FleetSpec(gpus=gpus, days=days, seed=seed)
+    store = Store.open(url)
+    store.upgrade()
+    cfg = Config()
+    out: dict[str, object] = {"gpus": gpus, "engine": store.engine.dialect.name}
+    with store.begin() as conn:  # a cold start: no aggregate yet
+        for t in ("judged_hours", "judged_sets", "judged_dirty"):
+            conn.execute(text(f"DELETE FROM {t}"))
+    floors = [floor_seconds(store)[0]]
+
+    def audit(whole_hours: bool) -> tuple[float, float, object]:
+        usage.WHOLE_HOURS = whole_hours
+        try:
+            t, c = time.perf_counter(), _cpu()
+            res = run_audit(store, cfg, spec.start, spec.end)
+            return time.perf_counter() - t, _cpu() - c, res
+        finally:
+            usage.WHOLE_HOURS = True
+
+    old_s, old_cpu, old = audit(False)
+    floors.append(floor_seconds(store)[0])
+    t, c = time.perf_counter(), _cpu()
+    usage.refresh_aggregate(store, cfg.thresholds, int(spec.start.timestamp()))
+    out["build_s"], out["build_cpu_s"] = time.perf_counter() - t, _cpu() - c
+    new_s, new_cpu, new = audit(True)
+    floors.append(floor_seconds(store)[0])
+    last = int(spec.end.timestamp()) // 3600 * 3600 - 3600
+    with store.begin() as conn:  # one hour of every GPU written again (as an hourly collection would)
+        judged.mark_range(conn, last, last + 3600)
+    t, c = time.perf_counter(), _cpu()
+    up = usage.refresh_aggregate(store, cfg.thresholds, int(spec.start.timestamp()))
+    out["upkeep_one_hour_s"], out["upkeep_one_hour_cpu_s"] = time.perf_counter() - t, _cpu() - c
+    out["upkeep_hours"] = up.get("rejudged_hours")
+    floor = min(floors)
+    d_old, d_new = run_digest(store, old.run_id), run_digest(store, new.run_id)
+    out.update({"floor_s": floor, "old_audit_s": old_s, "old_audit_cpu_s": old_cpu, "new_audit_s": new_s,
+                "new_audit_cpu_s": new_cpu, "old_floor": old_s / floor, "new_floor": new_s / floor,
+                "old_steps": {k: round(v, 3) for k, v in old.steps.items()},
+                "new_steps": {k: round(v, 3) for k, v in new.steps.items()},
+                "digest_old": d_old, "digest_new": d_new, "equal": d_old == d_new})
+    for r in (old, new):
+        _drop_run(store, r.run_id)
+    store.engine.dispose()
+    return out
+
+
 def fleet_parser(description: str) -> argparse.ArgumentParser:
     """The arguments of a benchmark over one generated fleet store (bench.fleet): its URL and its spec."""
     ap = argparse.ArgumentParser(description=description)
@@ -118,7 +221,12 @@ def fleet_parser(description: str) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     ap = fleet_parser(__doc__.splitlines()[0])
     ap.add_argument("--render", default=None, help="Also time write_reports into this directory.")
+    ap.add_argument("--paths", action="store_true", help="Side by side: floor, the audit judging every bucket, "
+                    "building the judged aggregate, the audit reading it, one hour's upkeep; digests compared.")
     args = ap.parse_args(argv)
+    if args.paths:
+        print(json.dumps(side_by_side(args.url, args.gpus, args.days, args.seed)), flush=True)
+        return
     print(json.dumps(measure(args.url, args.gpus, args.days, args.seed, args.render)), flush=True)
 
 

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, insert, select, text, update
 from auditor.audit import infra, parallel, timing
 from auditor.audit.judge import SUMS, usage_columns
 from auditor.audit.money import COST_KEYS, Pricing, costs
-from auditor.audit.usage import attribute_and_judge, judge_connections, judge_share, setup_pg
+from auditor.audit.usage import attribute_and_judge, judge_connections, judge_share, refresh_aggregate, setup_pg
 from auditor.config import Config, Thresholds
 from auditor.store import cascade, schema
 from auditor.store.engine import Store
@@ -160,6 +160,9 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             started_ts=now, since_ts=s, until_ts=u, status="running", what_if=what_if,
             thresholds=th.model_dump())).inserted_primary_key[0]
     try:
+        if not what_if:  # the judged aggregate of this run's thresholds, up to date (what-ifs read it only as is)
+            with steps.step("judged aggregate upkeep"):
+                refresh_aggregate(store, th, s)
         with store.begin() as conn:
             setup_pg(conn)
             conn.info.pop(parallel.KEY, None)

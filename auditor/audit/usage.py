@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import infra, timing
+from auditor.audit import aggregate, infra, timing
 from auditor.audit.attribute import attribute
 from auditor.audit.judge import (
     BY_VERDICT,
@@ -110,10 +110,48 @@ def _sqlite_write() -> str:
             "FROM _attr at JOIN _judged j ON j.allocated_gpu_id = at.allocated_gpu_id" + _JOIN_INFRA)
 
 
+def _head(get: dict[str, str]) -> str:
+    """The INSERT ... SELECT of usage_gpu up to its FROM, from SQL values per SUMS key (0 when absent)."""
+    cols = usage_columns(get, "at.share", _RESERVED, _INFRA)
+    return _INSERT + ", ".join(cols[c] for c in USAGE_COLS) + f", {get['peak_fb']}, {get['idle_fb']}\n"
+
+
+#: Whole hours from the judged aggregate (False: every bucket judged afresh, the reference the tests and
+#: bench/audit.py compare with)
+WHOLE_HOURS = True
+
+
+def refresh_aggregate(store: Store, th: Thresholds, since: int) -> dict[str, Any]:
+    """Re-judge the hours written since the last audit (:func:`auditor.audit.aggregate.refresh`), committed
+    before the audit judges, so every judging connection reads the same fresh aggregate."""
+    if not WHOLE_HOURS:
+        return {}
+    with store.begin() as conn:
+        setup_pg(conn)
+        return aggregate.refresh(conn, th, since)
+
+
+def judge_whole_hours(conn: Connection, params: dict[str, Any], th: Thresholds, skip: str) -> int:
+    """The allocated GPUs that can read their whole hours from the judged aggregate
+    (:mod:`auditor.audit.aggregate`) into usage_gpu, and out of ``_attr``; returns how many. None when the
+    aggregate does not hold this run's thresholds from its window's first hour on."""
+    ths = aggregate.usable(conn, th, params["since"])
+    if ths is None or not aggregate.eligible(conn, skip):
+        return 0
+    conn.execute(text(aggregate.whole_hours_sql(conn.dialect.name, th, _head) + _JOIN_INFRA),
+                 {**params, "ths": ths})
+    n = conn.execute(text("DELETE FROM _attr WHERE allocated_gpu_id IN (SELECT allocated_gpu_id FROM _agg)")).rowcount
+    conn.execute(text("DROP TABLE _agg"))
+    return n or 0
+
+
 def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thresholds) -> None:
-    """Judge every bucket of ``_attr`` into usage_gpu (judge_sql; on SQLite its two-step equivalent); buckets
-    of infrastructure-affected time are left out (:mod:`auditor.audit.infra`)."""
+    """Judge every bucket of ``_attr`` into usage_gpu: whole hours from the judged aggregate where it is fresh
+    (:data:`WHOLE_HOURS`), the rest with judge_sql (on SQLite its two-step equivalent); buckets of
+    infrastructure-affected time are left out (:mod:`auditor.audit.infra`)."""
     skip = infra.skip(conn)
+    if WHOLE_HOURS:
+        judge_whole_hours(conn, params, th, skip)
     if conn.dialect.name != "sqlite":
         conn.execute(text(judge_sql(conn.dialect.name, th, skip)), params)
         return

@@ -55,3 +55,29 @@ HOURS = {
                "throttling, ECC/row-remap fault, drained/down/NotReady/cordoned node); judged by no other "
                "class, never idle, billed in its own column.",
 }
+
+#: The verdict sums of one judged_hours row (auditor.audit.judge.SUMS; seconds are not yet times share)
+JUDGED_SUMS = {
+    "idle": "Observed seconds judged idle (SM-verified).",
+    "idle_by_util": "Observed seconds judged idle by the GPU-Util fallback.",
+    "mirage": "Observed seconds judged mirage.",
+    "low": "Observed seconds judged low.",
+    "working": "Observed seconds judged working.",
+    "busy_unverified": "Observed seconds judged busy-unverified (no SM activity, not idle by GPU-Util).",
+    "gpu_util": "Sum of observed seconds x GPU-Util.",
+    "util_observed": "Observed seconds of rows that had GPU-Util.",
+    "sm": "Sum of observed seconds x SM activity.",
+    "sm_observed": "Observed seconds of rows that had SM activity.",
+    "tensor": "Sum of observed seconds x Tensor activity.",
+    "dram": "Sum of observed seconds x DRAM activity.",
+    "io_bps": "Sum of observed seconds x (PCIe + NVLink bytes/s).",
+    "peak_fb": "Peak frame buffer used in observed rows, MiB.",
+    "idle_fb": "Peak frame buffer used in idle, idle-by-util or mirage rows, MiB.",
+    "mirage_util": "Sum over mirage rows of observed seconds x GPU-Util.",
+    "mirage_power": "Sum over mirage rows of observed seconds x power (W).",
+    "mirage_power_observed": "Observed mirage seconds with a power reading.",
+    "energy": "Sum of observed seconds x power (W): joules.",
+    "power_observed": "Observed seconds with a power reading.",
+    "idle_energy": "Sum over idle, idle-by-util and mirage rows of observed seconds x power (W).",
+    "idle_power_observed": "Idle, idle-by-util and mirage seconds with a power reading.",
+}

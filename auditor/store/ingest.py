@@ -187,6 +187,9 @@ def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple
         if not rows:
             return 0
         write_bucket_rows(conn, rows)
+    from auditor.store import judged
+
+    judged.mark_rows(conn, rows)  # the hours the aggregate re-judges before the next audit reads them
     labelled = {r[0] for r in rows if r[2]}
     if labelled:
         t = schema.telemetry_gpus

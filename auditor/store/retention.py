@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from auditor.records import LABEL_FIELDS, METRIC_FIELDS
-from auditor.store import meta
+from auditor.store import judged, meta
 from auditor.store.engine import Store
 
 HOUR = 3600
@@ -107,6 +107,7 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
             hi = min(lo + DAY, cutoff)
             with store.begin() as conn:
                 rolled, written = _roll(conn, lo, hi)
+                judged.mark_range(conn, lo, hi)  # the judged aggregate re-judges the rolled-up hours
                 before = meta.rolled_up_before(conn)
                 if before is None or hi > before:
                     meta.put(conn, "rolled_up_before", str(hi))
@@ -136,6 +137,7 @@ def _roll_weeks(store: Store, cutoff: int, res: PruneResult) -> int | None:
     for lo, rel in weeks:
         with store.begin() as conn:
             rolled, written = retention_pg.roll_week(conn, lo, rel, ROLLUP_DDL, ROLLUP, _COLS)
+            judged.mark_range(conn, lo, lo + WEEK)
             before = meta.rolled_up_before(conn)
             if before is None or lo + WEEK > before:
                 meta.put(conn, "rolled_up_before", str(lo + WEEK))

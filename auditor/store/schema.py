@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -18,7 +19,7 @@ from sqlalchemy import (
 )
 
 from auditor.store.columns import HOURS as _HOURS
-from auditor.store.columns import METRIC_COMMENTS
+from auditor.store.columns import JUDGED_SUMS, METRIC_COMMENTS
 from auditor.store.schema_base import _ts, metadata
 
 clusters = Table(
@@ -172,6 +173,50 @@ gpu_buckets = Table(
     postgresql_partition_by="RANGE (bucket_ts)",
     comment="Normalised per-GPU telemetry buckets (never raw samples), one row per GPU, bucket and job. "
             "PostgreSQL: partitioned by week on bucket_ts (gpu_buckets_wYYYYMMDD, Monday 00:00 UTC).",
+)
+
+judged_hours = Table(
+    "judged_hours", metadata,
+    Column("ths", String(16), primary_key=True,
+           comment="Threshold-set hash: the first 16 hex digits of the SHA-256 of the verdict SQL that judged the "
+           "row (the thresholds and the rules); one set is kept, the one of the latest official audit."),
+    Column("gpu_id", Integer, primary_key=True, autoincrement=False,
+           comment="telemetry_gpus.id (no foreign key: the id comes from gpu_buckets, and no code deletes "
+           "telemetry_gpus rows)."),
+    Column("hour", Integer, primary_key=True, autoincrement=False,
+           comment="Clock hour: bucket_ts / 3600 of the buckets judged (UTC epoch hours)."),
+    Column("job", String(512), primary_key=True,
+           comment="Job key: '' = the unlabelled rows of buckets without a labelled sibling; else the rows with "
+           "exactly this job label (an allocation with that job key reads both)."),
+    *[Column(name, Float, comment=text) for name, text in JUDGED_SUMS.items()],
+    sqlite_with_rowid=False,
+    comment="The judged aggregate: per GPU, clock hour, job key and threshold set the verdict sums of its "
+            "buckets, each bucket seen whole (an allocation holding the whole hour). The audit reads an "
+            "allocation's whole hours here and judges only its partial edge hours from gpu_buckets; hours "
+            "listed in judged_dirty are judged from gpu_buckets until re-judged.",
+)
+
+judged_dirty = Table(
+    "judged_dirty", metadata,
+    Column("gpu_id", Integer, primary_key=True, autoincrement=False, comment="telemetry_gpus.id."),
+    Column("hour", Integer, primary_key=True, autoincrement=False,
+           comment="Clock hour (bucket_ts / 3600) whose buckets changed since judged_hours was judged."),
+    Column("mark", BigInteger, nullable=False,
+           comment="Random token of the write that marked it: a re-judging clears only the marks it read."),
+    Column("unfit", Integer, nullable=False, default=0, server_default="0",
+           comment="1: re-judged, but the hour holds a bucket crossing the hour's end or a comma-joined job "
+           "label, so it stays judged from gpu_buckets (cleared by the next write to the hour)."),
+    sqlite_with_rowid=False,
+    comment="Hours of telemetry written (ingest, roll-ups) and not yet re-judged into judged_hours.",
+)
+
+judged_sets = Table(
+    "judged_sets", metadata,
+    Column("ths", String(16), primary_key=True, comment="Threshold-set hash (judged_hours.ths)."),
+    Column("from_hour", Integer, nullable=False,
+           comment="judged_hours holds this set for every hour from here on (earlier hours: gpu_buckets)."),
+    _ts("built_ts", "When the set was first built", nullable=False),
+    comment="The threshold set judged_hours holds, and from which hour on.",
 )
 
 store_meta = Table(
