@@ -4,14 +4,14 @@ exit code and the CPU efficiency jobstats and seff show. NULL where the source d
 rows stored before this revision): the job view then says "not collected".
 
 Revision ID: 0016_job_exit_cpu
-Revises: 0014_observed_cover
+Revises: 0015_judged_aggregate
 Create Date: 2026-12-01
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0016_job_exit_cpu"
-down_revision = "0014_observed_cover"
+down_revision = "0015_judged_aggregate"
 branch_labels = None
 depends_on = None
 
