@@ -140,7 +140,7 @@ def restart_findings(conn: Connection, run_id: int, th: Thresholds) -> list[dict
     if not rs:
         return []
     out = []
-    q = text("SELECT a.id, a.cluster, a.source, a.external_id, a.account, a.user_name, a.start_ts, a.end_ts, "
+    q = text("SELECT a.id, a.cluster, a.source, a.external_id, a.name, a.account, a.user_name, a.start_ts, a.end_ts, "
              "u.team FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run "
              "AND a.external_id IN :ids").bindparams(bindparam("ids", expanding=True))
     inst: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
@@ -158,7 +158,8 @@ def restart_findings(conn: Connection, run_id: int, th: Thresholds) -> list[dict
                     "reservation_id": None, "account": last.account, "user_name": last.user_name,
                     "team": last.team, "start_ts": runs[0].start_ts, "end_ts": last.end_ts,
                     "gpu_hours": lost_h, "idle_gpu_hours": 0.0, "cost": sum(g["cost"] for g in gone),
-                    "evidence": {"recipient": "user", "job": key[2], "restarts": n,
+                    "evidence": {"recipient": "user", "restarts": n,
+                                 "job": {"id": key[2], "name": last.name, "source": key[1]},
                                  "runs": [{"allocation_id": g["allocation_id"], "state": g["state"],
                                            "cause": g["cause"], "lost_gpu_hours": round(g["lost_s"] / H, 6),
                                            "events": g["events"]} for g in gone],
