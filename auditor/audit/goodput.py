@@ -7,7 +7,7 @@ GPU-hours in the window are *lost*. Each lost run has one cause:
 - ``infrastructure``: NODE_FAIL or BOOT_FAIL, or any failure state while one of the job's nodes had a node
   event of a kind in ``thresholds.goodput_infra_events`` (an XID, an ECC error, the node down) during the run;
 - ``user``: FAILED, OUT_OF_MEMORY, TIMEOUT (the job's own exit, memory or time limit), no node event;
-- ``scheduler``: PREEMPTED or REQUEUED (preempted or requeued by the scheduler or an operator), no node event.
+- ``preempted``: PREEMPTED or REQUEUED (preempted or requeued by the scheduler or an operator), no node event.
 
 Slurm resets a job's submit time when it requeues it, so every run of a requeued job is its own stored
 instance of the same job id (``allocations.instance_ts``): the restarts of a job are its instances in the
@@ -27,11 +27,11 @@ from sqlalchemy import Connection, bindparam, text
 from auditor.config import Thresholds
 from auditor.timeutil import H
 
-CAUSES = ("infrastructure", "user", "scheduler")
+CAUSES = ("infrastructure", "user", "preempted")
 #: failure end state -> its cause when no node event says otherwise
 LOST_STATES: dict[str, str] = {"NODE_FAIL": "infrastructure", "BOOT_FAIL": "infrastructure",
                                "FAILED": "user", "OUT_OF_MEMORY": "user", "TIMEOUT": "user",
-                               "PREEMPTED": "scheduler", "REQUEUED": "scheduler"}
+                               "PREEMPTED": "preempted", "REQUEUED": "preempted"}
 
 RUNS = """SELECT a.id AS allocation_id, a.cluster, a.source, a.external_id, a.account, a.user_name, a.name,
 a.state, a.start_ts, a.end_ts, u.team, u.reserved_s, u.reserved_cost
@@ -164,5 +164,5 @@ def restart_findings(conn: Connection, run_id: int, th: Thresholds) -> list[dict
                                            "cause": g["cause"], "lost_gpu_hours": round(g["lost_s"] / H, 6),
                                            "events": g["events"]} for g in gone],
                                  "lost_by_cause": causes,
-                                 "why": f"{n} restarts >= goodput_min_restarts {th.goodput_min_restarts}"}})
+                                 "rule": f"{n} restarts >= goodput_min_restarts {th.goodput_min_restarts}"}})
     return out
