@@ -40,8 +40,8 @@ WHERE u.run_id = :run AND UPPER(a.state) IN :states"""
 #: node events on a node the allocation held, overlapping its held interval (an instantaneous XID included)
 EVENTS = """SELECT DISTINCT g.allocation_id, e.node, e.kind, e.reason FROM allocated_gpus g
 JOIN node_events e ON e.node = g.node AND e.cluster = :cluster
-WHERE g.allocation_id IN :ids AND e.kind IN :kinds AND e.start_ts <= :end AND COALESCE(e.end_ts, e.start_ts) >= :start"""
-INSTANCES = """SELECT a.cluster, a.source, a.external_id, COUNT(*) AS n, MAX(a.id) AS latest
+WHERE g.allocation_id = :id AND e.kind IN :kinds AND e.start_ts <= :end AND COALESCE(e.end_ts, :end) >= :start"""
+INSTANCES = """SELECT a.cluster, a.source, a.external_id, COUNT(*) AS n
 FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run
 GROUP BY a.cluster, a.source, a.external_id HAVING COUNT(*) > 1"""
 
@@ -62,13 +62,13 @@ def lost_runs(conn: Connection, run_id: int, th: Thresholds) -> list[dict[str, A
     for r in rows:
         r["events"] = []
     if rows and kinds:
-        ev = text(EVENTS).bindparams(bindparam("ids", expanding=True), bindparam("kinds", expanding=True))
+        ev = text(EVENTS).bindparams(bindparam("kinds", expanding=True))
         for r in rows:  # one query per lost run: failures are few next to the allocations
             end = r["end_ts"] if r["end_ts"] is not None else r["start_ts"]
             if r["start_ts"] is None:
                 continue
             r["events"] = [f"{e.node} {e.kind}{': ' + e.reason if e.reason else ''}" for e in conn.execute(
-                ev, {"cluster": r["cluster"], "ids": [r["allocation_id"]], "kinds": kinds,
+                ev, {"cluster": r["cluster"], "id": r["allocation_id"], "kinds": kinds,
                      "start": r["start_ts"], "end": end})]
     for r in rows:
         r["state"] = r["state"].upper()
@@ -79,10 +79,10 @@ def lost_runs(conn: Connection, run_id: int, th: Thresholds) -> list[dict[str, A
     return rows
 
 
-def restarts(conn: Connection, run_id: int) -> dict[tuple[str, str, str], tuple[int, int]]:
-    """(cluster, source, job id) -> (restarts in the window, the latest instance's allocation id), for the
-    job ids with more than one stored instance in the run."""
-    return {(r.cluster, r.source, r.external_id): (int(r.n) - 1, int(r.latest))
+def restarts(conn: Connection, run_id: int) -> dict[tuple[str, str, str], int]:
+    """(cluster, source, job id) -> restarts in the window, for the job ids with more than one stored
+    instance in the run."""
+    return {(r.cluster, r.source, r.external_id): int(r.n) - 1
             for r in conn.execute(text(INSTANCES), {"run": run_id})}
 
 
@@ -146,15 +146,15 @@ def restart_findings(conn: Connection, run_id: int, th: Thresholds) -> list[dict
     inst: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
     for r in conn.execute(q, {"run": run_id, "ids": sorted({k[2] for k in rs})}):
         inst[(r.cluster, r.source, r.external_id)].append(r)
-    for key, (n, latest) in sorted(rs.items()):
+    for key, n in sorted(rs.items()):
         if n < th.goodput_min_restarts:
             continue
         runs = sorted(inst[key], key=lambda r: (r.start_ts or 0, r.id))
-        last = next(r for r in runs if r.id == latest)
+        last = runs[-1]  # the latest run: the finding's allocation
         gone = [lost[r.id] for r in runs if r.id in lost]
         lost_h = sum(g["lost_s"] for g in gone) / H
         causes = {c: round(sum(g["lost_s"] for g in gone if g["cause"] == c) / H, 6) for c in CAUSES}
-        out.append({"run_id": run_id, "kind": "failed_restarts", "cluster": key[0], "allocation_id": latest,
+        out.append({"run_id": run_id, "kind": "failed_restarts", "cluster": key[0], "allocation_id": last.id,
                     "reservation_id": None, "account": last.account, "user_name": last.user_name,
                     "team": last.team, "start_ts": runs[0].start_ts, "end_ts": last.end_ts,
                     "gpu_hours": lost_h, "idle_gpu_hours": 0.0, "cost": sum(g["cost"] for g in gone),
