@@ -161,3 +161,22 @@ def _window(data: dict) -> tuple[Any, Any]:
     from datetime import datetime
 
     return datetime.fromisoformat(data["since"]), datetime.fromisoformat(data["until"])
+
+
+def test_failed_pod_is_lost_time(store: Store) -> None:
+    """A Kubernetes pod in phase Failed lost its time (the user's: no node event); a Succeeded one did not.
+    By hand: 2 GPUs x 1.5 h = 3 GPU-h lost of 3 + 1 x 2 = 5 reserved; useful 2 / 5."""
+    from auditor.records import Allocation
+
+    def pod(uid: str, n: int, hours: float, phase: str) -> Allocation:
+        return Allocation("c", "kubernetes", uid, user="", account="a2", start=T0, end=T0 + hours * H,
+                          gpus=gpus(f"node-{uid}", n), state=phase)
+
+    store.ingest([pod("p1", 2, 1.5, "Failed"), pod("p2", 1, 2, "Succeeded")])
+    c = cfg()
+    rid = run_audit(store, c, W0, W1).run_id
+    g = build_context(store, c, rid)["goodput"]
+    assert [(r["job"], r["state"], r["cause"], r["lost_gpu_hours"]) for r in g["runs"]] == [
+        ("p1", "FAILED", "user", pytest.approx(3.0))]
+    assert g["teams"] == [pytest.approx({**BIO, "reserved_gpu_hours": 5.0, "lost_gpu_hours": 3.0,
+                                         "user_gpu_hours": 3.0, "useful_share": 2 / 5, "effective_share": 0.0})]
