@@ -180,3 +180,32 @@ def test_failed_pod_is_lost_time(store: Store) -> None:
         ("p1", "FAILED", "user", pytest.approx(3.0))]
     assert g["teams"] == [pytest.approx({**BIO, "reserved_gpu_hours": 5.0, "lost_gpu_hours": 3.0,
                                          "user_gpu_hours": 3.0, "useful_share": 2 / 5, "effective_share": 0.0})]
+
+
+FIX = Path(__file__).parent / "fixtures" / "slurm" / "24.11" / "running"
+
+
+def test_slurm_restart_count_is_read() -> None:
+    """Real Slurm 24.11 output (tests/fixtures/slurm/24.11/running): every job says Restarts=0 /
+    restart_cnt 0; the same record with Restarts=2 (as scontrol prints a twice-requeued job) reads 2."""
+    from connectors.slurm.jobs import from_json_job, from_scontrol_job, restart_count
+    from connectors.slurm.parse import scontrol_records
+
+    records = scontrol_records((FIX / "scontrol-show-job-oneliner.txt").read_text())
+    assert records and {from_scontrol_job(r, "c").restarts for r in records} == {0}
+    assert from_scontrol_job(records[0].replace("Restarts=0", "Restarts=2"), "c").restarts == 2
+    jobs = json.loads((FIX / "scontrol-show-job.json").read_text())["jobs"]
+    assert {from_json_job(j, "c").restarts for j in jobs} == {0}
+    assert from_json_job({**jobs[0], "restart_cnt": {"set": True, "infinite": False, "number": 3}}, "c").restarts == 3
+    assert [restart_count(v) for v in (None, "", "x", -1, {"set": False, "number": 0})] == [None] * 5
+
+
+def test_slurm_restart_count_without_the_earlier_runs(store: Store) -> None:
+    """A job Slurm says it restarted 3 times whose earlier runs were never collected: 3 restarts (a finding),
+    its lost hours only its own failed run's: 1 GPU x 2 h = 2 GPU-h. A job with Restarts=1: below the
+    threshold."""
+    store.ingest([job("70", gpus("n5", 1), 2, state="FAILED", account="a2", restarts=3),
+                  job("71", gpus("n6", 1), 1, state="COMPLETED", account="a2", restarts=1)])
+    rid = run_audit(store, cfg(), W0, W1).run_id
+    f = findings(store, rid, "failed_restarts")
+    assert list(f) == ["70"] and (f["70"][0]["gpu_hours"], f["70"][0]["evidence"]["restarts"]) == (2.0, 3)

@@ -11,7 +11,7 @@ GPU-hours in the window are *lost*. Each lost run has one cause:
 
 Slurm resets a job's submit time when it requeues it, so every run of a requeued job is its own stored
 instance of the same job id (``allocations.instance_ts``): the restarts of a job are its instances in the
-window minus one. The useful-time share (reserved minus lost, over reserved) is the figure Meta reports for
+window minus one, or Slurm's own count (``allocations.restarts``) where that is more. The useful-time share (reserved minus lost, over reserved) is the figure Meta reports for
 the Llama 3 run (more than 90 % of the time doing useful training). Computed once here, from the run's
 ``usage_allocation`` rows: the report section, the ``failed_restarts`` findings and the chargeback column
 ``lost_gpu_hours`` all read :func:`lost_runs`. Rules: docs/definitions.md "Goodput".
@@ -41,9 +41,9 @@ WHERE u.run_id = :run AND UPPER(a.state) IN :states"""
 EVENTS = """SELECT DISTINCT g.allocation_id, e.node, e.kind, e.reason FROM allocated_gpus g
 JOIN node_events e ON e.node = g.node AND e.cluster = :cluster
 WHERE g.allocation_id = :id AND e.kind IN :kinds AND e.start_ts <= :end AND COALESCE(e.end_ts, :end) >= :start"""
-INSTANCES = """SELECT a.cluster, a.source, a.external_id, COUNT(*) AS n
+INSTANCES = """SELECT a.cluster, a.source, a.external_id, COUNT(*) AS n, MAX(COALESCE(a.restarts, 0)) AS said
 FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run
-GROUP BY a.cluster, a.source, a.external_id HAVING COUNT(*) > 1"""
+GROUP BY a.cluster, a.source, a.external_id HAVING COUNT(*) > 1 OR MAX(COALESCE(a.restarts, 0)) > 0"""
 
 
 def run_thresholds(th: dict[str, Any], current: Thresholds) -> Thresholds:
@@ -80,9 +80,10 @@ def lost_runs(conn: Connection, run_id: int, th: Thresholds) -> list[dict[str, A
 
 
 def restarts(conn: Connection, run_id: int) -> dict[tuple[str, str, str], int]:
-    """(cluster, source, job id) -> restarts in the window, for the job ids with more than one stored
-    instance in the run."""
-    return {(r.cluster, r.source, r.external_id): int(r.n) - 1
+    """(cluster, source, job id) -> restarts: its stored runs in the window minus one, or the count Slurm
+    reports (``allocations.restarts``) where that is more (earlier runs never collected); only job ids
+    with a restart."""
+    return {(r.cluster, r.source, r.external_id): max(int(r.n) - 1, int(r.said or 0))
             for r in conn.execute(text(INSTANCES), {"run": run_id})}
 
 
