@@ -11,8 +11,9 @@ GPU-hours in the window are *lost*. Each lost run has one cause:
 
 Slurm resets a job's submit time when it requeues it, so every run of a requeued job is its own stored
 instance of the same job id (``allocations.instance_ts``): the restarts of a job are its instances in the
-window minus one, or Slurm's own count (``allocations.restarts``) where that is more. The useful-time share (reserved minus lost, over reserved) is the figure Meta reports for
-the Llama 3 run (more than 90 % of the time doing useful training). Computed once here, from the run's
+window minus one, or Slurm's own count (``allocations.restarts``) where that is more. The useful-time
+share (reserved minus lost, over reserved) is the figure Meta reports for the Llama 3 run (more than 90 % of
+the time doing useful training). Computed once here, from the run's
 ``usage_allocation`` rows: the report section, the ``failed_restarts`` findings and the chargeback column
 ``lost_gpu_hours`` all read :func:`lost_runs`. Rules: docs/definitions.md "Goodput".
 """
