@@ -209,3 +209,25 @@ def test_slurm_restart_count_without_the_earlier_runs(store: Store) -> None:
     rid = run_audit(store, cfg(), W0, W1).run_id
     f = findings(store, rid, "failed_restarts")
     assert list(f) == ["70"] and (f["70"][0]["gpu_hours"], f["70"][0]["evidence"]["restarts"]) == (2.0, 3)
+
+
+def test_pod_container_restarts_are_read(store: Store) -> None:
+    """The recorded pods (tests/fixtures/kubernetes/pods-all.json, a real API server's listing) all say
+    restartCount 0; a pod whose container restarted 4 times (the same object, restartCount 4) reads 4 and is
+    a failed_restarts finding: its restarts are in the evidence, its lost GPU-hours 0 (it never ended
+    failed; the time a container lost inside a pod is not measured)."""
+    import copy
+
+    from auditor.records import Allocation
+    from connectors.k8s_resources import pod_restarts
+
+    items = json.loads((Path(__file__).parent / "fixtures" / "kubernetes" / "pods-all.json").read_text())["items"]
+    assert {pod_restarts(p) for p in items if (p.get("status") or {}).get("containerStatuses")} == {0}
+    crashing = copy.deepcopy(next(p for p in items if (p.get("status") or {}).get("containerStatuses")))
+    crashing["status"]["containerStatuses"][0]["restartCount"] = 4
+    assert pod_restarts(crashing) == 4 and pod_restarts({"status": {}}) is None
+    store.ingest([Allocation("c", "kubernetes", "uid-1", user="", account="a2", start=T0, end=T0 + 2 * H,
+                             gpus=gpus("node-k", 1), state="Succeeded", restarts=pod_restarts(crashing))])
+    rid = run_audit(store, cfg(), W0, W1).run_id
+    f = findings(store, rid, "failed_restarts")
+    assert list(f) == ["uid-1"] and (f["uid-1"][0]["gpu_hours"], f["uid-1"][0]["evidence"]["restarts"]) == (0.0, 4)
