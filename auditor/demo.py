@@ -21,6 +21,8 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
   resnet training pod) throws XID 79, later XID 48, and hits a hardware power brake: that time is
   infrastructure-affected (its own column, never idle), and gpu-node-a, with 3 faults, is a lemon
   (lemon_node, for operations).
+- training job 1050 on gpu-node-02's GPUs 2-5 fails and is requeued twice: a node failure (12 h), a
+  preemption (10 h), then its own failed exit (6 h): 112 GPU-hours lost (goodput; failed_restarts).
 
 Every capability a site can switch on is on: prices per model, teams, email, and energy with a grid carbon
 intensity per cluster (so the report shows kg CO2 beside kWh).
@@ -98,6 +100,7 @@ class Workload:
     labels: dict[str, str] = field(default_factory=dict)
     owner: str = ""
     idle_spans: list[tuple[float, float]] = field(default_factory=list)  # hours into the week, GPUs held idle
+    state: str = "COMPLETED"  # the scheduler's end state
 
     def profile_at(self, gpu: int, hour: float) -> Profile:
         if any(a <= hour < b for a, b in self.idle_spans):
@@ -130,7 +133,15 @@ def fleet() -> list[Workload]:
     for i in range(6):  # back-to-back evaluation array tasks on node-02 GPUs 6-7
         w.append(Workload("hpc", f"1010_{i}", "eval-sweep", "carol", "team-b", "gpu-node-02", [6, 7],
                           12 + i * 20, 16, WORKING))
+    for start_h, hours, state in REQUEUED_RUNS:  # Slurm resets the submit time on a requeue: 3 runs of one id
+        w.append(Workload("hpc", "1050", "llama-finetune", "erin", "team-a", "gpu-node-02", [2, 3, 4, 5], start_h,
+                          hours, WORKING, state=state))
     return w
+
+
+#: Job 1050's runs (from hour, hours, end state): a node failure, a preemption, then its own failed exit;
+#: clear of 1003 (GPUs 2-5 until hour 66), of the drain (hours 95-99) and of the reservation (from 140).
+REQUEUED_RUNS = ((70.0, 12.0, "NODE_FAIL"), (84.0, 10.0, "PREEMPTED"), (100.0, 6.0, "FAILED"))
 
 
 #: A drained node: cluster, node, from hour, to hour, the admin's reason (Slurm's node event).
@@ -197,7 +208,7 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
             end = t0 + (w.start_h + w.hours) * 3600
             idx = ",".join(map(str, w.gpus)) if w.indices_known else None
             gpus = f"{w.node}:{idx}" if idx else f"{w.node}:*{len(w.gpus)}"
-            wr.writerow([w.id, w.name, w.user, w.account, "gpu", "COMPLETED", _iso(t0 + w.start_h * 3600),
+            wr.writerow([w.id, w.name, w.user, w.account, "gpu", w.state, _iso(t0 + w.start_h * 3600),
                          _iso(end), gpus, "h100", "slurm", time_limit_s(w)])
     paths.append(slurm)
     extra = out / "hpc-reservations.json"

@@ -66,6 +66,8 @@ class Allocation:
     exit_code: str | None = None
     cpus: int | None = None
     cpu_time_s: float | None = None
+    #: times the scheduler restarted (requeued) the job (Slurm Restarts); None: not said
+    restarts: int | None = None
 
     @property
     def gpu_count(self) -> float:

@@ -327,7 +327,17 @@ def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, 
     return Allocation(
         cluster=rules.cluster, source="kubernetes", external_id=uid, name=meta.get("name", ""),
         user=str(user), account=meta.get("namespace", ""), state=state, start=start, end=end,
-        submit=None, owner_workload=owners.top(pod), labels=labels, gpus=gpus)
+        submit=None, owner_workload=owners.top(pod), labels=labels, gpus=gpus, restarts=pod_restarts(pod))
+
+
+def pod_restarts(pod: Mapping[str, Any]) -> int | None:
+    """Container restarts of a pod: the sum of its (init) containers' ``restartCount``; None when the
+    status lists no container (the goodput rules read it as the pod's restarts)."""
+    status = pod.get("status") or {}
+    counts = [cs.get("restartCount") for k in ("initContainerStatuses", "containerStatuses")
+              for cs in (status.get(k) or []) if isinstance(cs, dict)]
+    counts = [c for c in counts if isinstance(c, int) and not isinstance(c, bool) and c >= 0]
+    return sum(counts) if counts else None
 
 
 def pod_wait(pod: Mapping[str, Any], rules: PodRules, unknown: Callable[[str], None]) -> GpuWait | None:

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, text
 
 from auditor import energy, jsonsafe
-from auditor.audit import infra, kinds, parallel, rightsize
+from auditor.audit import goodput, infra, kinds, parallel, rightsize
 from auditor.audit.efficiency import low_efficiency
 from auditor.audit.episodes import idle_episodes
 from auditor.audit.evidence import (
@@ -173,6 +173,8 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
     with step("nodes that cost us"):
         nodes = infra.nodes_that_cost(conn, run_id, th, since, horizon, clusters)
     rows += infra.lemon_findings(run_id, nodes, th)  # repeated faults matter even on a node nobody held
+    with step("goodput (failed restarts)"):
+        rows += goodput.restart_findings(conn, run_id, th)
     # the thresholds are the run's (audit_runs.thresholds), stored once, not in every finding's evidence: the
     # same 1.2 kB of JSON encoded 60,000 times at 16,384 GPUs, and stripped again by every export
     resv = reservation_unused(rows)  # read before the evidence is written away

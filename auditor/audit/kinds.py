@@ -17,6 +17,7 @@ class Kind:
 
     name: str
     family: str  # allocation | episode | efficiency | coverage | reservation | hygiene | queue | infrastructure
+    # | goodput
     audience: str  # user | operations: who acts on it (the evidence's recipient)
     section: str  # the report section (context key) that lists it
     nudged: bool  # users (and teams) get a nudge about it
@@ -53,6 +54,8 @@ KINDS: tuple[Kind, ...] = (
          "A quota holding more GPUs than its jobs use: unused quota, not reserved idle time."),
     Kind("lemon_node", "infrastructure", "operations", "nodes", False, False, "Lemon node",
          "A node with repeated faults: infrastructure time, never idle, never the users'."),
+    Kind("failed_restarts", "goodput", "user", "goodput", False, False, "Failed and restarted",
+         "A job requeued or restarted again and again: the GPU-hours its failed runs lost, never idle."),
 )
 
 BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}

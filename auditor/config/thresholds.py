@@ -101,3 +101,12 @@ class Thresholds(Strict):
     lemon_min_faults: int = Field(3, ge=1, description="lemon_node: a node with at least this many "
                                   "infrastructure events (of the kinds above, distinct intervals, any of its "
                                   "GPUs) in the audit window.")
+    goodput_infra_events: list[InfraKind] = Field(["xid", "ecc_dbe", "row_remap", "down", "not_ready"],
+                                                  description="Goodput: a failed run is infrastructure-caused "
+                                                  "when a node it held had a node event of these kinds during "
+                                                  "the run (throttling and a drain do not kill a job).")
+    goodput_min_restarts: int = Field(2, ge=1, description="failed_restarts: a job id with at least this many "
+                                      "restarts (stored runs beyond the first: Slurm requeues) in the audit "
+                                      "window.")
+    goodput_target: float = Field(0.9, ge=0, le=1, description="Goodput: the useful-time share the report "
+                                  "compares each team against (Meta's Llama 3 run: above 90 %).")

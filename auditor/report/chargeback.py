@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 from datetime import UTC, date, datetime
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 
 from auditor import energy, jsonsafe
 from auditor.config import Config
@@ -29,13 +30,13 @@ from auditor.errors import GpuAuditError
 from auditor.report.outfile import write_text
 from auditor.store.engine import Store
 
-SCHEMA = "gpu-audit.chargeback/1"
+SCHEMA = "gpu-audit.chargeback/2"
 BY = ("account", "namespace", "team", "user", "cluster", "qos", "state")
 HOURS = ("reserved", "effective", "idle", "idle_by_util", "mirage", "low", "working", "busy_unverified",
          "unknown", "infra")
 COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "allocations",
            *(f"{h}_gpu_hours" for h in HOURS), "reserved_cost", "idle_cost", "cost_per_effective_gpu_hour",
-           "currency", *energy.KEYS, "audit_run_id")
+           "currency", *energy.KEYS, "audit_run_id", "lost_gpu_hours")
 TEXT_COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "currency")
 _OWNER = {"account": "a.account", "namespace": "a.account", "team": "u.team", "user": "a.user_name",
           "cluster": "a.cluster", "qos": "a.qos", "state": "a.state"}
@@ -114,7 +115,31 @@ def chargeback(store: Store, cfg: Config, since: datetime, until: datetime, by: 
                              _q(r.reserved_cost, C4), _q(r.idle_cost, C4), cfg.prices.currency, run_id))
             e = kwh.get((r.cluster, r.owner or ""), {})
             rows[-1].update({k: None if e.get(k) is None else _q(e[k], H6) for k in energy.KEYS})
+        lost = lost_by_owner(conn, cfg, run_id, owner)
+    for r in rows:
+        r["lost_gpu_hours"] = _q(lost.get((r["cluster"], r["owner"]), 0.0) / 3600.0, H6)
     return rows
+
+
+def lost_by_owner(conn: Any, cfg: Config, run_id: int, owner: str) -> dict[tuple[str, str], float]:
+    """(cluster, owner) -> seconds lost to failed and restarted runs: the report's Goodput figure
+    (:func:`auditor.audit.goodput.lost_runs`, under the run's thresholds), grouped by the chargeback owner."""
+    from auditor.audit import goodput
+
+    stored = conn.execute(text("SELECT thresholds FROM audit_runs WHERE id = :run"), {"run": run_id}).scalar()
+    if isinstance(stored, str):
+        stored = json.loads(stored)
+    lost = goodput.lost_by_allocation(conn, run_id, goodput.run_thresholds(stored or {}, cfg.thresholds))
+    out: dict[tuple[str, str], float] = {}
+    if not lost:
+        return out
+    q = text(f"SELECT a.id AS id, a.cluster AS cluster, {owner} AS owner FROM usage_allocation u JOIN allocations a "
+             "ON a.id = u.allocation_id WHERE u.run_id = :run AND a.id IN :ids").bindparams(
+        bindparam("ids", expanding=True))
+    for r in conn.execute(q, {"run": run_id, "ids": sorted(lost)}):
+        key = (r.cluster, r.owner or "")
+        out[key] = out.get(key, 0.0) + lost[r.id]
+    return out
 
 
 def _row(period: str, since: datetime, until: datetime, cluster: str, by: str, owner: str, n: int,
@@ -134,6 +159,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"allocations": sum(r["allocations"] for r in rows)}
     for h in HOURS:
         out[f"{h}_gpu_hours"] = sum((r[f"{h}_gpu_hours"] for r in rows), Decimal(0))
+    out["lost_gpu_hours"] = sum((r["lost_gpu_hours"] for r in rows), Decimal(0))
     for c in ("reserved_cost", "idle_cost"):
         out[c] = sum((r[c] for r in rows), Decimal(0))
     for c in energy.KEYS:  # a carbon figure missing in any row (no intensity for its cluster): no total

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import Connection, select, text
 
-from auditor.audit import kinds
+from auditor.audit import goodput, kinds
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.intparse import INT32_MAX, parse_uint
@@ -600,11 +600,21 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
         }
         for key, names in SECTION_KINDS.items():
             ctx[key] = findings_table(conn, run_id, names, tz, full=full, top_n=n)
+        ctx["goodput"] = goodput_section(conn, cfg, run_id, th, tz, full=full, top_n=n)
     from auditor.audit.exempt import report_section  # enforcement: active exemptions and the audit log
 
     ctx["enforcement"] = report_section(store, cfg, run["since_ts"], int((now or utcnow()).timestamp()),
                                         lambda ts: _when(ts, tz))
     return ctx
+
+
+def goodput_section(conn: Connection, cfg: Config, run_id: int, th: dict[str, Any], tz: Any, *, full: bool,
+                    top_n: int) -> dict[str, Any]:
+    """The Goodput section (lost GPU-hours by cause, auditor/audit/goodput.py) with its findings table; the
+    report and the streamed JSON export (``full``) both build it here."""
+    out = goodput.section(conn, run_id, goodput.run_thresholds(th, cfg.thresholds), full=full, top_n=top_n)
+    out["findings"] = findings_table(conn, run_id, kinds.of_section("goodput"), tz, full=full, top_n=top_n)
+    return out
 
 
 def summary_sections(conn: Connection, run_id: int, summary: dict[str, Any], th: dict[str, Any], tz: Any, *,

@@ -200,6 +200,8 @@ def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *
         doc.update(report.summary_sections(conn, run_id, dict(run["summary"] or {}),
                                            dict(run["thresholds"] or cfg.thresholds.model_dump()), tz,
                                            full=True, top_n=0))
+        doc["goodput"] = report.goodput_section(conn, cfg, run_id, dict(run["thresholds"] or {}), tz, full=True,
+                                                top_n=0)
         for key, sp in spools.items():
             doc[key] = sp.done(ctx[key])
         doc["coverage"] = dict(ctx["coverage"], silent=_silent(conn, ctx, files))

@@ -32,6 +32,9 @@ ADVICE = {
     "idle_quota": "For operations: the quota holds more GPUs than its jobs use; lower it or lend the rest.",
     "lemon_node": "For operations: this node faulted again and again (XID errors, throttling, ECC or row "
                   "remapping, drains): take it out for repair or RMA; its users are not billed for that time.",
+    "failed_restarts": "This job failed and was requeued again and again: read the cause of each run (a node "
+                       "fault is for operations; an exit, out-of-memory or time limit is the job's) and "
+                       "checkpoint often enough that a restart keeps its work.",
 }
 
 DEFINITIONS = {

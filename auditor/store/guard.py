@@ -109,6 +109,7 @@ def clean(rec: Any) -> Any:
         rec.exit_code = _text(rec.exit_code, "exit_code", optional=True)
         _int(rec.cpus, "cpus", optional=True)
         rec.cpu_time_s = _float(rec.cpu_time_s, "cpu_time_s", optional=True)
+        _int(rec.restarts, "restarts", optional=True)
         rec.labels = _labels(rec.labels)
         gpus = []
         for g in rec.gpus:

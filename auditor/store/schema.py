@@ -70,6 +70,9 @@ allocations = Table(
     Column("cpu_time_s", Float, comment="CPU seconds the job used (Slurm TotalCPU: user + system over its "
            "steps); NULL when the source does not say or reports 0 for a job that ran (sacct -X may leave "
            "it empty)."),
+    Column("restarts", Integer, comment="Times the scheduler restarted the job (Slurm Restarts, squeue --json "
+           "restart_cnt: requeues, each a new run with its own submit time; Kubernetes: the pod's container "
+           "restarts, the sum of restartCount); NULL when the source does not say."),
     UniqueConstraint("cluster", "source", "external_id", "instance_ts"),
     Index(None, "cluster", "start_ts", "end_ts"),
     comment="Jobs and pods that held GPUs (the ledger: kept after the scheduler forgets them).",

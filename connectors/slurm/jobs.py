@@ -82,6 +82,13 @@ def cpu_seconds(value: Any) -> float | None:
     return total if total > 0 else None
 
 
+def restart_count(value: Any) -> int | None:
+    """scontrol ``Restarts=N`` / squeue --json ``restart_cnt`` (a number, or 24.x ``{"set": true, "number": N}``)
+    -> N; None when absent or not a whole number >= 0."""
+    n = number(value)
+    return n if isinstance(n, int) and n >= 0 else None
+
+
 def _cpus(tres: dict[str, str]) -> int | None:
     n = tres.get("cpu")
     return int(n) if n is not None and n.isdigit() and int(n) > 0 else None
@@ -282,7 +289,7 @@ def from_scontrol_job(record: str, cluster: str) -> Allocation:
         reservation="" if is_null(d.get("Reservation")) else d.get("Reservation", ""),
         time_limit_s=parse_duration(d.get("TimeLimit")),
         labels=_labels(nodes_text, placement, job_id_raw=d["JobId"]),
-        gpus=gpus,
+        gpus=gpus, restarts=restart_count(d.get("Restarts")),
     )
 
 
@@ -330,7 +337,7 @@ def from_json_job(job: dict[str, Any], cluster: str) -> Allocation:
         reservation=job.get("resv_name") or "",
         time_limit_s=parse_duration(job.get("time_limit")),
         labels=_labels(nodes_text, placement, job_id_raw=number(job.get("job_id"))),
-        gpus=gpus,
+        gpus=gpus, restarts=restart_count(job.get("restart_cnt")),
     )
 
 
@@ -385,6 +392,7 @@ def merge(history: Allocation, running: Allocation) -> Allocation:
     running.start = running.start or history.start
     running.time_limit_s = running.time_limit_s or history.time_limit_s
     running.cpus = running.cpus or history.cpus
+    running.restarts = running.restarts if running.restarts is not None else history.restarts
     if not running.gpus or running.labels.get("gpu_placement") not in ("idx", "per-node"):
         running.gpus = history.gpus or running.gpus
         running.labels["gpu_placement"] = history.labels.get("gpu_placement", "")
