@@ -101,3 +101,10 @@ class Thresholds(Strict):
     lemon_min_faults: int = Field(3, ge=1, description="lemon_node: a node with at least this many "
                                   "infrastructure events (of the kinds above, distinct intervals, any of its "
                                   "GPUs) in the audit window.")
+    # issue 36: inference services (vLLM, TGI)
+    batching_concurrency: float = Field(2.0, ge=0, description="batching_headroom: an inference service's pod "
+                                        "whose mean requests running is below this, on a chip that is "
+                                        "memory-bound (mean DRAM activity >= hint_dram_high) or low (mean SM "
+                                        "activity < low_efficiency_sm)...")
+    batching_min_gpu_hours: float = Field(1.0, ge=0, description="...over at least this many reserved "
+                                          "GPU-hours with inference metrics.")

@@ -32,6 +32,9 @@ ADVICE = {
     "idle_quota": "For operations: the quota holds more GPUs than its jobs use; lower it or lend the rest.",
     "lemon_node": "For operations: this node faulted again and again (XID errors, throttling, ECC or row "
                   "remapping, drains): take it out for repair or RMA; its users are not billed for that time.",
+    "batching_headroom": "The server ran about one request at a time on a chip waiting on memory: raise the "
+                         "batch (vLLM --max-num-seqs, TGI --max-batch-total-tokens), route more traffic to fewer "
+                         "replicas, or serve it from a smaller GPU.",
 }
 
 DEFINITIONS = {

@@ -1,0 +1,189 @@
+"""Inference services (vLLM, TGI) end to end: the engines' own metric names (tests/fixtures/inference,
+PROVENANCE.md) backfilled with promtool into a PRIVATE Prometheus this module starts on a free port, read by
+the inference connector, stored on both engines, audited; every figure checked against the hand calculation
+below (docs/definitions.md "Inference services").
+
+The scenario (two hours from T0, samples every 30 s, price 2.00 per GPU-hour, so 2 GPU-hours cost 4.00):
+
+- ``serve/chat-7d9f`` (vLLM, Deployment/chat, team nlp) on n1 GPU 0: ``vllm:generation_tokens_total`` rises
+  20 tokens/s from 96,000 (the fixture's value). Each bucket's ``increase`` sees 10 samples spanning 270 s,
+  5,400 tokens, extrapolated to the 300 s bucket: 5,400 x 300 / 270 = 6,000; 24 buckets = 144,000 tokens.
+  ``vllm:num_requests_running`` is 1,1,1,1,1,1,1,2,2,2 in every bucket: mean 13 / 10 = 1.3. The GPU's SM
+  activity 30 % (not low: >= 25 %), DRAM 60 % (>= hint_dram_high 40 %): memory-bound. So cost per million =
+  4.00 / 144,000 x 10^6 = 27.78, tokens per GPU-hour = 144,000 / 2 = 72,000, and batching_headroom:
+  "mean concurrency 1.3 on a memory-bound chip".
+- ``serve/tgi-0`` (TGI, StatefulSet/tgi, team search) on n2 GPU 0: ``tgi_request_generated_tokens_sum``
+  rises 50 tokens/s from 163,840: 13,500 x 300 / 270 = 15,000 a bucket, 360,000 in all; batch size 8,
+  queue 3. Cost per million = 4.00 / 360,000 x 10^6 = 11.11; tokens per GPU-hour 180,000; concurrency 8 is
+  not below 2: no finding.
+- one vLLM series without namespace/pod labels: not tied to any allocation, counted in the source's notes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from auditor.audit.run import run_audit
+from auditor.config import Config
+from auditor.records import AllocatedGpu, Allocation, GpuBucket, InferenceBucket
+from connectors.base import Context, Problems, Window
+from connectors.inference import InferenceTelemetry, names_read, parse_page
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "inference"
+NOW = int(time.time())
+T0 = (NOW - 2 * 86400) // 3600 * 3600  # two days ago, a whole hour
+HOURS = 2
+STEPS = HOURS * 3600 // 30
+RUNNING = [1, 1, 1, 1, 1, 1, 1, 2, 2, 2]  # per bucket of 10 samples: mean 1.3
+CHAT = 'namespace="serve",pod="chat-7d9f",instance="10.0.0.7:8000"'
+TGI = 'namespace="serve",pod="tgi-0",instance="10.0.0.8:80"'
+LOOSE = 'instance="10.9.9.9:8000"'
+
+
+def page(name: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    return parse_page((FIX / name).read_text())
+
+
+def test_fixture_pages_carry_the_names_the_queries_read() -> None:
+    vllm, tgi = page("vllm-v1-metrics.prom"), page("tgi-router-metrics.prom")
+    assert names_read("vllm") <= set(vllm), names_read("vllm") - set(vllm)
+    assert names_read("tgi") <= set(tgi), names_read("tgi") - set(tgi)
+    # the values the scenario starts from are the pages' own
+    assert vllm["vllm:generation_tokens_total"] == [({"engine": "0", "model_name": "unsloth/Llama-3.2-1B-Instruct"},
+                                                    96000.0)]
+    assert tgi["tgi_request_generated_tokens_sum"] == [({}, 163840.0)]
+    assert tgi["tgi_batch_current_size"] == [({}, 8.0)]
+    # every TGI name the connector reads is in TGI's own documented list
+    documented = (FIX / "tgi-docs-metrics.md").read_text()
+    assert all(f"`{n.removesuffix('_sum')}`" in documented for n in names_read("tgi"))
+
+
+def _series(name: str, labels: str, values: list[float]) -> list[str]:
+    return [f"{name}{{{labels}}} {v:g} {T0 + i * 30}" for i, v in enumerate(values)]
+
+
+def openmetrics() -> str:
+    """Two hours of both servers' series, the names and the vLLM labels taken from the fixture pages."""
+    vllm = page("vllm-v1-metrics.prom")
+    (vl, tokens0), = vllm["vllm:generation_tokens_total"]
+    vlabels = ",".join(f'{k}="{v}"' for k, v in sorted(vl.items()))
+    tgi0 = page("tgi-router-metrics.prom")["tgi_request_generated_tokens_sum"][0][1]
+    fams = {
+        "vllm:generation_tokens_total": _series("vllm:generation_tokens_total", f"{CHAT},{vlabels}",
+                                                [tokens0 + 20 * 30 * i for i in range(STEPS)])
+        + _series("vllm:generation_tokens_total", f"{LOOSE},{vlabels}", [tokens0] * STEPS),
+        "vllm:num_requests_running": _series("vllm:num_requests_running", f"{CHAT},{vlabels}",
+                                             [RUNNING[i % 10] for i in range(STEPS)]),
+        "vllm:num_requests_waiting": _series("vllm:num_requests_waiting", f"{CHAT},{vlabels}", [0] * STEPS),
+        "tgi_request_generated_tokens_sum": _series("tgi_request_generated_tokens_sum", TGI,
+                                                    [tgi0 + 50 * 30 * i for i in range(STEPS)]),
+        "tgi_batch_current_size": _series("tgi_batch_current_size", TGI, [8] * STEPS),
+        "tgi_queue_size": _series("tgi_queue_size", TGI, [3] * STEPS),
+    }
+    return "".join(f"# TYPE {n} gauge\n" + "\n".join(lines) + "\n" for n, lines in fams.items()) + "# EOF\n"
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from test_infra_prometheus import private_prometheus
+
+    with private_prometheus(tmp_path_factory.mktemp("inference"), openmetrics()) as url:
+        yield url
+
+
+def window() -> Window:
+    start = datetime.fromtimestamp(T0, UTC)
+    return Window(start, start + timedelta(hours=HOURS), 300)
+
+
+def collected(url: str) -> tuple[list[InferenceBucket], InferenceTelemetry]:
+    src = InferenceTelemetry(Context("c"), InferenceTelemetry.Options(url=url, retries=0))
+    return list(src.collect(window(), Problems())), src
+
+
+@pytest.mark.service
+def test_connector_reads_tokens_concurrency_and_batch_per_pod(prom: str) -> None:
+    rows, src = collected(prom)
+    by = {(b.engine, b.job): [] for b in rows}
+    for b in rows:
+        by[(b.engine, b.job)].append(b)
+    assert set(by) == {("vllm", "serve/chat-7d9f"), ("tgi", "serve/tgi-0")}  # the label-less series: a note
+    chat, tgi = by[("vllm", "serve/chat-7d9f")], by[("tgi", "serve/tgi-0")]
+    assert len(chat) == len(tgi) == 24
+    assert [b.start for b in chat] == [datetime.fromtimestamp(T0 + 300 * i, UTC) for i in range(24)]
+    assert all(b.generated_tokens == pytest.approx(6000.0, rel=1e-9) for b in chat)  # 5,400 x 300 / 270
+    assert all(b.running_mean == pytest.approx(1.3) and b.waiting_mean == 0 and b.batch_mean is None for b in chat)
+    assert {b.model for b in chat} == {"unsloth/Llama-3.2-1B-Instruct"}
+    assert all(b.generated_tokens == pytest.approx(15000.0, rel=1e-9) for b in tgi)  # 13,500 x 300 / 270
+    assert all(b.running_mean == 8 and b.batch_mean == 8 and b.waiting_mean == 3 for b in tgi)
+    assert len(src.notes) == 1 and "1 inference series without namespace/pod labels" in src.notes[0]
+    assert "10.9.9.9:8000" in src.notes[0]
+
+
+def _allocations() -> list[Any]:
+    start, end = datetime.fromtimestamp(T0, UTC), datetime.fromtimestamp(T0 + HOURS * 3600, UTC)
+    return [Allocation("c", "kubernetes", "uid-chat", name="chat-7d9f", account="serve", user="ana", start=start,
+                       end=end, owner_workload="Deployment/chat", labels={"team": "nlp"},
+                       gpus=[AllocatedGpu("n1", 0, model="NVIDIA A100")]),
+            Allocation("c", "kubernetes", "uid-tgi", name="tgi-0", account="serve", user="bo", start=start,
+                       end=end, owner_workload="StatefulSet/tgi", labels={"team": "search"},
+                       gpus=[AllocatedGpu("n2", 0, model="NVIDIA A100")])]
+
+
+def _gpu_buckets() -> list[GpuBucket]:
+    return [GpuBucket("c", host, 0, datetime.fromtimestamp(T0 + 300 * i, UTC), 300, 10, gpu_util=0.9,
+                      sm_active=0.3, dram_active=0.6 if host == "n1" else 0.3)
+            for host in ("n1", "n2") for i in range(24)]
+
+
+@pytest.mark.service
+def test_stored_and_audited_on_both_engines(prom: str, store: Any) -> None:
+    rows, _ = collected(prom)
+    stats = store.ingest([*_allocations(), *_gpu_buckets(), *rows], seen_at_ts=NOW)
+    assert stats.inference == 48
+    again = store.ingest(rows, seen_at_ts=NOW)  # idempotent: a re-read replaces
+    assert again.inference == 48
+    with store.engine.connect() as conn:
+        n, tokens = conn.execute(text("SELECT COUNT(*), SUM(generated_tokens) FROM inference_buckets")).one()
+    assert n == 48 and tokens == pytest.approx(144000 + 360000, rel=1e-9)
+    start = datetime.fromtimestamp(T0, UTC)
+    res = run_audit(store, Config(), start, start + timedelta(hours=HOURS))
+    services = {s["service"]: s for s in res.summary["inference"]}
+    chat, tgi = services["Deployment/chat"], services["StatefulSet/tgi"]
+    assert chat["tokens"] == pytest.approx(144000, rel=1e-9) and chat["gpu_hours"] == pytest.approx(2.0)
+    assert chat["cost"] == pytest.approx(4.0)
+    assert chat["cost_per_million"] == pytest.approx(4.0 / 144000 * 1e6, rel=1e-9)  # 27.78
+    assert chat["tokens_per_gpu_hour"] == pytest.approx(72000, rel=1e-9)
+    assert chat["concurrency"] == pytest.approx(1.3) and chat["batching_headroom"] is True
+    assert tgi["cost_per_million"] == pytest.approx(4.0 / 360000 * 1e6, rel=1e-9)  # 11.11
+    assert tgi["concurrency"] == pytest.approx(8.0) and tgi["batching_headroom"] is False
+    assert [s["service"] for s in res.summary["inference"]] == ["Deployment/chat", "StatefulSet/tgi"]  # dearest first
+    assert res.summary["inference_tokens_by_team"] == pytest.approx({"nlp": 144000, "search": 360000})
+    with store.engine.connect() as conn:
+        found = conn.execute(text("SELECT a.name, f.idle_gpu_hours, f.evidence FROM findings f JOIN allocations a "
+                                  "ON a.id = f.allocation_id WHERE f.run_id = :r AND f.kind = 'batching_headroom'"),
+                             {"r": res.run_id}).all()
+    assert [(f.name, f.idle_gpu_hours) for f in found] == [("chat-7d9f", 0.0)]
+    ev = found[0].evidence if isinstance(found[0].evidence, dict) else __import__("json").loads(found[0].evidence)
+    assert ev["rule"] == "mean concurrency 1.3 on a memory-bound chip: batching would raise tokens per GPU-hour"
+    assert ev["recipient"] == "user" and ev["generated_tokens"] == pytest.approx(144000, rel=1e-9)
+
+
+def test_bad_values_are_refused_one_line_each_and_the_rest_stored(store: Any) -> None:
+    start = datetime.fromtimestamp(T0, UTC)
+    good = InferenceBucket("c", "vllm", "serve/a", start, 300, generated_tokens=10.0, running_mean=1.0)
+    bad = [InferenceBucket("c", "vllm", "serve/b", start, 300, generated_tokens=float("nan")),
+           InferenceBucket("c", "vllm", "serve/c", start, 300, running_mean=-1.0),
+           InferenceBucket("c", "vllm", "", start, 300, generated_tokens=1.0)]
+    refused: list[str] = []
+    stats = store.ingest([good, *bad], seen_at_ts=NOW, on_bad=lambda rec, why: refused.append(why))
+    assert stats.inference == 1 and stats.quarantined == 3
+    assert refused == ["generated_tokens: nan is not a count", "running_mean: -1.0 is not a count",
+                       "job: not a namespace/pod key"]
