@@ -33,6 +33,7 @@ from sqlalchemy import text
 from auditor.audit.run import run_audit
 from auditor.config import Config
 from auditor.records import AllocatedGpu, Allocation, GpuBucket, InferenceBucket
+from auditor.report.chargeback import chargeback, totals
 from connectors.base import Context, Problems, Window
 from connectors.inference import InferenceTelemetry, names_read, parse_page
 
@@ -165,7 +166,10 @@ def test_stored_and_audited_on_both_engines(prom: str, store: Any) -> None:
     assert tgi["cost_per_million"] == pytest.approx(4.0 / 360000 * 1e6, rel=1e-9)  # 11.11
     assert tgi["concurrency"] == pytest.approx(8.0) and tgi["batching_headroom"] is False
     assert [s["service"] for s in res.summary["inference"]] == ["Deployment/chat", "StatefulSet/tgi"]  # dearest first
-    assert res.summary["inference_tokens_by_team"] == pytest.approx({"nlp": 144000, "search": 360000})
+    # the chargeback's tokens column: each team's pods' tokens, as the audit counted them
+    cb = chargeback(store, Config(), start, start + timedelta(hours=HOURS), "team", run_id=res.run_id)
+    assert {(r["owner"], r["tokens"]) for r in cb} == {("nlp", 144000), ("search", 360000)}
+    assert totals(cb)["tokens"] == 504000
     with store.engine.connect() as conn:
         found = conn.execute(text("SELECT a.name, f.idle_gpu_hours, f.evidence FROM findings f JOIN allocations a "
                                   "ON a.id = f.allocation_id WHERE f.run_id = :r AND f.kind = 'batching_headroom'"),

@@ -126,18 +126,16 @@ def services(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def tokens_by_team(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Generated tokens per team (the chargeback's tokens column)."""
-    out: dict[str, float] = defaultdict(float)
-    for p in rows:
-        out[p["team"]] += p["tokens"]
-    return dict(out)
+def tokens_by_allocation(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Generated tokens per allocation id (JSON keys are text): what the chargeback's tokens column sums per
+    owner."""
+    return {str(p["allocation_id"]): p["tokens"] for p in rows}
 
 
 def findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, since: int,
              horizon: int, summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     """batching_headroom findings of one run; the services' figures go into ``summary["inference"]`` (the
-    one computation every surface shows) and the tokens per team into ``summary["inference_tokens_by_team"]``."""
+    one computation every surface shows) and the tokens per allocation into ``summary["inference_tokens"]``."""
     from auditor.audit.evidence import _finding
 
     rows = pods(conn, per_alloc, since, horizon)
@@ -155,6 +153,6 @@ def findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
         del p["_r"]
     if summary is not None and rows:
         summary["inference"] = services(rows)
-        summary["inference_tokens_by_team"] = tokens_by_team(rows)
+        summary["inference_tokens"] = tokens_by_allocation(rows)
     return out
 
