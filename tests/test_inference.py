@@ -191,3 +191,26 @@ def test_bad_values_are_refused_one_line_each_and_the_rest_stored(store: Any) ->
     assert stats.inference == 1 and stats.quarantined == 3
     assert refused == ["generated_tokens: nan is not a count", "running_mean: -1.0 is not a count",
                        "job: not a namespace/pod key"]
+
+
+@pytest.mark.service
+def test_report_shows_the_same_figures_on_every_surface(prom: str, store: Any) -> None:
+    from auditor.report.context import build_context
+    from auditor.report.render import render_html, render_json, render_md, render_text
+
+    rows, _ = collected(prom)
+    store.ingest([*_allocations(), *_gpu_buckets(), *rows], seen_at_ts=NOW)
+    start = datetime.fromtimestamp(T0, UTC)
+    res = run_audit(store, Config(), start, start + timedelta(hours=HOURS))
+    ctx = build_context(store, Config(), res.run_id)
+    sec = ctx["inference"]
+    assert [r["service"] for r in sec["rows"]] == ["Deployment/chat", "StatefulSet/tgi"]
+    assert sec["totals"]["tokens"] == pytest.approx(504000) and sec["totals"]["headroom"] == 1
+    # 8.00 / 504,000 x 10^6 = 15.87 for both services together
+    assert sec["totals"]["cost_per_million"] == pytest.approx(8.0 / 504000 * 1e6)
+    txt, md, (html, _) = render_text(ctx), render_md(ctx), render_html(ctx)
+    for body in (txt, md, html):
+        assert "27.78" in body and "11.11" in body  # 4.00 / 144,000 and 4.00 / 360,000 per million
+        assert "144,000" in body and "360,000" in body and "1.3" in body
+    assert "[BATCHING HEADROOM]" in txt and "batching headroom" in html
+    assert '"cost_per_million"' in render_json(ctx)
