@@ -15,6 +15,7 @@ be tied to a GPU: it is counted in :attr:`notes`, never guessed. Records only; t
 
 from __future__ import annotations
 
+import csv
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -22,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from auditor.config import SecretRef
 from auditor.errors import SourceError
@@ -50,8 +51,11 @@ class InferenceTelemetry:
     """Per pod and bucket: tokens generated, mean requests running and waiting, mean batch size."""
 
     class Options(Options):
-        url: str = Field(description="Base URL of the Prometheus-compatible API that scrapes the inference "
-                         "servers, e.g. `https://prometheus:9090`.")
+        url: str | None = Field(None, description="Base URL of the Prometheus-compatible API that scrapes the "
+                                "inference servers, e.g. `https://prometheus:9090` (or `paths`).")
+        paths: list[str] | None = Field(None, description="Instead of `url`: CSV files (or glob patterns, relative "
+                                        "to the config file) of per-bucket rows, `start,engine,namespace,pod,"
+                                        "generated_tokens,running,waiting,batch` (docs/inference.md).")
         bearer_token: SecretRef | None = Field(None, description="Bearer token: `{env = \"VAR\"}` or "
                                                "`{file = \"/path\"}`.")
         username: str | None = Field(None, description="Basic-auth user (password from `password`).")
@@ -74,6 +78,12 @@ class InferenceTelemetry:
                 raise ValueError(f"unknown engine {bad[0]!r} (one of {', '.join(ENGINES)})")
             return v
 
+        @model_validator(mode="after")
+        def _one_source(self) -> InferenceTelemetry.Options:
+            if (self.url is None) == (self.paths is None):
+                raise ValueError("give either url (a Prometheus API) or paths (CSV files)")
+            return self
+
         @field_validator("matchers")
         @classmethod
         def _matchers(cls, v: str) -> str:
@@ -85,20 +95,26 @@ class InferenceTelemetry:
 
     def __init__(self, context: Context, options: InferenceTelemetry.Options) -> None:
         self.context, self.options = context, options
-        self.source = f"inference:{safe_url(options.url)}"
         o = options
+        self.notes: list[str] = []
+        self.http: PrometheusTelemetry | None = None
+        if o.url is None:
+            self.source = "inference:files"
+            return
+        self.source = f"inference:{safe_url(o.url)}"
         # the HTTP side (auth, TLS, retries, error lines) is the Prometheus connector's, used as it is
         self.http = PrometheusTelemetry(context, PrometheusTelemetry.Options(
             url=o.url, bearer_token=o.bearer_token, username=o.username, password=o.password,
             verify_tls=o.verify_tls, ca_file=o.ca_file, matchers=o.matchers, timeout_s=o.timeout_s,
             retries=o.retries, backoff_s=o.backoff_s, recording_rules="off"))
         self.http.source = self.source
-        self.notes: list[str] = []
 
     def close(self) -> None:
-        self.http.close()
+        if self.http is not None:
+            self.http.close()
 
     def query(self, fn: str, names: tuple[str, ...], bucket_s: int) -> str:
+        assert self.http is not None
         return f"{fn}({self.http.selector(list(names))}[{bucket_s}s] offset 1ms)"
 
     def chunks(self, window: Window) -> Iterator[tuple[int, int]]:
@@ -113,12 +129,16 @@ class InferenceTelemetry:
             first = last + b
 
     def collect(self, window: Window, problems: Problems) -> Iterable[InferenceBucket]:
+        if self.http is None:
+            yield from self.read_files(window, problems)
+            return
         b = window.bucket_seconds
         unlabelled: set[str] = set()
         for engine in self.options.engines:
             for first, last in self.chunks(window):
                 rows: dict[tuple[str, int], dict[str, Any]] = {}
                 for fname, (fn, names) in ENGINES[engine].items():
+                    assert self.http is not None
                     data = self.http.api("/api/v1/query_range", {"query": self.query(fn, names, b),
                                                                  "start": str(first + b), "end": str(last + b),
                                                                  "step": str(b)}, problems)
@@ -133,6 +153,46 @@ class InferenceTelemetry:
                                           **{f: row.get(f) for f in FIELDS})
         self.notes = [f"{len(unlabelled)} inference series without namespace/pod labels (not tied to a GPU "
                       f"allocation), e.g. {sorted(unlabelled)[0]}"] if unlabelled else []
+
+    def read_files(self, window: Window, problems: Problems) -> Iterator[InferenceBucket]:
+        """Per-bucket rows of CSV files (a bucket of ``window.bucket_seconds`` starting at ``start``); a bad
+        row is skipped with one line naming the file and line, the rest read."""
+        from connectors._rows import files_matching
+
+        since, until = window.since.timestamp(), window.until.timestamp()
+        for path in files_matching(self.context, self.options.paths or []):
+            with path.open(newline="", encoding="utf-8") as f:
+                for no, rec in enumerate(csv.DictReader(f), start=2):
+                    try:
+                        b = self.file_row(rec, window.bucket_seconds)
+                    except (KeyError, TypeError, ValueError) as exc:
+                        problems.skip(self.source, f"{path.name}:{no}", str(exc).splitlines()[0][:200],
+                                      str(rec)[:120])
+                        continue
+                    if since <= b.start.timestamp() < until and b.engine in self.options.engines:
+                        yield b
+
+    def file_row(self, rec: dict[str, str], bucket_s: int) -> InferenceBucket:
+        from auditor.timeutil import parse_time
+
+        def num(k: str) -> float | None:
+            v = (rec.get(k) or "").strip()
+            if not v:
+                return None
+            x = float(v)
+            if not math.isfinite(x) or x < 0:
+                raise ValueError(f"{k}: {v!r} is not a count")
+            return x
+
+        ns, pod = (rec.get("namespace") or "").strip(), (rec.get("pod") or "").strip()
+        if not pod:
+            raise ValueError("pod: empty (a row must name its pod)")
+        start = parse_time(rec["start"])
+        return InferenceBucket(cluster=self.context.cluster, engine=(rec.get("engine") or "").strip(),
+                               job=f"{ns}/{pod}", start=start.astimezone(UTC), seconds=bucket_s,
+                               instance=(rec.get("instance") or "").strip(), model=(rec.get("model") or "").strip(),
+                               generated_tokens=num("generated_tokens"), running_mean=num("running"),
+                               waiting_mean=num("waiting"), batch_mean=num("batch"))
 
     def fold(self, rows: dict[tuple[str, int], dict[str, Any]], engine: str, fname: str, data: Any, b: int,
              unlabelled: set[str], problems: Problems) -> None:

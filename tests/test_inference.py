@@ -214,3 +214,23 @@ def test_report_shows_the_same_figures_on_every_surface(prom: str, store: Any) -
         assert "144,000" in body and "360,000" in body and "1.3" in body
     assert "[BATCHING HEADROOM]" in txt and "batching headroom" in html
     assert '"cost_per_million"' in render_json(ctx)
+
+
+def test_csv_files_of_per_bucket_rows(tmp_path: Path) -> None:
+    """The file form (a site exporting its recording rules, the demo): one row a bucket; a bad row is one line
+    naming file and line, the rest read."""
+    (tmp_path / "inf.csv").write_text(
+        "start,engine,namespace,pod,generated_tokens,running,waiting,batch,model\n"
+        "2026-11-20T00:00:00Z,vllm,serve,chat-1,9000,1.0,0,,llama\n"
+        "2026-11-20T00:05:00Z,vllm,serve,chat-1,nan,1.0,0,,llama\n"
+        "2026-11-20T00:10:00Z,tgi,serve,tgi-0,15000,8,3,8,\n"
+        "2026-11-21T00:00:00Z,tgi,serve,tgi-0,1,1,1,1,\n")  # outside the window
+    src = InferenceTelemetry(Context("c", tmp_path), InferenceTelemetry.Options(paths=["*.csv"]))
+    problems = Problems()
+    start = datetime(2026, 11, 20, tzinfo=UTC)
+    rows = list(src.collect(Window(start, start + timedelta(hours=1)), problems))
+    assert [(b.engine, b.job, b.start.minute, b.generated_tokens, b.running_mean, b.batch_mean) for b in rows] == [
+        ("vllm", "serve/chat-1", 0, 9000.0, 1.0, None), ("tgi", "serve/tgi-0", 10, 15000.0, 8.0, 8.0)]
+    assert [(loc, why) for _, loc, why, _ in problems.items] == [("inf.csv:3", "generated_tokens: 'nan' is not a count")]
+    with pytest.raises(ValueError, match="either url"):
+        InferenceTelemetry.Options()
