@@ -231,6 +231,7 @@ def test_csv_files_of_per_bucket_rows(tmp_path: Path) -> None:
     rows = list(src.collect(Window(start, start + timedelta(hours=1)), problems))
     assert [(b.engine, b.job, b.start.minute, b.generated_tokens, b.running_mean, b.batch_mean) for b in rows] == [
         ("vllm", "serve/chat-1", 0, 9000.0, 1.0, None), ("tgi", "serve/tgi-0", 10, 15000.0, 8.0, 8.0)]
-    assert [(loc, why) for _, loc, why, _ in problems.items] == [("inf.csv:3", "generated_tokens: 'nan' is not a count")]
+    assert [(loc, why) for _, loc, why, _ in problems.items] == [
+        ("inf.csv:3", "generated_tokens: 'nan' is not a count")]
     with pytest.raises(ValueError, match="either url"):
         InferenceTelemetry.Options()
