@@ -235,3 +235,41 @@ def test_csv_files_of_per_bucket_rows(tmp_path: Path) -> None:
         ("inf.csv:3", "generated_tokens: 'nan' is not a count")]
     with pytest.raises(ValueError, match="either url"):
         InferenceTelemetry.Options()
+
+
+def test_collect_stores_the_good_rows_and_quarantines_the_bad(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpu-audit collect` through the registered kind: a row the file form refuses (not a count) and one the
+    store refuses (a concurrency no GPU serves) are quarantined, each naming where it was; the rest stored."""
+    import types
+
+    from conftest import run_cli
+    from helpers import add_connector
+
+    import connectors
+    import connectors.inference as mod
+
+    if "inference" not in connectors.kinds():  # an install from before the kind's entry point was added
+        kind = types.ModuleType("inference_kind")
+        kind.TELEMETRY = mod.InferenceTelemetry  # type: ignore[attr-defined]
+        add_connector(monkeypatch, "inference", kind)
+    (tmp_path / "inf.csv").write_text(
+        "start,engine,namespace,pod,generated_tokens,running,waiting,batch,model\n"
+        "2026-11-20T00:00:00Z,vllm,serve,chat-1,9000,1.0,0,,llama\n"
+        "2026-11-20T00:05:00Z,vllm,serve,chat-1,-5,1.0,0,,llama\n"
+        "2026-11-20T00:10:00Z,vllm,serve,chat-1,9000,5e9,0,,llama\n")
+    db = tmp_path / "s.db"
+    (tmp_path / "c.toml").write_text(f'[store]\nurl = "sqlite:///{db}"\n[[clusters]]\nname = "c"\n'
+                                     '[[clusters.telemetry]]\nkind = "inference"\npaths = ["inf.csv"]\n')
+    res = run_cli("-c", str(tmp_path / "c.toml"), "collect", "--since", "2026-11-20", "--until", "2026-11-21")
+    assert res.returncode == 0, res.stderr
+    from auditor.store.engine import Store
+
+    with Store.open(f"sqlite:///{db}").engine.connect() as conn:
+        stored = conn.execute(text("SELECT job, generated_tokens FROM inference_buckets")).all()
+        bad = conn.execute(text("SELECT location, reason FROM quarantined_records ORDER BY id")).all()
+    assert [tuple(r) for r in stored] == [("serve/chat-1", 9000.0)]
+    assert sorted(tuple(r) for r in bad) == [
+        ("inf.csv:3", "generated_tokens: '-5' is not a count"),
+        ("vllm inference serve/chat-1 at 2026-11-20T00:10:00+00:00",
+         "running_mean: 5e+09 requests is not a concurrency")]
+
