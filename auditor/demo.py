@@ -17,6 +17,8 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
   (ghost_busy, for operations; not reserved, not billed);
 - the triton service uses < 50 % of its A100s' SMs and 30 GB: an L40S would do (right-sizing, team platform);
 - carol's eval-sweep tasks ask for 7 days and run 16 hours (request_hygiene).
+- the chat-vllm service serves one request at a time for 48 hours on a memory-bound A100: 30 tokens/s, mean
+  concurrency 1.0 (batching_headroom; its cost per million generated tokens in the report and chargeback).
 - Slurm drains gpu-node-02 for 4 hours while eval task 1010_4 runs on it, and gpu-node-a's GPU 1 (under the
   resnet training pod) throws XID 79, later XID 48, and hits a hardware power brake: that time is
   infrastructure-affected (its own column, never idle), and gpu-node-a, with 3 faults, is a lemon
@@ -80,6 +82,9 @@ HELD_IDLE = Profile(sm=0.0, util=0.0, tensor=0.0, dram=0.0, fb=20480, power=62)
 INFERENCE = Profile(sm=0.7, util=0.95, tensor=0.35, dram=0.3, fb=30000, power=300, daily=True)
 FREE = Profile(sm=0.0, util=0.0, fb=0, power=55)
 MEMORY_BOUND = Profile(sm=0.15, util=0.9, tensor=0.02, dram=0.62, fb=70000, power=280)
+#: a vLLM server decoding one request at a time: weights streamed from memory per token (DRAM high), SM ~30 %
+#: (not low_efficiency), 72 GB of KV cache preallocated (vLLM's default 90 %: no smaller model fits)
+BATCH_OF_ONE = Profile(sm=0.3, util=0.97, tensor=0.05, dram=0.55, fb=72000, power=260)
 
 
 @dataclass
@@ -129,6 +134,9 @@ def fleet() -> list[Workload]:
         Workload("k8s", "c3e8-features", "feature-extract-7k2xq", "", "ml-train", "gpu-node-b", [2, 3], 60, 40,
                  MEMORY_BOUND, source="kubernetes", indices_known=False, labels={"app": "features"},
                  owner="Job/feature-extract"),
+        Workload("k8s", "4f6a-chat-vllm", "chat-vllm-5f7d9-x2k4p", "", "inference", "gpu-node-b", [4], 24, 48,
+                 BATCH_OF_ONE, source="kubernetes", indices_known=False, labels={"app": "chat-vllm"},
+                 owner="Deployment/chat-vllm"),
     ]
     for i in range(6):  # back-to-back evaluation array tasks on node-02 GPUs 6-7
         w.append(Workload("hpc", f"1010_{i}", "eval-sweep", "carol", "team-b", "gpu-node-02", [6, 7],
@@ -294,6 +302,28 @@ def _fault_rows(cluster: str, node: str, g: int, hour: float, head: list[str], t
                *tail]
 
 
+#: The planted inference server's metrics per bucket: workload id -> (engine, model, tokens/s, requests running)
+INFERENCE_METRICS = {"4f6a-chat-vllm": ("vllm", "meta-llama/Llama-3.1-8B-Instruct", 30.0, 1.0)}
+
+
+def write_inference(out: Path, t0: int) -> Path:
+    """The inference server's per-bucket figures as the inference connector's CSV form (docs/inference.md)."""
+    p = out / "k8s-inference.csv"
+    with p.open("w", newline="", encoding="utf-8") as f:
+        wr = csv.writer(f)
+        wr.writerow(["start", "engine", "namespace", "pod", "generated_tokens", "running", "waiting", "batch",
+                     "model"])
+        for w in fleet():
+            if w.id not in INFERENCE_METRICS:
+                continue
+            engine, model, rate, running = INFERENCE_METRICS[w.id]
+            first = int(t0 + w.start_h * 3600)
+            for ts in range(first, int(first + w.hours * 3600), BUCKET):
+                wr.writerow([_iso(ts), engine, w.account, w.name, f"{rate * BUCKET:g}", f"{running:g}", "0", "",
+                             model])
+    return p
+
+
 def write_telemetry(out: Path, t0: int, days: int, seed: int, telemetry: str = "dcgm") -> list[Path]:
     rng = random.Random(seed)
     paths = []
@@ -335,6 +365,9 @@ paths = ["k8s-allocations.json"]
 [[clusters.telemetry]]
 kind = "file"
 paths = ["k8s-telemetry.csv"]
+[[clusters.telemetry]]
+kind = "inference"
+paths = ["k8s-inference.csv"]
 
 [prices]
 currency = "USD"
@@ -438,5 +471,6 @@ def generate(out: Path, *, now: datetime | None = None, days: int = 7, seed: int
     t0 = int(start.timestamp())
     write_allocations(out, t0)
     write_telemetry(out, t0, days, seed, telemetry)
+    write_inference(out, t0)
     url = store_url or f"sqlite:///{(out / DB_FILE).resolve()}"
     return write_config(out, url), start, end

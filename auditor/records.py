@@ -230,3 +230,23 @@ class RunningSnapshot:
     #: events of these kinds from ``event_source`` not seen in it have ended, at their last sighting
     event_kinds: tuple[str, ...] = ()
     event_source: str = ""
+
+
+@dataclass(slots=True)
+class InferenceBucket:
+    """One inference server's (vLLM, TGI) work in one bucket, per pod: tokens generated (the counter's
+    increase), mean requests running and waiting, mean batch size where the engine reports one. ``job`` is
+    the telemetry job key of the pod (namespace/pod, as GpuBucket.job_key), which ties it to the pod's GPU
+    allocation."""
+
+    cluster: str
+    engine: str  # vllm | tgi
+    job: str  # namespace/pod
+    start: datetime
+    seconds: int
+    instance: str = ""
+    model: str = ""
+    generated_tokens: float | None = None
+    running_mean: float | None = None
+    waiting_mean: float | None = None
+    batch_mean: float | None = None

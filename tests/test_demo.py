@@ -74,6 +74,8 @@ def test_demo_finds_exactly_the_planted_problems(demo: tuple[dict, Path]) -> Non
         ("lemon_node", "gpu-node-a"): (0.25, 0.0),
         # job 1050 requeued twice (3 runs on 4 GPUs): 4 x (12 + 10 + 6) = 112 GPU-h lost, never idle
         ("failed_restarts", "1050"): (112.0, 0.0),
+        # chat-vllm: 1 A100 x 48 h serving one request at a time on a memory-bound chip; never idle time
+        ("batching_headroom", "4f6a-chat-vllm"): (48.0, 0.0),
     }
 
 
@@ -101,9 +103,10 @@ def test_demo_plants_one_right_sizing_to_a_smaller_model(demo: tuple[dict, Path]
 def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:
     data, _ = demo
     # 1001: 8 GPUs x 140 h; 1002: 2 x 48; 1004: 2 x 12; 1003: 4 x 36; 1010_*: 6 x 2 x 16; notebook 120; triton 2 x 168;
-    # resnet 4 x 30; feature-extract 2 x 40; 1030: 1 x 10; 1050's three runs 4 x (12 + 10 + 6) = 112
+    # resnet 4 x 30; feature-extract 2 x 40; 1030: 1 x 10; 1050's three runs 4 x (12 + 10 + 6) = 112;
+    # chat-vllm 1 x 48
     assert data["reserved_gpu_hours"] == pytest.approx(1120 + 96 + 24 + 144 + 192 + 120 + 336 + 120 + 80 + 10
-                                                       + 112)
+                                                       + 112 + 48)
     assert data["mirage_gpu_hours"] == pytest.approx(96 + 24)
     # mirage (1002, 1004) + 3 idle GPUs of 1003 + notebook + the 3 h stall of 1001 on 8 GPUs
     assert data["idle_gpu_hours"] == pytest.approx(96 + 24 + 108 + 120 + 24)
@@ -112,12 +115,30 @@ def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:
     # infrastructure-affected: gpu-node-02 drained 4 h under eval task 1010_4 (2 GPUs) = 8, and the 3 faulty
     # buckets of gpu-node-a GPU 1 under the resnet pod (3 x 5 min) = 0.25
     assert data["infra_gpu_hours"] == pytest.approx(8 + 0.25)
-    # everything else was planted as work (low or working), by hand: 2354 reserved - 372 idle - 58 unknown
-    # - 8.25 infra = 1915.75 (not the code's remainder identity: unknown is checked on its own above); 1050's
-    # failed runs worked until they failed (their 112 GPU-h are lost, a goodput figure, not a verdict)
-    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1915.75)
+    # everything else was planted as work (low or working), by hand: 2402 reserved - 372 idle - 58 unknown
+    # - 8.25 infra = 1963.75 (not the code's remainder identity: unknown is checked on its own above); 1050's
+    # failed runs worked until they failed (their 112 GPU-h are lost, a goodput figure, not a verdict), and
+    # chat-vllm's 48 GPU-h are low or working (memory-bound at batch 1: a batching finding, not idle)
+    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1963.75)
     assert data.get("busy_unverified_gpu_hours", 0.0) == 0
     assert data["mean_gpu_util"] > 0.75 and data["mean_sm_active"] < 0.65
+
+
+def test_demo_inference_service_at_batch_one(demo: tuple[dict, Path]) -> None:
+    """chat-vllm: 30 tokens/s for 48 h = 30 x 300 = 9,000 tokens a bucket x 576 buckets = 5,184,000 tokens on
+    1 A100 x 48 h = 48 GPU-h x 2.50 = 120.00: 120 / 5.184 = 23.15 per million tokens, 5,184,000 / 48 = 108,000
+    tokens per GPU-hour; running 1 request throughout (mean concurrency 1.0 < 2) with DRAM ~55 % >= 40 %."""
+    data, out = demo
+    assert data["inference"] == [pytest.approx({
+        "cluster": "k8s", "service": "Deployment/chat-vllm", "team": "platform", "engine": "vllm",
+        "model": "meta-llama/Llama-3.1-8B-Instruct", "pods": 1, "tokens": 5_184_000.0, "gpu_hours": 48.0,
+        "cost": 120.0, "cost_per_million": 120 / 5.184, "tokens_per_gpu_hour": 108_000.0, "concurrency": 1.0,
+        "batching_headroom": True})]
+    text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
+    assert "k8s Deployment/chat-vllm (vllm, meta-llama/Llama-3.1-8B-Instruct): 5,184,000 tokens, 48.0 GPU-h" \
+        in text_report
+    assert "USD 23.15 per million tokens, 108,000 tokens per GPU-hour, mean concurrency 1.0 [BATCHING HEADROOM]" \
+        in text_report
 
 
 def test_demo_opportunity_cost(demo: tuple[dict, Path]) -> None:

@@ -348,6 +348,10 @@ def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]
         out += idle_reservations(conn, run_id, cfg, p, clusters, th)
     with step("ghosts on unallocated GPUs"):
         out += ghosts() if ghosts is not None else unallocated_ghosts(conn, run_id, th, p, clusters)
+    with step("inference services"):
+        from auditor.audit import inference
+
+        out += inference.findings(conn, run_id, per_alloc, th, since, horizon, summary)
     with step("request hygiene"):
         hygiene, teams = request_hygiene(conn, run_id, th, p)
     if summary is not None:

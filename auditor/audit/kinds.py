@@ -16,8 +16,8 @@ class Kind:
     """One finding kind (as Datasette's ``Setting``: data, documented, checked against the docs)."""
 
     name: str
-    family: str  # allocation | episode | efficiency | coverage | reservation | hygiene | queue | infrastructure
-    # | goodput
+    family: str  # allocation | episode | efficiency | coverage | reservation | hygiene | queue | infrastructure |
+    #             goodput | inference
     audience: str  # user | operations: who acts on it (the evidence's recipient)
     section: str  # the report section (context key) that lists it
     nudged: bool  # users (and teams) get a nudge about it
@@ -56,6 +56,9 @@ KINDS: tuple[Kind, ...] = (
          "A node with repeated faults: infrastructure time, never idle, never the users'."),
     Kind("failed_restarts", "goodput", "user", "goodput", False, False, "Failed and restarted",
          "A job requeued or restarted again and again: the GPU-hours its failed runs lost, never idle."),
+    Kind("batching_headroom", "inference", "user", "inference", False, False, "Batching headroom",
+         "An inference server at about one request at a time on a memory-bound or low chip: more tokens per "
+         "GPU-hour from batching; never idle time (0 idle hours)."),
 )
 
 BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}

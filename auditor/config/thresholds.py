@@ -110,3 +110,10 @@ class Thresholds(Strict):
                                       "window.")
     goodput_target: float = Field(0.9, ge=0, le=1, description="Goodput: the useful-time share the report "
                                   "compares each team against (Meta's Llama 3 run: above 90 %).")
+    # issue 36: inference services (vLLM, TGI)
+    batching_concurrency: float = Field(2.0, ge=0, description="batching_headroom: an inference service's pod "
+                                        "whose mean requests running is below this, on a chip that is "
+                                        "memory-bound (mean DRAM activity >= hint_dram_high) or low (mean SM "
+                                        "activity < low_efficiency_sm)...")
+    batching_min_gpu_hours: float = Field(1.0, ge=0, description="...over at least this many reserved "
+                                          "GPU-hours with inference metrics.")

@@ -36,7 +36,7 @@ HOURS = ("reserved", "effective", "idle", "idle_by_util", "mirage", "low", "work
          "unknown", "infra")
 COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "allocations",
            *(f"{h}_gpu_hours" for h in HOURS), "reserved_cost", "idle_cost", "cost_per_effective_gpu_hour",
-           "currency", *energy.KEYS, "audit_run_id", "lost_gpu_hours")
+           "currency", *energy.KEYS, "audit_run_id", "lost_gpu_hours", "tokens")
 TEXT_COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "currency")
 _OWNER = {"account": "a.account", "namespace": "a.account", "team": "u.team", "user": "a.user_name",
           "cluster": "a.cluster", "qos": "a.qos", "state": "a.state"}
@@ -116,6 +116,7 @@ def chargeback(store: Store, cfg: Config, since: datetime, until: datetime, by: 
             e = kwh.get((r.cluster, r.owner or ""), {})
             rows[-1].update({k: None if e.get(k) is None else _q(e[k], H6) for k in energy.KEYS})
         lost = lost_by_owner(conn, cfg, run_id, owner)
+        add_tokens(conn, rows, run_id, owner)
     for r in rows:
         r["lost_gpu_hours"] = _q(lost.get((r["cluster"], r["owner"]), 0.0) / 3600.0, H6)
     return rows
@@ -142,6 +143,26 @@ def lost_by_owner(conn: Any, cfg: Config, run_id: int, owner: str) -> dict[tuple
     return out
 
 
+def add_tokens(conn: Any, rows: list[dict[str, Any]], run_id: int, owner: str) -> None:
+    """Each row's ``tokens``: the generated tokens of its allocations as the audit run computed them
+    (summary ``inference_tokens``, auditor/audit/inference.py), None where no inference service reported any."""
+    summary = conn.execute(text("SELECT summary FROM audit_runs WHERE id = :run"), {"run": run_id}).scalar()
+    if isinstance(summary, str):
+        summary = json.loads(summary)
+    per_alloc = (summary or {}).get("inference_tokens") or {}
+    got: dict[tuple[str, str], Decimal] = {}
+    if per_alloc:
+        ids = {int(k) for k in per_alloc}
+        sql = (f"SELECT a.id AS id, a.cluster AS cluster, {owner} AS owner FROM usage_allocation u "
+               "JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run")
+        for r in conn.execute(text(sql), {"run": run_id}):
+            if r.id in ids:
+                key = (r.cluster, r.owner or "")
+                got[key] = got.get(key, Decimal(0)) + _q(per_alloc[str(r.id)], Decimal(1))
+    for row in rows:
+        row["tokens"] = got.get((row["cluster"], row["owner"]))
+
+
 def _row(period: str, since: datetime, until: datetime, cluster: str, by: str, owner: str, n: int,
          hours: dict[str, Decimal], reserved_cost: Decimal, idle_cost: Decimal, currency: str,
          run_id: int | None) -> dict[str, Any]:
@@ -165,6 +186,8 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for c in energy.KEYS:  # a carbon figure missing in any row (no intensity for its cluster): no total
         vals = [r.get(c) for r in rows]
         out[c] = None if any(v is None for v in vals) else sum(vals, Decimal(0))
+    toks = [r["tokens"] for r in rows if r.get("tokens") is not None]
+    out["tokens"] = sum(toks, Decimal(0)) if toks else None
     eff = out["effective_gpu_hours"]
     out["cost_per_effective_gpu_hour"] = (out["reserved_cost"] / eff).quantize(C4) if eff > 0 else None
     return out

@@ -21,6 +21,7 @@ from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.intparse import INT32_MAX, parse_uint
 from auditor.report import sizing
+from auditor.report.inference import inference_section
 from auditor.report.nodes import nodes_section
 from auditor.report.words import ADVICE, DEFINITIONS, judged_in_words
 from auditor.store import schema
@@ -625,7 +626,8 @@ def summary_sections(conn: Connection, run_id: int, summary: dict[str, Any], th:
             "request_hygiene": sizing.request_hygiene(conn, run_id, full=full, top_n=top_n,
                                                       teams=summary.get("request_hygiene_by_team")),
             "nodes": nodes_section(summary, th, lambda ts: _when(ts, tz), full=full, top_n=top_n),
-            "opportunity": opportunity_section(summary, full=full, top_n=top_n)}
+            "opportunity": opportunity_section(summary, full=full, top_n=top_n),
+            "inference": inference_section(summary, full=full, top_n=top_n)}
 
 
 def opportunity_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[str, Any] | None:

@@ -35,6 +35,9 @@ ADVICE = {
     "failed_restarts": "This job failed and was requeued again and again: read the cause of each run (a node "
                        "fault is for operations; an exit, out-of-memory or time limit is the job's) and "
                        "checkpoint often enough that a restart keeps its work.",
+    "batching_headroom": "The server ran about one request at a time on a chip waiting on memory: raise the "
+                         "batch (vLLM --max-num-seqs, TGI --max-batch-total-tokens), route more traffic to fewer "
+                         "replicas, or serve it from a smaller GPU.",
 }
 
 DEFINITIONS = {

@@ -25,6 +25,7 @@ from auditor.records import (
     GpuInventory,
     GpuQuota,
     GpuWait,
+    InferenceBucket,
     NodeEvent,
     Reservation,
 )
@@ -206,4 +207,7 @@ def describe(rec: Any) -> tuple[str, str]:
         start = rec.start.isoformat() if isinstance(rec.start, datetime) else str(rec.start)
         where = str(rec.node)[:80] + ("" if rec.gpu is None else f"/{rec.gpu}")
         return f"node event {str(rec.kind)[:16]} {where} at {start}", str(rec.reason)[:80]
+    if isinstance(rec, InferenceBucket):
+        start = rec.start.isoformat() if isinstance(rec.start, datetime) else str(rec.start)
+        return f"{str(rec.engine)[:16]} inference {str(rec.job)[:80]} at {start}", f"tokens={rec.generated_tokens!r}"
     return type(rec).__name__, ""

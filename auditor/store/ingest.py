@@ -22,6 +22,7 @@ from auditor.records import (
     GpuInventory,
     GpuQuota,
     GpuWait,
+    InferenceBucket,
     NodeEvent,
     Record,
     Reservation,
@@ -307,11 +308,27 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
     queue: list[GpuWait | GpuQuota] = []
     events: list[NodeEvent] = []
     snapshots: list[RunningSnapshot] = []
+    inference: list[InferenceBucket] = []  # vLLM/TGI buckets (auditor.store.inference)
     bad: list[tuple[Any, str]] = []
     cache: dict[tuple, int] = {}
     clusters: set[str] = set()
 
     def flush(final: bool = False) -> None:
+        if inference:  # their own set-based upsert; a refused one is quarantined like any record, below
+            from auditor.store.inference import ingest_inference
+
+            refused: list[tuple[Any, str]] = []
+            with store.begin() as conn:
+                stats.inference += ingest_inference(conn, inference, lambda rec, why: refused.append((rec, why)))
+                if refused and on_bad is None:
+                    conn.execute(insert(schema.quarantined_records), [
+                        {"collected_ts": seen_at_ts, "cluster": r.cluster[:128], "source": f"{r.engine} inference",
+                         "location": f"{r.job} at {r.start.isoformat()}"[:255], "reason": why,
+                         "excerpt": repr(r)[:200]} for r, why in refused])
+            for rec, why in refused if on_bad is not None else ():
+                on_bad(rec, why)
+            stats.quarantined += len(refused)
+            inference.clear()
         if bad:  # quarantined, not stored: one bad record never costs the others or the audit
             if on_bad is not None:
                 for rec, why in bad:
@@ -370,6 +387,11 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             clusters.add(rec.cluster)
         elif isinstance(rec, RunningSnapshot):
             snapshots.append(rec)
+        elif isinstance(rec, InferenceBucket):
+            inference.append(rec)
+            clusters.add(rec.cluster)
+            if len(inference) >= store.batch_rows:
+                flush()
         else:
             raise TypeError(f"not a record: {type(rec).__name__}")
     flush(final=True)

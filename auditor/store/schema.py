@@ -431,6 +431,8 @@ enforcement_log = Table(
 )
 
 # the queue side's tables (after the rest, so docs/schema.md lists them last)
+# and the inference side's table (issue 36)
+from auditor.store.schema_inference import inference_buckets  # noqa: E402, I001
 from auditor.store.schema_queue import gpu_quotas, gpu_waits  # noqa: E402
 
-__all__ = ["gpu_quotas", "gpu_waits", "metadata"]
+__all__ = ["gpu_quotas", "gpu_waits", "inference_buckets", "metadata"]

@@ -16,6 +16,7 @@ class IngestStats:
     waits: int = 0  # GPU jobs that waited (gpu_waits rows)
     quotas: int = 0  # GPU quotas (gpu_quotas rows)
     events: int = 0  # node events (infrastructure: faults, drained/down/NotReady/cordoned nodes)
+    inference: int = 0  # inference-server buckets (inference_buckets rows)
     quarantined: int = 0  # records refused at ingest (non-finite or absurd shares/GPU counts)
 
     def add(self, other: IngestStats) -> None:

@@ -1,0 +1,243 @@
+"""Inference servers (vLLM, TGI) through a Prometheus-compatible API: what each serving pod generated.
+
+Per engine, per series and 5-minute bucket, one ``query_range`` each (step = the bucket, evaluated at the
+bucket's end with ``offset 1ms``, so a point covers exactly [start, start + bucket) as in
+:mod:`connectors.prometheus`):
+
+- generated tokens: ``increase(<tokens counter>[300s])`` (counter resets handled by Prometheus);
+- requests running (the concurrency), requests waiting, batch size: ``avg_over_time(<gauge>[300s])``.
+
+Series are tied to the GPU allocation of their pod by the ``namespace`` and ``pod`` labels the scrape's
+Kubernetes service discovery adds, the job key the GPU telemetry uses (:func:`connectors._coverage.job_key`);
+several series of one pod (vLLM's data-parallel ``engine`` label) add up. A series without pod labels cannot
+be tied to a GPU: it is counted in :attr:`notes`, never guessed. Records only; the store is never touched.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from auditor.config import SecretRef
+from auditor.errors import SourceError
+from auditor.records import InferenceBucket
+from connectors._coverage import job_key
+from connectors.base import Context, Options, Problems, Window
+from connectors.prometheus import PrometheusTelemetry, safe_url
+
+#: engine -> bucket field -> (window function, metric names it reads). TGI's running requests are its batch.
+ENGINES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
+    "vllm": {"generated_tokens": ("increase", ("vllm:generation_tokens_total",)),
+             "running_mean": ("avg_over_time", ("vllm:num_requests_running",)),
+             "waiting_mean": ("avg_over_time", ("vllm:num_requests_waiting",))},
+    "tgi": {"generated_tokens": ("increase", ("tgi_request_generated_tokens_sum",)),
+            "running_mean": ("avg_over_time", ("tgi_batch_current_size",)),
+            "waiting_mean": ("avg_over_time", ("tgi_queue_size",)),
+            "batch_mean": ("avg_over_time", ("tgi_batch_current_size",))},
+}
+#: fields that add up over the series of one pod (tokens, requests); the rest too: a pod's two engines
+#: each running 1 request run 2
+FIELDS = ("generated_tokens", "running_mean", "waiting_mean", "batch_mean")
+
+
+class InferenceTelemetry:
+    """Per pod and bucket: tokens generated, mean requests running and waiting, mean batch size."""
+
+    class Options(Options):
+        url: str | None = Field(None, description="Base URL of the Prometheus-compatible API that scrapes the "
+                                "inference servers, e.g. `https://prometheus:9090` (or `paths`).")
+        paths: list[str] | None = Field(None, description="Instead of `url`: CSV files (or glob patterns, relative "
+                                        "to the config file) of per-bucket rows, `start,engine,namespace,pod,"
+                                        "generated_tokens,running,waiting,batch` (docs/inference.md).")
+        bearer_token: SecretRef | None = Field(None, description="Bearer token: `{env = \"VAR\"}` or "
+                                               "`{file = \"/path\"}`.")
+        username: str | None = Field(None, description="Basic-auth user (password from `password`).")
+        password: SecretRef | None = Field(None, description="Basic-auth password: `{env}` or `{file}`.")
+        verify_tls: bool = Field(True, description="Verify the server certificate.")
+        ca_file: Path | None = Field(None, description="CA bundle to verify the server with.")
+        matchers: str = Field("", description="Extra label matchers added to every selector, PromQL syntax "
+                              "without braces, e.g. `cluster=\"a\"`.")
+        engines: list[str] = Field(["vllm", "tgi"], description="Engines whose metrics to read: `vllm`, `tgi`.")
+        timeout_s: float = Field(60.0, gt=0, description="Timeout of one HTTP request, in seconds.")
+        retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed transiently.")
+        backoff_s: float = Field(1.0, ge=0, le=60, description="First retry delay; doubles each retry.")
+        chunk_hours: float = Field(24.0, gt=0, description="Longest span of one query.")
+
+        @field_validator("engines")
+        @classmethod
+        def _known(cls, v: list[str]) -> list[str]:
+            bad = [e for e in v if e not in ENGINES]
+            if bad:
+                raise ValueError(f"unknown engine {bad[0]!r} (one of {', '.join(ENGINES)})")
+            return v
+
+        @model_validator(mode="after")
+        def _one_source(self) -> InferenceTelemetry.Options:
+            if (self.url is None) == (self.paths is None):
+                raise ValueError("give either url (a Prometheus API) or paths (CSV files)")
+            return self
+
+        @field_validator("matchers")
+        @classmethod
+        def _matchers(cls, v: str) -> str:
+            if "{" in v or "}" in v:
+                raise ValueError("write the matchers without braces, e.g. cluster=\"a\"")
+            return v.strip().strip(",")
+
+    name = "inference"
+
+    def __init__(self, context: Context, options: InferenceTelemetry.Options) -> None:
+        self.context, self.options = context, options
+        o = options
+        self.notes: list[str] = []
+        self.http: PrometheusTelemetry | None = None
+        if o.url is None:
+            self.source = "inference:files"
+            return
+        self.source = f"inference:{safe_url(o.url)}"
+        # the HTTP side (auth, TLS, retries, error lines) is the Prometheus connector's, used as it is
+        self.http = PrometheusTelemetry(context, PrometheusTelemetry.Options(
+            url=o.url, bearer_token=o.bearer_token, username=o.username, password=o.password,
+            verify_tls=o.verify_tls, ca_file=o.ca_file, matchers=o.matchers, timeout_s=o.timeout_s,
+            retries=o.retries, backoff_s=o.backoff_s, recording_rules="off"))
+        self.http.source = self.source
+
+    def close(self) -> None:
+        if self.http is not None:
+            self.http.close()
+
+    def query(self, fn: str, names: tuple[str, ...], bucket_s: int) -> str:
+        assert self.http is not None
+        return f"{fn}({self.http.selector(list(names))}[{bucket_s}s] offset 1ms)"
+
+    def chunks(self, window: Window) -> Iterator[tuple[int, int]]:
+        """Aligned bucket starts [first, last] per query, at most ``chunk_hours`` (and 11,000 points) long."""
+        b = window.bucket_seconds
+        first = int(window.since.timestamp()) // b * b
+        until = window.until.timestamp()
+        per = max(1, min(11000, int(self.options.chunk_hours * 3600 // b)))
+        while first < until:
+            last = min(first + (per - 1) * b, math.ceil(until / b) * b - b)
+            yield first, last
+            first = last + b
+
+    def collect(self, window: Window, problems: Problems) -> Iterable[InferenceBucket]:
+        if self.http is None:
+            yield from self.read_files(window, problems)
+            return
+        b = window.bucket_seconds
+        unlabelled: set[str] = set()
+        for engine in self.options.engines:
+            for first, last in self.chunks(window):
+                rows: dict[tuple[str, int], dict[str, Any]] = {}
+                for fname, (fn, names) in ENGINES[engine].items():
+                    assert self.http is not None
+                    data = self.http.api("/api/v1/query_range", {"query": self.query(fn, names, b),
+                                                                 "start": str(first + b), "end": str(last + b),
+                                                                 "step": str(b)}, problems)
+                    self.fold(rows, engine, fname, data, b, unlabelled, problems)
+                for (job, start), row in sorted(rows.items()):
+                    if not window.since.timestamp() <= start < window.until.timestamp():
+                        continue
+                    yield InferenceBucket(cluster=self.context.cluster, engine=engine, job=job,
+                                          start=datetime.fromtimestamp(start, UTC), seconds=b,
+                                          instance=",".join(sorted(row["instance"])),
+                                          model=",".join(sorted(row["model"])),
+                                          **{f: row.get(f) for f in FIELDS})
+        self.notes = [f"{len(unlabelled)} inference series without namespace/pod labels (not tied to a GPU "
+                      f"allocation), e.g. {sorted(unlabelled)[0]}"] if unlabelled else []
+
+    def read_files(self, window: Window, problems: Problems) -> Iterator[InferenceBucket]:
+        """Per-bucket rows of CSV files (a bucket of ``window.bucket_seconds`` starting at ``start``); a bad
+        row is skipped with one line naming the file and line, the rest read."""
+        from connectors._rows import files_matching
+
+        since, until = window.since.timestamp(), window.until.timestamp()
+        for path in files_matching(self.context, self.options.paths or []):
+            with path.open(newline="", encoding="utf-8") as f:
+                for no, rec in enumerate(csv.DictReader(f), start=2):
+                    try:
+                        b = self.file_row(rec, window.bucket_seconds)
+                    except (KeyError, TypeError, ValueError) as exc:
+                        problems.skip(self.source, f"{path.name}:{no}", str(exc).splitlines()[0][:200],
+                                      str(rec)[:120])
+                        continue
+                    if since <= b.start.timestamp() < until and b.engine in self.options.engines:
+                        yield b
+
+    def file_row(self, rec: dict[str, str], bucket_s: int) -> InferenceBucket:
+        from auditor.timeutil import parse_time
+
+        def num(k: str) -> float | None:
+            v = (rec.get(k) or "").strip()
+            if not v:
+                return None
+            x = float(v)
+            if not math.isfinite(x) or x < 0:
+                raise ValueError(f"{k}: {v!r} is not a count")
+            return x
+
+        ns, pod = (rec.get("namespace") or "").strip(), (rec.get("pod") or "").strip()
+        if not pod:
+            raise ValueError("pod: empty (a row must name its pod)")
+        start = parse_time(rec["start"])
+        return InferenceBucket(cluster=self.context.cluster, engine=(rec.get("engine") or "").strip(),
+                               job=f"{ns}/{pod}", start=start.astimezone(UTC), seconds=bucket_s,
+                               instance=(rec.get("instance") or "").strip(), model=(rec.get("model") or "").strip(),
+                               generated_tokens=num("generated_tokens"), running_mean=num("running"),
+                               waiting_mean=num("waiting"), batch_mean=num("batch"))
+
+    def fold(self, rows: dict[tuple[str, int], dict[str, Any]], engine: str, fname: str, data: Any, b: int,
+             unlabelled: set[str], problems: Problems) -> None:
+        """Add one field's answer into ``rows`` (per pod job key and bucket start): series of one pod add up."""
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            raise SourceError(self.source, f"query_range answered {str(data)[:60]!r}, not a matrix")
+        for series in data.get("result") or []:
+            metric = series.get("metric") or {}
+            key = job_key(metric)
+            if not key or "/" not in key:
+                unlabelled.add(metric.get("instance") or metric.get("__name__") or engine)
+                continue
+            for point in series.get("values") or []:
+                try:
+                    end, value = int(float(point[0])), float(point[1])
+                except (TypeError, ValueError, IndexError):
+                    problems.skip(self.source, "query_range", f"{fname}: not a point", str(point)[:80])
+                    continue
+                if not math.isfinite(value) or value < 0:
+                    problems.skip(self.source, "query_range", f"{fname}: value {value!r} is not a count",
+                                  f"{key} at {end}")
+                    continue
+                row = rows.setdefault((key, end - b), {"instance": set(), "model": set()})
+                row[fname] = row.get(fname, 0.0) + value
+                if metric.get("instance"):
+                    row["instance"].add(metric["instance"])
+                if metric.get("model_name"):
+                    row["model"].add(metric["model_name"])
+
+
+TELEMETRY = InferenceTelemetry
+
+
+def parse_page(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Samples of one metrics page by name (the Prometheus text format, prometheus_client's parser):
+    what a scrape of the engine gives, for checking that its names are the ones the queries read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[s.name].append((dict(s.labels), float(s.value)))
+    return dict(out)
+
+
+def names_read(engine: str) -> set[str]:
+    """The metric names the queries of ``engine`` read."""
+    return {n for _, names in ENGINES[engine].values() for n in names}
