@@ -53,6 +53,8 @@ KINDS: tuple[Kind, ...] = (
          "A quota holding more GPUs than its jobs use: unused quota, not reserved idle time."),
     Kind("lemon_node", "infrastructure", "operations", "nodes", False, False, "Lemon node",
          "A node with repeated faults: infrastructure time, never idle, never the users'."),
+    Kind("straggler", "efficiency", "operations", "stragglers", False, False, "Straggler (holds a lockstep job up)",
+         "A node or GPU of a multi-GPU job that computed while its peers waited: the job's hours, never idle."),
 )
 
 BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}

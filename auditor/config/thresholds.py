@@ -101,3 +101,11 @@ class Thresholds(Strict):
     lemon_min_faults: int = Field(3, ge=1, description="lemon_node: a node with at least this many "
                                   "infrastructure events (of the kinds above, distinct intervals, any of its "
                                   "GPUs) in the audit window.")
+    # issue 36: where the waiting goes, stragglers of lockstep jobs (docs/definitions.md)
+    straggler_peer_sm: float = Field(0.25, ge=0, le=1, description="straggler: in a bucket, the other nodes "
+                                     "(or GPUs) of a lockstep job count as waiting when their SM activity is "
+                                     "below this while one computes (SM at least working_sm).")
+    straggler_min_share: float = Field(0.5, ge=0, le=1, description="straggler: reported when a node (or GPU) "
+                                       "held its peers up for at least this share of its observed time...")
+    straggler_min_gpu_hours: float = Field(1.0, ge=0, description="...and its peers waited at least this many "
+                                           "GPU-hours on it.")

@@ -32,6 +32,9 @@ ADVICE = {
     "idle_quota": "For operations: the quota holds more GPUs than its jobs use; lower it or lend the rest.",
     "lemon_node": "For operations: this node faulted again and again (XID errors, throttling, ECC or row "
                   "remapping, drains): take it out for repair or RMA; its users are not billed for that time.",
+    "straggler": "For operations: one node or GPU of this lockstep job computed while the others waited on "
+                 "it; check that node's GPUs, clocks and links (a slow or throttled GPU, a degraded NVLink or "
+                 "network port) or an uneven data shard.",
 }
 
 DEFINITIONS = {

@@ -1,0 +1,137 @@
+"""Where the waiting goes and stragglers (auditor/audit/waiting.py, docs/definitions.md): hand-computed
+cases on both engines."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from auditor.audit.run import run_audit
+from auditor.config import Config
+from auditor.records import AllocatedGpu, Allocation, GpuBucket
+from auditor.store.engine import Store
+
+T0 = datetime(2026, 11, 20, tzinfo=UTC)
+W0, W1 = T0 - timedelta(days=1), T0 + timedelta(days=1)
+
+
+def job(ext: str, gpus: list[AllocatedGpu], hours: float = 2, account: str = "acct") -> Allocation:
+    return Allocation("c", "slurm", ext, user="u", account=account, start=T0, end=T0 + timedelta(hours=hours),
+                      gpus=gpus)
+
+
+def series(host: str, gpu: int, hours: float = 2, start_h: float = 0.0, **metrics: Any) -> list[GpuBucket]:
+    t = T0 + timedelta(hours=start_h)
+    return [GpuBucket("c", host, gpu, t + timedelta(minutes=5 * i), 300, 10, **metrics)
+            for i in range(int(hours * 12))]
+
+
+def waiting(store: Store, run_id: int) -> dict[str, Any]:
+    with store.engine.connect() as conn:
+        s = conn.execute(text("SELECT summary FROM audit_runs WHERE id = :r"), {"r": run_id}).scalar()
+    import json
+
+    return (json.loads(s) if isinstance(s, str) else s)["waiting"]
+
+
+def per_job(w: dict[str, Any]) -> dict[str, dict[str, float]]:
+    return {a["job_id"]: a["gpu_hours"] for a in w["allocations"]}
+
+
+def findings(store: Store, run_id: int, kind: str) -> list[dict[str, Any]]:
+    import json
+
+    with store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT a.external_id, f.evidence, f.idle_gpu_hours FROM findings f JOIN allocations a"
+                                 " ON a.id = f.allocation_id WHERE f.run_id = :r AND f.kind = :k"),
+                            {"r": run_id, "k": kind}).all()
+    return [{**(json.loads(r[1]) if isinstance(r[1], str) else r[1]), "ext": r[0], "idle": r[2]} for r in rows]
+
+
+def test_each_class_by_hand(store: Store) -> None:
+    """One GPU per job, 2 h each; a bucket is 5 min (1/12 h):
+    - "c" SM 0.8: 2 h compute;
+    - "m" SM 0.2, DRAM 0.6 (>= hint_dram_high 0.4): 2 h memory-bound;
+    - "n" SM 0.2, DRAM 0.05, NVLink 3e9 B/s (>= hint_io_bps 1e9): 2 h communication wait;
+    - "s" SM 0.2, DRAM 0.05, PCIe 1e6 B/s: 2 h host/input wait (GPU and links quiet);
+    - "x" SM 0.2 and no DRAM or link counter: 2 h not measured (never guessed);
+    - "i" SM 0.0: 2 h idle;
+    - "g" SM 0.8 for the first hour, no samples the second: 1 h compute, 1 h not measured;
+    - "u" GPU-Util 0.9 only (no SM counter): 2 h not measured."""
+    cases = {"c": {"sm_active": 0.8, "dram_active": 0.3},
+             "m": {"sm_active": 0.2, "dram_active": 0.6},
+             "n": {"sm_active": 0.2, "dram_active": 0.05, "nvlink_tx_bps": 2e9, "nvlink_rx_bps": 1e9},
+             "s": {"sm_active": 0.2, "dram_active": 0.05, "pcie_tx_bps": 1e6},
+             "x": {"sm_active": 0.2},
+             "i": {"sm_active": 0.0, "gpu_util": 0.0},
+             "u": {"gpu_util": 0.9}}
+    recs: list[Any] = []
+    for k, (ext, m) in enumerate(cases.items()):
+        recs += [job(ext, [AllocatedGpu(f"n{k}", 0)]), *series(f"n{k}", 0, **m)]
+    recs += [job("g", [AllocatedGpu("ng", 0)]), *series("ng", 0, hours=1, sm_active=0.8, dram_active=0.1)]
+    store.ingest(recs)
+    res = run_audit(store, Config(), W0, W1)
+    got = per_job(waiting(store, res.run_id))
+    want = {"c": {"compute": 2.0}, "m": {"memory": 2.0}, "n": {"communication": 2.0}, "s": {"starved": 2.0},
+            "x": {"not_measured": 2.0}, "i": {"idle": 2.0}, "u": {"not_measured": 2.0},
+            "g": {"compute": 1.0, "not_measured": 1.0}}
+    for ext, classes in want.items():
+        assert {k: v for k, v in got[ext].items() if v} == pytest.approx(classes), ext
+    w = waiting(store, res.run_id)
+    # fleet: 8 jobs x 2 h = 16 GPU-hours, every hour in exactly one class
+    assert sum(w["total"].values()) == pytest.approx(16.0)
+    assert w["total"]["not_measured"] == pytest.approx(2 + 2 + 1)
+    assert w["by_cluster"][0]["cluster"] == "c" and w["by_cluster"][0]["gpu_hours"]["compute"] == pytest.approx(3.0)
+
+
+def test_two_node_straggler_by_hand(store: Store) -> None:
+    """Job "lock" holds 2 GPUs on each of a1 and a2 for 2 h. For the first 1.5 h a2's GPUs compute (SM 0.9)
+    while a1's wait (SM 0.1 < straggler_peer_sm 0.25); the last 0.5 h all four compute at 0.8.
+    a2 leads 18 of its 24 buckets: share 0.75 >= 0.5; held up: a1's 2 GPUs x 1.5 h = 3.0 GPU-hours; peers'
+    mean SM over those buckets 0.1, the straggler's 0.9. a1 never leads (never busy while a2 waits).
+    Job "even" (2 GPUs of one node, both 0.8) has no straggler. Classes of "lock": a2 2 GPUs x 2 h + a1 2 x
+    0.5 h = 5 GPU-hours compute, a1 2 x 1.5 h = 3 GPU-hours host/input wait (SM 0.1, DRAM and PCIe quiet)."""
+    quiet = {"dram_active": 0.02, "pcie_tx_bps": 1e5}
+    recs: list[Any] = [job("lock", [AllocatedGpu(n, g) for n in ("a1", "a2") for g in (0, 1)], account="acct")]
+    for g in (0, 1):
+        recs += series("a1", g, hours=1.5, sm_active=0.1, **quiet)
+        recs += series("a1", g, hours=0.5, start_h=1.5, sm_active=0.8, **quiet)
+        recs += series("a2", g, hours=2, sm_active=0.9, **quiet)
+    recs += [job("even", [AllocatedGpu("b1", 0), AllocatedGpu("b1", 1)]),
+             *series("b1", 0, sm_active=0.8), *series("b1", 1, sm_active=0.8)]
+    store.ingest(recs)
+    res = run_audit(store, Config(), W0, W1)
+    found = findings(store, res.run_id, "straggler")
+    assert [f["ext"] for f in found] == ["lock"]
+    f = found[0]
+    assert f["straggler_node"] == "a2" and f["straggler_gpus"] == ["a2 GPU 0", "a2 GPU 1"]
+    assert f["held_up_gpus"] == ["a1 GPU 0", "a1 GPU 1"] and f["recipient"] == "operations"
+    assert f["lead_share"] == pytest.approx(0.75) and f["held_up_gpu_hours"] == pytest.approx(3.0)
+    assert f["straggler_mean_sm"] == pytest.approx(0.9) and f["held_up_mean_sm"] == pytest.approx(0.1)
+    assert f["idle"] == 0.0
+    lock = per_job(waiting(store, res.run_id))["lock"]
+    assert {k: v for k, v in lock.items() if v} == pytest.approx({"compute": 5.0, "starved": 3.0})
+
+
+def test_single_node_gpu_straggler_and_thresholds(store: Store) -> None:
+    """One node, GPUs 0-3 for 2 h: GPU 3 computes (0.7) while 0-2 sit at 0.05 (>= idle_sm, so "low", not
+    idle) the whole time: GPU 3 leads 100 %, holding up 3 GPUs x 2 h = 6 GPU-hours. With
+    straggler_min_gpu_hours 6.5 it is not reported; with straggler_peer_sm 0.05 the peers (0.05) are not
+    below it, so no bucket is led."""
+    recs: list[Any] = [job("dp", [AllocatedGpu("n1", g) for g in range(4)])]
+    for g in range(3):
+        recs += series("n1", g, sm_active=0.05, dram_active=0.01, pcie_rx_bps=0.0)
+    recs += series("n1", 3, sm_active=0.7, dram_active=0.2, pcie_rx_bps=0.0)
+    store.ingest(recs)
+    res = run_audit(store, Config(), W0, W1)
+    (f,) = findings(store, res.run_id, "straggler")
+    assert f["straggler_gpus"] == ["n1 GPU 3"] and f["held_up_gpus"] == ["n1 GPU 0", "n1 GPU 1", "n1 GPU 2"]
+    assert f["held_up_gpu_hours"] == pytest.approx(6.0) and f["lead_share"] == pytest.approx(1.0)
+    cfg = Config()
+    for change in ({"straggler_min_gpu_hours": 6.5}, {"straggler_peer_sm": 0.05}):
+        th = cfg.thresholds.model_copy(update=change)
+        res = run_audit(store, cfg, W0, W1, thresholds=th)
+        assert findings(store, res.run_id, "straggler") == [], change
