@@ -192,19 +192,23 @@ def stragglers(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], t
             node, _, gpu = str(x.unit).partition(":")
             mine = [(n, i) for n, i in gpus[aid] if n == node and (not gpu or str(i) == gpu)]
             peers = [(n, i) for n, i in gpus[aid] if (n, i) not in mine]
-            name = (lambda g: f"{g[0]} GPU {g[1] if g[1] is not None else '?'}")
             lead_sm = float(x.lead_smo or 0.0) / lead
             held_sm = float(x.held_smo or 0.0) / float(x.held_obs) if x.held_obs else 0.0
-            what = f"node {node}" if not gpu else name((node, gpu))
+            what = f"node {node}" if not gpu else _name((node, gpu))
             ev = {"rule": (f"{what} computed (SM {lead_sm:.0%}) while its {len(peers)} peer GPUs waited (SM "
                            f"{held_sm:.0%}) for {lead / unit_obs:.0%} of its observed time: {held_h:.1f} GPU-hours "
                            "held up"),
-                  "straggler_node": node, "straggler_gpus": [name(g) for g in mine],
-                  "held_up_gpus": [name(g) for g in peers], "lead_share": lead / unit_obs,
+                  "straggler_node": node, "straggler_gpus": [_name(g) for g in mine],
+                  "held_up_gpus": [_name(g) for g in peers], "lead_share": lead / unit_obs,
                   "lead_gpu_hours": lead / H, "held_up_gpu_hours": held_h, "straggler_mean_sm": lead_sm,
                   "held_up_mean_sm": held_sm, "held_up_cost": held_h * r["price"]}
             out.append(_finding(run_id, "straggler", r, ev, 0.0, p["since"], p["horizon"]))
     return out
+
+
+def _name(g: tuple[str, Any]) -> str:
+    """ "node GPU i" (i unknown: "?")."""
+    return f"{g[0]} GPU {g[1] if g[1] is not None else '?'}"
 
 
 def analyse(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds,
