@@ -135,3 +135,38 @@ def test_single_node_gpu_straggler_and_thresholds(store: Store) -> None:
         th = cfg.thresholds.model_copy(update=change)
         res = run_audit(store, cfg, W0, W1, thresholds=th)
         assert findings(store, res.run_id, "straggler") == [], change
+
+
+def test_every_report_format_says_the_same_breakdown(store: Store) -> None:
+    """The two-node job of test_two_node_straggler_by_hand: 5.0 compute and 3.0 host/input GPU-hours, one
+    straggler on a2. Text, Markdown, HTML and JSON show the audit summary's numbers (one computation) and
+    the straggler naming its node."""
+    import json
+    import re
+
+    from auditor.report import context as report
+    from auditor.report.render import render_html, render_json, render_md, render_text
+
+    quiet = {"dram_active": 0.02, "pcie_tx_bps": 1e5}
+    recs: list[Any] = [job("lock", [AllocatedGpu(n, g) for n in ("a1", "a2") for g in (0, 1)])]
+    for g in (0, 1):
+        recs += series("a1", g, hours=1.5, sm_active=0.1, **quiet)
+        recs += series("a1", g, hours=0.5, start_h=1.5, sm_active=0.8, **quiet)
+        recs += series("a2", g, hours=2, sm_active=0.9, **quiet)
+    store.ingest(recs)
+    cfg = Config()
+    rid = run_audit(store, cfg, W0, W1).run_id
+    ctx = report.build_context(store, cfg, rid)
+    txt, md = render_text(ctx), render_md(ctx)
+    html, _ = render_html(ctx)
+    doc = json.loads(render_json(ctx))
+    assert doc["waiting"]["total"]["compute"] == pytest.approx(5.0)
+    assert doc["waiting"]["total"]["starved"] == pytest.approx(3.0)
+    assert re.search(r"all: compute-bound 5\.0, memory-bound 0\.0, communication wait 0\.0, host/input wait 3\.0",
+                     txt), txt
+    assert "| All | 5.0 | 0.0 | 0.0 | 3.0 | 0.0 | 0.0 | 0.0 |" in md, md
+    row = re.search(r"<strong>All</strong></td>(.*?)</tr>", html)
+    assert row and re.findall(r">([\d.,]+)</td>", row.group(1))[:4] == ["5.0", "0.0", "0.0", "3.0"]
+    for text_ in (txt, md, html):
+        assert "node a2 computed (SM 90%) while its 2 peer GPUs (a1 GPU 0, a1 GPU 1) waited (SM 10%)" in text_
+    assert [f["kind"] for f in doc["stragglers"]["rows"]] == ["straggler"]

@@ -28,15 +28,15 @@ from auditor.config import Thresholds
 from auditor.store.sqlfuncs import greatest_least
 from auditor.timeutil import H
 
-#: The classes in report order, with the report's words.
+#: The classes in report order, with the report's column words (docs/definitions.md says each rule).
 CLASSES: dict[str, str] = {
-    "compute": "Compute-bound (SM high)",
-    "memory": "Memory-bound (DRAM high, SM low)",
-    "communication": "Communication wait (NVLink/PCIe busy, SM low)",
-    "starved": "Host, input or storage wait (GPU quiet, links quiet)",
+    "compute": "Compute-bound",
+    "memory": "Memory-bound",
+    "communication": "Communication wait",
+    "starved": "Host/input wait",
     "idle": "Idle",
     "not_measured": "Not measured",
-    "infra": "Infrastructure-affected",
+    "infra": "Infrastructure",
 }
 #: Allocations listed in the summary (the most non-compute hours first)
 TOP_ALLOCATIONS = 20
@@ -195,7 +195,8 @@ def stragglers(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], t
             lead_sm = float(x.lead_smo or 0.0) / lead
             held_sm = float(x.held_smo or 0.0) / float(x.held_obs) if x.held_obs else 0.0
             what = f"node {node}" if not gpu else _name((node, gpu))
-            ev = {"rule": (f"{what} computed (SM {lead_sm:.0%}) while its {len(peers)} peer GPUs waited (SM "
+            held = ", ".join(_name(g) for g in peers[:8]) + (f" and {len(peers) - 8} more" if len(peers) > 8 else "")
+            ev = {"rule": (f"{what} computed (SM {lead_sm:.0%}) while its {len(peers)} peer GPUs ({held}) waited (SM "
                            f"{held_sm:.0%}) for {lead / unit_obs:.0%} of its observed time: {held_h:.1f} GPU-hours "
                            "held up"),
                   "straggler_node": node, "straggler_gpus": [_name(g) for g in mine],
