@@ -72,6 +72,9 @@ def test_demo_finds_exactly_the_planted_problems(demo: tuple[dict, Path]) -> Non
         # gpu-node-a: XID 79, XID 48, a HW power brake (3 faults >= lemon_min_faults): for operations; its GPU-hours
         # are the 3 faulty 5-min buckets under the resnet pod (3 x 5 min = 0.25 GPU-h), no idle
         ("lemon_node", "gpu-node-a"): (0.25, 0.0),
+        # 1050: 4 GPUs on gpu-node-02 + 4 on gpu-node-03 x 10 h = 80 GPU-h; node 03 computes while 02 waits: for
+        # operations, never idle
+        ("straggler", "1050"): (80.0, 0.0),
     }
 
 
@@ -99,8 +102,8 @@ def test_demo_plants_one_right_sizing_to_a_smaller_model(demo: tuple[dict, Path]
 def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:
     data, _ = demo
     # 1001: 8 GPUs x 140 h; 1002: 2 x 48; 1004: 2 x 12; 1003: 4 x 36; 1010_*: 6 x 2 x 16; notebook 120; triton 2 x 168;
-    # resnet 4 x 30; feature-extract 2 x 40; 1030: 1 x 10
-    assert data["reserved_gpu_hours"] == pytest.approx(1120 + 96 + 24 + 144 + 192 + 120 + 336 + 120 + 80 + 10)
+    # resnet 4 x 30; feature-extract 2 x 40; 1030: 1 x 10; 1050: 2 nodes x 4 GPUs x 10 h
+    assert data["reserved_gpu_hours"] == pytest.approx(1120 + 96 + 24 + 144 + 192 + 120 + 336 + 120 + 80 + 10 + 80)
     assert data["mirage_gpu_hours"] == pytest.approx(96 + 24)
     # mirage (1002, 1004) + 3 idle GPUs of 1003 + notebook + the 3 h stall of 1001 on 8 GPUs
     assert data["idle_gpu_hours"] == pytest.approx(96 + 24 + 108 + 120 + 24)
@@ -109,23 +112,23 @@ def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:
     # infrastructure-affected: gpu-node-02 drained 4 h under eval task 1010_4 (2 GPUs) = 8, and the 3 faulty
     # buckets of gpu-node-a GPU 1 under the resnet pod (3 x 5 min) = 0.25
     assert data["infra_gpu_hours"] == pytest.approx(8 + 0.25)
-    # everything else was planted as work (low or working), by hand: 2242 reserved - 372 idle - 58 unknown
-    # - 8.25 infra = 1803.75 (not the code's remainder identity: unknown is checked on its own above)
-    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1803.75)
+    # everything else was planted as work (low or working), by hand: 2322 reserved - 372 idle - 58 unknown
+    # - 8.25 infra = 1883.75 (not the code's remainder identity: unknown is checked on its own above)
+    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(1883.75)
     assert data.get("busy_unverified_gpu_hours", 0.0) == 0
     assert data["mean_gpu_util"] > 0.75 and data["mean_sm_active"] < 0.65
 
 
 def test_demo_opportunity_cost(demo: tuple[dict, Path]) -> None:
     """Per team and cluster: 18 idle GPU-h (1003's 3 idle GPUs x 6 h, team llm) while 1 job waited for
-    4 GPUs x 6 h = 24 GPU-h. team-a's quota (10 GPUs) is 67 % in use: 1120 + 24 + 144 = 1288 GPU-h held,
-    minus 24 (stall) + 24 (hung) + 108 (1003) idle = 1132 in use / 168 h = 6.74 GPUs: no reclaim."""
+    4 GPUs x 6 h = 24 GPU-h. team-a's quota (10 GPUs) is 72 % in use: 1120 + 24 + 144 + 80 (1050) = 1368
+    GPU-h held, minus 24 (stall) + 24 (hung) + 108 (1003) idle = 1212 in use / 168 h = 7.21 GPUs: no reclaim."""
     data, out = demo
     q = data["opportunity"]["idle_while_queued"]
     assert q["by_team"] == [pytest.approx({"cluster": "hpc", "team": "llm", "idle_gpu_hours": 18.0,
                                            "waiting_jobs": 1, "waiting_gpu_hours": 24.0, "idle_cost": 18 * 4.0})]
     quotas = {r["name"]: r for r in data["opportunity"]["quotas"]}
-    assert quotas["team-a"]["in_use_gpus"] == pytest.approx(1132 / 168) and not quotas["team-a"]["reclaim"]
+    assert quotas["team-a"]["in_use_gpus"] == pytest.approx(1212 / 168) and not quotas["team-a"]["reclaim"]
     assert quotas["team-b"]["in_use_gpus"] == pytest.approx(202 / 168) and quotas["team-b"]["reclaim"]
     text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
     assert "llm on hpc: 18.0 idle GPU-h while 1 job waited for 24.0 GPU-h" in text_report
@@ -157,12 +160,13 @@ def test_demo_is_idempotent_when_collected_again(demo: tuple[dict, Path]) -> Non
 def test_demo_capacity_and_reports(demo: tuple[dict, Path]) -> None:
     data, out = demo
     hpc = next(c for c in data["capacity"] if c["cluster"] == "hpc")
-    # 16 GPUs x 168 h = 2,688; allocated 1,586 (the Slurm jobs: 1,562 + 1004's 24); the unused reservation 192
+    # 24 GPUs (3 nodes) x 168 h = 4,032; allocated 1,666 (the Slurm jobs: 1,562 + 1004's 24 + 1050's 80); the
+    # unused reservation 192
     assert (hpc["gpus"], hpc["gpu_hours"], hpc["allocated_gpu_hours"], hpc["reserved_unused_gpu_hours"]) == \
-        (16, 2688.0, 1586.0, 192.0)
-    assert hpc["free_gpu_hours"] == pytest.approx(2688 - 1586 - 192)
+        (24, 4032.0, 1666.0, 192.0)
+    assert hpc["free_gpu_hours"] == pytest.approx(4032 - 1666 - 192)
     text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
-    assert "CAPACITY" in text_report and "910.0" in text_report
+    assert "CAPACITY" in text_report and "2,174.0" in text_report
     assert {Path(p).suffix for p in data["reports"]} == {".html", ".txt", ".md", ".json", ".csv"}
 
 

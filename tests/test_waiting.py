@@ -170,3 +170,56 @@ def test_every_report_format_says_the_same_breakdown(store: Store) -> None:
     for text_ in (txt, md, html):
         assert "node a2 computed (SM 90%) while its 2 peer GPUs (a1 GPU 0, a1 GPU 1) waited (SM 10%)" in text_
     assert [f["kind"] for f in doc["stragglers"]["rows"]] == ["straggler"]
+
+
+def test_idle_peers_are_not_held_up(store: Store) -> None:
+    """GPU 0 computes (0.8) while GPUs 1-3 are idle (SM 0.0 < idle_sm): that is idle_gpus, not a straggler
+    (an idle GPU waits on nothing)."""
+    recs: list[Any] = [job("one", [AllocatedGpu("n1", g) for g in range(4)]),
+                       *series("n1", 0, sm_active=0.8, dram_active=0.1, pcie_rx_bps=0.0)]
+    for g in (1, 2, 3):
+        recs += series("n1", g, sm_active=0.0, dram_active=0.0, gpu_util=0.0, pcie_rx_bps=0.0)
+    store.ingest(recs)
+    res = run_audit(store, Config(), W0, W1)
+    assert findings(store, res.run_id, "straggler") == []
+    assert [f["ext"] for f in findings(store, res.run_id, "idle_gpus")] == ["one"]
+
+
+def test_demo_plants_a_two_node_straggler(store_url: str, tmp_path: Any) -> None:
+    """`gpu-audit demo` on each engine. Job 1050 holds gpu-node-02 GPUs 0-3 and gpu-node-03 GPUs 0-3 for
+    10 h (demo.fleet): node 03 computes (SM ~0.85) while node 02's GPUs wait (SM ~0.12, DRAM ~0.05, PCIe 20 MB/s).
+    By hand: node 03 leads every bucket (share 1.0); held up 4 GPUs x 10 h = 40 GPU-h, at the H100 price 4.0 =
+    160; classes 4 x 10 = 40 compute (node 03) and 40 host/input wait (node 02). Other planted jobs, by hand:
+    feature-extract 2 GPUs x 40 h memory-bound (SM 0.15, DRAM 0.62) = 80; spin-wait 2 x 48 h mirage = 96 idle;
+    debug-shell 1030 runs 10 h in the exporter gap = 10 not measured; the notebook 120 idle. The fleet's classes
+    add up to the reserved 2,322 GPU-hours (tests/test_demo.py)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from auditor.cli import main
+
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(main, ["--json", "demo", "--out", str(out), "--now", "2026-11-29T00:00",
+                                    "--store", store_url])
+    assert res.exit_code == 0, res.output
+    rid = json.loads(res.stdout)["run_id"]
+    store = Store.open(store_url)
+    try:
+        (f,) = findings(store, rid, "straggler")
+        w = waiting(store, rid)
+    finally:
+        store.engine.dispose()
+    assert f["ext"] == "1050" and f["straggler_node"] == "gpu-node-03"
+    assert f["straggler_gpus"] == [f"gpu-node-03 GPU {g}" for g in range(4)]
+    assert f["held_up_gpus"] == [f"gpu-node-02 GPU {g}" for g in range(4)]
+    assert f["lead_share"] == pytest.approx(1.0) and f["held_up_gpu_hours"] == pytest.approx(40.0)
+    assert f["held_up_cost"] == pytest.approx(160.0) and f["recipient"] == "operations"
+    jobs = per_job(w)
+    nonzero = {k: {c: v for c, v in h.items() if v > 1e-9} for k, h in jobs.items()}
+    assert nonzero["1050"] == pytest.approx({"compute": 40.0, "starved": 40.0})
+    assert nonzero["c3e8-features"] == pytest.approx({"memory": 80.0})
+    assert nonzero["1002"] == pytest.approx({"idle": 96.0})
+    assert nonzero["1030"] == pytest.approx({"not_measured": 10.0})
+    assert nonzero["5b0c-notebook"] == pytest.approx({"idle": 120.0})
+    assert sum(w["total"].values()) == pytest.approx(2322.0)

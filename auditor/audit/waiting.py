@@ -95,8 +95,8 @@ def classes_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
 
 def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     """Per unit of a lockstep allocation (a node when the allocation spans 2+ nodes, else a GPU): the seconds
-    it led (its mean SM >= working_sm while every other unit's was below straggler_peer_sm) and what its
-    peers did meanwhile. Units are compared bucket by bucket, over buckets where 2+ units reported SM."""
+    it led (its mean SM >= working_sm while every other unit's was below straggler_peer_sm, yet not idle:
+    idle GPUs are not waiting on it, idle_gpus reports them) and what its peers did meanwhile. Units are compared bucket by bucket, over buckets where 2+ units reported SM."""
     unit = "CASE WHEN n.nodes >= 2 THEN r.node ELSE r.node || ':' || CAST(r.gpu_index AS TEXT) END"
     lead = (f"(t.sm >= {verdict._lit(th.working_sm - verdict.EPS)} AND t.busy = 1 AND t.waiting = t.units - 1)")
     return f"""WITH r AS ({rows_sql(dialect, th, skip)}),
@@ -107,7 +107,8 @@ def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
        GROUP BY r.aid, {unit}, r.bucket_ts),
  t AS (SELECT s.*, COUNT(*) OVER w AS units,
         SUM(CASE WHEN s.sm >= {verdict._lit(th.working_sm - verdict.EPS)} THEN 1 ELSE 0 END) OVER w AS busy,
-        SUM(CASE WHEN s.sm < {verdict._lit(th.straggler_peer_sm - verdict.EPS)} THEN 1 ELSE 0 END) OVER w
+        SUM(CASE WHEN s.sm < {verdict._lit(th.straggler_peer_sm - verdict.EPS)}
+         AND s.sm >= {verdict._lit(th.idle_sm - verdict.EPS)} THEN 1 ELSE 0 END) OVER w
          AS waiting,
         SUM(s.obs) OVER w AS all_obs, SUM(s.smo) OVER w AS all_smo
        FROM s WINDOW w AS (PARTITION BY s.aid, s.bucket_ts))
