@@ -96,7 +96,8 @@ def classes_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
 def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     """Per unit of a lockstep allocation (a node when the allocation spans 2+ nodes, else a GPU): the seconds
     it led (its mean SM >= working_sm while every other unit's was below straggler_peer_sm, yet not idle:
-    idle GPUs are not waiting on it, idle_gpus reports them) and what its peers did meanwhile. Units are compared bucket by bucket, over buckets where 2+ units reported SM."""
+    idle GPUs are not waiting on it, idle_gpus reports them) and what its peers did meanwhile. Units are
+    compared bucket by bucket, over buckets where 2+ units reported SM."""
     unit = "CASE WHEN n.nodes >= 2 THEN r.node ELSE r.node || ':' || CAST(r.gpu_index AS TEXT) END"
     lead = (f"(t.sm >= {verdict._lit(th.working_sm - verdict.EPS)} AND t.busy = 1 AND t.waiting = t.units - 1)")
     return f"""WITH r AS ({rows_sql(dialect, th, skip)}),
