@@ -1,7 +1,7 @@
 """`gpu-audit demo`: a realistic week of a small mixed fleet, written as files and read back through the
 same file connectors a site would use, then audited and reported.
 
-Fleet: Slurm cluster "hpc" (gpu-node-01/02, 8 x H100 each) and Kubernetes cluster "k8s" (gpu-node-a/b, 8 x
+Fleet: Slurm cluster "hpc" (gpu-node-01/02/03, 8 x H100 each) and Kubernetes cluster "k8s" (gpu-node-a/b, 8 x
 A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
 
 - job 1002 spins a kernel: GPU-Util ~99 %, SM activity ~0.03 (util_mirage);
