@@ -226,3 +226,21 @@ def test_demo_plants_a_two_node_straggler(store_url: str, tmp_path: Any) -> None
     # buckets are not classified as well, so the classes still add up to the reserved hours
     assert w["total"]["infra"] == pytest.approx(8.25)
     assert sum(w["total"].values()) == pytest.approx(2322.0)
+
+
+def test_a_saturated_link_holds_the_peers_up(store: Store) -> None:
+    """Two nodes, one GPU each, 2 h: l2's GPU computes little (SM 0.3, below working_sm) but moves 25 GB/s over
+    NVLink (>= straggler_link_bps 20 GB/s) while l1's waits (SM 0.1, 1 GB/s). l2 leads all 24 buckets by its
+    link: held up 1 GPU x 2 h = 2.0 GPU-hours, link share 1.0. At 30 GB/s of straggler_link_bps nobody leads."""
+    recs: list[Any] = [job("link", [AllocatedGpu("l1", 0), AllocatedGpu("l2", 0)]),
+                       *series("l1", 0, sm_active=0.1, dram_active=0.05, nvlink_tx_bps=1e9),
+                       *series("l2", 0, sm_active=0.3, dram_active=0.05, nvlink_tx_bps=2.5e10)]
+    store.ingest(recs)
+    cfg = Config()
+    res = run_audit(store, cfg, W0, W1)
+    (f,) = findings(store, res.run_id, "straggler")
+    assert f["straggler_node"] == "l2" and f["held_up_gpus"] == ["l1 GPU 0"]
+    assert f["held_up_gpu_hours"] == pytest.approx(2.0) and f["link_saturated_share"] == pytest.approx(1.0)
+    assert "link saturated 100%" in f["rule"]
+    res = run_audit(store, cfg, W0, W1, thresholds=cfg.thresholds.model_copy(update={"straggler_link_bps": 3e10}))
+    assert findings(store, res.run_id, "straggler") == []

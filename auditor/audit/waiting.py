@@ -95,25 +95,31 @@ def classes_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
 
 def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     """Per unit of a lockstep allocation (a node when the allocation spans 2+ nodes, else a GPU): the seconds
-    it led (its mean SM >= working_sm while every other unit's was below straggler_peer_sm, yet not idle:
-    idle GPUs are not waiting on it, idle_gpus reports them) and what its peers did meanwhile. Units are
-    compared bucket by bucket, over buckets where 2+ units reported SM."""
+    it led and what its peers did meanwhile. A unit is busy in a bucket when it computes (mean SM >=
+    working_sm) or its link runs saturated (mean PCIe + NVLink bytes/s per GPU >= straggler_link_bps); it
+    leads when it is the one busy unit and every other unit waits (SM below straggler_peer_sm, yet not idle:
+    idle GPUs wait on nothing, idle_gpus reports them). Units are compared bucket by bucket, over buckets
+    where 2+ units reported SM."""
+    lit = verdict._lit
     unit = "CASE WHEN n.nodes >= 2 THEN r.node ELSE r.node || ':' || CAST(r.gpu_index AS TEXT) END"
-    lead = (f"(t.sm >= {verdict._lit(th.working_sm - verdict.EPS)} AND t.busy = 1 AND t.waiting = t.units - 1)")
+    busy = (f"(s.sm >= {lit(th.working_sm - verdict.EPS)} OR s.io >= {lit(th.straggler_link_bps - verdict.EPS)})")
+    waits = (f"(NOT {busy} AND s.sm < {lit(th.straggler_peer_sm - verdict.EPS)}"
+             f" AND s.sm >= {lit(th.idle_sm - verdict.EPS)})")
+    lead = "(t.is_busy = 1 AND t.busy = 1 AND t.waiting = t.units - 1)"
     return f"""WITH r AS ({rows_sql(dialect, th, skip)}),
  n AS (SELECT aid, COUNT(DISTINCT node) AS nodes, COUNT(DISTINCT gid) AS gpus FROM r GROUP BY aid),
  s AS (SELECT r.aid, {unit} AS unit, r.bucket_ts, SUM(r.obs * r.sm) / NULLIF(SUM(r.obs), 0) AS sm,
-        SUM(r.share * r.obs) AS obs, SUM(r.share * r.obs * r.sm) AS smo
+        SUM(r.obs * r.io) / NULLIF(SUM(r.obs), 0) AS io, SUM(r.share * r.obs) AS obs,
+        SUM(r.share * r.obs * r.sm) AS smo
        FROM r JOIN n ON n.aid = r.aid WHERE n.gpus >= 2 AND r.sm IS NOT NULL AND r.obs > 0
        GROUP BY r.aid, {unit}, r.bucket_ts),
- t AS (SELECT s.*, COUNT(*) OVER w AS units,
-        SUM(CASE WHEN s.sm >= {verdict._lit(th.working_sm - verdict.EPS)} THEN 1 ELSE 0 END) OVER w AS busy,
-        SUM(CASE WHEN s.sm < {verdict._lit(th.straggler_peer_sm - verdict.EPS)}
-         AND s.sm >= {verdict._lit(th.idle_sm - verdict.EPS)} THEN 1 ELSE 0 END) OVER w
-         AS waiting,
-        SUM(s.obs) OVER w AS all_obs, SUM(s.smo) OVER w AS all_smo
-       FROM s WINDOW w AS (PARTITION BY s.aid, s.bucket_ts))
+ f AS (SELECT s.*, CASE WHEN {busy} THEN 1 ELSE 0 END AS is_busy, CASE WHEN {waits} THEN 1 ELSE 0 END AS is_waiting,
+        CASE WHEN s.sm >= {lit(th.working_sm - verdict.EPS)} THEN 0 ELSE 1 END AS by_link FROM s),
+ t AS (SELECT f.*, COUNT(*) OVER w AS units, SUM(f.is_busy) OVER w AS busy, SUM(f.is_waiting) OVER w AS waiting,
+        SUM(f.obs) OVER w AS all_obs, SUM(f.smo) OVER w AS all_smo
+       FROM f WINDOW w AS (PARTITION BY f.aid, f.bucket_ts))
 SELECT t.aid, t.unit, SUM(t.obs) AS unit_obs, SUM(CASE WHEN {lead} THEN t.obs ELSE 0 END) AS lead_obs,
+ SUM(CASE WHEN {lead} AND t.by_link = 1 THEN t.obs ELSE 0 END) AS link_obs,
  SUM(CASE WHEN {lead} THEN t.all_obs - t.obs ELSE 0 END) AS held_obs,
  SUM(CASE WHEN {lead} THEN t.smo ELSE 0 END) AS lead_smo,
  SUM(CASE WHEN {lead} THEN t.all_smo - t.smo ELSE 0 END) AS held_smo
@@ -197,14 +203,18 @@ def stragglers(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], t
             lead_sm = float(x.lead_smo or 0.0) / lead
             held_sm = float(x.held_smo or 0.0) / float(x.held_obs) if x.held_obs else 0.0
             what = f"node {node}" if not gpu else _name((node, gpu))
+            link = float(x.link_obs or 0.0)
+            doing = (f"computed (SM {lead_sm:.0%})" if link <= 0 else
+                     f"computed or ran its link saturated (SM {lead_sm:.0%}; link saturated {link / lead:.0%} "
+                     "of that time)")
             held = ", ".join(_name(g) for g in peers[:8]) + (f" and {len(peers) - 8} more" if len(peers) > 8 else "")
-            ev = {"rule": (f"{what} computed (SM {lead_sm:.0%}) while its {len(peers)} peer GPUs ({held}) waited (SM "
+            ev = {"rule": (f"{what} {doing} while its {len(peers)} peer GPUs ({held}) waited (SM "
                            f"{held_sm:.0%}) for {lead / unit_obs:.0%} of its observed time: {held_h:.1f} GPU-hours "
                            "held up"),
                   "straggler_node": node, "straggler_gpus": [_name(g) for g in mine],
                   "held_up_gpus": [_name(g) for g in peers], "lead_share": lead / unit_obs,
                   "lead_gpu_hours": lead / H, "held_up_gpu_hours": held_h, "straggler_mean_sm": lead_sm,
-                  "held_up_mean_sm": held_sm, "held_up_cost": held_h * r["price"]}
+                  "held_up_mean_sm": held_sm, "held_up_cost": held_h * r["price"], "link_saturated_share": link / lead}
             out.append(_finding(run_id, "straggler", r, ev, 0.0, p["since"], p["horizon"]))
     return out
 

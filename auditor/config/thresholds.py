@@ -109,3 +109,6 @@ class Thresholds(Strict):
                                        "held its peers up for at least this share of its observed time...")
     straggler_min_gpu_hours: float = Field(1.0, ge=0, description="...and its peers waited at least this many "
                                            "GPU-hours on it.")
+    straggler_link_bps: float = Field(2e10, ge=0, description="straggler: a node (or GPU) whose PCIe + NVLink "
+                                      "bytes/s per GPU reach this runs its link saturated: busy, like one that "
+                                      "computes, while its peers wait.")
