@@ -47,6 +47,10 @@ _IO_MEASURED = ("(b.pcie_tx_bps IS NOT NULL OR b.pcie_rx_bps IS NOT NULL OR b.nv
                 " OR b.nvlink_rx_bps IS NOT NULL)")
 
 
+_MULTI = (" AND u.allocation_id IN (SELECT m.allocation_id FROM usage_gpu m WHERE m.run_id = :run"
+          " GROUP BY m.allocation_id HAVING COUNT(*) >= 2)")
+
+
 def class_case(th: Thresholds) -> str:
     """The class of one bucket row ``b`` as an SQL CASE (the table in the module docstring)."""
     b = verdict.prefixed("b")
@@ -63,10 +67,10 @@ def class_case(th: Thresholds) -> str:
             " ELSE 'not_measured' END")
 
 
-def rows_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
+def rows_sql(dialect: str, th: Thresholds, skip: str = "", *, multi: bool = False) -> str:
     """Per (allocated GPU of the run, applicable bucket row): its class, observed seconds inside the reserved
     interval, SM activity and PCIe + NVLink bytes/s. The applicable rows are judge's: the row naming the job
-    where the bucket has labelled rows, else the unlabelled row."""
+    where the bucket has labelled rows, else the unlabelled row. ``multi``: only allocations of 2+ GPUs."""
     g, le = greatest_least(dialect)
     obs = (f"CASE WHEN b.observed_s > 0 THEN {le}({g}(0, {le}(COALESCE(b.span_end, b.bucket_ts + b.bucket_s), c.a_e)"
            f" - {g}(COALESCE(b.span_start, b.bucket_ts), c.a_s)), b.observed_s) ELSE 0 END")
@@ -79,7 +83,7 @@ def rows_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
    tg.has_jobs AS lab
   FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN telemetry_gpus tg ON tg.id = u.gpu_id
   JOIN allocations a ON a.id = u.allocation_id
-  WHERE u.run_id = :run AND u.gpu_id IS NOT NULL)
+  WHERE u.run_id = :run AND u.gpu_id IS NOT NULL{_MULTI if multi else ""})
 SELECT c.aid, c.gid, c.share, c.node, c.gpu_index, b.bucket_ts, {obs} AS obs, {class_case(th)} AS cls,
  b.sm_active AS sm, {_IO} AS io
 FROM c JOIN gpu_buckets b ON b.gpu_id = c.gpu_id AND b.bucket_ts >= c.a_s - {judge.LOOKBACK}
@@ -106,7 +110,7 @@ def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     waits = (f"(NOT {busy} AND s.sm < {lit(th.straggler_peer_sm - verdict.EPS)}"
              f" AND s.sm >= {lit(th.idle_sm - verdict.EPS)})")
     lead = "(t.is_busy = 1 AND t.busy = 1 AND t.waiting = t.units - 1)"
-    return f"""WITH r AS ({rows_sql(dialect, th, skip)}),
+    return f"""WITH r AS ({rows_sql(dialect, th, skip, multi=True)}),
  n AS (SELECT aid, COUNT(DISTINCT node) AS nodes, COUNT(DISTINCT gid) AS gpus FROM r GROUP BY aid),
  s AS (SELECT r.aid, {unit} AS unit, r.bucket_ts, SUM(r.obs * r.sm) / NULLIF(SUM(r.obs), 0) AS sm,
         SUM(r.obs * r.io) / NULLIF(SUM(r.obs), 0) AS io, SUM(r.share * r.obs) AS obs,
