@@ -165,8 +165,10 @@ def test_every_report_format_says_the_same_breakdown(store: Store) -> None:
     assert re.search(r"all: compute-bound 5\.0, memory-bound 0\.0, communication wait 0\.0, host/input wait 3\.0",
                      txt), txt
     assert "| All | 5.0 | 0.0 | 0.0 | 3.0 | 0.0 | 0.0 | 0.0 |" in md, md
-    row = re.search(r"<strong>All</strong></td>(.*?)</tr>", html)
-    assert row and re.findall(r">([\d.,]+)</td>", row.group(1))[:4] == ["5.0", "0.0", "0.0", "3.0"]
+    table = re.search(r'<table id="waiting".*?</table>', html, re.S)
+    assert table, html
+    cells = {m.group(1): m.group(2) for m in re.finditer(r">([A-Za-z/ -]+)</td><td[^>]*>([\d.,]+)</td>", table.group(0))}
+    assert (cells["Compute-bound"], cells["Memory-bound"], cells["Host/input wait"]) == ("5.0", "0.0", "3.0"), cells
     for text_ in (txt, md, html):
         assert "node a2 computed (SM 90%) while its 2 peer GPUs (a1 GPU 0, a1 GPU 1) waited (SM 10%)" in text_
     assert [f["kind"] for f in doc["stragglers"]["rows"]] == ["straggler"]
