@@ -167,7 +167,8 @@ def test_every_report_format_says_the_same_breakdown(store: Store) -> None:
     assert "| All | 5.0 | 0.0 | 0.0 | 3.0 | 0.0 | 0.0 | 0.0 |" in md, md
     table = re.search(r'<table id="waiting".*?</table>', html, re.S)
     assert table, html
-    cells = {m.group(1): m.group(2) for m in re.finditer(r">([A-Za-z/ -]+)</td><td[^>]*>([\d.,]+)</td>", table.group(0))}
+    cell = re.compile(r">([A-Za-z/ -]+)</td><td[^>]*>([\d.,]+)</td>")
+    cells = {m.group(1): m.group(2) for m in cell.finditer(table.group(0))}
     assert (cells["Compute-bound"], cells["Memory-bound"], cells["Host/input wait"]) == ("5.0", "0.0", "3.0"), cells
     for text_ in (txt, md, html):
         assert "node a2 computed (SM 90%) while its 2 peer GPUs (a1 GPU 0, a1 GPU 1) waited (SM 10%)" in text_
