@@ -1,7 +1,7 @@
 """`gpu-audit demo`: a realistic week of a small mixed fleet, written as files and read back through the
 same file connectors a site would use, then audited and reported.
 
-Fleet: Slurm cluster "hpc" (gpu-node-01/02, 8 x H100 each) and Kubernetes cluster "k8s" (gpu-node-a/b, 8 x
+Fleet: Slurm cluster "hpc" (gpu-node-01/02/03, 8 x H100 each) and Kubernetes cluster "k8s" (gpu-node-a/b, 8 x
 A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
 
 - job 1002 spins a kernel: GPU-Util ~99 %, SM activity ~0.03 (util_mirage);
@@ -25,6 +25,9 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
   (lemon_node, for operations).
 - training job 1050 on gpu-node-02's GPUs 2-5 fails and is requeued twice: a node failure (12 h), a
   preemption (10 h), then its own failed exit (6 h): 112 GPU-hours lost (goodput; failed_restarts).
+- job 1060 trains across gpu-node-02 and gpu-node-03 (4 GPUs each) for 10 hours (hours 110-120): node 03 computes while node
+  02's GPUs wait on it, their DRAM and PCIe quiet (straggler, for operations; node 02's hours are host/input
+  wait in "Where the waiting goes").
 
 Every capability a site can switch on is on: prices per model, teams, email, and energy with a grid carbon
 intensity per cluster (so the report shows kg CO2 beside kWh).
@@ -62,6 +65,7 @@ class Profile:
     fb: float = 0.0
     power: float = 70.0
     daily: bool = False  # inference: busier by day
+    pcie: float | None = None  # PCIe TX bytes/s, written only when set (DCGM_FI_PROF_PCIE_TX_BYTES)
 
     def at(self, ts: int, rng: random.Random) -> dict[str, float]:
         k = 1.0
@@ -85,6 +89,9 @@ MEMORY_BOUND = Profile(sm=0.15, util=0.9, tensor=0.02, dram=0.62, fb=70000, powe
 #: a vLLM server decoding one request at a time: weights streamed from memory per token (DRAM high), SM ~30 %
 #: (not low_efficiency), 72 GB of KV cache preallocated (vLLM's default 90 %: no smaller model fits)
 BATCH_OF_ONE = Profile(sm=0.3, util=0.97, tensor=0.05, dram=0.55, fb=72000, power=260)
+#: a lockstep rank waiting on a straggler: SM, DRAM and PCIe low (PCIe bytes/s; None: the field is not written)
+WAITING_RANK = Profile(sm=0.12, util=0.95, tensor=0.01, dram=0.05, fb=52000, power=180, pcie=2e7)
+STRAGGLER = Profile(sm=0.85, util=1.0, tensor=0.6, dram=0.35, fb=52000, power=560, pcie=2e7)
 
 
 @dataclass
@@ -106,11 +113,18 @@ class Workload:
     owner: str = ""
     idle_spans: list[tuple[float, float]] = field(default_factory=list)  # hours into the week, GPUs held idle
     state: str = "COMPLETED"  # the scheduler's end state
+    #: GPUs on further nodes (a multi-node job) and a profile per node (default: ``profile``)
+    more_nodes: dict[str, list[int]] = field(default_factory=dict)
+    per_node: dict[str, Profile] = field(default_factory=dict)
 
-    def profile_at(self, gpu: int, hour: float) -> Profile:
+    def profile_at(self, gpu: int, hour: float, node: str = "") -> Profile:
         if any(a <= hour < b for a, b in self.idle_spans):
             return HELD_IDLE
-        return self.per_gpu.get(gpu, self.profile)
+        return self.per_gpu.get(gpu, self.per_node.get(node, self.profile))
+
+    def placement(self) -> dict[str, list[int]]:
+        """node -> GPU indices the workload holds there."""
+        return {self.node: self.gpus, **self.more_nodes}
 
 
 def fleet() -> list[Workload]:
@@ -138,6 +152,10 @@ def fleet() -> list[Workload]:
                  BATCH_OF_ONE, source="kubernetes", indices_known=False, labels={"app": "chat-vllm"},
                  owner="Deployment/chat-vllm"),
     ]
+    # a two-node job whose node 03 holds node 02 up (hours 110-120: after 1050's last run and the drain, before
+    # the reservation)
+    w.append(Workload("hpc", "1060", "llama-2node", "erin", "team-a", "gpu-node-02", [0, 1, 2, 3], 110, 10,
+                      WAITING_RANK, more_nodes={"gpu-node-03": [0, 1, 2, 3]}, per_node={"gpu-node-03": STRAGGLER}))
     for i in range(6):  # back-to-back evaluation array tasks on node-02 GPUs 6-7
         w.append(Workload("hpc", f"1010_{i}", "eval-sweep", "carol", "team-b", "gpu-node-02", [6, 7],
                           12 + i * 20, 16, WORKING))
@@ -162,7 +180,7 @@ POWER_BRAKE = {("k8s", "gpu-node-a", 1): 75.0}
 GAPS = [("hpc", "gpu-node-01", 60.0, 66.0), ("hpc", "gpu-node-01", 148.0, 168.0)]
 #: An advance reservation nobody used: name, node, from hour, to hour.
 RESERVATION = ("team-b-hackathon", "gpu-node-02", 140.0, 164.0)
-NODES = {"hpc": ["gpu-node-01", "gpu-node-02"], "k8s": ["gpu-node-a", "gpu-node-b", "gpu-node-c"]}
+NODES = {"hpc": ["gpu-node-01", "gpu-node-02", "gpu-node-03"], "k8s": ["gpu-node-a", "gpu-node-b", "gpu-node-c"]}
 
 
 # -- issue 19 cases: a ghost on a GPU nobody holds, a smaller model in the inventory, request hygiene --------
@@ -214,8 +232,8 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
             if w.cluster != "hpc":
                 continue
             end = t0 + (w.start_h + w.hours) * 3600
-            idx = ",".join(map(str, w.gpus)) if w.indices_known else None
-            gpus = f"{w.node}:{idx}" if idx else f"{w.node}:*{len(w.gpus)}"
+            gpus = ";".join(f"{n}:{','.join(map(str, g))}" if w.indices_known else f"{n}:*{len(g)}"
+                            for n, g in w.placement().items())
             wr.writerow([w.id, w.name, w.user, w.account, "gpu", w.state, _iso(t0 + w.start_h * 3600),
                          _iso(end), gpus, "h100", "slurm", time_limit_s(w)])
     paths.append(slurm)
@@ -260,8 +278,9 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random,
     placed: dict[tuple[str, int], list[Workload]] = {}
     for w in fleet():
         if w.cluster == cluster:
-            for g in w.gpus:
-                placed.setdefault((w.node, g), []).append(w)
+            for n, gs in w.placement().items():
+                for g in gs:
+                    placed.setdefault((n, g), []).append(w)
     model = "NVIDIA H100 80GB HBM3" if cluster == "hpc" else "NVIDIA A100-SXM4-80GB"
     for b in range(days * DAY // BUCKET):
         ts = t0 + b * BUCKET
@@ -274,7 +293,7 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random,
                 running = [w for w in placed.get((node, g), [])
                            if w.start_h <= hour < w.start_h + w.hours]
                 w = running[0] if running else None
-                prof = w.profile_at(g, hour) if w else (GHOST if ghost_at(cluster, node, g, hour) else FREE)
+                prof = w.profile_at(g, hour, node) if w else (GHOST if ghost_at(cluster, node, g, hour) else FREE)
                 values = prof.at(ts - t0, rng)  # the daily cycle from the week's start: the same week at any hour
                 uuid = f"GPU-{cluster}-{node}-{g}"
                 pod = ns = ""
@@ -286,6 +305,9 @@ def _telemetry_rows(cluster: str, t0: int, days: int, rng: random.Random,
                     if telemetry == "util-only" and fld not in UTIL_ONLY_FIELDS:
                         continue
                     yield [sample_ts, node, str(g), uuid, metric, f"{values[fld]:.4f}", gpu_model, pod, ns]
+                if prof.pcie is not None and telemetry != "util-only":
+                    yield [sample_ts, node, str(g), uuid, "DCGM_FI_PROF_PCIE_TX_BYTES", f"{prof.pcie:.0f}", gpu_model,
+                           pod, ns]
                 yield from _fault_rows(cluster, node, g, hour, [sample_ts, node, str(g), uuid], [gpu_model, pod, ns])
 
 

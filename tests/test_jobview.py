@@ -182,7 +182,7 @@ def test_eight_gpus_one_line_each(eight) -> None:  # noqa: ANN001
     out = format_job(v)
     lines = out.splitlines()
     assert len(lines) <= 45, out  # a screenful (it was ~100 lines for 8 GPUs)
-    rows = [x for x in lines if x.startswith("  ") and x.rstrip().endswith("|") and " n1 " in x or " n2 " in x]
+    rows = [x for x in lines if x.startswith("  ") and x.rstrip().endswith("|") and (" n1 " in x or " n2 " in x)]
     assert len(rows) == 8, out
     # GPU 3 (n1, index 3): util 90%, SM 30%, tensor 20%, DRAM 30%, peak memory (8192 + 3072) MiB = 11.0 GiB, all
     # 48 bins low (0.1 <= SM < 0.5 with the default thresholds)

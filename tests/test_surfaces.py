@@ -121,12 +121,13 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, Config, int, 
     return store, cfg, int(json.loads(res.stdout)["run_id"]), out
 
 
-# The demo's planted figures by hand (tests/test_demo.py derives each): reserved 2,402 GPU-h (2,242 + job
-# 1050's three failed runs, 4 GPUs x (12 + 10 + 6) = 112, all working, so no idle, + chat-vllm 1 x 48); idle 372
-# (96 + 24 mirage of 1002 and 1004, 108 of 1003's 3 idle GPUs, 120 of the notebook, 24 of 1001's 3 h stall on 8
-# GPUs), idle cost 1,308 (1002 96 x 4 + 1004 24 x 4 + 1003 108 x 4 + notebook 120 x 2.5 + 1001 24 x 4); the idle
-# reservation team-b-hackathon 8 GPUs x 24 h = 192 GPU-h no job used, x 4.0 = 768.
-DEMO = {"reserved": 2402.0, "idle": 372.0, "idle_cost": 1308.0, "resv": 192.0, "resv_cost": 768.0}
+# The demo's planted figures by hand (tests/test_demo.py derives each): reserved 2,482 GPU-h (2,242 + job
+# 1050's three failed runs, 4 GPUs x (12 + 10 + 6) = 112, all working, so no idle, + chat-vllm 1 x 48, + job
+# 1060's 8 GPUs x 10 h across two nodes = 80, low or working); idle 372 (96 + 24 mirage of 1002 and 1004, 108 of
+# 1003's 3 idle GPUs, 120 of the notebook, 24 of 1001's 3 h stall on 8 GPUs), idle cost 1,308 (1002 96 x 4 + 1004
+# 24 x 4 + 1003 108 x 4 + notebook 120 x 2.5 + 1001 24 x 4); the idle reservation team-b-hackathon 8 GPUs x 24 h
+# = 192 GPU-h no job used, x 4.0 = 768.
+DEMO = {"reserved": 2482.0, "idle": 372.0, "idle_cost": 1308.0, "resv": 192.0, "resv_cost": 768.0}
 # Nudges (idle GPU-hours and cost of the user's nudged allocations; every GPU-hour the user reserved):
 # alice: notebook 120 (USD 300) + 1001's stall 24 (USD 96); reserved 1001 8 x 140 + notebook 120 = 1,240.
 # bob: 1002 96 (USD 384); reserved 96 + 1030's 10 = 106. carol: 1003 108 (USD 432); reserved 1003 144 +

@@ -59,6 +59,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("batching_headroom", "inference", "user", "inference", False, False, "Batching headroom",
          "An inference server at about one request at a time on a memory-bound or low chip: more tokens per "
          "GPU-hour from batching; never idle time (0 idle hours)."),
+    Kind("straggler", "efficiency", "operations", "stragglers", False, False, "Straggler (holds a lockstep job up)",
+         "A node or GPU of a multi-GPU job that computed while its peers waited: the job's hours, never idle."),
 )
 
 BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}

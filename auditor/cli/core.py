@@ -210,6 +210,6 @@ def register(main: click.Group) -> None:
         data = {"config": str(cfg_path), "since": start.isoformat(), "until": end.isoformat(),
                 "run_id": result.run_id, "seconds": round(seconds, 2), "reports": files, **result.summary}
         app.emit(data, lambda: f"gpu-audit demo: a simulated week ({start:%Y-%m-%d} .. {end:%Y-%m-%d}) of "
-                 "2 Slurm + 2 Kubernetes nodes x 8 GPUs, 1 Kubernetes node x 4 L40S\n\n" + headline(result.summary)
+                 "3 Slurm + 2 Kubernetes nodes x 8 GPUs, 1 Kubernetes node x 4 L40S\n\n" + headline(result.summary)
                  + ("\n\nReports: " + ", ".join(files) if files else "")
                  + f"\nConfig for further commands: gpu-audit -c {cfg_path} report ...   ({seconds:.1f}s)")

@@ -117,3 +117,14 @@ class Thresholds(Strict):
                                         "activity < low_efficiency_sm)...")
     batching_min_gpu_hours: float = Field(1.0, ge=0, description="...over at least this many reserved "
                                           "GPU-hours with inference metrics.")
+    # issue 36: where the waiting goes, stragglers of lockstep jobs (docs/definitions.md)
+    straggler_peer_sm: float = Field(0.25, ge=0, le=1, description="straggler: in a bucket, the other nodes "
+                                     "(or GPUs) of a lockstep job count as waiting when their SM activity is "
+                                     "below this (and not idle) while one computes (SM at least working_sm).")
+    straggler_min_share: float = Field(0.5, ge=0, le=1, description="straggler: reported when a node (or GPU) "
+                                       "held its peers up for at least this share of its observed time...")
+    straggler_min_gpu_hours: float = Field(1.0, ge=0, description="...and its peers waited at least this many "
+                                           "GPU-hours on it.")
+    straggler_link_bps: float = Field(2e10, ge=0, description="straggler: a node (or GPU) whose PCIe + NVLink "
+                                      "bytes/s per GPU reach this runs its link saturated: busy, like one that "
+                                      "computes, while its peers wait.")

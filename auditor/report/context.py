@@ -33,7 +33,7 @@ IDLE_KINDS = kinds.of_section("top_idle")
 #: the findings tables of the report besides the top idle allocations (and the ghosts: top_idle's kinds
 #: without an allocation), each listing the registry's kinds of its section
 SECTION_KINDS = {s: kinds.of_section(s) for s in ("episodes", "reservations", "low_efficiency", "unmonitored",
-                                                   "queue_findings")}
+                                                   "queue_findings", "stragglers")}
 TREND_WEEKS = 5
 
 def _tz(cfg: Config) -> Any:
@@ -627,7 +627,8 @@ def summary_sections(conn: Connection, run_id: int, summary: dict[str, Any], th:
                                                       teams=summary.get("request_hygiene_by_team")),
             "nodes": nodes_section(summary, th, lambda ts: _when(ts, tz), full=full, top_n=top_n),
             "opportunity": opportunity_section(summary, full=full, top_n=top_n),
-            "inference": inference_section(summary, full=full, top_n=top_n)}
+            "inference": inference_section(summary, full=full, top_n=top_n),
+            "waiting": waiting_section(summary, full=full, top_n=top_n)}
 
 
 def opportunity_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[str, Any] | None:
@@ -681,3 +682,18 @@ def findings_csv_rows(store: Store, cfg: Config, run_id: int) -> list[dict[str, 
     with store.engine.connect() as conn:
         table = findings_table(conn, run_id, kinds.NAMES, tz, full=True, top_n=0)
     return [{k: v for k, v in r.items() if k != "sparkline"} for r in table["rows"]]
+
+
+def waiting_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[str, Any] | None:
+    """Where the reserved time went (auditor/audit/waiting.py), as the audit summed it: fleet, clusters,
+    teams and the allocations with the most non-compute time. None on runs from before it was kept."""
+    from auditor.audit.waiting import CLASSES
+
+    w = s.get("waiting")
+    if not w:
+        return None
+    classes = [{"key": k, "label": CLASSES.get(k, k)} for k in w.get("classes") or CLASSES]
+    teams = list(w.get("by_team") or [])
+    allocs = list(w.get("allocations") or [])
+    return {"classes": classes, "total": w.get("total") or {}, "by_cluster": list(w.get("by_cluster") or []),
+            "by_team": teams if full else teams[:top_n], "allocations": allocs if full else allocs[:top_n]}

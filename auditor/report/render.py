@@ -157,7 +157,7 @@ def attach_images(ctx: dict[str, Any], *, mode: str) -> tuple[dict[str, Any], li
     ``mode`` "data" embeds the PNG (a browser, a saved file); "cid" refers to a MIME part (email)."""
     out = copy.copy(ctx)
     images: list[charts.Image] = []
-    for key in ("top_idle", "episodes", "reservations", "low_efficiency", "unmonitored", "findings"):
+    for key in ("top_idle", "episodes", "reservations", "low_efficiency", "unmonitored", "findings", "stragglers"):
         table = ctx.get(key)
         if not table:
             continue

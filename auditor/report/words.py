@@ -38,6 +38,9 @@ ADVICE = {
     "batching_headroom": "The server ran about one request at a time on a chip waiting on memory: raise the "
                          "batch (vLLM --max-num-seqs, TGI --max-batch-total-tokens), route more traffic to fewer "
                          "replicas, or serve it from a smaller GPU.",
+    "straggler": "For operations: one node or GPU of this lockstep job computed while the others waited on "
+                 "it; check that node's GPUs, clocks and links (a slow or throttled GPU, a degraded NVLink or "
+                 "network port) or an uneven data shard.",
 }
 
 DEFINITIONS = {
