@@ -25,9 +25,9 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
   (lemon_node, for operations).
 - training job 1050 on gpu-node-02's GPUs 2-5 fails and is requeued twice: a node failure (12 h), a
   preemption (10 h), then its own failed exit (6 h): 112 GPU-hours lost (goodput; failed_restarts).
-- job 1060 trains across gpu-node-02 and gpu-node-03 (4 GPUs each) for 10 hours (hours 110-120): node 03 computes while node
-  02's GPUs wait on it, their DRAM and PCIe quiet (straggler, for operations; node 02's hours are host/input
-  wait in "Where the waiting goes").
+- job 1060 trains across gpu-node-02 and gpu-node-03 (4 GPUs each) for 10 hours (hours 110-120): node 03
+  computes while node 02's GPUs wait on it, their DRAM and PCIe quiet (straggler, for operations; node 02's
+  hours are host/input wait in "Where the waiting goes").
 
 Every capability a site can switch on is on: prices per model, teams, email, and energy with a grid carbon
 intensity per cluster (so the report shows kg CO2 beside kWh).
