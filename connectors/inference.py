@@ -30,7 +30,7 @@ from auditor.errors import SourceError
 from auditor.records import InferenceBucket
 from connectors._coverage import job_key
 from connectors.base import Context, Options, Problems, Window
-from connectors.prometheus import PrometheusTelemetry, safe_url
+from connectors.prometheus import PrometheusTelemetry, check_matchers, safe_url
 
 #: engine -> bucket field -> (window function, metric names it reads). TGI's running requests are its batch.
 ENGINES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
@@ -87,9 +87,7 @@ class InferenceTelemetry:
         @field_validator("matchers")
         @classmethod
         def _matchers(cls, v: str) -> str:
-            if "{" in v or "}" in v:
-                raise ValueError("write the matchers without braces, e.g. cluster=\"a\"")
-            return v.strip().strip(",")
+            return check_matchers(v)
 
     name = "inference"
 

@@ -89,6 +89,13 @@ def _transport_reason(exc: BaseException) -> str:
     return scrub(text.splitlines()[0]) if text else type(exc).__name__
 
 
+def check_matchers(v: str) -> str:
+    """A ``matchers`` option: label matchers to put inside a selector's braces (so without braces)."""
+    if "{" in v or "}" in v:
+        raise ValueError("write the matchers without braces, e.g. cluster=\"a\"")
+    return v.strip().strip(",")
+
+
 def safe_url(url: str) -> str:
     """The URL without user:password, for messages."""
     parts = urlsplit(url)
@@ -150,9 +157,7 @@ class PrometheusTelemetry:
         @field_validator("matchers")
         @classmethod
         def _matchers(cls, v: str) -> str:
-            if "{" in v or "}" in v:
-                raise ValueError("write the matchers without braces, e.g. cluster=\"a\"")
-            return v.strip().strip(",")
+            return check_matchers(v)
 
     name = "prometheus"
 
