@@ -104,11 +104,11 @@ def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     leads when it is the one busy unit and every other unit waits (SM below straggler_peer_sm, yet not idle:
     idle GPUs wait on nothing, idle_gpus reports them). Units are compared bucket by bucket, over buckets
     where 2+ units reported SM."""
-    lit = verdict._lit
     unit = "CASE WHEN n.nodes >= 2 THEN r.node ELSE r.node || ':' || CAST(r.gpu_index AS TEXT) END"
-    busy = (f"(s.sm >= {lit(th.working_sm - verdict.EPS)} OR s.io >= {lit(th.straggler_link_bps - verdict.EPS)})")
-    waits = (f"(NOT {busy} AND s.sm < {lit(th.straggler_peer_sm - verdict.EPS)}"
-             f" AND s.sm >= {lit(th.idle_sm - verdict.EPS)})")
+    computes = verdict.at_least("s.sm", th.working_sm)  # the verdict's "working" (one definition, verdict.py)
+    busy = f"({computes} OR {verdict.at_least('s.io', th.straggler_link_bps)})"
+    waits = (f"(NOT {busy} AND {verdict.below('s.sm', th.straggler_peer_sm)}"
+             f" AND {verdict.at_least('s.sm', th.idle_sm)})")
     lead = "(t.is_busy = 1 AND t.busy = 1 AND t.waiting = t.units - 1)"
     return f"""WITH r AS ({rows_sql(dialect, th, skip, multi=True)}),
  n AS (SELECT aid, COUNT(DISTINCT node) AS nodes, COUNT(DISTINCT gid) AS gpus FROM r GROUP BY aid),
@@ -118,7 +118,7 @@ def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
        FROM r JOIN n ON n.aid = r.aid WHERE n.gpus >= 2 AND r.sm IS NOT NULL AND r.obs > 0
        GROUP BY r.aid, {unit}, r.bucket_ts),
  f AS (SELECT s.*, CASE WHEN {busy} THEN 1 ELSE 0 END AS is_busy, CASE WHEN {waits} THEN 1 ELSE 0 END AS is_waiting,
-        CASE WHEN s.sm >= {lit(th.working_sm - verdict.EPS)} THEN 0 ELSE 1 END AS by_link FROM s),
+        CASE WHEN {computes} THEN 0 ELSE 1 END AS by_link FROM s),
  t AS (SELECT f.*, COUNT(*) OVER w AS units, SUM(f.is_busy) OVER w AS busy, SUM(f.is_waiting) OVER w AS waiting,
         SUM(f.obs) OVER w AS all_obs, SUM(f.smo) OVER w AS all_smo
        FROM f WINDOW w AS (PARTITION BY f.aid, f.bucket_ts))
