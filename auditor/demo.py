@@ -27,7 +27,11 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
   preemption (10 h), then its own failed exit (6 h): 112 GPU-hours lost (goodput; failed_restarts).
 - job 1060 trains across gpu-node-02 and gpu-node-03 (4 GPUs each) for 10 hours (hours 110-120): node 03
   computes while node 02's GPUs wait on it, their DRAM and PCIe quiet (straggler, for operations; node 02's
-  hours are host/input wait in "Where the waiting goes").
+  hours are other host/input wait in "Where the waiting goes": its host shows no cause).
+- job 1070 reads its dataset from NFS on gpu-node-03's GPUs 4-7 for 12 hours (hours 20-32), the only work on
+  that node then: GPUs, DRAM and PCIe quiet, GPU-Util pulsing at ~35 %, while node_exporter shows a fifth of
+  the node's cores in I/O wait and 240 MB/s of NFS reads (input/storage wait in "Where the waiting goes";
+  low_efficiency). Every node writes host telemetry all week (node_exporter's figures, `*-nodes.csv`).
 
 Every capability a site can switch on is on: prices per model, teams, email, and energy with a grid carbon
 intensity per cluster (so the report shows kg CO2 beside kWh).
@@ -92,6 +96,8 @@ BATCH_OF_ONE = Profile(sm=0.3, util=0.97, tensor=0.05, dram=0.55, fb=72000, powe
 #: a lockstep rank waiting on a straggler: SM, DRAM and PCIe low (PCIe bytes/s; None: the field is not written)
 WAITING_RANK = Profile(sm=0.12, util=0.95, tensor=0.01, dram=0.05, fb=52000, power=180, pcie=2e7)
 STRAGGLER = Profile(sm=0.85, util=1.0, tensor=0.6, dram=0.35, fb=52000, power=560, pcie=2e7)
+#: a rank whose data loader waits on NFS: SM ~8 % (low, not idle), DRAM and PCIe quiet, GPU-Util pulsing ~35 %
+STORAGE_STARVED = Profile(sm=0.08, util=0.35, tensor=0.01, dram=0.04, fb=38000, power=150, pcie=5e7)
 
 
 @dataclass
@@ -156,6 +162,9 @@ def fleet() -> list[Workload]:
     # the reservation)
     w.append(Workload("hpc", "1060", "llama-2node", "erin", "team-a", "gpu-node-02", [0, 1, 2, 3], 110, 10,
                       WAITING_RANK, more_nodes={"gpu-node-03": [0, 1, 2, 3]}, per_node={"gpu-node-03": STRAGGLER}))
+    # a job its storage starves (issue 36, the host side): alone on gpu-node-03 for its hours (STORAGE_WAIT)
+    w.append(Workload("hpc", "1070", "vit-dataload", "frank", "team-a", "gpu-node-03", [4, 5, 6, 7], 20, 12,
+                      STORAGE_STARVED))
     for i in range(6):  # back-to-back evaluation array tasks on node-02 GPUs 6-7
         w.append(Workload("hpc", f"1010_{i}", "eval-sweep", "carol", "team-b", "gpu-node-02", [6, 7],
                           12 + i * 20, 16, WORKING))
@@ -346,6 +355,51 @@ def write_inference(out: Path, t0: int) -> Path:
     return p
 
 
+# -- host telemetry (issue 36): what node_exporter reports of every node, all week ------------------------------
+#: The job whose node's host shows it waiting on storage, and what the host shows while it runs (per-second
+#: means): a fifth of the 64 cores in I/O wait, 240 MB/s and 3,200 requests/s of NFS reads, local disk not busy
+STORAGE_WAIT = ("hpc", "1070")
+STORAGE_HOST = {"cpu_iowait": 12.8, "nfs_read_bps": 2.4e8, "nfs_ops": 3200.0, "disk_busy": 0.35}
+#: Columns of the node files (docs/node-telemetry.md "From files"); Lustre is not reported (NULL: not measured)
+NODE_COLUMNS = ("cpus", "cpu_busy", "cpu_iowait", "cpu_pegged", "disk_read_bps", "disk_write_bps", "disk_busy",
+                "ib_rx_bps", "ib_tx_bps", "nfs_read_bps", "nfs_ops")
+
+
+def _host(cluster: str, node: str, hour: float, running: int, storage: bool) -> dict[str, float | None]:
+    """One node's host in one bucket: quiet but for ~1.5 cores per GPU at work, and the storage job's wait.
+    Only the hpc nodes have InfiniBand (the k8s nodes' IB columns are empty: not measured)."""
+    v: dict[str, float | None] = {
+        "cpus": 32.0 if (cluster, node) == SMALL_NODE[:2] else 64.0, "cpu_busy": 1.0 + 1.5 * running,
+        "cpu_iowait": 0.2, "cpu_pegged": 0.0, "disk_read_bps": 2e6, "disk_write_bps": 5e6, "disk_busy": 0.02,
+        "ib_rx_bps": 1e7 if cluster == "hpc" else None, "ib_tx_bps": 1e7 if cluster == "hpc" else None,
+        "nfs_read_bps": 1e6, "nfs_ops": 50.0}
+    if storage:
+        v.update(STORAGE_HOST)
+    return v
+
+
+def write_nodes(out: Path, t0: int, days: int) -> list[Path]:
+    """Per cluster, one row per node and bucket in the node_exporter connector's file form."""
+    paths = []
+    for cluster in NODES:
+        p = out / f"{cluster}-nodes.csv"
+        work = [w for w in fleet() if w.cluster == cluster]
+        with p.open("w", newline="", encoding="utf-8") as f:
+            wr = csv.writer(f)
+            wr.writerow(["start", "node", *NODE_COLUMNS, "observed_s"])
+            for b in range(days * DAY // BUCKET):
+                hour = b * BUCKET / 3600
+                for node in NODES[cluster]:
+                    here = [w for w in work if node in w.placement() and w.start_h <= hour < w.start_h + w.hours]
+                    running = sum(len(w.placement()[node]) for w in here)
+                    storage = any((cluster, w.id) == STORAGE_WAIT for w in here)
+                    v = _host(cluster, node, hour, running, storage)
+                    wr.writerow([_iso(t0 + b * BUCKET), node, *("" if v[c] is None else f"{v[c]:g}"
+                                                                for c in NODE_COLUMNS), BUCKET])
+        paths.append(p)
+    return paths
+
+
 def write_telemetry(out: Path, t0: int, days: int, seed: int, telemetry: str = "dcgm") -> list[Path]:
     rng = random.Random(seed)
     paths = []
@@ -377,6 +431,9 @@ paths = ["hpc-allocations.csv", "hpc-reservations.json"]
 [[clusters.telemetry]]
 kind = "file"
 paths = ["hpc-telemetry.csv"]
+[[clusters.telemetry]]
+kind = "node_exporter"
+paths = ["hpc-nodes.csv"]
 
 [[clusters]]
 name = "k8s"
@@ -390,6 +447,9 @@ paths = ["k8s-telemetry.csv"]
 [[clusters.telemetry]]
 kind = "inference"
 paths = ["k8s-inference.csv"]
+[[clusters.telemetry]]
+kind = "node_exporter"
+paths = ["k8s-nodes.csv"]
 
 [prices]
 currency = "USD"
@@ -494,5 +554,6 @@ def generate(out: Path, *, now: datetime | None = None, days: int = 7, seed: int
     write_allocations(out, t0)
     write_telemetry(out, t0, days, seed, telemetry)
     write_inference(out, t0)
+    write_nodes(out, t0, days)
     url = store_url or f"sqlite:///{(out / DB_FILE).resolve()}"
     return write_config(out, url), start, end

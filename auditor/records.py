@@ -250,3 +250,41 @@ class InferenceBucket:
     running_mean: float | None = None
     waiting_mean: float | None = None
     batch_mean: float | None = None
+
+
+#: Host fields of a :class:`NodeBucket`, in storage order: per-second means over the bucket (counters as rates).
+#: Every one may be None: the node's exporter did not report it (not measured, never 0).
+NODE_FIELDS: tuple[str, ...] = (
+    "cpus", "cpu_busy", "cpu_iowait", "cpu_pegged", "disk_read_bps", "disk_write_bps", "disk_busy",
+    "ib_rx_bps", "ib_tx_bps", "nfs_read_bps", "nfs_write_bps", "nfs_ops", "lustre_read_bps", "lustre_write_bps",
+)
+
+
+@dataclass(slots=True)
+class NodeBucket:
+    """What one node's host did in one bucket (node_exporter and the Lustre client exporter): CPU cores
+    busy, in I/O wait and pegged, disk, InfiniBand, NFS and Lustre client traffic, each a per-second mean
+    over the bucket (docs/node-telemetry.md). ``observed_s``: the seconds the exporter's samples covered
+    (None: not known, a whole bucket when ``samples`` > 0). ``node`` is the host name GPU telemetry and
+    the schedulers use, which ties the bucket to the allocations on the node."""
+
+    cluster: str
+    node: str
+    start: datetime
+    seconds: int
+    samples: int = 0
+    observed_s: float | None = None
+    cpus: float | None = None  # cores the exporter reports
+    cpu_busy: float | None = None  # cores busy (user, nice, system, irq, softirq), mean over the bucket
+    cpu_iowait: float | None = None  # cores idle in I/O wait, mean
+    cpu_pegged: float | None = None  # cores busy at least the connector's pegged_core_busy share
+    disk_read_bps: float | None = None
+    disk_write_bps: float | None = None
+    disk_busy: float | None = None  # 0-1: the busiest disk's share of the bucket with I/O in flight
+    ib_rx_bps: float | None = None
+    ib_tx_bps: float | None = None
+    nfs_read_bps: float | None = None  # bytes/s read from NFS servers (mountstats)
+    nfs_write_bps: float | None = None
+    nfs_ops: float | None = None  # NFS client requests/s (node_nfs_requests_total)
+    lustre_read_bps: float | None = None  # Lustre client (llite) bytes/s
+    lustre_write_bps: float | None = None

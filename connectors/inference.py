@@ -15,22 +15,19 @@ be tied to a GPU: it is counted in :attr:`notes`, never guessed. Records only; t
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from auditor.config import SecretRef
 from auditor.errors import SourceError
 from auditor.records import InferenceBucket
+from connectors._api_or_files import ApiOrFiles, ApiOrFilesSource, cell, csv_records
 from connectors._coverage import job_key
-from connectors.base import Context, Options, Problems, Window
-from connectors.prometheus import PrometheusTelemetry, check_matchers, safe_url
+from connectors.base import Problems, Window
 
 #: engine -> bucket field -> (window function, metric names it reads). TGI's running requests are its batch.
 ENGINES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
@@ -47,28 +44,16 @@ ENGINES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 FIELDS = ("generated_tokens", "running_mean", "waiting_mean", "batch_mean")
 
 
-class InferenceTelemetry:
+class InferenceTelemetry(ApiOrFilesSource):
     """Per pod and bucket: tokens generated, mean requests running and waiting, mean batch size."""
 
-    class Options(Options):
+    class Options(ApiOrFiles):
         url: str | None = Field(None, description="Base URL of the Prometheus-compatible API that scrapes the "
                                 "inference servers, e.g. `https://prometheus:9090` (or `paths`).")
         paths: list[str] | None = Field(None, description="Instead of `url`: CSV files (or glob patterns, relative "
                                         "to the config file) of per-bucket rows, `start,engine,namespace,pod,"
                                         "generated_tokens,running,waiting,batch` (docs/inference.md).")
-        bearer_token: SecretRef | None = Field(None, description="Bearer token: `{env = \"VAR\"}` or "
-                                               "`{file = \"/path\"}`.")
-        username: str | None = Field(None, description="Basic-auth user (password from `password`).")
-        password: SecretRef | None = Field(None, description="Basic-auth password: `{env}` or `{file}`.")
-        verify_tls: bool = Field(True, description="Verify the server certificate.")
-        ca_file: Path | None = Field(None, description="CA bundle to verify the server with.")
-        matchers: str = Field("", description="Extra label matchers added to every selector, PromQL syntax "
-                              "without braces, e.g. `cluster=\"a\"`.")
         engines: list[str] = Field(["vllm", "tgi"], description="Engines whose metrics to read: `vllm`, `tgi`.")
-        timeout_s: float = Field(60.0, gt=0, description="Timeout of one HTTP request, in seconds.")
-        retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed transiently.")
-        backoff_s: float = Field(1.0, ge=0, le=60, description="First retry delay; doubles each retry.")
-        chunk_hours: float = Field(24.0, gt=0, description="Longest span of one query.")
 
         @field_validator("engines")
         @classmethod
@@ -78,38 +63,9 @@ class InferenceTelemetry:
                 raise ValueError(f"unknown engine {bad[0]!r} (one of {', '.join(ENGINES)})")
             return v
 
-        @model_validator(mode="after")
-        def _one_source(self) -> InferenceTelemetry.Options:
-            if (self.url is None) == (self.paths is None):
-                raise ValueError("give either url (a Prometheus API) or paths (CSV files)")
-            return self
-
-        @field_validator("matchers")
-        @classmethod
-        def _matchers(cls, v: str) -> str:
-            return check_matchers(v)
-
     name = "inference"
 
-    def __init__(self, context: Context, options: InferenceTelemetry.Options) -> None:
-        self.context, self.options = context, options
-        o = options
-        self.notes: list[str] = []
-        self.http: PrometheusTelemetry | None = None
-        if o.url is None:
-            self.source = "inference:files"
-            return
-        self.source = f"inference:{safe_url(o.url)}"
-        # the HTTP side (auth, TLS, retries, error lines) is the Prometheus connector's, used as it is
-        self.http = PrometheusTelemetry(context, PrometheusTelemetry.Options(
-            url=o.url, bearer_token=o.bearer_token, username=o.username, password=o.password,
-            verify_tls=o.verify_tls, ca_file=o.ca_file, matchers=o.matchers, timeout_s=o.timeout_s,
-            retries=o.retries, backoff_s=o.backoff_s, recording_rules="off"))
-        self.http.source = self.source
-
-    def close(self) -> None:
-        if self.http is not None:
-            self.http.close()
+    options: InferenceTelemetry.Options  # (ApiOrFilesSource sets it)
 
     def query(self, fn: str, names: tuple[str, ...], bucket_s: int) -> str:
         assert self.http is not None
@@ -155,32 +111,17 @@ class InferenceTelemetry:
     def read_files(self, window: Window, problems: Problems) -> Iterator[InferenceBucket]:
         """Per-bucket rows of CSV files (a bucket of ``window.bucket_seconds`` starting at ``start``); a bad
         row is skipped with one line naming the file and line, the rest read."""
-        from connectors._rows import files_matching
-
         since, until = window.since.timestamp(), window.until.timestamp()
-        for path in files_matching(self.context, self.options.paths or []):
-            with path.open(newline="", encoding="utf-8") as f:
-                for no, rec in enumerate(csv.DictReader(f), start=2):
-                    try:
-                        b = self.file_row(rec, window.bucket_seconds)
-                    except (KeyError, TypeError, ValueError) as exc:
-                        problems.skip(self.source, f"{path.name}:{no}", str(exc).splitlines()[0][:200],
-                                      str(rec)[:120])
-                        continue
-                    if since <= b.start.timestamp() < until and b.engine in self.options.engines:
-                        yield b
+        for b in csv_records(self.context, self.options.paths or [], self.source, problems,
+                             lambda rec: self.file_row(rec, window.bucket_seconds)):
+            if since <= b.start.timestamp() < until and b.engine in self.options.engines:
+                yield b
 
     def file_row(self, rec: dict[str, str], bucket_s: int) -> InferenceBucket:
         from auditor.timeutil import parse_time
 
         def num(k: str) -> float | None:
-            v = (rec.get(k) or "").strip()
-            if not v:
-                return None
-            x = float(v)
-            if not math.isfinite(x) or x < 0:
-                raise ValueError(f"{k}: {v!r} is not a count")
-            return x
+            return cell(rec, k, "count")
 
         ns, pod = (rec.get("namespace") or "").strip(), (rec.get("pod") or "").strip()
         if not pod:

@@ -130,28 +130,29 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
 def test_demo_job_1050_failed_and_requeued_twice(demo: tuple[dict, Path]) -> None:
     """By hand (auditor/demo.py REQUEUED_RUNS, 4 H100s at 4.0 per GPU-hour): a node failure 4 x 12 = 48
     GPU-h (infrastructure), a preemption 4 x 10 = 40 (preempted), a failed exit 4 x 6 = 24 (user): 112 GPU-h,
-    USD 448. Team llm (account team-a) reserved 1120 + 24 + 144 + 112 + 80 (the straggler job 1060) = 1480:
-    useful (1480 - 112) / 1480; the whole demo 2482 reserved (tests/test_demo.py): useful (2482 - 112) / 2482."""
+    USD 448. Team llm (account team-a) reserved 1120 + 24 + 144 + 112 + 80 (the straggler job 1060) + 48 (1070,
+    waiting on storage) = 1528: useful (1528 - 112) / 1528 = 92.7 %; the whole demo 2530 reserved
+    (tests/test_demo.py): useful (2530 - 112) / 2530."""
     data, out = demo
     c = load_config(out / "demo.toml")
     store = Store.open(c.store.resolved_url())
     g = build_context(store, c, data["run_id"])["goodput"]
-    assert g["totals"] == pytest.approx({"reserved_gpu_hours": 2482.0, "lost_gpu_hours": 112.0,
+    assert g["totals"] == pytest.approx({"reserved_gpu_hours": 2530.0, "lost_gpu_hours": 112.0,
                                          "infrastructure_gpu_hours": 48.0, "user_gpu_hours": 24.0,
                                          "preempted_gpu_hours": 40.0, "lost_cost": 448.0, "runs": 3,
-                                         "useful_share": (2482 - 112) / 2482})
+                                         "useful_share": (2530 - 112) / 2530})
     assert [(t["team"], t["lost_gpu_hours"]) for t in g["teams"]] == [("llm", pytest.approx(112.0))]
-    assert g["teams"][0]["useful_share"] == pytest.approx((1480 - 112) / 1480)
+    assert g["teams"][0]["useful_share"] == pytest.approx((1528 - 112) / 1528)
     assert [(r["job"], r["state"], r["cause"]) for r in g["runs"]] == [
         ("1050", "NODE_FAIL", "infrastructure"), ("1050", "PREEMPTED", "preempted"), ("1050", "FAILED", "user")]
     f = g["findings"]
     assert [(r["kind"], r["job_id"], r["gpu_hours"]) for r in f["rows"]] == [("failed_restarts", "1050", 112.0)]
     txt = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
-    assert "Lost: 112.0 GPU-h of 2,482.0 reserved (3 failed runs, USD 448.00)" in txt
+    assert "Lost: 112.0 GPU-h of 2,530.0 reserved (3 failed runs, USD 448.00)" in txt
     md = (out / "reports" / f"report-{data['run_id']}.md").read_text()
-    assert "| llm | 1,480.0 | 112.0 | 48.0 | 24.0 | 40.0 | 92% |" in md
+    assert "| llm | 1,528.0 | 112.0 | 48.0 | 24.0 | 40.0 | 93% |" in md
     html = (out / "reports" / f"report-{data['run_id']}.html").read_text()
-    assert 'id="goodput"' in html and "<strong>112.0</strong> of 2,482.0 reserved" in html
+    assert 'id="goodput"' in html and "<strong>112.0</strong> of 2,530.0 reserved" in html
     rows = cb.chargeback(store, c, *_window(data), "team", run_id=data["run_id"])
     assert {r["owner"]: float(r["lost_gpu_hours"]) for r in rows if r["lost_gpu_hours"]} == {"llm": 112.0}
     store.engine.dispose()

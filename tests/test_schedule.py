@@ -427,11 +427,12 @@ def test_metrics_health_and_weekly_report_on_the_demo_fleet(tmp_path: Path, monk
     finally:
         server.stop()
     ok, detail = health(store, cfg, 900, now=utcnow() + timedelta(hours=1))
-    # every source of the demo is stale an hour later: each cluster's allocations and telemetry files, and the
-    # k8s cluster's inference metrics (auditor/demo.py writes five sources)
+    # every source of the demo is stale an hour later: each cluster's allocations, telemetry and node telemetry
+    # files, and the k8s cluster's inference metrics (auditor/demo.py writes seven sources)
     assert not ok and sorted(detail["stale"]) == ["hpc allocations[0]:file", "hpc telemetry[0]:file",
-                                                  "k8s allocations[0]:file", "k8s telemetry[0]:file",
-                                                  "k8s telemetry[1]:inference"], detail["stale"]
+                                                  "hpc telemetry[1]:node_exporter", "k8s allocations[0]:file",
+                                                  "k8s telemetry[0]:file", "k8s telemetry[1]:inference",
+                                                  "k8s telemetry[2]:node_exporter"], detail["stale"]
     # the weekly job through the real steps (audit, report, notify in dry-run: .eml files)
     weekly = Daemon(store, cfg, base_dir=cfg_path.parent, dry_run=True)
     summary = weekly.report_job()

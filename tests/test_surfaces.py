@@ -121,13 +121,14 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, Config, int, 
     return store, cfg, int(json.loads(res.stdout)["run_id"]), out
 
 
-# The demo's planted figures by hand (tests/test_demo.py derives each): reserved 2,482 GPU-h (2,242 + job
+# The demo's planted figures by hand (tests/test_demo.py derives each): reserved 2,530 GPU-h (2,242 + job
 # 1050's three failed runs, 4 GPUs x (12 + 10 + 6) = 112, all working, so no idle, + chat-vllm 1 x 48, + job
-# 1060's 8 GPUs x 10 h across two nodes = 80, low or working); idle 372 (96 + 24 mirage of 1002 and 1004, 108 of
+# 1060's 8 GPUs x 10 h across two nodes = 80, low or working, + job 1070's 4 GPUs x 12 h waiting on storage =
+# 48, low, never idle); idle 372 (96 + 24 mirage of 1002 and 1004, 108 of
 # 1003's 3 idle GPUs, 120 of the notebook, 24 of 1001's 3 h stall on 8 GPUs), idle cost 1,308 (1002 96 x 4 + 1004
 # 24 x 4 + 1003 108 x 4 + notebook 120 x 2.5 + 1001 24 x 4); the idle reservation team-b-hackathon 8 GPUs x 24 h
 # = 192 GPU-h no job used, x 4.0 = 768.
-DEMO = {"reserved": 2482.0, "idle": 372.0, "idle_cost": 1308.0, "resv": 192.0, "resv_cost": 768.0}
+DEMO = {"reserved": 2530.0, "idle": 372.0, "idle_cost": 1308.0, "resv": 192.0, "resv_cost": 768.0}
 # Nudges (idle GPU-hours and cost of the user's nudged allocations; every GPU-hour the user reserved):
 # alice: notebook 120 (USD 300) + 1001's stall 24 (USD 96); reserved 1001 8 x 140 + notebook 120 = 1,240.
 # bob: 1002 96 (USD 384); reserved 96 + 1030's 10 = 106. carol: 1003 108 (USD 432); reserved 1003 144 +
@@ -285,6 +286,33 @@ def test_demo_web_front_page_who_and_my_jobs(demo: tuple[Store, Config, int, Pat
             "SELECT u.allocation_id FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id "
             "WHERE u.run_id = :r AND a.user_name = 'alice'"), {"r": rid})}
     assert {r["allocation_id"] for r in mine["rows"]} == ids and mine["total"] == len(ids)
+
+
+def test_demo_where_the_waiting_goes_on_every_surface(demo: tuple[Store, Config, int, Path]) -> None:
+    """The run summary's waiting classes, as the report (text, Markdown, HTML, JSON) and the web front page
+    (API and page) show them: one computation. By hand: job 1070 waited on storage 4 GPUs x 12 h = 48 GPU-h,
+    the only input/storage wait and no host-bound hour in the fleet (auditor/demo.py STORAGE_WAIT); 1060's
+    node 02 waited 40 GPU-h with its host showing no cause (other host/input wait)."""
+    store, cfg, rid, _ = demo
+    ctx = report.build_context(store, cfg, rid)
+    w = ctx["waiting"]
+    close(w["total"]["storage"], 48.0, "storage wait by hand", 1e-6)
+    close(w["total"]["starved"], 40.0, "other host/input wait by hand", 1e-6)
+    assert w["total"]["host"] == 0
+    line = "job 1070 vit-dataload (team llm, hpc): input/storage wait 48.0 of 48.0 GPU-h reserved"
+    assert line in render_text(ctx) and line.replace("job", "Job", 1) in render_md(ctx)
+    assert json.loads(render_json(ctx))["waiting"]["total"] == w["total"]
+    html, _ = render_html(ctx)
+    c = web_client(store, cfg)
+    api = c.get("/api/overview").json()["waiting"]
+    assert api["total"] == w["total"] and api["jobs"] == w["jobs"][:len(api["jobs"])]
+    page = c.get("/").text
+    for body, what in ((html, "HTML report"), (page, "web front page")):
+        table = re.search(r'<table id="waiting".*?</table>', body, re.S)
+        assert table, what
+        row = re.search(r">Input/storage wait</td><td[^>]*>" + NUM, table.group(0))
+        assert row and num(row.group(1)) == 48.0, what
+        assert re.search(r"vit-dataload.*?input/storage wait <span[^>]*>48\.0</span>", body, re.S), what
 
 
 def test_demo_web_findings_page_lists_every_kind(demo: tuple[Store, Config, int, Path]) -> None:

@@ -1,5 +1,6 @@
 """Where the waiting goes (docs/definitions.md "Where the waiting goes", "Stragglers"): every reserved second
-of an allocation in one class, from its GPU buckets, and the straggler of a lockstep job.
+of an allocation in one class, from its GPU buckets and its node's host buckets, and the straggler of a
+lockstep job.
 
 The classes of one observed bucket, first match wins (the verdict is :mod:`auditor.audit.verdict`'s):
 
@@ -7,8 +8,11 @@ The classes of one observed bucket, first match wins (the verdict is :mod:`audit
 - ``compute``: compute-bound, SM activity >= working_sm (the verdict "working");
 - ``memory``: memory-bound, SM below working_sm and DRAM activity >= hint_dram_high;
 - ``communication``: SM below working_sm, DRAM not high, PCIe + NVLink bytes/s >= hint_io_bps;
-- ``starved``: SM below working_sm with DRAM and both links measured and quiet: the GPU waits on its host
-  (input pipeline, storage, a CPU core); node telemetry would tell which, and is not stored;
+- then, SM below working_sm with DRAM and the links measured and quiet, the GPU waits on its host, and the
+  node's host bucket (node telemetry, :func:`node_join`) says on what:
+  ``storage`` (input/storage wait: I/O wait, a saturated disk, NFS or Lustre reads high),
+  ``communication`` (InfiniBand busy), ``host`` (host-bound: a pegged CPU core per GPU), else ``starved``
+  (other host/input wait: no node bucket, or its counters show none of these; never guessed);
 - ``not_measured``: a counter the rule needs is absent (no SM activity, or SM low while DRAM or the link
   counters are missing), or no samples at all: never guessed.
 
@@ -33,12 +37,16 @@ CLASSES: dict[str, str] = {
     "compute": "Compute-bound",
     "memory": "Memory-bound",
     "communication": "Communication wait",
-    "starved": "Host/input wait",
+    "storage": "Input/storage wait",
+    "host": "Host-bound",
+    "starved": "Other host/input wait",
     "idle": "Idle",
     "not_measured": "Not measured",
     "infra": "Infrastructure",
 }
-#: Allocations listed in the summary (the most non-compute hours first)
+#: The classes where a reserved, working GPU waited on something (not compute, idle, unknown or infrastructure)
+WAIT_CLASSES = ("memory", "communication", "storage", "host", "starved")
+#: Allocations listed in the summary (the most waiting hours first, then the most non-compute hours)
 TOP_ALLOCATIONS = 20
 
 _IO = ("(COALESCE(b.pcie_tx_bps, 0) + COALESCE(b.pcie_rx_bps, 0) + COALESCE(b.nvlink_tx_bps, 0)"
@@ -51,26 +59,54 @@ _MULTI = (" AND u.allocation_id IN (SELECT m.allocation_id FROM usage_gpu m WHER
           " GROUP BY m.allocation_id HAVING COUNT(*) >= 2)")
 
 
-def class_case(th: Thresholds) -> str:
-    """The class of one bucket row ``b`` as an SQL CASE (the table in the module docstring)."""
+def host_case(th: Thresholds, n: str = "n", node_gpus: str = "c.node_gpus") -> str:
+    """What a quiet GPU waits on, from its node's host row ``n`` (NULL columns: that counter not measured, so
+    that cause is never concluded): 'storage', 'communication' (InfiniBand), 'host', else 'starved'.
+    ``node_gpus``: the GPUs the allocation holds on the node (the host-bound rule's per-GPU cores)."""
+    storage = " OR ".join([
+        verdict.at_least(f"{n}.cpu_iowait / NULLIF({n}.cpus, 0)", th.host_iowait_share),
+        verdict.at_least(f"{n}.disk_busy", th.host_disk_busy),
+        verdict.at_least(f"{n}.nfs_read_bps", th.host_fs_read_bps),
+        verdict.at_least(f"{n}.lustre_read_bps", th.host_fs_read_bps),
+        verdict.at_least(f"{n}.nfs_ops", th.host_nfs_ops)])
+    ib = verdict.at_least(f"(COALESCE({n}.ib_rx_bps, 0) + COALESCE({n}.ib_tx_bps, 0))", th.host_ib_bps)
+    pegged = verdict.at_least(f"{n}.cpu_pegged / NULLIF({node_gpus}, 0)", th.host_pegged_per_gpu)
+    return (f"CASE WHEN {storage} THEN 'storage' WHEN {ib} THEN 'communication' WHEN {pegged} THEN 'host'"
+            " ELSE 'starved' END")
+
+
+def class_case(th: Thresholds, node: str | None = "n", node_gpus: str = "c.node_gpus") -> str:
+    """The class of one bucket row ``b`` as an SQL CASE (the table in the module docstring). ``node``: the
+    alias of its node's host row (:func:`node_join`), None where no host row is joined (a quiet GPU is then
+    ``starved``); ``node_gpus``: the allocation's GPUs on that node."""
     b = verdict.prefixed("b")
     v = verdict.case(th, b, observed="b.observed_s > 0")
     dram_high = verdict.at_least("b.dram_active", th.hint_dram_high)
     io_high = verdict.at_least(_IO, th.hint_io_bps)
+    quiet = host_case(th, node, node_gpus) if node else "'starved'"
     return (f"CASE WHEN NOT b.observed_s > 0 THEN 'not_measured'"
             f" WHEN {verdict.in_codes(f'({v})', verdict.IDLE_CODES)} THEN 'idle'"
             f" WHEN b.sm_active IS NULL THEN 'not_measured'"
             f" WHEN {verdict.at_least('b.sm_active', th.working_sm)} THEN 'compute'"
             f" WHEN b.dram_active IS NOT NULL AND {dram_high} THEN 'memory'"
             f" WHEN {_IO_MEASURED} AND {io_high} THEN 'communication'"
-            f" WHEN b.dram_active IS NOT NULL AND {_IO_MEASURED} THEN 'starved'"
+            f" WHEN b.dram_active IS NOT NULL AND {_IO_MEASURED} THEN {quiet}"
             " ELSE 'not_measured' END")
 
 
+def node_join(b: str = "b", cluster: str = "c.cluster", node: str = "c.node", n: str = "n") -> str:
+    """The one join of a GPU bucket row ``b`` to its node's host row ``n`` (node_buckets): same cluster and
+    node, same bucket start and length (a rolled-up hour meets a rolled-up hour). LEFT: no host row leaves
+    ``n``'s columns NULL, which no host rule concludes from."""
+    return (f" LEFT JOIN node_buckets {n} ON {n}.cluster = {cluster} AND {n}.node = {node}"
+            f" AND {n}.start_ts = {b}.bucket_ts AND {n}.seconds = {b}.bucket_s")
+
+
 def rows_sql(dialect: str, th: Thresholds, skip: str = "", *, multi: bool = False) -> str:
-    """Per (allocated GPU of the run, applicable bucket row): its class, observed seconds inside the reserved
-    interval, SM activity and PCIe + NVLink bytes/s. The applicable rows are judge's: the row naming the job
-    where the bucket has labelled rows, else the unlabelled row. ``multi``: only allocations of 2+ GPUs."""
+    """Per (allocated GPU of the run, applicable bucket row, joined to its node's host row): its class,
+    observed seconds inside the reserved interval, SM activity and PCIe + NVLink bytes/s. The applicable rows
+    are judge's: the row naming the job where the bucket has labelled rows, else the unlabelled row.
+    ``multi``: only allocations of 2+ GPUs."""
     g, le = greatest_least(dialect)
     obs = (f"CASE WHEN b.observed_s > 0 THEN {le}({g}(0, {le}(COALESCE(b.span_end, b.bucket_ts + b.bucket_s), c.a_e)"
            f" - {g}(COALESCE(b.span_start, b.bucket_ts), c.a_s)), b.observed_s) ELSE 0 END")
@@ -78,7 +114,8 @@ def rows_sql(dialect: str, th: Thresholds, skip: str = "", *, multi: bool = Fals
                f" AND s.bucket_ts = b.bucket_ts AND s.job <> ''))) OR (c.lab = 1 AND "
                f"{judge.job_match(dialect, 'b.job', 'c.jkey')}))")
     return f"""WITH c AS (
-  SELECT u.allocation_id AS aid, u.allocated_gpu_id AS gid, u.gpu_id, ag.share, ag.node, u.gpu_index,
+  SELECT u.allocation_id AS aid, u.allocated_gpu_id AS gid, u.gpu_id, ag.share, ag.node, u.gpu_index, a.cluster,
+   COUNT(*) OVER (PARTITION BY u.allocation_id, ag.node) AS node_gpus,
    {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey,
    tg.has_jobs AS lab
   FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN telemetry_gpus tg ON tg.id = u.gpu_id
@@ -87,7 +124,7 @@ def rows_sql(dialect: str, th: Thresholds, skip: str = "", *, multi: bool = Fals
 SELECT c.aid, c.gid, c.share, c.node, c.gpu_index, b.bucket_ts, {obs} AS obs, {class_case(th)} AS cls,
  b.sm_active AS sm, {_IO} AS io
 FROM c JOIN gpu_buckets b ON b.gpu_id = c.gpu_id AND b.bucket_ts >= c.a_s - {judge.LOOKBACK}
- AND b.bucket_ts < c.a_e AND b.bucket_ts + b.bucket_s > c.a_s{infra.clip(skip, dialect, 'c')}
+ AND b.bucket_ts < c.a_e AND b.bucket_ts + b.bucket_s > c.a_s{infra.clip(skip, dialect, 'c')}{node_join()}
 WHERE {applies}"""
 
 
@@ -136,8 +173,9 @@ def _blank() -> dict[str, float]:
 
 def breakdown(per_alloc: list[dict[str, Any]], seconds: dict[int, dict[str, float]]) -> dict[str, Any]:
     """The run summary's ``waiting``: GPU-hours per class for the fleet, per cluster, per team and for the
-    allocations with the most non-compute time. An allocation's not-measured hours are its reserved time
-    less infrastructure time less its classified seconds (never below 0)."""
+    allocations that waited most (:data:`WAIT_CLASSES`; then the most non-compute time). An allocation's
+    not-measured hours are its reserved time less infrastructure time less its classified seconds (never
+    below 0)."""
     total, by_cluster, by_team = _blank(), defaultdict(_blank), defaultdict(_blank)
     allocs = []
     for r in per_alloc:
@@ -154,7 +192,8 @@ def breakdown(per_alloc: list[dict[str, Any]], seconds: dict[int, dict[str, floa
         allocs.append({"allocation_id": r["allocation_id"], "cluster": r["cluster"], "team": r["team"],
                        "job_id": r["external_id"], "name": r["name"], "reserved_gpu_hours": r["reserved_s"] / H,
                        "gpu_hours": h})
-    allocs.sort(key=lambda a: (-(sum(a["gpu_hours"].values()) - a["gpu_hours"]["compute"]), a["allocation_id"]))
+    allocs.sort(key=lambda a: (-sum(a["gpu_hours"][k] for k in WAIT_CLASSES),
+                               -(sum(a["gpu_hours"].values()) - a["gpu_hours"]["compute"]), a["allocation_id"]))
     return {"classes": list(CLASSES), "total": total,
             "by_cluster": [{"cluster": c, "gpu_hours": v} for c, v in sorted(by_cluster.items())],
             "by_team": [{"cluster": c, "team": t, "gpu_hours": v} for (c, t), v in sorted(by_team.items())],

@@ -128,3 +128,17 @@ class Thresholds(Strict):
     straggler_link_bps: float = Field(2e10, ge=0, description="straggler: a node (or GPU) whose PCIe + NVLink "
                                       "bytes/s per GPU reach this runs its link saturated: busy, like one that "
                                       "computes, while its peers wait.")
+    # issue 36: the host side of where the waiting goes (node telemetry: the node_exporter connector)
+    host_iowait_share: float = Field(0.05, ge=0, le=1, description="Input/storage wait: a GPU quiet (SM below "
+                                     "working_sm, DRAM and links quiet) while its node's cores in I/O wait are at "
+                                     "least this share of the node's cores...")
+    host_disk_busy: float = Field(0.8, ge=0, le=1, description="...or the node's busiest local disk had I/O in "
+                                  "flight at least this share of the bucket...")
+    host_fs_read_bps: float = Field(1e8, ge=0, description="...or the node read at least this many bytes/s from "
+                                    "NFS or Lustre...")
+    host_nfs_ops: float = Field(1000.0, ge=0, description="...or made at least this many NFS requests/s.")
+    host_ib_bps: float = Field(1e9, ge=0, description="Communication wait: a GPU quiet while its node's "
+                               "InfiniBand ports move at least this many bytes/s (received + transmitted).")
+    host_pegged_per_gpu: float = Field(1.0, ge=0, description="Host-bound: a GPU quiet while its node has at "
+                                       "least this many pegged CPU cores (busy >= the connector's "
+                                       "pegged_core_busy) per GPU the allocation holds there.")

@@ -686,8 +686,9 @@ def findings_csv_rows(store: Store, cfg: Config, run_id: int) -> list[dict[str, 
 
 def waiting_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[str, Any] | None:
     """Where the reserved time went (auditor/audit/waiting.py), as the audit summed it: fleet, clusters,
-    teams and the allocations with the most non-compute time. None on runs from before it was kept."""
-    from auditor.audit.waiting import CLASSES
+    teams, and the jobs that waited most (``jobs``: those with waiting hours, each with its waiting classes,
+    largest first). None on runs from before it was kept."""
+    from auditor.audit.waiting import CLASSES, WAIT_CLASSES
 
     w = s.get("waiting")
     if not w:
@@ -695,5 +696,16 @@ def waiting_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[str, A
     classes = [{"key": k, "label": CLASSES.get(k, k)} for k in w.get("classes") or CLASSES]
     teams = list(w.get("by_team") or [])
     allocs = list(w.get("allocations") or [])
+    jobs = []
+    for a in allocs:
+        h = a.get("gpu_hours") or {}
+        waits = sorted(((k, float(h.get(k) or 0.0)) for k in WAIT_CLASSES if (h.get(k) or 0.0) >= 0.05),
+                       key=lambda kv: -kv[1])
+        if waits:
+            jobs.append({**{k: a.get(k) for k in ("cluster", "team", "job_id", "name", "reserved_gpu_hours")},
+                         "wait_gpu_hours": sum(v for _, v in waits),
+                         "waits": [{"key": k, "label": CLASSES.get(k, k), "gpu_hours": v} for k, v in waits]})
+    jobs.sort(key=lambda j: -j["wait_gpu_hours"])
     return {"classes": classes, "total": w.get("total") or {}, "by_cluster": list(w.get("by_cluster") or []),
-            "by_team": teams if full else teams[:top_n], "allocations": allocs if full else allocs[:top_n]}
+            "by_team": teams if full else teams[:top_n], "allocations": allocs if full else allocs[:top_n],
+            "jobs": jobs if full else jobs[:top_n]}

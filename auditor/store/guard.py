@@ -20,12 +20,14 @@ from auditor.records import (
     LABEL_FIELDS,
     METRIC_FIELDS,
     NODE_EVENT_KINDS,
+    NODE_FIELDS,
     Allocation,
     GpuBucket,
     GpuInventory,
     GpuQuota,
     GpuWait,
     InferenceBucket,
+    NodeBucket,
     NodeEvent,
     Reservation,
 )
@@ -183,6 +185,14 @@ def clean(rec: Any) -> Any:
             raise Unstorable(f"gpu: negative index {rec.gpu}")
         rec.reason = _text(rec.reason, "reason")
         rec.source = _text(rec.source, "source")[:32]
+    elif isinstance(rec, NodeBucket):
+        rec.node = _text(rec.node, "node", key=True)
+        _time(rec.start, "bucket start", optional=False)
+        _int(rec.seconds, "bucket seconds")
+        _int(rec.samples, "samples")
+        _float(rec.observed_s, "observed_s", optional=True)
+        for f in NODE_FIELDS:
+            _float(getattr(rec, f), f, optional=True)
     if why := money_problem(rec):  # storable, but money from it would be non-finite or absurd
         raise Unstorable(why)
     return rec
@@ -210,4 +220,7 @@ def describe(rec: Any) -> tuple[str, str]:
     if isinstance(rec, InferenceBucket):
         start = rec.start.isoformat() if isinstance(rec.start, datetime) else str(rec.start)
         return f"{str(rec.engine)[:16]} inference {str(rec.job)[:80]} at {start}", f"tokens={rec.generated_tokens!r}"
+    if isinstance(rec, NodeBucket):
+        start = rec.start.isoformat() if isinstance(rec.start, datetime) else str(rec.start)
+        return f"node {str(rec.node)[:80]} at {start}", f"iowait={rec.cpu_iowait!r} busy={rec.cpu_busy!r}"
     return type(rec).__name__, ""

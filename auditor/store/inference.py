@@ -12,7 +12,7 @@ from sqlalchemy import Connection
 
 from auditor.records import InferenceBucket
 from auditor.store.schema_inference import inference_buckets
-from auditor.store.sqlfuncs import upsert
+from auditor.store.sqlfuncs import upsert_checked
 
 FIELDS = ("generated_tokens", "running_mean", "waiting_mean", "batch_mean")
 #: a request count above this is no concurrency a GPU serves (a corrupt gauge), refused
@@ -45,12 +45,5 @@ def row(b: InferenceBucket) -> dict[str, Any]:
 def ingest_inference(conn: Connection, buckets: list[InferenceBucket],
                      on_bad: Callable[[InferenceBucket, str], None]) -> int:
     """Upsert ``buckets`` (the last of duplicates in one batch wins); the refused ones go to ``on_bad``."""
-    rows: dict[tuple, dict[str, Any]] = {}
-    for b in buckets:
-        if why := problem(b):
-            on_bad(b, why)
-            continue
-        r = row(b)
-        rows[(r["cluster"], r["engine"], r["job"], r["start_ts"])] = r
-    upsert(conn, inference_buckets, list(rows.values()), ("cluster", "engine", "job", "start_ts"))
-    return len(rows)
+    return upsert_checked(conn, inference_buckets, buckets, ("cluster", "engine", "job", "start_ts"), problem, row,
+                          on_bad)

@@ -23,6 +23,7 @@ from auditor.records import (
     GpuQuota,
     GpuWait,
     InferenceBucket,
+    NodeBucket,
     NodeEvent,
     Record,
     Reservation,
@@ -298,6 +299,7 @@ def _row_by_row(store: Store, records: list[Record], seen: int, cache: dict[tupl
 def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: OnBad | None = None) -> IngestStats:
     """Upsert ``records`` in batched transactions. With ``on_bad``, a batch the store refuses is retried
     record by record and each refused record is handed to ``on_bad`` (the collector quarantines it)."""
+    from auditor.store import meta
     from auditor.store.stats import IngestStats
 
     stats = IngestStats()
@@ -309,26 +311,21 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
     events: list[NodeEvent] = []
     snapshots: list[RunningSnapshot] = []
     inference: list[InferenceBucket] = []  # vLLM/TGI buckets (auditor.store.inference)
+    nodes: list[NodeBucket] = []  # host telemetry (auditor.store.node)
     bad: list[tuple[Any, str]] = []
     cache: dict[tuple, int] = {}
     clusters: set[str] = set()
 
     def flush(final: bool = False) -> None:
-        if inference:  # their own set-based upsert; a refused one is quarantined like any record, below
+        if inference:  # their own set-based upsert; a refused one is quarantined like any record
             from auditor.store.inference import ingest_inference
 
-            refused: list[tuple[Any, str]] = []
-            with store.begin() as conn:
-                stats.inference += ingest_inference(conn, inference, lambda rec, why: refused.append((rec, why)))
-                if refused and on_bad is None:
-                    conn.execute(insert(schema.quarantined_records), [
-                        {"collected_ts": seen_at_ts, "cluster": r.cluster[:128], "source": f"{r.engine} inference",
-                         "location": f"{r.job} at {r.start.isoformat()}"[:255], "reason": why,
-                         "excerpt": repr(r)[:200]} for r, why in refused])
-            for rec, why in refused if on_bad is not None else ():
-                on_bad(rec, why)
-            stats.quarantined += len(refused)
-            inference.clear()
+            stats.inference += _flush_side(store, inference, stats, seen_at_ts, on_bad, ingest_inference)
+        if nodes:  # host telemetry: likewise (fine buckets of rolled-up hours dropped, as GPU buckets)
+            from auditor.store.node import ingest_nodes
+
+            stats.nodes += _flush_side(store, nodes, stats, seen_at_ts, on_bad, lambda conn, recs, bad_: ingest_nodes(
+                conn, recs, bad_, meta.rolled_up_before(conn)))
         if bad:  # quarantined, not stored: one bad record never costs the others or the audit
             if on_bad is not None:
                 for rec, why in bad:
@@ -392,7 +389,34 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             clusters.add(rec.cluster)
             if len(inference) >= store.batch_rows:
                 flush()
+        elif isinstance(rec, NodeBucket):
+            nodes.append(rec)
+            clusters.add(rec.cluster)
+            if len(nodes) >= store.batch_rows:
+                flush()
         else:
             raise TypeError(f"not a record: {type(rec).__name__}")
     flush(final=True)
     return stats
+
+
+def _flush_side(store: Store, recs: list[Any], stats: IngestStats, seen_at_ts: int, on_bad: OnBad | None,
+                write: Callable[[Connection, list[Any], Callable[[Any, str], None]], int]) -> int:
+    """One batch of a side table's records (inference or node buckets: their own set-based upsert ``write``)
+    in one transaction; each record it refuses is quarantined (through ``on_bad`` when given, else a
+    quarantine row described as :func:`auditor.store.guard.describe` says). Empties ``recs``; returns the
+    rows written."""
+    from auditor.store.guard import describe
+
+    refused: list[tuple[Any, str]] = []
+    with store.begin() as conn:
+        written = write(conn, recs, lambda rec, why: refused.append((rec, why)))
+        if refused and on_bad is None:
+            conn.execute(insert(schema.quarantined_records), [
+                {"collected_ts": seen_at_ts, "cluster": r.cluster[:128], "source": type(r).__name__,
+                 "location": describe(r)[0][:255], "reason": why, "excerpt": repr(r)[:200]} for r, why in refused])
+    for rec, why in refused if on_bad is not None else ():
+        on_bad(rec, why)
+    stats.quarantined += len(refused)
+    recs.clear()
+    return written

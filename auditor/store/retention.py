@@ -15,6 +15,9 @@ PostgreSQL (weekly partitions): a week wholly before the cutoff is rolled up by 
 for a rolled-up copy, the old partition dropped (:mod:`auditor.store.retention_pg`); the days of a partial
 week go row-wise as above.
 
+Node buckets (host telemetry) older than the cutoff are rolled up to hourly rows the same way
+(:func:`auditor.store.node.roll_up`), so GPU and node rows of one hour stay side by side.
+
 Audit runs older than ``keep_runs_days`` are deleted with their usage and findings; the newest official
 (non what-if) run is always kept so reports and chargeback keep a base.
 """
@@ -27,7 +30,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from auditor.records import LABEL_FIELDS, METRIC_FIELDS
-from auditor.store import judged, meta
+from auditor.store import judged, meta, node
 from auditor.store.engine import Store
 
 HOUR = 3600
@@ -65,6 +68,7 @@ class PruneResult:
     cutoff_ts: int
     fine_rows_rolled: int = 0
     hourly_rows_written: int = 0
+    node_rows_rolled: int = 0  # host telemetry (node_buckets), rolled up on the same cutoff
     runs_deleted: int = 0
     dry_run: bool = False
 
@@ -98,7 +102,9 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
                 "SELECT COUNT(*) FROM gpu_buckets WHERE bucket_s < 3600 AND bucket_ts < :c"), {"c": cutoff}).scalar()
                 or 0)
             res.runs_deleted = len(runs)
+            res.node_rows_rolled = node.count_fine(conn, cutoff)
             return res
+    _roll_nodes(store, cutoff, res)
     if oldest is not None:
         oldest = _roll_weeks(store, cutoff, res)
     if oldest is not None:
@@ -123,6 +129,21 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
             conn.execute(text(f"DELETE FROM audit_runs WHERE id IN ({marks})"))
         res.runs_deleted += len(chunk)
     return res
+
+
+def _roll_nodes(store: Store, cutoff: int, res: PruneResult) -> None:
+    """Node buckets before the cutoff to hourly rows, a day per transaction (:func:`auditor.store.node.roll_up`),
+    so the waiting rule finds a node's hour beside its GPUs' rolled-up hours."""
+    with store.engine.connect() as conn:
+        oldest = node.oldest_fine(conn, cutoff)
+    if oldest is None:
+        return
+    lo = oldest // DAY * DAY
+    while lo < cutoff:
+        hi = min(lo + DAY, cutoff)
+        with store.begin() as conn:
+            res.node_rows_rolled += node.roll_up(conn, lo, hi)[0]
+        lo = hi
 
 
 def _roll_weeks(store: Store, cutoff: int, res: PruneResult) -> int | None:

@@ -72,3 +72,21 @@ def upsert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], keys:
     stmt = ins.on_conflict_do_update(index_elements=list(keys), set_=sets) if sets \
         else ins.on_conflict_do_nothing(index_elements=list(keys))
     conn.execute(stmt, list(rows))
+
+
+def upsert_checked(conn: Connection, table: Table, records: Sequence[Any], keys: Sequence[str],
+                   problem: Callable[[Any], str], row: Callable[[Any], dict[str, Any]],
+                   on_bad: Callable[[Any, str], None], keep: Callable[[dict[str, Any]], bool] | None = None) -> int:
+    """Upsert the rows (``row``) of the ``records`` that ``problem`` finds storable (""; else the record and
+    why go to ``on_bad``) and ``keep`` keeps; the last of duplicates on ``keys`` wins. Returns the rows
+    written."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for rec in records:
+        if why := problem(rec):
+            on_bad(rec, why)
+            continue
+        r = row(rec)
+        if keep is None or keep(r):
+            rows[tuple(r[k] for k in keys)] = r
+    upsert(conn, table, list(rows.values()), keys)
+    return len(rows)

@@ -17,6 +17,7 @@ class IngestStats:
     quotas: int = 0  # GPU quotas (gpu_quotas rows)
     events: int = 0  # node events (infrastructure: faults, drained/down/NotReady/cordoned nodes)
     inference: int = 0  # inference-server buckets (inference_buckets rows)
+    nodes: int = 0  # host telemetry buckets (node_buckets rows)
     quarantined: int = 0  # records refused at ingest (non-finite or absurd shares/GPU counts)
 
     def add(self, other: IngestStats) -> None:

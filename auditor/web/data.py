@@ -112,9 +112,12 @@ def overview(store: Store, cfg: Config, run_id: int, user: str | None, *, mine: 
         me = user if user is not None else ((mine or "").strip() or None)
         jobs = allocation_rows(conn, run_id, tz, user=me, limit=cfg.web.page_rows) if me is not None else None
     head["findings"] = kinds
+    # where the waiting goes: the run summary's one computation, as the report shows it (the fleet's only: the
+    # summary is not kept per user)
+    waiting = report.waiting_section(dict(run["summary"] or {}), full=False, top_n=TOP) if user is None else None
     return {"schema": "gpu-audit.web.overview/2", "run": info, "scope": user, "currency": cfg.prices.currency,
             "headline": head, "who": who, "trend": trend, "earlier": earlier_window(info, len(trend)),
-            "coverage": clusters, "mine": jobs}
+            "coverage": clusters, "mine": jobs, "waiting": waiting}
 
 
 def top_who(conn: Connection, cfg: Config, run_id: int, user: str | None, tz: Any) -> dict[str, Any]:

@@ -1,0 +1,242 @@
+"""Host telemetry (node_exporter, and the Lustre client exporter) through a Prometheus-compatible API: what
+each node's host did per bucket, for the host side of "Where the waiting goes" (docs/node-telemetry.md).
+
+Per field and chunk one ``query_range`` whose step is the bucket, evaluated at each bucket's end with
+``offset 1ms``, so a point covers exactly [start, start + bucket) as in :mod:`connectors.prometheus`.
+Counters become per-second rates over the bucket (``rate``: Prometheus handles counter resets and
+extrapolates to the bucket's edges); a bucket with fewer than two samples of a counter has no rate, so that
+field is not measured there, never 0. Unlike the GPU queries, these aggregate on the server (``sum by``
+the host label): a node exports one CPU series per core and mode (a 128-core node: 1,024) and one disk
+series per device, and the audit needs the node's total, so the answer is 100-1,000x smaller.
+
+- ``cpus``: cores reporting (``count`` of the idle-mode series); ``samples``: samples per series;
+- ``cpu_busy``, ``cpu_iowait``: cores busy (user, nice, system, irq, softirq) and in I/O wait;
+- ``cpu_pegged``: cores busy at least ``pegged_core_busy`` of the bucket (0 where none is, when cores report);
+- ``disk_*``: read and written bytes/s summed over devices, the busiest device's busy share (``io_time``);
+  device-mapper, md, loop and the like are left out by ``disk_exclude`` (their I/O is the disks' again);
+- ``ib_*``, ``nfs_*``, ``lustre_*``: InfiniBand port, NFS client (mountstats bytes; all-procedure requests)
+  and Lustre client (llite) bytes/s, summed over devices, ports and mounts.
+
+The node name is the host label's value (``instance`` without its port by default), as GPU telemetry and the
+schedulers name the node: that ties a node bucket to the allocations on it. Records only; the store is never
+touched.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from auditor.errors import SourceError
+from auditor.records import NODE_FIELDS, NodeBucket
+from connectors._api_or_files import ApiOrFiles, ApiOrFilesSource, cell, csv_records
+from connectors.aliases import host_from_instance
+from connectors.base import Problems, Window
+from connectors.prometheus import carried
+
+CPU = "node_cpu_seconds_total"
+BUSY_MODES = 'mode!~"idle|iowait|steal"'  # steal: the hypervisor's, not this host's work
+#: field -> (aggregation, function, metric name, extra label matchers): the node's total per bucket
+QUERIES: dict[str, tuple[str, str, str, str]] = {
+    "samples": ("max", "count_over_time", CPU, 'mode="idle"'),
+    "cpus": ("count", "count_over_time", CPU, 'mode="idle"'),
+    "cpu_busy": ("sum", "rate", CPU, BUSY_MODES),
+    "cpu_iowait": ("sum", "rate", CPU, 'mode="iowait"'),
+    "cpu_pegged": ("count", "rate", CPU, BUSY_MODES),  # per core first, see NodeTelemetry.promql
+    "disk_read_bps": ("sum", "rate", "node_disk_read_bytes_total", "{disk}"),
+    "disk_write_bps": ("sum", "rate", "node_disk_written_bytes_total", "{disk}"),
+    "disk_busy": ("max", "rate", "node_disk_io_time_seconds_total", "{disk}"),
+    "ib_rx_bps": ("sum", "rate", "node_infiniband_port_data_received_bytes_total", ""),
+    "ib_tx_bps": ("sum", "rate", "node_infiniband_port_data_transmitted_bytes_total", ""),
+    "nfs_read_bps": ("sum", "rate", "node_mountstats_nfs_total_read_bytes_total", ""),
+    "nfs_write_bps": ("sum", "rate", "node_mountstats_nfs_total_write_bytes_total", ""),
+    "nfs_ops": ("sum", "rate", "node_nfs_requests_total", ""),
+    "lustre_read_bps": ("sum", "rate", "lustre_read_bytes_total", 'component="client"'),
+    "lustre_write_bps": ("sum", "rate", "lustre_write_bytes_total", 'component="client"'),
+}
+#: shares that cannot exceed 1 (a rate's extrapolation may overshoot by a little: clipped)
+SHARES = ("disk_busy",)
+
+
+class NodeTelemetry(ApiOrFilesSource):
+    """Per node and bucket: CPU cores busy, in I/O wait and pegged; disk, InfiniBand, NFS, Lustre bytes/s."""
+
+    class Options(ApiOrFiles):
+        url: str | None = Field(None, description="Base URL of the Prometheus-compatible API that scrapes "
+                                "node_exporter, e.g. `https://prometheus:9090` (or `paths`).")
+        paths: list[str] | None = Field(None, description="Instead of `url`: CSV files (or glob patterns, relative "
+                                        "to the config file) of per-bucket rows, `start,node,` then any of the "
+                                        "node_buckets fields (docs/node-telemetry.md).")
+        host_label: str = Field("instance", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Label naming the "
+                                "node (`instance`: its host part, the port dropped), as GPU telemetry and the "
+                                "schedulers name it; e.g. `node` where relabelling adds the Kubernetes node.")
+        strip_domain: bool = Field(False, description="Keep the node name up to its first dot (`gpu-01.example."
+                                   "org` -> `gpu-01`) where the scrape targets are FQDNs and the schedulers use "
+                                   "short names; IP addresses are kept whole.")
+        pegged_core_busy: float = Field(0.9, gt=0, le=1, description="A core is pegged in a bucket when it was "
+                                        "busy (user, nice, system, irq, softirq) at least this share of it "
+                                        "(`cpu_pegged`; applied when collecting).")
+        disk_exclude: str = Field("(dm-|md|loop|ram|zram|sr|fd|nbd|drbd).*", description="Regex of disk "
+                                  "devices left out of the disk fields (RE2, whole name): volumes stacked on "
+                                  "other disks would count their I/O twice.")
+        sample_interval_s: float | None = Field(None, gt=0, description="Scrape interval of node_exporter, "
+                                                "seconds: a bucket's observed seconds are its samples times this. "
+                                                "Unset = estimated per node (median seconds per sample of its "
+                                                "inner buckets).")
+
+        @field_validator("disk_exclude")
+        @classmethod
+        def _regex(cls, v: str) -> str:
+            if '"' in v or "\n" in v:
+                raise ValueError("a regex on one line, without double quotes")
+            return v
+
+    name = "node_exporter"
+
+    options: NodeTelemetry.Options  # (ApiOrFilesSource sets it)
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    def selector(self, name: str, extra: str) -> str:
+        exclude = self.options.disk_exclude.replace("\\", "\\\\")  # inside a PromQL string
+        parts = [p for p in (extra.replace("{disk}", f'device!~"{exclude}"'),
+                             self.options.matchers) if p]
+        return f"{name}{{{','.join(parts)}}}"
+
+    def promql(self, fname: str, bucket_s: int) -> str:
+        """The query of one field: per series over exactly the bucket, then the node's total."""
+        agg, fn, name, extra = QUERIES[fname]
+        by = self.options.host_label
+        inner = f"{fn}({self.selector(name, extra)}[{bucket_s}s] offset 1ms)"
+        if fname == "cpu_pegged":  # cores, not series: the modes of one core first
+            return f"count by ({by}) (sum by ({by}, cpu) ({inner}) >= {self.options.pegged_core_busy:g})"
+        return f"{agg} by ({by}) ({inner})"
+
+    def present(self, window: Window, problems: Problems) -> set[str]:
+        """The metric names of :data:`QUERIES` the server has in the window (one listing), so an absent
+        collector costs no query; all of them when the server cannot list names."""
+        names = sorted({q[2] for q in QUERIES.values()})
+        assert self.http is not None
+        data: dict[str, Any] = {"start": f"{window.since.timestamp():.3f}", "end": f"{window.until.timestamp():.3f}",
+                                "match[]": self.selector("", f'__name__=~"{"|".join(names)}"')}
+        try:
+            got = self.http.api("/api/v1/label/__name__/values", data, problems, "GET")
+        except SourceError as exc:
+            if exc.transient:
+                raise
+            return set(names)
+        return {n for n in got or () if n in names}
+
+    def node_name(self, metric: dict[str, str]) -> str | None:
+        value = metric.get(self.options.host_label)
+        if not value:
+            return None
+        if self.options.host_label == "instance":
+            value = host_from_instance(value)
+        if self.options.strip_domain:
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                value = value.split(".", 1)[0]
+        return value or None
+
+    def collect(self, window: Window, problems: Problems) -> Iterable[NodeBucket]:
+        if self.http is None:
+            yield from self.read_files(window, problems)
+            return
+        b = window.bucket_seconds
+        try:
+            have = self.present(window, problems)
+            fields = [f for f, q in QUERIES.items() if q[2] in have]
+            if not fields:
+                self.notes = ["no node_exporter metric in the window (node_cpu_seconds_total, node_disk_*, "
+                              "node_infiniband_*, node_mountstats_nfs_*, node_nfs_requests_total, lustre_*)"]
+                return
+            unnamed = 0
+            for first, last in self.http.chunks(window):
+                rows: dict[str, dict[int, dict[str, float]]] = {}
+                for fname in fields:
+                    data = self.http.api("/api/v1/query_range", {"query": self.promql(fname, b),
+                                                                 "start": str(first + b), "end": str(last + b),
+                                                                 "step": str(b)}, problems)
+                    unnamed += self.fold(rows, fname, data, b, problems)
+                yield from self.buckets(rows, window)
+            self.notes = [f"node telemetry without the label {self.options.host_label!r} (in {unnamed} of "
+                          f"{len(fields)} fields): not tied to a node"] if unnamed else []
+        finally:
+            self.close()
+
+    def fold(self, rows: dict[str, dict[int, dict[str, float]]], fname: str, data: Any, b: int,
+             problems: Problems) -> int:
+        """One field's answer into ``rows`` (node -> bucket start -> field); returns 1 when some series had no
+        node label (the answer is per node: they fold into one), else 0."""
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            raise SourceError(self.source, f"query_range answered {str(data)[:60]!r}, not a matrix")
+        unnamed = 0
+        for series in data.get("result") or ():
+            node = self.node_name(series.get("metric") or {})
+            if node is None:
+                unnamed = 1
+                continue
+            per = rows.setdefault(node, {})
+            for point in series.get("values") or ():
+                try:
+                    end, value = int(float(point[0])), float(point[1])
+                except (TypeError, ValueError, IndexError):
+                    problems.skip(self.source, "query_range", f"{fname}: not a point", str(point)[:80])
+                    continue
+                if not math.isfinite(value) or value < 0:
+                    problems.skip(self.source, f"{node} @ {end - b}", f"{fname}: {value!r} is not a rate")
+                    continue
+                per.setdefault(end - b, {})[fname] = min(value, 1.0) if fname in SHARES else value
+        return unnamed
+
+    def buckets(self, rows: dict[str, dict[int, dict[str, float]]], window: Window) -> Iterator[NodeBucket]:
+        b = window.bucket_seconds
+        since, until = window.since.timestamp(), window.until.timestamp()
+        for node, per in sorted(rows.items()):
+            observed = carried(b, [(start, "", int(v.get("samples", 0))) for start, v in per.items()],
+                               self.options.sample_interval_s)
+            for start, v in sorted(per.items()):
+                if not since <= start < until:
+                    continue
+                if v.get("cpus") and "cpu_pegged" not in v:
+                    v["cpu_pegged"] = 0.0  # cores reported and none was pegged: the count has no point
+                samples = int(v.get("samples", 0))
+                yield NodeBucket(cluster=self.context.cluster, node=node, start=datetime.fromtimestamp(start, UTC),
+                                 seconds=b, samples=samples, observed_s=observed.get((start, "")) if samples else None,
+                                 **{f: v.get(f) for f in NODE_FIELDS})
+
+    # -- the file form ----------------------------------------------------------------------------
+
+    def read_files(self, window: Window, problems: Problems) -> Iterator[NodeBucket]:
+        """Per-bucket rows of CSV files (a bucket of ``window.bucket_seconds`` starting at ``start``); a bad
+        row is skipped with one line naming the file and line, the rest read."""
+        since, until = window.since.timestamp(), window.until.timestamp()
+        for nb in csv_records(self.context, self.options.paths or [], self.source, problems,
+                              lambda rec: self.file_row(rec, window.bucket_seconds)):
+            if since <= nb.start.timestamp() < until:
+                yield nb
+
+    def file_row(self, rec: dict[str, str], bucket_s: int) -> NodeBucket:
+        from auditor.timeutil import parse_time
+
+        def num(k: str) -> float | None:
+            return cell(rec, k, "rate")
+
+        node = (rec.get("node") or "").strip()
+        if not node:
+            raise ValueError("node: empty (a row must name its node)")
+        observed = num("observed_s")
+        samples = int(num("samples") or (1 if observed is None or observed > 0 else 0))
+        return NodeBucket(cluster=self.context.cluster, node=node, start=parse_time(rec["start"]).astimezone(UTC),
+                          seconds=bucket_s, samples=samples, observed_s=observed,
+                          **{f: num(f) for f in NODE_FIELDS})
+
+
+TELEMETRY = NodeTelemetry
