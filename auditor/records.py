@@ -213,7 +213,30 @@ class NodeEvent:
     source: str = ""  # e.g. "sacctmgr", "sinfo", "kubernetes", "dcgm"
 
 
-Record = Allocation | Reservation | GpuBucket | GpuInventory | GpuWait | GpuQuota | NodeEvent
+@dataclass(slots=True)
+class KubeJob:
+    """A Kubernetes Job whose pods hold GPUs, as the API server last said: how many of its pods failed
+    (``status.failed`` plus the failed pods not yet counted), succeeded and run now, and its retry policy
+    (``spec.backoffLimit``). Its pods are :class:`Allocation` records (labels ``controller-uid`` /
+    ``batch.kubernetes.io/controller-uid`` = ``uid``); the goodput rules count its failed pods as restarts
+    (docs/definitions.md "Goodput")."""
+
+    cluster: str
+    uid: str
+    namespace: str
+    name: str
+    backoff_limit: int | None = None
+    failed: int = 0
+    succeeded: int = 0
+    active: int = 0
+    state: str = ""  # Running | Complete | Failed | Suspended
+    reason: str = ""  # why it ended Failed, e.g. BackoffLimitExceeded, DeadlineExceeded
+    start: datetime | None = None
+    end: datetime | None = None
+    seen_at: datetime | None = None
+
+
+Record = Allocation | Reservation | GpuBucket | GpuInventory | GpuWait | GpuQuota | NodeEvent | KubeJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,13 +257,13 @@ class RunningSnapshot:
 
 @dataclass(slots=True)
 class InferenceBucket:
-    """One inference server's (vLLM, TGI) work in one bucket, per pod: tokens generated (the counter's
+    """One inference server's (vLLM, TGI, SGLang, Triton) work in one bucket, per pod: tokens generated (the counter's
     increase), mean requests running and waiting, mean batch size where the engine reports one. ``job`` is
     the telemetry job key of the pod (namespace/pod, as GpuBucket.job_key), which ties it to the pod's GPU
     allocation."""
 
     cluster: str
-    engine: str  # vllm | tgi
+    engine: str  # vllm | tgi | sglang | triton
     job: str  # namespace/pod
     start: datetime
     seconds: int

@@ -205,3 +205,62 @@ def normalise(field: str, unit: Unit, value: float) -> tuple[float, bool]:
         if v > 1.0:
             return 1.0, True
     return v, False
+
+
+# --- inference servers (docs/inference.md "What is read") ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRead:
+    """One series an inference figure is read from: Prometheus computes ``fn`` over exactly one bucket
+    (``increase`` of a counter, ``avg_over_time`` of a gauge); ``matchers`` pick the engine's series where
+    another engine exports the same name (PromQL, without braces)."""
+
+    fn: Literal["increase", "avg_over_time"]
+    name: str
+    matchers: str = ""
+
+
+def _read(fn: Literal["increase", "avg_over_time"], name: str, matchers: str = "") -> InferenceRead:
+    return InferenceRead(fn, name, matchers)
+
+
+#: SGLang exports one series per tensor- and pipeline-parallel rank of the same batch (labels ``tp_rank``,
+#: ``pp_rank``: python/sglang/srt/managers/scheduler_metrics_mixin.py): rank 0 (or no rank label) is read;
+#: data-parallel ranks (``dp_rank``) run batches of their own and add up
+_SGLANG_RANK0 = 'tp_rank=~"|0",pp_rank=~"|0"'
+
+#: Engine -> inference bucket field -> the series it is read from. Several series of one pod add up: vLLM's
+#: data-parallel ``engine`` label, Triton's several models, the two queues Triton keeps (its scheduler's
+#: pending requests and the TensorRT-LLM batcher's waiting ones). Names, types and labels are the engines'
+#: own (tests/fixtures/inference/PROVENANCE.md). Where an engine reports no batch size, the requests running
+#: are the batch (continuous batching: vLLM, SGLang).
+INFERENCE_ALIASES: dict[str, dict[str, tuple[InferenceRead, ...]]] = {
+    # native vLLM: labels model_name, engine; Triton's vLLM backend exports the same token counter with the
+    # labels model and version instead, so the version label tells them apart
+    "vllm": {"generated_tokens": (_read("increase", "vllm:generation_tokens_total", 'version=""'),),
+             "running_mean": (_read("avg_over_time", "vllm:num_requests_running"),),
+             "waiting_mean": (_read("avg_over_time", "vllm:num_requests_waiting"),)},
+    # TGI's router: tokens are the sum of a per-request histogram; its running requests are its batch
+    "tgi": {"generated_tokens": (_read("increase", "tgi_request_generated_tokens_sum"),),
+            "running_mean": (_read("avg_over_time", "tgi_batch_current_size"),),
+            "waiting_mean": (_read("avg_over_time", "tgi_queue_size"),),
+            "batch_mean": (_read("avg_over_time", "tgi_batch_current_size"),)},
+    "sglang": {"generated_tokens": (_read("increase", "sglang:generation_tokens_total", _SGLANG_RANK0),),
+               "running_mean": (_read("avg_over_time", "sglang:num_running_reqs", _SGLANG_RANK0),),
+               "waiting_mean": (_read("avg_over_time", "sglang:num_queue_reqs", _SGLANG_RANK0),)},
+    # Triton: the TensorRT-LLM backend's inflight batcher (active requests, the requests of this iteration's
+    # batch, waiting ones, output tokens) and the vLLM backend's token counter; Triton's own per-model
+    # scheduler queue adds to the waiting
+    "triton": {"generated_tokens": (_read("increase", "nv_llm_output_token_len_sum",
+                                          'response_metric_type="total_output_tokens"'),
+                                    _read("increase", "vllm:generation_tokens_total", 'version!=""')),
+               "running_mean": (_read("avg_over_time", "nv_trt_llm_request_metrics", 'request_type="active"'),),
+               "waiting_mean": (_read("avg_over_time", "nv_trt_llm_request_metrics", 'request_type="waiting"'),
+                                _read("avg_over_time", "nv_inference_pending_request_count")),
+               "batch_mean": (_read("avg_over_time", "nv_trt_llm_request_metrics",
+                                    'request_type="scheduled"'),)},
+}
+
+#: Labels naming the model an inference series serves (vLLM, SGLang: model_name; Triton: model)
+INFERENCE_MODEL_LABELS: tuple[str, ...] = ("model_name", "model")

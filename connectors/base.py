@@ -19,6 +19,7 @@ from auditor.records import (
     GpuInventory,
     GpuQuota,
     GpuWait,
+    KubeJob,
     NodeEvent,
     Reservation,
     RunningSnapshot,
@@ -27,7 +28,8 @@ from auditor.records import (
 __all__ = ["AllocationRecord", "AllocationSource", "Context", "Options", "Problems", "RunningSnapshot",
            "TelemetrySource", "Window"]
 
-AllocationRecord = Allocation | Reservation | GpuInventory | GpuWait | GpuQuota | NodeEvent | RunningSnapshot
+AllocationRecord = (Allocation | Reservation | GpuInventory | GpuWait | GpuQuota | NodeEvent | KubeJob
+                    | RunningSnapshot)
 
 
 @runtime_checkable

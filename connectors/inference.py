@@ -1,16 +1,18 @@
-"""Inference servers (vLLM, TGI) through a Prometheus-compatible API: what each serving pod generated.
+"""Inference servers (vLLM, TGI, SGLang, Triton) through a Prometheus-compatible API: what each serving pod
+generated.
 
-Per engine, per series and 5-minute bucket, one ``query_range`` each (step = the bucket, evaluated at the
-bucket's end with ``offset 1ms``, so a point covers exactly [start, start + bucket) as in
-:mod:`connectors.prometheus`):
+Per engine, per series the one alias table names (:data:`connectors.aliases.INFERENCE_ALIASES`) and 5-minute
+bucket, one ``query_range`` each (step = the bucket, evaluated at the bucket's end with ``offset 1ms``, so a
+point covers exactly [start, start + bucket) as in :mod:`connectors.prometheus`):
 
 - generated tokens: ``increase(<tokens counter>[300s])`` (counter resets handled by Prometheus);
 - requests running (the concurrency), requests waiting, batch size: ``avg_over_time(<gauge>[300s])``.
 
 Series are tied to the GPU allocation of their pod by the ``namespace`` and ``pod`` labels the scrape's
 Kubernetes service discovery adds, the job key the GPU telemetry uses (:func:`connectors._coverage.job_key`);
-several series of one pod (vLLM's data-parallel ``engine`` label) add up. A series without pod labels cannot
-be tied to a GPU: it is counted in :attr:`notes`, never guessed. Records only; the store is never touched.
+several series of one pod (vLLM's data-parallel ``engine`` label, Triton's models) add up. A series without
+pod labels cannot be tied to a GPU: it is counted in :attr:`notes`, never guessed. Records only; the store is
+never touched.
 """
 
 from __future__ import annotations
@@ -27,18 +29,11 @@ from auditor.errors import SourceError
 from auditor.records import InferenceBucket
 from connectors._api_or_files import ApiOrFiles, ApiOrFilesSource, cell, csv_records
 from connectors._coverage import job_key
+from connectors.aliases import INFERENCE_ALIASES, INFERENCE_MODEL_LABELS, InferenceRead
 from connectors.base import Problems, Window
 
-#: engine -> bucket field -> (window function, metric names it reads). TGI's running requests are its batch.
-ENGINES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
-    "vllm": {"generated_tokens": ("increase", ("vllm:generation_tokens_total",)),
-             "running_mean": ("avg_over_time", ("vllm:num_requests_running",)),
-             "waiting_mean": ("avg_over_time", ("vllm:num_requests_waiting",))},
-    "tgi": {"generated_tokens": ("increase", ("tgi_request_generated_tokens_sum",)),
-            "running_mean": ("avg_over_time", ("tgi_batch_current_size",)),
-            "waiting_mean": ("avg_over_time", ("tgi_queue_size",)),
-            "batch_mean": ("avg_over_time", ("tgi_batch_current_size",))},
-}
+#: the engines the connector reads (their series: :data:`connectors.aliases.INFERENCE_ALIASES`)
+ENGINES: tuple[str, ...] = tuple(INFERENCE_ALIASES)
 #: fields that add up over the series of one pod (tokens, requests); the rest too: a pod's two engines
 #: each running 1 request run 2
 FIELDS = ("generated_tokens", "running_mean", "waiting_mean", "batch_mean")
@@ -53,7 +48,8 @@ class InferenceTelemetry(ApiOrFilesSource):
         paths: list[str] | None = Field(None, description="Instead of `url`: CSV files (or glob patterns, relative "
                                         "to the config file) of per-bucket rows, `start,engine,namespace,pod,"
                                         "generated_tokens,running,waiting,batch` (docs/inference.md).")
-        engines: list[str] = Field(["vllm", "tgi"], description="Engines whose metrics to read: `vllm`, `tgi`.")
+        engines: list[str] = Field(list(ENGINES), description="Engines whose metrics to read: `vllm`, `tgi`, "
+                                   "`sglang`, `triton` (docs/inference.md \"What is read\").")
 
         @field_validator("engines")
         @classmethod
@@ -67,9 +63,13 @@ class InferenceTelemetry(ApiOrFilesSource):
 
     options: InferenceTelemetry.Options  # (ApiOrFilesSource sets it)
 
-    def query(self, fn: str, names: tuple[str, ...], bucket_s: int) -> str:
+    def query(self, read: InferenceRead, bucket_s: int) -> str:
+        """``read``'s window function over exactly one bucket, its own matchers beside the configured ones."""
         assert self.http is not None
-        return f"{fn}({self.http.selector(list(names))}[{bucket_s}s] offset 1ms)"
+        sel = self.http.selector([read.name])
+        if read.matchers:
+            sel = sel[:-1] + f",{read.matchers}}}"
+        return f"{read.fn}({sel}[{bucket_s}s] offset 1ms)"
 
     def chunks(self, window: Window) -> Iterator[tuple[int, int]]:
         """Aligned bucket starts [first, last] per query, at most ``chunk_hours`` (and 11,000 points) long."""
@@ -91,12 +91,15 @@ class InferenceTelemetry(ApiOrFilesSource):
         for engine in self.options.engines:
             for first, last in self.chunks(window):
                 rows: dict[tuple[str, int], dict[str, Any]] = {}
-                for fname, (fn, names) in ENGINES[engine].items():
-                    assert self.http is not None
-                    data = self.http.api("/api/v1/query_range", {"query": self.query(fn, names, b),
-                                                                 "start": str(first + b), "end": str(last + b),
-                                                                 "step": str(b)}, problems)
-                    self.fold(rows, engine, fname, data, b, unlabelled, problems)
+                answers: dict[InferenceRead, Any] = {}  # a series two fields read (TGI's batch) is asked once
+                for fname, reads in INFERENCE_ALIASES[engine].items():
+                    for read in reads:
+                        if read not in answers:
+                            assert self.http is not None
+                            answers[read] = self.http.api("/api/v1/query_range", {
+                                "query": self.query(read, b), "start": str(first + b), "end": str(last + b),
+                                "step": str(b)}, problems)
+                        self.fold(rows, engine, fname, answers[read], b, unlabelled, problems)
                 for (job, start), row in sorted(rows.items()):
                     if not window.since.timestamp() <= start < window.until.timestamp():
                         continue
@@ -158,8 +161,9 @@ class InferenceTelemetry(ApiOrFilesSource):
                 row[fname] = row.get(fname, 0.0) + value
                 if metric.get("instance"):
                     row["instance"].add(metric["instance"])
-                if metric.get("model_name"):
-                    row["model"].add(metric["model_name"])
+                model = next((metric[k] for k in INFERENCE_MODEL_LABELS if metric.get(k)), "")
+                if model:
+                    row["model"].add(model)
 
 
 TELEMETRY = InferenceTelemetry
@@ -179,4 +183,4 @@ def parse_page(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def names_read(engine: str) -> set[str]:
     """The metric names the queries of ``engine`` read."""
-    return {n for _, names in ENGINES[engine].values() for n in names}
+    return {r.name for reads in INFERENCE_ALIASES[engine].values() for r in reads}

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from auditor.intparse import UINT
-from auditor.records import AllocatedGpu, Allocation, GpuInventory, GpuWait, NodeEvent
+from auditor.records import AllocatedGpu, Allocation, GpuInventory, GpuWait, KubeJob, NodeEvent
 
 GPU_PRODUCT = "nvidia.com/gpu.product"
 GPU_COUNT = "nvidia.com/gpu.count"
@@ -24,6 +24,11 @@ GPU_REPLICAS = "nvidia.com/gpu.replicas"
 SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"
 MIG_CONFIG = "nvidia.com/mig.config"
 TERMINAL = ("Succeeded", "Failed")
+#: the label a Failed pod's allocation carries with why it failed (:func:`failure_reason`); a prefixed key no
+#: pod label of the user's collides with
+FAILURE_LABEL = "gpu-audit.io/failure-reason"
+#: pod labels naming the Job that owns a pod (the Job controller sets both since Kubernetes 1.27)
+JOB_UID_LABELS = ("batch.kubernetes.io/controller-uid", "controller-uid")
 
 _MIG_RES = re.compile(r"^nvidia\.com/mig-(\d+)g\.([0-9a-z.+]+)$")
 _MIG_PRODUCT = re.compile(r"-MIG-(\d+g\.[0-9a-z.+]+)$", re.IGNORECASE)
@@ -318,6 +323,8 @@ def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, 
         gpus.extend(AllocatedGpu(node=node_name, index=None, model=node.model if node else None,
                                  share=share, mig_profile=profile) for _ in range(units[resource]))
     labels = dict(meta.get("labels") or {})
+    if state == "Failed" and (why := failure_reason(pod)):
+        labels[FAILURE_LABEL] = why
     if (ahead := clamped_start(pod, now)) is not None:
         labels["start_clamped_from"] = ahead.strftime("%Y-%m-%dT%H:%M:%SZ")
     if rules.team_label != "team" and rules.team_label in labels:
@@ -328,6 +335,68 @@ def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, 
         cluster=rules.cluster, source="kubernetes", external_id=uid, name=meta.get("name", ""),
         user=str(user), account=meta.get("namespace", ""), state=state, start=start, end=end,
         submit=None, owner_workload=owners.top(pod), labels=labels, gpus=gpus, restarts=pod_restarts(pod))
+
+
+def failure_reason(pod: Mapping[str, Any]) -> str:
+    """Why a Failed pod failed, in the API's own words: the ``DisruptionTarget`` condition's reason (the
+    scheduler preempted it, an eviction or a drain, the taint manager or the kubelet deleted it), else the pod's
+    ``status.reason`` (``Evicted``, ``DeadlineExceeded``), else a terminated container's reason
+    (``OOMKilled``, ``Error``); "" when none says. The goodput rules map it to a cause (auditor/audit/goodput.py
+    ``POD_CAUSES``)."""
+    status = pod.get("status") or {}
+    for c in status.get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == "DisruptionTarget" and str(c.get("status")) == "True" \
+                and c.get("reason"):
+            return str(c["reason"])[:64]
+    if status.get("reason"):
+        return str(status["reason"])[:64]
+    for k in ("containerStatuses", "initContainerStatuses"):
+        for cs in status.get(k) or ():
+            term = ((cs.get("state") or {}).get("terminated") or {}) if isinstance(cs, Mapping) else {}
+            if term.get("reason") and term.get("exitCode") not in (0, None):
+                return str(term["reason"])[:64]
+    return ""
+
+
+def job_record(job: Mapping[str, Any], rules: PodRules, now: datetime) -> KubeJob | None:
+    """The :class:`KubeJob` of a Job whose pod template holds GPUs; None for other Jobs. Raises
+    :class:`BadObject` for objects that cannot be read."""
+    meta = job.get("metadata") or {}
+    spec = job.get("spec") or {}
+    template = spec.get("template") or {}
+    if not pod_gpu_units(template, rules.is_gpu, lambda _resource: None):
+        return None
+    uid = meta.get("uid")
+    if not uid:
+        raise BadObject("missing metadata.uid")
+    status = job.get("status") or {}
+
+    def count(value: Any, what: str) -> int:
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadObject(f"{what}: {value!r} is not a count")
+        return value
+
+    uncounted = (status.get("uncountedTerminatedPods") or {}).get("failed") or []
+    failed = count(status.get("failed"), "status.failed") + (len(uncounted) if isinstance(uncounted, list) else 0)
+    limit = spec.get("backoffLimit")
+    state, reason, end = "Running", "", parse_time(status.get("completionTime"))
+    for c in status.get("conditions") or ():
+        if not isinstance(c, Mapping) or str(c.get("status")) != "True":
+            continue
+        if c.get("type") == "Failed":
+            state, reason = "Failed", str(c.get("reason") or "")
+            end = end or parse_time(c.get("lastTransitionTime"))
+        elif c.get("type") == "Complete" and state != "Failed":
+            state = "Complete"
+    if state == "Running" and spec.get("suspend") is True:
+        state = "Suspended"
+    return KubeJob(cluster=rules.cluster, uid=str(uid), namespace=str(meta.get("namespace") or ""),
+                   name=str(meta.get("name") or ""), backoff_limit=count(limit, "spec.backoffLimit")
+                   if limit is not None else None, failed=failed, succeeded=count(status.get("succeeded"),
+                   "status.succeeded"), active=count(status.get("active"), "status.active"), state=state,
+                   reason=reason, start=parse_time(status.get("startTime")), end=end, seen_at=now)
 
 
 def pod_restarts(pod: Mapping[str, Any]) -> int | None:

@@ -25,7 +25,7 @@ from pydantic import Field, model_validator
 from auditor.config import SecretRef
 from auditor.errors import ConfigError, SourceError
 from auditor.logs import log_safe
-from auditor.records import Allocation, GpuInventory, GpuWait, NodeEvent
+from auditor.records import Allocation, GpuInventory, GpuWait, KubeJob, NodeEvent
 from connectors.base import AllocationRecord, Context, Options, Problems, RunningSnapshot, Window
 from connectors.k8s_resources import (
     NODE_STATE_KINDS,
@@ -34,6 +34,7 @@ from connectors.k8s_resources import (
     NodeInfo,
     OwnerResolver,
     PodRules,
+    job_record,
     node_events,
     node_info,
     node_inventory,
@@ -107,6 +108,7 @@ class KubernetesAllocations:
         self._api: client.ApiClient | None = None
         self._resource_version: str | None = None
         self._nodes: dict[str, NodeInfo] = {}
+        self._owner_lists: dict[str, list[Mapping[str, Any]] | None] = {}  # per collection
 
     # -- client -----------------------------------------------------------------------------------
     def _client(self) -> client.ApiClient:
@@ -209,14 +211,35 @@ class KubernetesAllocations:
                 for item in page.get("items") or ()]
 
     def _owner_items(self, kind: str) -> list[Mapping[str, Any]] | None:
-        """Owner lookups degrade (owner stays e.g. ReplicaSet/x) rather than fail the collection."""
+        """Owner lookups degrade (owner stays e.g. ReplicaSet/x) rather than fail the collection. Listed once
+        per collection: the Jobs serve the owner chains and the Jobs' own records (:meth:`_jobs`)."""
+        if kind in self._owner_lists:
+            return self._owner_lists[kind]
         try:
-            return list(self._list_all(OWNER_LISTS[kind]))
+            items: list[Mapping[str, Any]] | None = list(self._list_all(OWNER_LISTS[kind]))
         except SourceError as exc:
             log.warning("%s; owner chains stop at %s", exc, kind)
-            return None
+            items = None
         except _Gone:
-            return None
+            items = None
+        self._owner_lists[kind] = items
+        return items
+
+    def _jobs(self, problems: Problems, at: datetime) -> list[KubeJob]:
+        """The Jobs whose pods hold GPUs (their failed pods and backoff limit, for the goodput rules); none,
+        with the warning :meth:`_owner_items` logged, when the Jobs cannot be listed."""
+        out = []
+        for job in self._owner_items("Job") or ():
+            meta = job.get("metadata") or {}
+            try:
+                rec = job_record(job, self.rules, at)
+            except (BadObject, ValueError, TypeError, AttributeError) as exc:
+                problems.skip(SOURCE, f"job {meta.get('namespace', '?')}/{meta.get('name', '?')}",
+                              f"unreadable job: {exc}")
+                continue
+            if rec is not None:
+                out.append(rec)
+        return out
 
     # -- collection -------------------------------------------------------------------------------
     def collect(self, window: Window, problems: Problems) -> Iterable[AllocationRecord]:
@@ -226,6 +249,7 @@ class KubernetesAllocations:
 
     def _collect(self, problems: Problems) -> list[AllocationRecord]:
         self.notes: list[str] = []
+        self._owner_lists = {}
         if self.options.mode == "watch" and self._resource_version is not None:
             try:
                 return self._watch(problems)
@@ -277,7 +301,8 @@ class KubernetesAllocations:
                     self._wait(pod, waits)
         self._resource_version = rv
         self._say_clamped(pods.values(), problems)
-        out: list[AllocationRecord] = [*inventory, *events, *pods.values(), *waits.values()]
+        out: list[AllocationRecord] = [*inventory, *events, *pods.values(), *waits.values(),
+                                       *self._jobs(problems, at)]
         out.append(RunningSnapshot(self.context.cluster, SOURCE, at=at, accounts=tuple(self.options.namespaces),
                                    event_kinds=NODE_STATE_KINDS, event_source="kubernetes"))
         return out
@@ -361,7 +386,7 @@ class KubernetesAllocations:
         finally:
             resp.release_conn()
         self._say_clamped(changed.values(), problems)
-        return [*changed.values(), *waits.values()]
+        return [*changed.values(), *waits.values(), *self._jobs(problems, datetime.now(UTC))]
 
 
 class _Gone(Exception):

@@ -50,6 +50,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextmanager
+def web_server(store: Store, cfg: Any) -> Iterator[str]:
+    """``gpu-audit web`` over ``store`` on a free loopback port, in a thread: its base URL, stopped after."""
+    import time
+
+    from auditor.web.app import start_in_thread
+
+    port = free_port()
+    server = start_in_thread(store, cfg, f"127.0.0.1:{port}")
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+
+
 def usage(store: Store, run_id: int) -> dict[str, dict[str, Any]]:
     """Run ``run_id``'s usage_allocation rows by the allocation's external id, every column."""
     with store.engine.connect() as conn:

@@ -232,3 +232,44 @@ def test_pod_container_restarts_are_read(store: Store) -> None:
     rid = run_audit(store, cfg(), W0, W1).run_id
     f = findings(store, rid, "failed_restarts")
     assert list(f) == ["uid-1"] and (f["uid-1"][0]["gpu_hours"], f["uid-1"][0]["evidence"]["restarts"]) == (0.0, 4)
+
+
+def proxy_fleet() -> list[Any]:
+    """Team ml's job 60 on n5 GPUs 0-1 for 4 h: GPU 0 at SM 0.8, Tensor 0.5 all along; GPU 1 at SM 0.6,
+    Tensor 0.3 for 2 h, then no samples. Team bio's job 70 on n6 GPU 0 for 2 h at SM 0.5 with no Tensor field
+    (its exporter does not collect DCGM_FI_PROF_PIPE_TENSOR_ACTIVE). No run failed."""
+    return [job("60", gpus("n5", 2), 4, state="COMPLETED", account="a1"),
+            job("70", gpus("n6", 1), 2, state="COMPLETED", account="a2"),
+            *run("n5", 0, 0, 48, sm_active=0.8, tensor_active=0.5, gpu_util=1.0),
+            *run("n5", 1, 0, 24, sm_active=0.6, tensor_active=0.3, gpu_util=1.0),
+            *run("n6", 0, 0, 24, sm_active=0.5, gpu_util=1.0)]
+
+
+def test_tensor_pipe_activity_as_an_mfu_proxy_on_every_surface(store: Store) -> None:
+    """By hand: ml's Tensor GPU-hours 4 x 0.5 + 2 x 0.3 = 2.6 over 4 + 2 = 6 SM-observed GPU-h: 43 %; bio has
+    2 SM-observed GPU-h and no Tensor field: not measured (never 0 %); overall 2.6 / 8 = 32.5 %, shown 32 %
+    (Python rounds half to even) beside Llama 3's 38-43 % and PaLM's 46 %. The goodput section shows it
+    although no run failed; text, Markdown, HTML and JSON all show these same figures."""
+    from auditor.report.render import render_html, render_json, render_md, render_text
+
+    store.ingest(proxy_fleet())
+    c = cfg()
+    rid = run_audit(store, c, W0, W1).run_id
+    ctx = build_context(store, c, rid)
+    tp = ctx["goodput"]["tensor"]
+    assert ctx["goodput"]["totals"]["runs"] == 0
+    assert tp["tensor_share"] == pytest.approx(2.6 / 8) and tp["observed_gpu_hours"] == pytest.approx(8.0)
+    assert [(t["team"], t["observed_gpu_hours"], t["tensor_share"]) for t in tp["teams"]] == [
+        ("ml", pytest.approx(6.0), pytest.approx(2.6 / 6)), ("bio", pytest.approx(2.0), None)]
+    assert [(a["job"], a["tensor_share"]) for a in tp["allocations"]["rows"]] == [("60", pytest.approx(2.6 / 6)),
+                                                                         ("70", None)]
+    assert [(p["low"], p["high"]) for p in tp["published"]] == [(0.38, 0.43), (0.46, 0.46)]
+    txt, md, (html, _) = render_text(ctx), render_md(ctx), render_html(ctx)
+    for body in (txt, md, html):
+        assert "MFU proxy" in body and "not MFU" in body, body[:300]
+        assert "32%" in body and "43%" in body and "not measured" in body
+        assert "38%-43%" in body and "46%" in body and "Llama 3" in body and "PaLM" in body
+    assert "team ml: Tensor-pipe activity 43% over 6.0 GPU-h" in txt
+    assert "team bio: Tensor-pipe activity not measured over 2.0 GPU-h" in txt
+    doc = __import__("json").loads(render_json(ctx))
+    assert doc["goodput"]["tensor"]["teams"][0]["tensor_share"] == pytest.approx(2.6 / 6)

@@ -20,9 +20,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from auditor.errors import SourceError
-from auditor.records import Allocation, GpuInventory
+from auditor.records import Allocation, GpuInventory, KubeJob
 from connectors import build, connector_class
 from connectors.base import Context, Problems, RunningSnapshot, Window
+from connectors.k8s_resources import FAILURE_LABEL
 
 REAL_KUBECONFIG = os.environ.get("GPU_AUDIT_TEST_KUBECONFIG")
 WINDOW = Window(datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC))
@@ -68,7 +69,9 @@ def test_every_gpu_pod_matches_the_reference_reading(server: K8sServer) -> None:
         assert {g.node for g in a.gpus} == {ref["node"]}
         assert (a.start, a.end) == (ts(ref["start"]), ts(ref["end"]))
         assert a.state == ref["phase"]
-        assert a.labels == ref["labels"]
+        # a Failed pod's allocation also says why it failed (the recorded crashed-eval: its container OOMKilled)
+        why = {FAILURE_LABEL: "OOMKilled"} if ref["phase"] == "Failed" else {}
+        assert a.labels == {**ref["labels"], **why}
         if ref["owner"]:
             assert a.owner_workload.split("/")[0] in ("Job", "CronJob", "Deployment")
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in load("pods-all.json")["items"]}
@@ -236,10 +239,12 @@ def test_watch_mode_follows_changes_and_relists_on_410(server: K8sServer) -> Non
     first = collect(conn)
     assert isinstance(first[-1], RunningSnapshot)
     changes = collect(conn)  # the recorded probe pod: Pending, Running, terminating, deleted
-    assert [(a.name, a.end) for a in changes] == \
+    assert [(a.name, a.end) for a in changes if not isinstance(a, KubeJob)] == \
         [("watch-probe", datetime(2026, 11, 29, 14, 32, 1, tzinfo=UTC))]
     assert any("watch=true" in r and "resourceVersion=240" in r for r in server.replay.requests)
-    assert collect(conn) == []  # resumed after the last seen resourceVersion: nothing new
+    # resumed after the last seen resourceVersion: nothing new but the GPU Jobs' counts, listed every time
+    assert [(type(r).__name__, r.name) for r in collect(conn)] == [("KubeJob", "llama-ft"),
+                                                                    ("KubeJob", "resnet-sweep-7")]
     server.replay.faults.watch_expired = True
     relisted = collect(conn)
     assert isinstance(relisted[-1], RunningSnapshot) and len(by_name(relisted)) == 7

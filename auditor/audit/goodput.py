@@ -9,42 +9,70 @@ GPU-hours in the window are *lost*. Each lost run has one cause:
 - ``user``: FAILED, OUT_OF_MEMORY, TIMEOUT (the job's own exit, memory or time limit), no node event;
 - ``preempted``: PREEMPTED or REQUEUED (preempted or requeued by the scheduler or an operator), no node event.
 
+A failed Kubernetes pod says why it failed (its ``DisruptionTarget`` condition, else ``status.reason``, else
+its container's: connectors/k8s_resources.py ``failure_reason``), and ``thresholds.goodput_pod_causes`` maps
+the reason to a cause: by default preempted by the scheduler or evicted through the eviction API (a drain)
+is ``preempted``; deleted by the taint manager (its node NotReady), by the pod garbage collector (its node
+gone) or by the kubelet (node shutdown, node-pressure eviction) is ``infrastructure``; a reason not listed
+(OOMKilled, an error exit, DeadlineExceeded) the user's.
+
 Slurm resets a job's submit time when it requeues it, so every run of a requeued job is its own stored
 instance of the same job id (``allocations.instance_ts``): the restarts of a job are its instances in the
-window minus one, or Slurm's own count (``allocations.restarts``) where that is more. The useful-time
-share (reserved minus lost, over reserved) is the figure Meta reports for the Llama 3 run (more than 90 % of
-the time doing useful training). Computed once here, from the run's
+window minus one, or Slurm's own count (``allocations.restarts``) where that is more. A Kubernetes Job's
+runs are its pods (label ``controller-uid``): its restarts are its failed pods that were retried under its
+``backoffLimit`` (:func:`kube_restarts`) plus its pods' container restarts; a bare pod's are its container
+restarts. The useful-time share (reserved minus lost, over reserved) is the figure Meta reports for the
+Llama 3 run (more than 90 % of the time doing useful training). Computed once here, from the run's
 ``usage_allocation`` rows: the report section, the ``failed_restarts`` findings and the chargeback column
-``lost_gpu_hours`` all read :func:`lost_runs`. Rules: docs/definitions.md "Goodput".
+``lost_gpu_hours`` all read :func:`lost_runs`.
+
+Beside it, per team and allocation, Tensor-pipe activity as an MFU proxy (:func:`tensor_proxy`): the mean
+DCGM Tensor pipe activity over SM-observed time (``usage_allocation.tensor_s / sm_observed_s``, the figure
+the low-efficiency evidence calls mean Tensor activity), shown next to the published model FLOPs
+utilisation of large training runs (:data:`PUBLISHED_MFU`). It is a proxy, not MFU: a Tensor pipe counts as
+active for any cycle it issues, at any precision and fill. Rules: docs/definitions.md "Goodput".
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
 
 from auditor.config import Thresholds
 from auditor.timeutil import H
+from connectors.k8s_resources import FAILURE_LABEL, JOB_UID_LABELS
 
 CAUSES = ("infrastructure", "user", "preempted")
 #: failure end state -> its cause when no node event says otherwise
 LOST_STATES: dict[str, str] = {"NODE_FAIL": "infrastructure", "BOOT_FAIL": "infrastructure",
                                "FAILED": "user", "OUT_OF_MEMORY": "user", "TIMEOUT": "user",
                                "PREEMPTED": "preempted", "REQUEUED": "preempted"}
+#: published model FLOPs utilisation of large training runs, for the Tensor-pipe proxy to stand beside:
+#: (run, low, high) as shares of the chips' peak math
+PUBLISHED_MFU: tuple[tuple[str, float, float], ...] = (("Meta Llama 3 405B (16,384 H100)", 0.38, 0.43),
+                                                      ("Google PaLM 540B (6,144 TPU v4)", 0.46, 0.46))
+#: pods of a Kubernetes Job (the top of its owner chain a Job, or a CronJob that made the Job)
+JOB_POD = "a.source = 'kubernetes' AND (a.owner_workload LIKE 'Job/%' OR a.owner_workload LIKE 'CronJob/%')"
 
 RUNS = """SELECT a.id AS allocation_id, a.cluster, a.source, a.external_id, a.account, a.user_name, a.name,
-a.state, a.start_ts, a.end_ts, u.team, u.reserved_s, u.reserved_cost
+a.state, a.start_ts, a.end_ts, a.labels, u.team, u.reserved_s, u.reserved_cost
 FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id
 WHERE u.run_id = :run AND UPPER(a.state) IN :states"""
 #: node events on a node the allocation held, overlapping its held interval (an instantaneous XID included)
 EVENTS = """SELECT DISTINCT g.allocation_id, e.node, e.kind, e.reason FROM allocated_gpus g
 JOIN node_events e ON e.node = g.node AND e.cluster = :cluster
 WHERE g.allocation_id = :id AND e.kind IN :kinds AND e.start_ts <= :end AND COALESCE(e.end_ts, :end) >= :start"""
-INSTANCES = """SELECT a.cluster, a.source, a.external_id, COUNT(*) AS n, MAX(COALESCE(a.restarts, 0)) AS said
-FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run
+INSTANCES = f"""SELECT a.cluster, a.source, a.external_id, COUNT(*) AS n, MAX(COALESCE(a.restarts, 0)) AS said
+FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run AND NOT ({JOB_POD})
 GROUP BY a.cluster, a.source, a.external_id HAVING COUNT(*) > 1 OR MAX(COALESCE(a.restarts, 0)) > 0"""
+#: the pods of Kubernetes Jobs in the run (grouped by their Job in :func:`kube_restarts`)
+JOB_PODS = f"""SELECT a.id, a.cluster, a.source, a.external_id, a.name, a.account, a.user_name, a.state, a.start_ts,
+a.end_ts, a.owner_workload, a.labels, a.restarts, u.team FROM usage_allocation u JOIN allocations a
+ON a.id = u.allocation_id WHERE u.run_id = :run AND {JOB_POD}"""
 
 
 def run_thresholds(th: dict[str, Any], current: Thresholds) -> Thresholds:
@@ -73,19 +101,71 @@ def lost_runs(conn: Connection, run_id: int, th: Thresholds) -> list[dict[str, A
                      "start": r["start_ts"], "end": end})]
     for r in rows:
         r["state"] = r["state"].upper()
-        r["cause"] = "infrastructure" if r["events"] else LOST_STATES[r["state"]]
+        why = _labels(r.pop("labels")).get(FAILURE_LABEL, "") if r["source"] == "kubernetes" else ""
+        r["cause"] = "infrastructure" if r["events"] else th.goodput_pod_causes.get(why) or LOST_STATES[r["state"]]
+        if why:
+            r["reason"] = why
         r["lost_s"] = float(r.pop("reserved_s") or 0.0)
         r["cost"] = float(r.pop("reserved_cost") or 0.0)
     rows.sort(key=lambda r: r["allocation_id"])
     return rows
 
 
+def _labels(value: Any) -> dict[str, Any]:
+    """``allocations.labels`` as a dict (SQLite hands the JSON text back, PostgreSQL the decoded object)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
 def restarts(conn: Connection, run_id: int) -> dict[tuple[str, str, str], int]:
     """(cluster, source, job id) -> restarts: its stored runs in the window minus one, or the count Slurm
     reports (``allocations.restarts``) where that is more (earlier runs never collected); only job ids
-    with a restart."""
+    with a restart. Pods of Kubernetes Jobs are counted per Job (:func:`kube_restarts`), not here."""
     return {(r.cluster, r.source, r.external_id): max(int(r.n) - 1, int(r.said or 0))
             for r in conn.execute(text(INSTANCES), {"run": run_id})}
+
+
+def kube_restarts(conn: Connection, run_id: int) -> dict[tuple[str, str], dict[str, Any]]:
+    """(cluster, Job uid) -> the Job's pods in the run (``runs``, oldest first) and its ``restarts``: the
+    failed pods that were retried (a failed pod followed by a later pod of the Job, or, where the Job's
+    record says more, ``kube_jobs.failed`` less the last failure of a Job that gave up), plus its pods'
+    container restarts (``allocations.restarts``). ``unseen_failed``: failed pods the Job counts that the
+    store never held (deleted before a collection saw them): restarts, their GPU time not measured. Only
+    Jobs with a restart."""
+    groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for r in conn.execute(text(JOB_PODS), {"run": run_id}):
+        labels = _labels(r.labels)
+        uid = next((str(labels[k]) for k in JOB_UID_LABELS if labels.get(k)), "")
+        groups[(r.cluster, uid or f"{r.account}/{r.owner_workload}")].append(r)
+    if not groups:
+        return {}
+    jobs = {(j.cluster, j.uid): j for j in conn.execute(text(
+        "SELECT cluster, uid, namespace, name, backoff_limit, failed, succeeded, active, state, reason "
+        "FROM kube_jobs WHERE uid IN :uids").bindparams(bindparam("uids", expanding=True)),
+        {"uids": sorted({k[1] for k in groups})})}
+    out = {}
+    for key, pods in groups.items():
+        runs = sorted(pods, key=lambda r: (r.start_ts or 0, r.id))
+        failed = [r for r in runs if (r.state or "").upper() == "FAILED"]
+        retried = sum(1 for r in failed if any((o.start_ts or 0) > (r.start_ts or 0) for o in runs))
+        job = jobs.get(key)
+        counted = max(len(failed), int(job.failed)) if job is not None else len(failed)
+        if job is not None:
+            retried = max(retried, counted - (1 if job.state == "Failed" else 0))
+        container = sum(int(r.restarts or 0) for r in runs)
+        if retried + container <= 0:
+            continue
+        out[key] = {"runs": runs, "restarts": retried + container, "pod_retries": retried,
+                    "container_restarts": container, "unseen_failed": max(0, counted - len(failed)),
+                    "job": None if job is None else {
+                        "namespace": job.namespace, "name": job.name, "uid": job.uid, "state": job.state,
+                        "reason": job.reason, "backoff_limit": job.backoff_limit, "failed": int(job.failed),
+                        "succeeded": int(job.succeeded)}}
+    return out
 
 
 def by_team(conn: Connection, run_id: int, lost: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -110,9 +190,54 @@ def by_team(conn: Connection, run_id: int, lost: list[dict[str, Any]]) -> list[d
     return out
 
 
-def section(conn: Connection, run_id: int, th: Thresholds, *, full: bool, top_n: int) -> dict[str, Any]:
-    """The report's "Goodput" section: totals, per-team rows (cut at ``top_n`` unless ``full``) and the
-    lost runs, most lost first."""
+def tensor_share(tensor_s: float | None, sm_observed_s: float | None) -> float | None:
+    """Mean Tensor pipe activity over SM-observed time; None when nothing was observed, or no Tensor activity
+    was (a GPU whose telemetry lacks the Tensor field reads 0: shown as not measured, never as 0 %)."""
+    t, o = float(tensor_s or 0.0), float(sm_observed_s or 0.0)
+    return t / o if t > 0 and o > 0 else None
+
+
+TENSOR_ROWS = """SELECT a.id, a.cluster, a.external_id, a.name, a.user_name, u.team, u.tensor_s, u.sm_observed_s
+FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run AND u.sm_observed_s > 0
+ORDER BY u.sm_observed_s DESC, a.id"""
+
+
+def tensor_rows(conn: Connection, run_id: int, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    """Per allocation with SM-observed time, most SM-observed GPU-hours first: its Tensor-pipe proxy;
+    streamed from the server (the JSON export writes every allocation's without holding them)."""
+    sql = text(TENSOR_ROWS + ("" if limit is None else f" LIMIT {int(limit)}")).execution_options(
+        stream_results=True, yield_per=5000)
+    for r in conn.execute(sql, {"run": run_id}):
+        yield {"allocation_id": r.id, "cluster": r.cluster, "job": r.external_id, "name": r.name,
+               "user": r.user_name, "team": r.team, "observed_gpu_hours": float(r.sm_observed_s) / H,
+               "tensor_share": tensor_share(r.tensor_s, r.sm_observed_s)}
+
+
+def tensor_proxy(conn: Connection, run_id: int, *, full: bool, top_n: int, rows: bool = True) -> dict[str, Any]:
+    """Tensor-pipe activity as an MFU proxy from the run's usage rows: overall, per team (most SM-observed
+    GPU-hours first) and per allocation (a table of the ``top_n`` with the most SM-observed GPU-hours unless
+    ``full``; ``rows`` False leaves its rows to the caller: :func:`tensor_rows`), beside
+    :data:`PUBLISHED_MFU`."""
+    teams = [{"team": t.team or "(unmapped)", "observed_gpu_hours": float(t.obs or 0.0) / H,
+              "tensor_share": tensor_share(t.te, t.obs)} for t in conn.execute(text(
+                  "SELECT team, SUM(tensor_s) AS te, SUM(sm_observed_s) AS obs FROM usage_allocation "
+                  "WHERE run_id = :run GROUP BY team HAVING SUM(sm_observed_s) > 0 ORDER BY SUM(sm_observed_s) "
+                  "DESC, team"), {"run": run_id})]
+    tot = conn.execute(text("SELECT SUM(tensor_s), SUM(sm_observed_s), COUNT(*) FROM usage_allocation "
+                            "WHERE run_id = :run AND sm_observed_s > 0"), {"run": run_id}).one()
+    allocs = list(tensor_rows(conn, run_id, None if full else top_n)) if rows else []
+    n = int(tot[2] or 0)
+    return {"tensor_share": tensor_share(tot[0], tot[1]), "observed_gpu_hours": float(tot[1] or 0.0) / H,
+            "teams": teams if full else teams[:top_n],
+            "allocations": {"rows": allocs, "total": n, "shown": len(allocs), "cut": n > len(allocs), "totals": {}},
+            "published": [{"run": r, "low": lo, "high": hi} for r, lo, hi in PUBLISHED_MFU]}
+
+
+def section(conn: Connection, run_id: int, th: Thresholds, *, full: bool, top_n: int,
+            tensor_rows: bool = True) -> dict[str, Any]:
+    """The report's "Goodput" section: totals, per-team rows (cut at ``top_n`` unless ``full``), the lost
+    runs, most lost first, and the Tensor-pipe MFU proxy (:func:`tensor_proxy`; ``tensor_rows`` False: its
+    per-allocation rows left to the caller)."""
     lost = lost_runs(conn, run_id, th)
     teams = by_team(conn, run_id, lost)
     reserved = sum(t["reserved_gpu_hours"] for t in teams)
@@ -123,10 +248,12 @@ def section(conn: Connection, run_id: int, th: Thresholds, *, full: bool, top_n:
     runs = sorted(lost, key=lambda r: (-r["lost_s"], r["allocation_id"]))
     shown = [{"allocation_id": r["allocation_id"], "cluster": r["cluster"], "job": r["external_id"],
               "name": r["name"], "user": r["user_name"], "team": r["team"], "state": r["state"],
-              "cause": r["cause"], "lost_gpu_hours": r["lost_s"] / H, "events": r["events"]}
+              "cause": r["cause"], "lost_gpu_hours": r["lost_s"] / H, "events": r["events"],
+              "reason": r.get("reason", "")}
              for r in (runs if full else runs[:top_n])]
     return {"totals": total, "teams": teams if full else [t for t in teams if t["lost_gpu_hours"] > 0][:top_n],
-            "runs": shown, "runs_total": len(runs), "target": th.goodput_target}
+            "runs": shown, "runs_total": len(runs), "target": th.goodput_target,
+            "tensor": tensor_proxy(conn, run_id, full=full, top_n=top_n, rows=tensor_rows)}
 
 
 def lost_by_allocation(conn: Connection, run_id: int, th: Thresholds) -> dict[int, float]:
@@ -135,36 +262,54 @@ def lost_by_allocation(conn: Connection, run_id: int, th: Thresholds) -> dict[in
 
 
 def restart_findings(conn: Connection, run_id: int, th: Thresholds) -> list[dict[str, Any]]:
-    """One ``failed_restarts`` finding per job id requeued or restarted at least ``goodput_min_restarts``
-    times in the window, on its latest instance: its GPU-hours are those its failed runs lost."""
+    """One ``failed_restarts`` finding per job id (Slurm: requeues; a Kubernetes Job: its retried pods and
+    container restarts; a bare pod: its container restarts) restarted at least ``goodput_min_restarts``
+    times in the window, on its latest run: its GPU-hours are those its failed runs lost."""
     lost = {r["allocation_id"]: r for r in lost_runs(conn, run_id, th)}
-    rs = restarts(conn, run_id)
-    if not rs:
-        return []
     out = []
-    q = text("SELECT a.id, a.cluster, a.source, a.external_id, a.name, a.account, a.user_name, a.start_ts, a.end_ts, "
-             "u.team FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run "
-             "AND a.external_id IN :ids").bindparams(bindparam("ids", expanding=True))
-    inst: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
-    for r in conn.execute(q, {"run": run_id, "ids": sorted({k[2] for k in rs})}):
-        inst[(r.cluster, r.source, r.external_id)].append(r)
-    for key, n in sorted(rs.items()):
-        if n < th.goodput_min_restarts:
+    rs = {k: n for k, n in restarts(conn, run_id).items() if n >= th.goodput_min_restarts}
+    if rs:
+        q = text("SELECT a.id, a.cluster, a.source, a.external_id, a.name, a.account, a.user_name, a.start_ts, "
+                 "a.end_ts, u.team FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE "
+                 "u.run_id = :run AND a.external_id IN :ids").bindparams(bindparam("ids", expanding=True))
+        inst: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
+        for r in conn.execute(q, {"run": run_id, "ids": sorted({k[2] for k in rs})}):
+            inst[(r.cluster, r.source, r.external_id)].append(r)
+        for key, n in sorted(rs.items()):
+            runs = sorted(inst[key], key=lambda r: (r.start_ts or 0, r.id))
+            out.append(_restart_finding(run_id, th, key[0], runs, lost, n,
+                                        {"id": key[2], "name": runs[-1].name, "source": key[1]}, {}))
+    for (cluster, _uid), kj in sorted(kube_restarts(conn, run_id).items()):
+        if kj["restarts"] < th.goodput_min_restarts:
             continue
-        runs = sorted(inst[key], key=lambda r: (r.start_ts or 0, r.id))
-        last = runs[-1]  # the latest run: the finding's allocation
-        gone = [lost[r.id] for r in runs if r.id in lost]
-        lost_h = sum(g["lost_s"] for g in gone) / H
-        causes = {c: round(sum(g["lost_s"] for g in gone if g["cause"] == c) / H, 6) for c in CAUSES}
-        out.append({"run_id": run_id, "kind": "failed_restarts", "cluster": key[0], "allocation_id": last.id,
-                    "reservation_id": None, "account": last.account, "user_name": last.user_name,
-                    "team": last.team, "start_ts": runs[0].start_ts, "end_ts": last.end_ts,
-                    "gpu_hours": lost_h, "idle_gpu_hours": 0.0, "cost": sum(g["cost"] for g in gone),
-                    "evidence": {"recipient": "user", "restarts": n,
-                                 "job": {"id": key[2], "name": last.name, "source": key[1]},
-                                 "runs": [{"allocation_id": g["allocation_id"], "state": g["state"],
-                                           "cause": g["cause"], "lost_gpu_hours": round(g["lost_s"] / H, 6),
-                                           "events": g["events"]} for g in gone],
-                                 "lost_by_cause": causes,
-                                 "rule": f"{n} restarts >= goodput_min_restarts {th.goodput_min_restarts}"}})
+        runs, job = kj["runs"], kj["job"]
+        name = job["name"] if job else runs[-1].owner_workload.split("/", 1)[-1]
+        extra = {"pod_retries": kj["pod_retries"], "container_restarts": kj["container_restarts"],
+                 "unseen_failed_pods": kj["unseen_failed"]}
+        if job:
+            extra["kubernetes_job"] = {k: job[k] for k in ("state", "reason", "backoff_limit", "failed",
+                                                            "succeeded")}
+        out.append(_restart_finding(run_id, th, cluster, runs, lost, kj["restarts"],
+                                    {"id": f"{runs[-1].account}/{name}", "name": name, "source": "kubernetes",
+                                     **({"uid": job["uid"]} if job else {})}, extra))
     return out
+
+
+def _restart_finding(run_id: int, th: Thresholds, cluster: str, runs: list[Any], lost: dict[int, dict[str, Any]],
+                     n: int, job: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The ``failed_restarts`` finding of one job's ``runs`` (oldest first; the latest one is the finding's
+    allocation) restarted ``n`` times."""
+    last = runs[-1]
+    gone = [lost[r.id] for r in runs if r.id in lost]
+    lost_h = sum(g["lost_s"] for g in gone) / H
+    causes = {c: round(sum(g["lost_s"] for g in gone if g["cause"] == c) / H, 6) for c in CAUSES}
+    return {"run_id": run_id, "kind": "failed_restarts", "cluster": cluster, "allocation_id": last.id,
+            "reservation_id": None, "account": last.account, "user_name": last.user_name, "team": last.team,
+            "start_ts": runs[0].start_ts, "end_ts": last.end_ts, "gpu_hours": lost_h, "idle_gpu_hours": 0.0,
+            "cost": sum(g["cost"] for g in gone),
+            "evidence": {"recipient": "user", "restarts": n, "job": job,
+                         "runs": [{"allocation_id": g["allocation_id"], "state": g["state"], "cause": g["cause"],
+                                   "lost_gpu_hours": round(g["lost_s"] / H, 6), "events": g["events"],
+                                   **({"reason": g["reason"]} if g.get("reason") else {})} for g in gone],
+                         "lost_by_cause": causes, **extra,
+                         "rule": f"{n} restarts >= goodput_min_restarts {th.goodput_min_restarts}"}}

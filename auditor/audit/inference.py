@@ -1,13 +1,16 @@
 """Inference services (docs/definitions.md "Inference services"): what each million generated tokens cost, and
 whether batching would raise tokens per GPU-hour.
 
-A serving pod's inference buckets (vLLM, TGI: :mod:`connectors.inference`) belong to the GPU allocation
-whose telemetry job key they carry (namespace/pod; a Slurm job's id), inside its reserved interval. Per
-allocation: tokens = the buckets' generated tokens; mean concurrency = requests running weighted by bucket
+A serving pod's inference buckets (vLLM, TGI, SGLang, Triton: :mod:`connectors.inference`) belong to the GPU
+allocation whose telemetry job key they carry (namespace/pod; a Slurm job's id), inside its reserved interval.
+Per allocation: tokens = the buckets' generated tokens; mean concurrency = requests running weighted by bucket
 seconds; cost = the allocation's reserved cost (:func:`auditor.audit.money.costs`); cost per million tokens =
-cost / tokens x 10^6; tokens per GPU-hour = tokens / reserved GPU-hours. A service is the pods of one
-Kubernetes workload (owner_workload, else the pod's name), per cluster: its figures are the sums (and the
-seconds-weighted mean concurrency) of its pods'.
+cost / tokens x 10^6; tokens per GPU-hour = tokens / reserved GPU-hours. An hour rolled up by
+``gpu-audit db prune`` (``span_start`` set) counts for an allocation by the share of its span (first to last
+bucket it was made of) that the allocation's interval overlaps: a pod name reused within the hour (a
+StatefulSet's pod restarted) is never counted twice. A service is the pods of one Kubernetes workload
+(owner_workload, else the pod's name), per cluster: its figures are the sums (and the seconds-weighted mean
+concurrency) of its pods'.
 
 batching_headroom: a pod with mean concurrency < ``batching_concurrency`` over >= ``batching_min_gpu_hours``
 reserved GPU-hours with inference metrics, on a chip that is memory-bound (mean DRAM activity >=
@@ -27,11 +30,12 @@ from auditor.config import Thresholds
 
 H = 3600.0
 
-BUCKETS = """SELECT a.id AS allocation_id, a.owner_workload, ib.engine, ib.model, ib.seconds, ib.generated_tokens,
- ib.running_mean, ib.waiting_mean, ib.batch_mean
+BUCKETS = """SELECT a.id AS allocation_id, a.owner_workload, a.start_ts AS a_start, a.end_ts AS a_end, ib.engine,
+ ib.model, ib.start_ts, ib.seconds, ib.observed_s, ib.span_start, ib.span_end, ib.generated_tokens, ib.running_mean,
+ ib.waiting_mean, ib.batch_mean
 FROM inference_buckets ib JOIN allocations a ON a.cluster = ib.cluster
  AND ib.job = (CASE WHEN a.source = 'kubernetes' THEN a.account || '/' || a.name ELSE a.external_id END)
-WHERE ib.start_ts >= :since AND ib.start_ts < :horizon AND ib.start_ts + ib.seconds > a.start_ts
+WHERE ib.start_ts >= :since_hour AND ib.start_ts < :horizon AND ib.start_ts + ib.seconds > a.start_ts
  AND (a.end_ts IS NULL OR ib.start_ts < a.end_ts)"""
 
 
@@ -39,14 +43,33 @@ def _mean(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
+def service_of(owner_workload: str | None, name: str) -> str:
+    """The service a pod belongs to: its Kubernetes workload (``Deployment/chat``), else its own name."""
+    return owner_workload or name
+
+
+def share(b: Any, since: int, horizon: int) -> float:
+    """The part of bucket row ``b`` that belongs to its allocation and the audit window [since, horizon): a
+    bucket as collected counts whole when it starts in the window (0 otherwise); a rolled-up hour, by the share
+    of its span that both the allocation's [start, end or horizon) and the window overlap."""
+    if b.span_start is None or b.span_end is None or b.span_end <= b.span_start:
+        return 1.0 if b.start_ts >= since else 0.0
+    lo = max(b.span_start, since, b.a_start if b.a_start is not None else b.span_start)
+    hi = min(b.span_end, horizon, b.a_end if b.a_end is not None else horizon)
+    return max(0.0, min(1.0, (hi - lo) / (b.span_end - b.span_start)))
+
+
 def pods(conn: Connection, per_alloc: list[dict[str, Any]], since: int, horizon: int) -> list[dict[str, Any]]:
     """Per allocation of the run with inference buckets: its inference figures (one row each)."""
     by_id = {r["allocation_id"]: r for r in per_alloc}
     acc: dict[int, dict[str, Any]] = {}
-    for b in conn.execute(text(BUCKETS), {"since": since, "horizon": horizon}):
+    # an hour rolled up from before ``since`` may reach into the window: read from the hour before
+    for b in conn.execute(text(BUCKETS), {"since_hour": since - 3600, "horizon": horizon}):
         r = by_id.get(b.allocation_id)
-        if r is None:
+        w = share(b, since, horizon)
+        if r is None or w <= 0:
             continue
+        seconds = w * (b.observed_s if b.observed_s is not None else b.seconds)
         a = acc.setdefault(b.allocation_id, {"r": r, "workload": b.owner_workload or "", "engines": set(),
                                              "models": set(), "tokens": 0.0, "run_s": 0.0, "run": 0.0,
                                              "wait_s": 0.0, "wait": 0.0, "batch_s": 0.0, "batch": 0.0,
@@ -54,12 +77,12 @@ def pods(conn: Connection, per_alloc: list[dict[str, Any]], since: int, horizon:
         a["engines"].add(b.engine)
         if b.model:
             a["models"].add(b.model)
-        a["seconds"] += b.seconds
-        a["tokens"] += b.generated_tokens or 0.0
+        a["seconds"] += seconds
+        a["tokens"] += w * (b.generated_tokens or 0.0)
         for key, v in (("run", b.running_mean), ("wait", b.waiting_mean), ("batch", b.batch_mean)):
             if v is not None:
-                a[key] += v * b.seconds
-                a[key + "_s"] += b.seconds
+                a[key] += v * seconds
+                a[key + "_s"] += seconds
     out = []
     for aid, a in sorted(acc.items()):
         r = a["r"]
@@ -69,7 +92,7 @@ def pods(conn: Connection, per_alloc: list[dict[str, Any]], since: int, horizon:
         out.append({
             "allocation_id": aid, "cluster": r["cluster"], "team": r["team"], "account": r["account"],
             "user_name": r["user_name"], "pod": r["name"],
-            "service": a["workload"] or r["name"], "engine": ",".join(sorted(a["engines"])),
+            "service": service_of(a["workload"], r["name"]), "engine": ",".join(sorted(a["engines"])),
             "model": ",".join(sorted(a["models"])), "tokens": a["tokens"], "gpu_hours": gpu_h, "cost": cost,
             "metric_hours": min(gpu_h, a["seconds"] / H * (r["gpus"] or 1)), "_r": r,
             "run_s": a["run_s"], "run": a["run"],

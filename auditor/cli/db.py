@@ -42,7 +42,8 @@ def register(main: click.Group) -> None:
 
     @db.command("prune")
     @click.option("--keep-weeks", default=8.0, show_default=True, type=FiniteRange(min=0, max=520),
-                  help="Keep 5-minute buckets this many weeks; older ones are rolled up to hourly buckets.")
+                  help="Keep 5-minute buckets (GPU telemetry and inference servers) this many weeks; older "
+                       "ones are rolled up to hourly buckets.")
     @click.option("--keep-runs-days", default=42.0, show_default=True, type=FiniteRange(min=0, max=3660),
                   help="Delete audit runs (with their usage and findings) started more than this many days ago; "
                        "the newest official run is always kept.")
@@ -50,7 +51,7 @@ def register(main: click.Group) -> None:
     @time_option("--now", "Pretend it is this time (default: now).")
     @pass_app
     def db_prune(app: App, keep_weeks: float, keep_runs_days: float, dry_run: bool, now: str | None) -> None:
-        """Roll old telemetry up to hourly buckets and delete old audit runs."""
+        """Roll old telemetry and inference buckets up to hourly ones and delete old audit runs."""
         from auditor.errors import GpuAuditError
         from auditor.store.retention import prune
         from auditor.timeutil import from_epoch, parse_time, utcnow
@@ -65,4 +66,6 @@ def register(main: click.Group) -> None:
         verb = "would roll up" if dry_run else "rolled up"
         app.emit(res.as_dict(), f"{verb} {res.fine_rows_rolled:,} buckets older than {cut:%Y-%m-%d %H:%M} UTC"
                  + ("" if dry_run else f" into {res.hourly_rows_written:,} hourly buckets")
+                 + f", {res.inference_rows_rolled:,} inference buckets"
+                 + ("" if dry_run else f" into {res.inference_hourly_rows_written:,} hourly ones")
                  + f"; {'would delete' if dry_run else 'deleted'} {res.runs_deleted} audit runs")

@@ -106,10 +106,17 @@ class Thresholds(Strict):
                                                   "when a node it held had a node event of these kinds during "
                                                   "the run (throttling and a drain do not kill a job).")
     goodput_min_restarts: int = Field(2, ge=1, description="failed_restarts: a job id with at least this many "
-                                      "restarts (stored runs beyond the first: Slurm requeues) in the audit "
-                                      "window.")
+                                      "restarts (stored runs beyond the first: Slurm requeues; a Kubernetes "
+                                      "Job's retried failed pods; container restarts) in the audit window.")
     goodput_target: float = Field(0.9, ge=0, le=1, description="Goodput: the useful-time share the report "
                                   "compares each team against (Meta's Llama 3 run: above 90 %).")
+    goodput_pod_causes: dict[str, Literal["infrastructure", "user", "preempted"]] = Field(
+        {"PreemptionByScheduler": "preempted", "EvictionByEvictionAPI": "preempted",
+         "DeletionByTaintManager": "infrastructure", "DeletionByPodGC": "infrastructure",
+         "TerminationByKubelet": "infrastructure", "Evicted": "infrastructure"},
+        description="Goodput: a failed Kubernetes pod's reason (its DisruptionTarget condition, else "
+                    "status.reason, else its container's) -> the cause of its lost GPU-hours when no node event "
+                    "says infrastructure; a reason not listed (OOMKilled, Error, DeadlineExceeded) is the user's.")
     # issue 36: inference services (vLLM, TGI)
     batching_concurrency: float = Field(2.0, ge=0, description="batching_headroom: an inference service's pod "
                                         "whose mean requests running is below this, on a chip that is "

@@ -610,10 +610,12 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
 
 
 def goodput_section(conn: Connection, cfg: Config, run_id: int, th: dict[str, Any], tz: Any, *, full: bool,
-                    top_n: int) -> dict[str, Any]:
+                    top_n: int, tensor_rows: bool = True) -> dict[str, Any]:
     """The Goodput section (lost GPU-hours by cause, auditor/audit/goodput.py) with its findings table; the
-    report and the streamed JSON export (``full``) both build it here."""
-    out = goodput.section(conn, run_id, goodput.run_thresholds(th, cfg.thresholds), full=full, top_n=top_n)
+    report and the streamed JSON export (``full``; ``tensor_rows`` False: it spools the per-allocation Tensor
+    rows itself) both build it here."""
+    out = goodput.section(conn, run_id, goodput.run_thresholds(th, cfg.thresholds), full=full, top_n=top_n,
+                          tensor_rows=tensor_rows)
     out["findings"] = findings_table(conn, run_id, kinds.of_section("goodput"), tz, full=full, top_n=top_n)
     return out
 

@@ -25,7 +25,7 @@ from typing import IO, Any
 from sqlalchemy import Connection, text
 
 from auditor import jsonsafe
-from auditor.audit import kinds
+from auditor.audit import goodput, kinds
 from auditor.config import Config
 from auditor.report import context as report
 from auditor.report.outfile import open_output
@@ -201,7 +201,11 @@ def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *
                                            dict(run["thresholds"] or cfg.thresholds.model_dump()), tz,
                                            full=True, top_n=0))
         doc["goodput"] = report.goodput_section(conn, cfg, run_id, dict(run["thresholds"] or {}), tz, full=True,
-                                                top_n=0)
+                                                top_n=0, tensor_rows=False)
+        tensor = _Spool(files)  # every allocation's Tensor-pipe proxy: spooled, not held
+        for row in goodput.tensor_rows(conn, run_id):
+            tensor.add(row)
+        doc["goodput"]["tensor"]["allocations"] = tensor.done(doc["goodput"]["tensor"]["allocations"])
         for key, sp in spools.items():
             doc[key] = sp.done(ctx[key])
         doc["coverage"] = dict(ctx["coverage"], silent=_silent(conn, ctx, files))
@@ -218,11 +222,14 @@ def _silent(conn: Connection, ctx: dict[str, Any], stack: ExitStack) -> Spooled:
 
 
 def _write_doc(doc: dict[str, Any], out: IO[str]) -> None:
-    """``doc`` as compact JSON, Spooled tables (also one level down) copied from their spool files."""
+    """``doc`` as compact JSON, Spooled tables (at any depth) copied from their spool files."""
+    def spooled(v: Any) -> bool:
+        return isinstance(v, Spooled) or isinstance(v, dict) and any(spooled(x) for x in v.values())
+
     def value(v: Any) -> None:
         if isinstance(v, Spooled):
             v.write(out)
-        elif isinstance(v, dict) and any(isinstance(x, Spooled) for x in v.values()):
+        elif isinstance(v, dict) and spooled(v):
             sep = "{"
             for k, x in v.items():
                 out.write(sep + json.dumps(str(k), ensure_ascii=False) + ":")

@@ -27,6 +27,7 @@ from auditor.records import (
     GpuQuota,
     GpuWait,
     InferenceBucket,
+    KubeJob,
     NodeBucket,
     NodeEvent,
     Reservation,
@@ -193,6 +194,19 @@ def clean(rec: Any) -> Any:
         _float(rec.observed_s, "observed_s", optional=True)
         for f in NODE_FIELDS:
             _float(getattr(rec, f), f, optional=True)
+    elif isinstance(rec, KubeJob):
+        rec.uid = _text(rec.uid, "uid", key=True)
+        if not rec.uid or len(rec.uid) > 64:
+            raise Unstorable(f"uid: {rec.uid[:70]!r} is not a Kubernetes uid")
+        rec.namespace, rec.name = _text(rec.namespace, "namespace"), _text(rec.name, "name")
+        rec.state, rec.reason = _text(rec.state, "state")[:16], _text(rec.reason, "reason")
+        _int(rec.backoff_limit, "backoff_limit", optional=True)
+        for f in ("failed", "succeeded", "active"):
+            _int(getattr(rec, f), f)
+            if getattr(rec, f) < 0:
+                raise Unstorable(f"{f}: negative count {getattr(rec, f)}")
+        for f in ("start", "end", "seen_at"):
+            _time(getattr(rec, f), f)
     if why := money_problem(rec):  # storable, but money from it would be non-finite or absurd
         raise Unstorable(why)
     return rec
@@ -217,6 +231,8 @@ def describe(rec: Any) -> tuple[str, str]:
         start = rec.start.isoformat() if isinstance(rec.start, datetime) else str(rec.start)
         where = str(rec.node)[:80] + ("" if rec.gpu is None else f"/{rec.gpu}")
         return f"node event {str(rec.kind)[:16]} {where} at {start}", str(rec.reason)[:80]
+    if isinstance(rec, KubeJob):
+        return f"kubernetes job {str(rec.namespace)[:60]}/{str(rec.name)[:80]}", f"failed={rec.failed!r}"
     if isinstance(rec, InferenceBucket):
         start = rec.start.isoformat() if isinstance(rec.start, datetime) else str(rec.start)
         return f"{str(rec.engine)[:16]} inference {str(rec.job)[:80]} at {start}", f"tokens={rec.generated_tokens!r}"

@@ -23,6 +23,7 @@ from auditor.records import (
     GpuQuota,
     GpuWait,
     InferenceBucket,
+    KubeJob,
     NodeBucket,
     NodeEvent,
     Record,
@@ -310,8 +311,9 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
     queue: list[GpuWait | GpuQuota] = []
     events: list[NodeEvent] = []
     snapshots: list[RunningSnapshot] = []
-    inference: list[InferenceBucket] = []  # vLLM/TGI buckets (auditor.store.inference)
+    inference: list[InferenceBucket] = []  # vLLM/TGI/SGLang/Triton buckets (auditor.store.inference)
     nodes: list[NodeBucket] = []  # host telemetry (auditor.store.node)
+    jobs: list[KubeJob] = []  # Kubernetes Jobs (auditor.store.kube_jobs)
     bad: list[tuple[Any, str]] = []
     cache: dict[tuple, int] = {}
     clusters: set[str] = set()
@@ -326,6 +328,12 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
 
             stats.nodes += _flush_side(store, nodes, stats, seen_at_ts, on_bad, lambda conn, recs, bad_: ingest_nodes(
                 conn, recs, bad_, meta.rolled_up_before(conn)))
+        if jobs:  # their own upsert: a Job's counts stand apart from its pods' rows
+            from auditor.store.kube_jobs import ingest_kube_jobs
+
+            with store.begin() as conn:
+                stats.jobs += ingest_kube_jobs(conn, jobs, seen_at_ts)
+            jobs.clear()
         if bad:  # quarantined, not stored: one bad record never costs the others or the audit
             if on_bad is not None:
                 for rec, why in bad:
@@ -384,6 +392,9 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             clusters.add(rec.cluster)
         elif isinstance(rec, RunningSnapshot):
             snapshots.append(rec)
+        elif isinstance(rec, KubeJob):
+            jobs.append(rec)
+            clusters.add(rec.cluster)
         elif isinstance(rec, InferenceBucket):
             inference.append(rec)
             clusters.add(rec.cluster)

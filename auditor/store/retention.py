@@ -17,6 +17,12 @@ week go row-wise as above.
 
 Node buckets (host telemetry) older than the cutoff are rolled up to hourly rows the same way
 (:func:`auditor.store.node.roll_up`), so GPU and node rows of one hour stay side by side.
+Inference buckets (``inference_buckets``, vLLM/TGI/SGLang/Triton per pod) older than the same cutoff are rolled
+up to one row per cluster, engine, pod and hour (:func:`roll_inference`): tokens summed, the means weighted by
+bucket seconds, ``observed_s`` the seconds of the buckets, ``span_start``/``span_end`` the first bucket's
+start and the last one's end (the audit shares a rolled-up row among the allocations of its pod key by the
+time each overlaps that span: auditor/audit/inference.py). A bucket ingested later for a rolled-up hour is
+dropped at ingest (auditor/store/inference.py).
 
 Audit runs older than ``keep_runs_days`` are deleted with their usage and findings; the newest official
 (non what-if) run is always kept so reports and chargeback keep a base.
@@ -63,6 +69,32 @@ INSERT_ROLLED = (f"INSERT INTO gpu_buckets (bucket_s, {', '.join(_COLS)}) "
                  f"SELECT 3600, {', '.join(_COLS)} FROM _rollup")
 
 
+#: inference buckets as collected (no span) older than the day's end, per cluster, engine, pod and hour
+_INF_KEY = "ib.cluster, ib.engine, ib.job, (ib.start_ts / 3600) * 3600"
+_INF_MEAN = "SUM(CASE WHEN ib.{f} IS NOT NULL THEN ib.{f} * ib.seconds END) / " \
+            "NULLIF(SUM(CASE WHEN ib.{f} IS NOT NULL THEN ib.seconds END), 0)"
+_INF_COLS = ("cluster, engine, job, start_ts, seconds, observed_s, span_start, span_end, instance, model, "
+             "generated_tokens, running_mean, waiting_mean, batch_mean")
+INF_ROLLUP_DDL = ("CREATE TEMPORARY TABLE _inf_rollup (cluster VARCHAR(128) NOT NULL, engine VARCHAR(16) NOT NULL, "
+                  "job VARCHAR(255) NOT NULL, start_ts INTEGER NOT NULL, seconds INTEGER NOT NULL, observed_s FLOAT, "
+                  "span_start INTEGER, span_end INTEGER, instance TEXT NOT NULL, model TEXT NOT NULL, "
+                  "generated_tokens FLOAT, running_mean FLOAT, waiting_mean FLOAT, batch_mean FLOAT)")
+ROLL_INFERENCE = (f"INSERT INTO _inf_rollup ({_INF_COLS}) "
+                  f"SELECT {_INF_KEY}, 3600, SUM(ib.seconds), MIN(ib.start_ts), MAX(ib.start_ts + ib.seconds), "
+                  "MAX(ib.instance), MAX(ib.model), SUM(ib.generated_tokens), "
+                  + ", ".join(_INF_MEAN.format(f=f) for f in ("running_mean", "waiting_mean", "batch_mean"))
+                  + " FROM inference_buckets ib WHERE ib.cluster = :cluster AND ib.span_start IS NULL "
+                    "AND ib.seconds < 3600 AND ib.start_ts >= :lo AND ib.start_ts < :hi "
+                    "AND NOT EXISTS (SELECT 1 FROM inference_buckets r "
+                    "WHERE r.cluster = ib.cluster AND r.engine = ib.engine AND r.job = ib.job "
+                    "AND r.start_ts = (ib.start_ts / 3600) * 3600 AND r.span_start IS NOT NULL) "
+                  f"GROUP BY {_INF_KEY}")
+_INF_FINE = ("FROM inference_buckets WHERE span_start IS NULL AND seconds < 3600 AND start_ts >= :lo "
+             "AND start_ts < :hi")
+#: one cluster's: (cluster, start_ts) leads an index, so a day is read, not the table
+_INF_FINE_OF = _INF_FINE.replace("WHERE ", "WHERE cluster = :cluster AND ", 1)
+
+
 @dataclass
 class PruneResult:
     cutoff_ts: int
@@ -70,6 +102,8 @@ class PruneResult:
     hourly_rows_written: int = 0
     node_rows_rolled: int = 0  # host telemetry (node_buckets), rolled up on the same cutoff
     runs_deleted: int = 0
+    inference_rows_rolled: int = 0
+    inference_hourly_rows_written: int = 0
     dry_run: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -97,10 +131,13 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
     with store.engine.connect() as conn:
         oldest = _oldest_fine(conn, cutoff)
         runs = _old_runs(conn, int(now - keep_runs_days * DAY))
+        inf_oldest = conn.execute(text("SELECT MIN(start_ts) " + _INF_FINE), {"lo": 0, "hi": cutoff}).scalar()
         if dry_run:
             res.fine_rows_rolled = int(conn.execute(text(
                 "SELECT COUNT(*) FROM gpu_buckets WHERE bucket_s < 3600 AND bucket_ts < :c"), {"c": cutoff}).scalar()
                 or 0)
+            res.inference_rows_rolled = int(conn.execute(text("SELECT COUNT(*) " + _INF_FINE),
+                                                         {"lo": 0, "hi": cutoff}).scalar() or 0)
             res.runs_deleted = len(runs)
             res.node_rows_rolled = node.count_fine(conn, cutoff)
             return res
@@ -119,6 +156,15 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
                     meta.put(conn, "rolled_up_before", str(hi))
             res.fine_rows_rolled += rolled
             res.hourly_rows_written += written
+            lo = hi
+    if inf_oldest is not None:
+        lo = int(inf_oldest) // DAY * DAY
+        while lo < cutoff:
+            hi = min(lo + DAY, cutoff)
+            with store.begin() as conn:
+                rolled, written = roll_inference(conn, lo, hi)
+            res.inference_rows_rolled += rolled
+            res.inference_hourly_rows_written += written
             lo = hi
     for i in range(0, len(runs), 500):
         chunk = runs[i:i + 500]
@@ -181,3 +227,26 @@ def _roll(conn: Connection, lo: int, hi: int) -> tuple[int, int]:
     written = conn.execute(text(INSERT_ROLLED)).rowcount or 0
     conn.execute(text("DROP TABLE _rollup"))
     return int(fine), int(written)
+
+
+def roll_inference(conn: Connection, lo: int, hi: int) -> tuple[int, int]:
+    """The inference buckets as collected that start in [lo, hi) (``hi`` on an hour) become one row per
+    cluster, engine, pod and hour; a bucket of an hour that already has a rolled-up row is deleted, the
+    hourly row holds it. (buckets removed, hourly rows written)."""
+    fine = written = 0
+    clusters = [r[0] for r in conn.execute(text("SELECT name FROM clusters ORDER BY name"))]
+    for cluster in clusters:  # every ingest names its clusters in `clusters`
+        p = {"lo": lo, "hi": hi, "cluster": cluster}
+        n = int(conn.execute(text("SELECT COUNT(*) " + _INF_FINE_OF), p).scalar() or 0)
+        if not n:
+            continue
+        conn.execute(text("DROP TABLE IF EXISTS _inf_rollup"))
+        conn.execute(text(INF_ROLLUP_DDL))
+        conn.execute(text(ROLL_INFERENCE), p)
+        # the buckets rolled up, and any of an hour rolled up before (its hourly row holds it); then their hours
+        conn.execute(text("DELETE " + _INF_FINE_OF), p)
+        written += conn.execute(text(f"INSERT INTO inference_buckets ({_INF_COLS}) SELECT {_INF_COLS} "
+                                     "FROM _inf_rollup")).rowcount or 0
+        conn.execute(text("DROP TABLE _inf_rollup"))
+        fine += n
+    return fine, int(written)

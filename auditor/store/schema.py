@@ -431,9 +431,11 @@ enforcement_log = Table(
 )
 
 # the queue side's tables (after the rest, so docs/schema.md lists them last)
-# and the inference side's table (issue 36), and the host side's (node_exporter, issue 36)
+# and the inference side's table (issue 36), the host side's (node_exporter, issue 36) and the Kubernetes Jobs
+# the goodput rules read (issue 36)
 from auditor.store.schema_inference import inference_buckets  # noqa: E402, I001
+from auditor.store.schema_jobs import kube_jobs  # noqa: E402
 from auditor.store.schema_node import node_buckets  # noqa: E402
 from auditor.store.schema_queue import gpu_quotas, gpu_waits  # noqa: E402
 
-__all__ = ["gpu_quotas", "gpu_waits", "inference_buckets", "metadata", "node_buckets"]
+__all__ = ["gpu_quotas", "gpu_waits", "inference_buckets", "kube_jobs", "metadata", "node_buckets"]

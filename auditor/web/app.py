@@ -1,5 +1,5 @@
-"""The read-only web UI (Starlette + uvicorn): overview, teams, users, clusters, findings, one allocation,
-chargeback (with CSV), and ``/api/...`` returning exactly the data each page renders.
+"""The read-only web UI (Starlette + uvicorn): overview, teams, users, clusters, findings, inference services,
+one allocation, chargeback (with CSV), and ``/api/...`` returning exactly the data each page renders.
 
 Read-only by construction: every route is GET (HEAD) only, so POST/PUT/DELETE get 405, and the handlers
 only SELECT. Access: bound to 127.0.0.1 by default. Behind a reverse proxy that authenticates users, set
@@ -41,7 +41,7 @@ from auditor.web import svg
 log = logging.getLogger("gpu_audit.web")
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; "
        "base-uri 'none'")
-PAGES = ("overview", "teams", "users", "clusters", "findings", "chargeback")
+PAGES = ("overview", "teams", "users", "clusters", "findings", "services", "chargeback")
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,8 @@ def create_app(store: Store, cfg: Config) -> Any:
             data = webdata.groups(store, cfg, run_id, page, v.scope, page=_page_no(request))
         elif page == "findings":
             data = webdata.findings(store, cfg, run_id, v.scope, dict(q))
+        elif page == "services":
+            data = webdata.services(store, cfg, run_id, v.scope, page=_page_no(request))
         elif page == "chargeback":
             by = q.get("by") or "team"
             if by not in BY:

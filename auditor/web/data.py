@@ -11,7 +11,7 @@ import copy
 import threading
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, bindparam, text
 
 from auditor.audit import kinds
 from auditor.config import Config
@@ -19,6 +19,7 @@ from auditor.intparse import INT32_MAX, uint_or_none
 from auditor.report import context as report
 from auditor.report.chargeback import chargeback, totals
 from auditor.report.context import USAGE_SUMS, _usage_row
+from auditor.report.inference import inference_section
 from auditor.report.words import ADVICE
 from auditor.store.engine import Store
 
@@ -219,6 +220,34 @@ def groups(store: Store, cfg: Config, run_id: int, kind: str, user: str | None, 
     return {"schema": "gpu-audit.web.groups/1", "run": info, "scope": user, "currency": cfg.prices.currency,
             "kind": kind, "label": label, "rows": rows, "total": len(raw), "page": page, "page_rows": n,
             "totals": _usage_row(tot)}
+
+
+def services(store: Store, cfg: Config, run_id: int, user: str | None, *, page: int = 1) -> dict[str, Any]:
+    """The run's inference services, dearest per million generated tokens first: the report's section
+    (:func:`auditor.report.inference.inference_section` over the run summary auditor/audit/inference.py wrote,
+    so the figures are the report's), uncut and paged by ``web.page_rows``. A scoped viewer sees the
+    services with a pod of theirs: the run's pods with inference figures (summary ``inference_tokens``) that are
+    the viewer's, grouped into services by the audit's own rule."""
+    from auditor.audit.inference import service_of
+
+    n = cfg.web.page_rows
+    with store.engine.connect() as conn:
+        info, run = run_info(conn, run_id, cfg)
+        summary = run["summary"] or {}
+        every = list(summary.get("inference") or [])
+        if user is not None and every:
+            ids = sorted(uint_or_none(k) or 0 for k in summary.get("inference_tokens") or {})
+            mine = {(r.cluster, service_of(r.owner_workload, r.name)) for r in conn.execute(text(
+                "SELECT cluster, owner_workload, name FROM allocations WHERE user_name = :viewer AND id IN :ids"
+            ).bindparams(bindparam("ids", expanding=True)), {"viewer": user, "ids": ids or [0]})}
+            every = [s for s in every if (s["cluster"], s["service"]) in mine]
+    sec = inference_section({"inference": every}, full=True, top_n=0) or {
+        "rows": [], "total": 0, "totals": {"tokens": 0.0, "tokens_text": "0", "cost": 0.0, "gpu_hours": 0.0,
+                                           "cost_per_million": None, "headroom": 0}}
+    off = max(0, page - 1) * n
+    return {"schema": "gpu-audit.web.services/1", "run": info, "scope": user, "currency": cfg.prices.currency,
+            "rows": sec["rows"][off:off + n], "total": sec["total"], "page": page, "page_rows": n,
+            "totals": sec["totals"]}
 
 
 def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dict[str, str]) -> dict[str, Any]:
