@@ -18,6 +18,7 @@ per token, so the chip reads busy while its math waits; more requests per batch 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -39,15 +40,13 @@ def _mean(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def pods(conn: Connection, per_alloc: list[dict[str, Any]], since: int, horizon: int) -> list[dict[str, Any]]:
-    """Per allocation of the run with inference buckets: its inference figures (one row each)."""
-    by_id = {r["allocation_id"]: r for r in per_alloc}
+def pods(conn: Connection, rows_of: Callable[[Iterable[int]], dict[int, dict[str, Any]]], since: int,
+         horizon: int) -> list[dict[str, Any]]:
+    """Per allocation of the run with inference buckets: its inference figures (one row each). ``rows_of``:
+    the run's per-allocation rows of some ids (:meth:`auditor.audit.totals.AllocationRows.get`)."""
     acc: dict[int, dict[str, Any]] = {}
     for b in conn.execute(text(BUCKETS), {"since": since, "horizon": horizon}):
-        r = by_id.get(b.allocation_id)
-        if r is None:
-            continue
-        a = acc.setdefault(b.allocation_id, {"r": r, "workload": b.owner_workload or "", "engines": set(),
+        a = acc.setdefault(b.allocation_id, {"workload": b.owner_workload or "", "engines": set(),
                                              "models": set(), "tokens": 0.0, "run_s": 0.0, "run": 0.0,
                                              "wait_s": 0.0, "wait": 0.0, "batch_s": 0.0, "batch": 0.0,
                                              "seconds": 0.0})
@@ -60,9 +59,12 @@ def pods(conn: Connection, per_alloc: list[dict[str, Any]], since: int, horizon:
             if v is not None:
                 a[key] += v * b.seconds
                 a[key + "_s"] += b.seconds
+    by_id = rows_of(acc)
     out = []
     for aid, a in sorted(acc.items()):
-        r = a["r"]
+        r = by_id.get(aid)
+        if r is None:  # not an allocation of this run
+            continue
         gpu_h = r["reserved_s"] / H
         cost = costs(r)[0]
         sm_obs = r["sm_observed_s"]
@@ -132,13 +134,13 @@ def tokens_by_allocation(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {str(p["allocation_id"]): p["tokens"] for p in rows}
 
 
-def findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, since: int,
-             horizon: int, summary: dict[str, Any] | None) -> list[dict[str, Any]]:
+def findings(conn: Connection, run_id: int, rows_of: Callable[[Iterable[int]], dict[int, dict[str, Any]]],
+             th: Thresholds, since: int, horizon: int, summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     """batching_headroom findings of one run; the services' figures go into ``summary["inference"]`` (the
     one computation every surface shows) and the tokens per allocation into ``summary["inference_tokens"]``."""
     from auditor.audit.evidence import _finding
 
-    rows = pods(conn, per_alloc, since, horizon)
+    rows = pods(conn, rows_of, since, horizon)
     out = []
     for p in rows:
         p["headroom"] = sentence = headroom(p, th)
