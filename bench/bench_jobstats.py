@@ -122,18 +122,20 @@ def child(path: str, db: str, bucket: int) -> None:
         "name": "hpc",
         "allocations": [{"kind": "file", "paths": [path], "format": "sacct"}],
         "telemetry": [{"kind": "jobstats", "paths": [path], "bucket_seconds": bucket}]}]})
-    t0 = time.perf_counter()
+    c0, t0 = _cpu(), time.perf_counter()
     store = Store.open(f"sqlite:///{db}")
     store.upgrade()
     until = WEEK0 + timedelta(days=DAYS)
-    t1 = time.perf_counter()
+    c1, t1 = _cpu(), time.perf_counter()
     summary = collect(store, cfg, base_dir=Path(path).parent, since=WEEK0, until=until, now=until)
-    t2 = time.perf_counter()
+    c2, t2 = _cpu(), time.perf_counter()
     run = run_audit(store, cfg, WEEK0, until)
-    t3 = time.perf_counter()
+    c3, t3 = _cpu(), time.perf_counter()
     stats = {r.source: r.stats for r in summary.results}
     print(json.dumps({"upgrade_s": t1 - t0, "collect_s": t2 - t1, "audit_s": t3 - t2, "total_s": t3 - t0,
-                      "cpu_s": _cpu(), "ok": all(r.ok for r in summary.results), "stats": stats,
+                      "cpu_s": c3, "cpu": {"start and imports": c0, "store created": c1 - c0, "collect": c2 - c1,
+                                           "audit": c3 - c2},
+                      "ok": all(r.ok for r in summary.results), "stats": stats,
                       "idle_gpu_hours": run.summary["idle_gpu_hours"], "rss_mib": _peak_mib()}))
 
 
@@ -249,7 +251,8 @@ def line(row: dict[str, Any], truth: float) -> str:
             return f"{name}: FAILED ({r['error'][-1][:100]}, after {r['wall_s']:.0f} s)"
         ok = "exact" if _exact(r.get("idle_gpu_hours"), truth) else f"NOT EXACT ({r.get('idle_gpu_hours')})"
         extra = f" + sacct stand-in {r['sacct_cpu_s']:.1f} s" if "sacct_cpu_s" in r else ""
-        return (f"{name}: CPU {r['cpu_s']:.1f} s{extra}, wall {r['process_wall_s']:.1f} s, "
+        parts = (" (" + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu"].items()) + ")") if "cpu" in r else ""
+        return (f"{name}: CPU {r['cpu_s']:.2f} s{parts}{extra}, wall {r['process_wall_s']:.1f} s, "
                 f"peak RSS {r['rss_mib']:.0f} MiB, {ok}")
 
     out = f"{n:>7,} jobs, truth {truth:,.2f} idle GPU-h | {tool('gpu-audit', ga)} | {tool('JDS', jd)}"
