@@ -151,7 +151,9 @@ def test_rows_of_a_gpu_an_ingest_deleted_while_the_audit_ran_are_dropped(
             other.ingest([_job(0)], seen_at_ts=2)
         return out
 
-    monkeypatch.setattr(audit_run, "attribute_and_judge", then_ingest)
+    from auditor.audit import clusters
+
+    monkeypatch.setattr(clusters, "attribute_and_judge", then_ingest)
     res = audit_run.run_audit(store, Config(), T0, T0 + timedelta(hours=2))
     assert once.locked()
     assert _usage_gpus(store, res.run_id) == [(slots[0], 0)]

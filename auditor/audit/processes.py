@@ -3,7 +3,7 @@
 PostgreSQL runs one query on one core, and one Python process holds one audit's findings. The clusters of a
 site are disjoint (their allocations, GPUs, queues, quotas and reservations), so one audit run can be split
 by cluster: each process attributes, judges and writes the usage, per-allocation totals and findings of its
-clusters on its own connection (:func:`auditor.audit.run.audit_clusters`), bounded in memory by its own
+clusters on its own connection (:func:`auditor.audit.clusters.audit_clusters`), bounded in memory by its own
 allocations, and hands back its part of the run summary (:class:`auditor.audit.findings.Part`); the audit's
 own process merges the parts and marks the run ok only when every process succeeded. A process that fails
 fails the run: the rows the others committed are deleted (:func:`auditor.audit.run.run_audit`), so a report
@@ -89,7 +89,7 @@ def _worker(url: str, batch_rows: int, cfg: Config, th: Thresholds, run_id: int,
             clusters: list[str], barrier: Any) -> tuple[Any, int, dict[str, Any]]:
     """One process: the audit of ``clusters`` in one REPEATABLE READ transaction whose snapshot was taken
     before any process committed (the barrier); committed on success."""
-    from auditor.audit.run import audit_clusters
+    from auditor.audit.clusters import audit_clusters
 
     t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     store = Store.open(url, batch_rows)

@@ -16,23 +16,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, text, update
+from sqlalchemy import Connection, insert, select, update
 
-from auditor.audit import infra, timing
-from auditor.audit.money import Pricing
-from auditor.audit.totals import AllocationRows
-from auditor.audit.usage import attribute_and_judge, refresh_aggregate, setup_pg
+from auditor.audit import timing
+from auditor.audit.usage import refresh_aggregate
 from auditor.config import Config, Thresholds
 from auditor.store import cascade, schema
 from auditor.store.engine import Store
-from auditor.store.sqlfuncs import sql_names
 from auditor.timeutil import to_epoch, utcnow
 
 log = logging.getLogger("gpu_audit.audit")
-
-
-def _fn(conn: Connection) -> dict[str, str]:
-    return sql_names(conn.dialect.name)
 
 
 @dataclass
@@ -44,52 +37,10 @@ class AuditResult:
     #: wall-clock seconds per audit step (:mod:`auditor.audit.timing`); with per-cluster processes a step
     #: they share holds the slowest process's seconds (the critical path)
     steps: dict[str, float] = field(default_factory=dict)
-    #: processes that audited the run's clusters at once (``audit.processes``; 1: this one)
+    #: processes that audited the run's clusters at once (``store.audit_processes``; 1: this one)
     processes: int = 1
     #: per process (``processes`` > 1): its clusters, wall and CPU seconds and peak RSS (MiB)
     workers: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _params(since: int, until: int, horizon: int) -> dict[str, Any]:
-    return {"since": since, "until": until, "horizon": horizon}
-
-
-def cluster_filter(clusters: list[str] | None) -> tuple[str, dict[str, str]]:
-    """The attribution's SQL condition on ``a.cluster`` and its parameters ("" when every cluster)."""
-    if not clusters:
-        return "", {}
-    return (" AND a.cluster IN (" + ", ".join(f":c{i}" for i in range(len(clusters))) + ")",
-            {f"c{i}": c for i, c in enumerate(clusters)})
-
-
-def audit_clusters(conn: Connection, cfg: Config, th: Thresholds, run_id: int, window: tuple[int, int, int, int],
-                   clusters: list[str] | None, steps: timing.Steps) -> tuple[Any, int]:
-    """The audit of ``clusters`` (None: all) in one transaction: attribute and judge their allocations into
-    usage_gpu, write their per-allocation totals and money (usage_allocation) and their findings; returns
-    (their part of the run summary, :class:`auditor.audit.findings.Part`; allocations refused). Memory
-    follows their findings, not their allocations (:class:`AllocationRows`)."""
-    from auditor.audit.findings import find_clusters
-
-    s, u, horizon, now = window
-    cf, cp = cluster_filter(clusters)
-    p = {**_params(s, u, horizon), **cp}
-    fn = {**_fn(conn), "cluster_filter": cf}
-    setup_pg(conn)
-    attribute_and_judge(conn, th, fn, p, run_id, s, horizon, 0, 1, steps)
-    if not conn.info.get("gpu_audit_processes"):
-        with steps.step("judge buckets"):
-            # fresh statistics, so the findings' per-allocation lookups use (run_id, allocation_id) and do not
-            # scan the whole run once per batch of allocations. Not in per-cluster processes: two ANALYZEs of one
-            # table in overlapping transactions fail on its statistics rows
-            conn.execute(text("ANALYZE usage_gpu"))
-    rows = AllocationRows(conn, run_id, Pricing(cfg))
-    with steps.step("per-allocation totals and money"):
-        refused = rows.write(now)
-        refuse(conn, run_id, refused, now)
-    part = find_clusters(conn, rows, th, cfg, since=s, until=u, horizon=horizon, clusters=clusters)
-    rows.drop()
-    infra.finish(conn)
-    return part, len(refused)
 
 
 def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
@@ -122,6 +73,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             with steps.step("judged aggregate upkeep"):
                 refresh_aggregate(store, th, s)
         from auditor.audit import processes
+        from auditor.audit.clusters import audit_clusters
         from auditor.audit.findings import finish
 
         groups = processes.groups(store, cfg, clusters, s, horizon)
@@ -179,22 +131,6 @@ def abandoned(conn: Connection, now: int) -> int:
         log.warning("audit runs %s were left running for over a day: marked failed, their rows deleted",
                     ", ".join(map(str, ids)))
     return len(ids)
-
-
-def refuse(conn: Connection, run_id: int, refused: list[tuple[dict[str, Any], str]], now: int) -> None:
-    """Allocations whose money is not finite: kept out of this run (no usage, no findings) and listed in
-    quarantined_records, so one corrupt row never fails the audit for everyone."""
-    if not refused:
-        return
-    ids = [r["allocation_id"] for r, _ in refused]
-    log.warning("audit run %d: %d allocation(s) refused (not finite), e.g. %s: %s", run_id, len(ids),
-                refused[0][0].get("external_id"), refused[0][1])
-    conn.execute(schema.usage_gpu.delete().where(schema.usage_gpu.c.run_id == run_id,
-                                                 schema.usage_gpu.c.allocation_id.in_(ids)))
-    conn.execute(insert(schema.quarantined_records), [
-        {"collected_ts": now, "cluster": str(r.get("cluster") or "")[:128], "source": f"audit run {run_id}",
-         "location": f"allocation {r['allocation_id']} ({r.get('external_id')})"[:255], "reason": why,
-         "excerpt": None} for r, why in refused])
 
 
 def latest_run(store: Store, *, what_if: bool = False) -> int | None:

@@ -14,14 +14,17 @@ the few candidate rows SQL finds). :class:`AllocationRows` hands the rules the s
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, insert, text
 
 from auditor.audit.judge import SUMS, usage_columns
 from auditor.audit.money import COST_KEYS, COST_SQL, Pricing
 from auditor.store import schema
+
+log = logging.getLogger("gpu_audit.audit")
 
 SUM_COLS = [c for c in schema.usage_allocation.c.keys() if c.endswith("_s")]
 #: usage columns a per-allocation row does not carry: effective_s is the SM sum by definition (one
@@ -93,9 +96,9 @@ class AllocationRows:
         cols = [f"g.{k}" for k in ROW_KEYS[:ROW_KEYS.index("cluster")]] + [f"a.{k}" for k in _ALLOC]
         return f"SELECT {', '.join(cols)}, t.team, p.price {self._join()} {where}"
 
-    def write(self, now: int) -> list[tuple[dict[str, Any], str]]:
-        """Group the run's usage per allocation, price it, refuse rows that are not finite (returned, with
-        their reasons; :func:`auditor.audit.run.refuse` quarantines them) and write usage_allocation."""
+    def write(self, now: int) -> int:
+        """Group the run's usage per allocation, price it, refuse rows that are not finite (:func:`refuse`:
+        quarantined, their usage deleted) and write usage_allocation; returns the allocations refused."""
         conn, dialect = self.conn, self.conn.dialect.name
         self.drop()
         conn.execute(text(_GROUPED), {"run_id": self.run_id})
@@ -127,6 +130,7 @@ class AllocationRows:
                  for r in conn.execute(text(self._select(f"WHERE {bad}")), self.params)]
         refused = self.pricing.price_rows(cands, NUMBER_KEYS)[1] if cands else []
         if refused:
+            refuse(conn, self.run_id, refused, now)
             ids = sorted({r["allocation_id"] for r, _ in refused})
             for i in range(0, len(ids), 1000):
                 conn.execute(text(f"DELETE FROM _ua WHERE allocation_id IN ({', '.join(map(str, ids[i:i + 1000]))})"))
@@ -134,7 +138,7 @@ class AllocationRows:
         vals = [":run_id", *_UA_COLS.values(), *(COST_SQL[k].format(s="g.", price="p.price") for k in COST_KEYS)]
         conn.execute(text(f"INSERT INTO usage_allocation ({', '.join(cols)}) SELECT {', '.join(vals)} {self._join()}"),
                      {**self.params, "run_id": self.run_id})
-        return refused
+        return len(refused)
 
     def batches(self, size: int = 5000) -> Iterator[list[dict[str, Any]]]:
         """Every row, ordered by allocation id, ``size`` at a time (keyset pages: each a short index range)."""
@@ -165,6 +169,22 @@ class AllocationRows:
     def drop(self) -> None:
         for t in _TEMP:
             self.conn.execute(text(f"DROP TABLE IF EXISTS {t}"))
+
+
+def refuse(conn: Connection, run_id: int, refused: list[tuple[dict[str, Any], str]], now: int) -> None:
+    """Allocations whose money is not finite: kept out of this run (no usage, no findings) and listed in
+    quarantined_records, so one corrupt row never fails the audit for everyone."""
+    if not refused:
+        return
+    ids = [r["allocation_id"] for r, _ in refused]
+    log.warning("audit run %d: %d allocation(s) refused (not finite), e.g. %s: %s", run_id, len(ids),
+                refused[0][0].get("external_id"), refused[0][1])
+    conn.execute(schema.usage_gpu.delete().where(schema.usage_gpu.c.run_id == run_id,
+                                                 schema.usage_gpu.c.allocation_id.in_(ids)))
+    conn.execute(insert(schema.quarantined_records), [
+        {"collected_ts": now, "cluster": str(r.get("cluster") or "")[:128], "source": f"audit run {run_id}",
+         "location": f"allocation {r['allocation_id']} ({r.get('external_id')})"[:255], "reason": why,
+         "excerpt": None} for r, why in refused])
 
 
 def _insert(conn: Connection, table: str, cols: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
