@@ -85,16 +85,17 @@ class AllocationRows:
         self.conn, self.run_id, self.pricing = conn, run_id, pricing
         self.label, self.params, self.whole = team_label_sql(conn.dialect.name, pricing.team_label)
 
-    def _join(self) -> str:
+    def _join(self, ua: str = "_ua") -> str:
+        """The FROM clause of the rows: ``ua`` is ``_ua`` or a subquery of it (a page, ahead of the joins)."""
         owner = [k.format(label=self.label) for k in _OWNER]
-        return ("FROM _ua g JOIN allocations a ON a.id = g.allocation_id JOIN _ua_team t ON "
+        return (f"FROM {ua} g JOIN allocations a ON a.id = g.allocation_id JOIN _ua_team t ON "
                 + " AND ".join(f"t.{c} = {e}" for c, e in zip(_TEAM_COLS, owner, strict=True))
                 + " JOIN _ua_price p ON "
                 + " AND ".join(f"p.{c} = {e}" for c, e in zip(_PRICE_COLS, _PRICE, strict=True)))
 
-    def _select(self, where: str = "") -> str:
+    def _select(self, where: str = "", ua: str = "_ua") -> str:
         cols = [f"g.{k}" for k in ROW_KEYS[:ROW_KEYS.index("cluster")]] + [f"a.{k}" for k in _ALLOC]
-        return f"SELECT {', '.join(cols)}, t.team, p.price {self._join()} {where}"
+        return f"SELECT {', '.join(cols)}, t.team, p.price {self._join(ua)} {where}"
 
     def write(self, now: int) -> int:
         """Group the run's usage per allocation, price it, refuse rows that are not finite (:func:`refuse`:
@@ -143,7 +144,10 @@ class AllocationRows:
     def batches(self, size: int = 5000) -> Iterator[list[dict[str, Any]]]:
         """Every row, ordered by allocation id, ``size`` at a time (keyset pages: each a short index range)."""
         last = -1
-        sql = text(self._select("WHERE g.allocation_id > :last ORDER BY g.allocation_id LIMIT :n"))
+        # the page is cut from _ua first (an index range), then joined: a LIMIT over the joins had PostgreSQL
+        # join every allocation for every page (84 s instead of 10 s of core rules at 100,000 GPUs)
+        page = "(SELECT * FROM _ua WHERE allocation_id > :last ORDER BY allocation_id LIMIT :n)"
+        sql = text(self._select("ORDER BY g.allocation_id", ua=page))
         while True:
             rows = [dict(zip(ROW_KEYS, r, strict=True)) for r in self.conn.execute(sql, {**self.params, "last": last,
                                                                                            "n": size})]
@@ -161,7 +165,8 @@ class AllocationRows:
         want = sorted({int(i) for i in ids})
         out: dict[int, dict[str, Any]] = {}
         for i in range(0, len(want), 1000):
-            sql = self._select(f"WHERE g.allocation_id IN ({', '.join(map(str, want[i:i + 1000]))})")
+            ids = ", ".join(map(str, want[i:i + 1000]))
+            sql = self._select(ua=f"(SELECT * FROM _ua WHERE allocation_id IN ({ids}))")
             for r in self.conn.execute(text(sql), self.params):
                 out[r[0]] = dict(zip(ROW_KEYS, r, strict=True))
         return out
