@@ -122,6 +122,9 @@ class AllocationRows:
                   for m, mig, cnt, n in conn.execute(text(f"SELECT DISTINCT {', '.join(_PRICE)} FROM _ua g JOIN "
                                                           "allocations a ON a.id = g.allocation_id"))]
         _insert(conn, "_ua_price", _PRICE_COLS + ("price",), prices)
+        # SQLite joins by nested loops: without these, every row scanned every owner
+        conn.execute(text(f"CREATE UNIQUE INDEX ix_ua_team ON _ua_team ({', '.join(_TEAM_COLS)})"))
+        conn.execute(text(f"CREATE UNIQUE INDEX ix_ua_price ON _ua_price ({', '.join(_PRICE_COLS)})"))
         if dialect == "postgresql":
             conn.execute(text("ANALYZE _ua_team"))
             conn.execute(text("ANALYZE _ua_price"))
