@@ -170,7 +170,8 @@ def test_per_cluster_processes_equal_one_process(pg_schema_url: str) -> None:
     assert (one.processes, three.processes) == (1, 3)
     assert sorted(c for w in three.workers for c in w["clusters"]) == ["sim-00", "sim-01", "sim-02"]
     assert all(w["peak_rss_mib"] > 0 and w["cpu_s"] > 0 for w in three.workers)
-    assert "clusters: wall (3 processes)" in three.steps
+    walls = {"clusters: judging wall (3 processes)", "clusters: totals and findings wall (3 processes)"}
+    assert walls <= set(three.steps)
     a, b = _usage(store, one.run_id), _usage(store, three.run_id)
     assert len(a) == len(b) > 50
     assert [x for x, y in zip(a, b, strict=True) if not _same(x, y)] == []
@@ -191,9 +192,10 @@ def test_per_cluster_processes_equal_one_process(pg_schema_url: str) -> None:
 
 
 def test_a_failed_process_fails_the_run_and_leaves_no_rows(pg_schema_url: str) -> None:
-    """The process of one cluster fails while writing its findings (a trigger refuses them), after the
-    others committed theirs: the run is marked failed, the error names the cluster, and no usage, total or
-    finding of that run stays behind (a report never reads a partial total)."""
+    """The process of one cluster fails while writing its findings (a trigger refuses them), after every
+    process committed its usage and the others their findings: the run is marked failed, the error names the
+    cluster, and no usage, total or finding of the run or of its parts stays behind (a report never reads a
+    partial total)."""
     from auditor.errors import GpuAuditError
 
     store = Store.open(pg_schema_url)
@@ -208,10 +210,10 @@ def test_a_failed_process_fails_the_run_and_leaves_no_rows(pg_schema_url: str) -
     with pytest.raises(GpuAuditError, match="sim-01.*lost its disk"):
         audit.run_audit(store, Config(store={"audit_processes": 3}), CLUSTERS.start, CLUSTERS.end)
     with store.engine.connect() as conn:
-        run_id, status = conn.execute(text("SELECT id, status FROM audit_runs ORDER BY id DESC LIMIT 1")).one()
-        left = [conn.execute(text(f"SELECT COUNT(*) FROM {t} WHERE run_id = :r"), {"r": run_id}).scalar()
+        runs = conn.execute(text("SELECT id, status FROM audit_runs ORDER BY id")).all()
+        left = [conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar()
                 for t in ("usage_gpu", "usage_allocation", "findings")]
-    assert status == "failed"
+    assert [st for _id, st in runs] == ["failed"]  # the processes' part runs are gone too
     assert left == [0, 0, 0]
     store.engine.dispose()
 

@@ -68,6 +68,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
     window = (s, u, horizon, now)
     workers: list[dict[str, Any]] = []
     groups: list[list[str]] = []
+    parts: list[int] = []
     try:
         if not what_if:  # the judged aggregate of this run's thresholds, up to date (what-ifs read it only as is)
             with steps.step("judged aggregate upkeep"):
@@ -78,14 +79,17 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
 
         groups = processes.groups(store, cfg, clusters, s, horizon)
         if len(groups) > 1:
-            # every cluster group in its own process and connection, committed on its own; the run is marked
-            # ok only when all are (a failed one fails the run, whose rows are deleted below)
-            parts, refused, workers = processes.run(store, cfg, th, run_id, window, groups, steps)
+            # every cluster group in its own process and connection, under a part run id each; the parts'
+            # rows become the run's below, in the transaction that marks it ok
+            found, refused, workers, parts = processes.run(store, cfg, th, run_id, window, groups, steps)
         with store.begin() as conn:
-            if len(groups) <= 1:
+            if parts:
+                with steps.step("clusters: rows to the run"):
+                    processes.relabel(conn, run_id, parts)
+            else:
                 part, refused = audit_clusters(conn, cfg, th, run_id, window, clusters, steps)
-                parts = [part]
-            summary = finish(conn, parts, cfg, since=s, until=u, horizon=horizon)
+                found = [part]
+            summary = finish(conn, found, cfg, since=s, until=u, horizon=horizon)
             with steps.step("rows of GPUs deleted meanwhile"):
                 swept = cascade.sweep_run(conn, run_id, deleted)
             if swept:
@@ -101,7 +105,11 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
                 status="ok", finished_ts=int(utcnow().timestamp()), summary=summary))
     except Exception:
         with store.begin() as conn:
-            _delete_rows(conn, [run_id])  # what per-cluster processes committed
+            if parts:  # the processes' parts, when the run failed after they were done
+                from auditor.audit.processes import drop_parts
+
+                drop_parts(conn, parts)
+            _delete_rows(conn, [run_id])
             conn.execute(update(schema.audit_runs).where(schema.audit_runs.c.id == run_id).values(
                 status="failed", finished_ts=int(utcnow().timestamp())))
         raise
@@ -109,7 +117,8 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
 
 
 def _delete_rows(conn: Connection, ids: list[int]) -> None:
-    """The usage and findings rows of failed runs (per-cluster processes commit their own)."""
+    """The usage and findings rows of failed or abandoned runs (the parts of per-cluster processes commit
+    their own)."""
     for t in (schema.usage_gpu, schema.usage_allocation, schema.findings):
         conn.execute(t.delete().where(t.c.run_id.in_(ids)))
 
