@@ -58,6 +58,16 @@ def main(argv: list[str] | None = None) -> None:
     if a.child is not None:
         print(json.dumps(child(a.url, a.gpus, a.days, a.seed, a.clusters, a.child)), flush=True)
         return
+    from auditor.audit.usage import refresh_aggregate
+    from auditor.config import Config
+    from auditor.simulate import FleetSpec
+    from auditor.store.engine import Store
+
+    store = Store.open(a.url)  # the judged aggregate up to date first, so neither audit pays its upkeep
+    store.upgrade()
+    spec = FleetSpec(gpus=a.gpus, days=a.days, seed=a.seed, clusters=a.clusters)
+    refresh_aggregate(store, Config().thresholds, int(spec.start.timestamp()))
+    store.engine.dispose()
     rows = []
     for n in (1, a.processes):
         cmd = [sys.executable, "-m", "bench.clusters", a.url, "--gpus", str(a.gpus), "--days", str(a.days),
