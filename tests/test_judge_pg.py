@@ -218,6 +218,19 @@ def test_a_failed_process_fails_the_run_and_leaves_no_rows(pg_schema_url: str) -
     store.engine.dispose()
 
 
+def test_sqlite_and_one_cluster_audit_in_one_process(store_url: str) -> None:
+    """store.audit_processes above 1 splits only what can be split: SQLite (one writer at a time) and a
+    fleet of one cluster audit in the audit's own process, with the figures of store.audit_processes = 1."""
+    store = Store.open(store_url)
+    store.upgrade()
+    populate(store, SPEC)  # one cluster
+    one = audit.run_audit(store, Config(), SPEC.start, SPEC.end)
+    four = audit.run_audit(store, Config(store={"audit_processes": 4}), SPEC.start, SPEC.end)
+    assert (one.processes, four.processes, four.workers) == (1, 1, [])
+    assert _usage(store, one.run_id) == _usage(store, four.run_id)
+    store.engine.dispose()
+
+
 def test_a_run_abandoned_a_day_ago_is_swept(store_url: str) -> None:
     """A killed audit leaves its run "running" and the usage rows its per-cluster processes committed; the
     next audit a day later marks it failed and deletes those rows (a run started an hour ago is left alone:
