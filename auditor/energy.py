@@ -76,18 +76,46 @@ def add(into: dict[str, float | None], part: Mapping[str, float | None]) -> None
         into[k] = None if a is None or b is None else a + b
 
 
+class Tally:
+    """Run totals and per cluster of :func:`energy`, summed as the rows stream by (:func:`summary`); two tallies
+    of disjoint clusters merge into the tally of both (:meth:`merge`)."""
+
+    def __init__(self, cfg: EnergyConfig) -> None:
+        self.cfg = cfg
+        self.tot: dict[str, float | None] = dict.fromkeys(KEYS, 0.0)
+        self.by: dict[str, dict[str, float | None]] = defaultdict(lambda: dict.fromkeys(KEYS, 0.0))
+        self.watts: dict[str | None, float] = {}  # per model: idle_watts sorts the table at every call
+
+    def add(self, r: Mapping[str, Any]) -> None:
+        model = r.get("gpu_model")
+        w = self.watts.get(model)
+        if w is None:
+            w = self.watts[model] = idle_watts(self.cfg, model)
+        e = energy(r, self.cfg, model, r["cluster"], w)
+        add(self.tot, e)
+        add(self.by[r["cluster"]], e)
+
+    def merge(self, other: Tally) -> None:
+        add(self.tot, other.tot)
+        for c, v in other.by.items():
+            add(self.by[c], v)
+
+    def result(self) -> dict[str, Any]:
+        return {**self.tot, "by_cluster": [{"cluster": c, "grid_gco2_per_kwh": intensity(self.cfg, c), **v}
+                                           for c, v in sorted(self.by.items())]}
+
+    def __getstate__(self) -> dict[str, Any]:  # picklable (a per-cluster audit process hands it back)
+        return {"cfg": self.cfg, "tot": self.tot, "by": dict(self.by), "watts": self.watts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["cfg"])  # type: ignore[misc]
+        self.tot, self.watts = state["tot"], state["watts"]
+        self.by.update(state["by"])
+
+
 def summary(rows: Iterable[Mapping[str, Any]], cfg: EnergyConfig) -> dict[str, Any]:
     """Run totals and per cluster (the run summary and the report's energy section)."""
-    tot: dict[str, float | None] = dict.fromkeys(KEYS, 0.0)
-    by: dict[str, dict[str, float | None]] = defaultdict(lambda: dict.fromkeys(KEYS, 0.0))
-    watts: dict[str | None, float] = {}  # per model: idle_watts sorts the table at every call
+    t = Tally(cfg)
     for r in rows:
-        model = r.get("gpu_model")
-        w = watts.get(model)
-        if w is None:
-            w = watts[model] = idle_watts(cfg, model)
-        e = energy(r, cfg, model, r["cluster"], w)
-        add(tot, e)
-        add(by[r["cluster"]], e)
-    return {**tot, "by_cluster": [{"cluster": c, "grid_gco2_per_kwh": intensity(cfg, c), **v}
-                                  for c, v in sorted(by.items())]}
+        t.add(r)
+    return t.result()

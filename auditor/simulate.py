@@ -54,6 +54,8 @@ class FleetSpec:
     cluster: str = "sim"
     start: datetime = EPOCH
     model: str = "h100"
+    #: clusters the blocks are split into, in contiguous runs of blocks (``<cluster>-00`` ...); 1: all in ``cluster``
+    clusters: int = 1
 
     @property
     def end(self) -> datetime:
@@ -67,9 +69,20 @@ class FleetSpec:
     def buckets_per_gpu(self) -> int:
         return int(self.days * 86400) // self.bucket_s
 
+    @property
+    def blocks(self) -> int:
+        return -(-self.nodes // BLOCK_NODES)
+
+    def cluster_of(self, block: int) -> str:
+        """The cluster of a block: contiguous runs of blocks per cluster (per-cluster audits are disjoint)."""
+        if self.clusters <= 1:
+            return self.cluster
+        return f"{self.cluster}-{block * self.clusters // self.blocks:02d}"
+
     def key(self) -> str:
         """A file-name-safe identity of the generated data (for caches)."""
-        return f"g{self.gpus}-d{self.days:g}-b{self.bucket_s}-s{self.seed}"
+        return f"g{self.gpus}-d{self.days:g}-b{self.bucket_s}-s{self.seed}" + (
+            f"-c{self.clusters}" if self.clusters > 1 else "")
 
 
 @dataclass(slots=True)
@@ -170,11 +183,11 @@ def _gpu_no(host: str, gpu: int) -> int:
     return int(host.rsplit("-", 1)[1]) * NODE_GPUS + gpu
 
 
-def _allocation(spec: FleetSpec, job: Job) -> Allocation:
+def _allocation(spec: FleetSpec, job: Job, cluster: str) -> Allocation:
     k8s = job.source == "kubernetes"
     start, end = datetime.fromtimestamp(job.start, UTC), datetime.fromtimestamp(job.end, UTC)
     return Allocation(
-        cluster=spec.cluster, source="kubernetes" if k8s else "slurm", external_id=job.ext_id,
+        cluster=cluster, source="kubernetes" if k8s else "slurm", external_id=job.ext_id,
         name=f"{job.behaviour}-{job.ext_id}", user=job.user, account=job.account,
         partition="" if k8s else "gpu", state="Succeeded" if k8s else "COMPLETED", submit=start, start=start,
         end=end, gpus=[AllocatedGpu(node=h, index=None if k8s else g, model=spec.model) for h, g in job.gpus])
@@ -184,13 +197,14 @@ def block_records(spec: FleetSpec, block: int) -> Iterator[Record]:
     """One block: inventory, its allocations, then every GPU's buckets, node by node and GPU by GPU (the
     store's key order, so SQLite appends instead of inserting all over its B-tree)."""
     kind, nodes, jobs = block_jobs(spec, block)
+    cluster = spec.cluster_of(block)
     rng = random.Random(f"{spec.seed}:{block}:telemetry")
     for x in nodes:
         for g in range(NODE_GPUS):
             if x * NODE_GPUS + g < spec.gpus:
-                yield GpuInventory(spec.cluster, host_name(x), g, model=spec.model, seen_at=spec.end)
+                yield GpuInventory(cluster, host_name(x), g, model=spec.model, seen_at=spec.end)
     for job in jobs:
-        yield _allocation(spec, job)
+        yield _allocation(spec, job, cluster)
     placed: dict[tuple[str, int], list[Job]] = {}
     for job in jobs:
         for gpu in job.gpus:
@@ -209,16 +223,16 @@ def block_records(spec: FleetSpec, block: int) -> Iterator[Record]:
             if x * NODE_GPUS + g >= spec.gpus:
                 break
             yield from _gpu_buckets(spec, host, g, placed.get((host, g), []), starts, gap, samples, rng,
-                                    profiling)
+                                    profiling, cluster)
 
 
 def _gpu_buckets(spec: FleetSpec, host: str, g: int, jobs: list[Job], starts: list[datetime],
                  gap: tuple[int, int], samples: int, rng: random.Random,
-                 profiling: bool = True) -> Iterator[GpuBucket]:
+                 profiling: bool = True, cluster: str | None = None) -> Iterator[GpuBucket]:
     jobs = sorted(jobs, key=lambda j: j.start)
     t0, bs = int(spec.start.timestamp()), spec.bucket_s
     uuid = f"GPU-{host}-{g}"
-    cluster, model, i = spec.cluster, spec.model, 0
+    cluster, model, i = cluster or spec.cluster, spec.model, 0
     for b, start in enumerate(starts):
         if gap[0] <= b < gap[1]:
             continue
@@ -245,7 +259,7 @@ def _gpu_buckets(spec: FleetSpec, host: str, g: int, jobs: list[Job], starts: li
 
 def fleet_records(spec: FleetSpec) -> Iterator[Record]:
     """Every record of the simulated fleet, streamed block by block (memory: one block's schedule)."""
-    for block in range(-(-spec.nodes // BLOCK_NODES)):
+    for block in range(spec.blocks):
         yield from block_records(spec, block)
 
 

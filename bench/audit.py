@@ -74,14 +74,11 @@ def measure(url: str, gpus: int, days: float, seed: int, render: str | None) -> 
     audit_s = time.perf_counter() - t
     rss_kib = peak_rss_kib()
     f2, _ = floor_seconds(store)
-    # judging in several connections (PostgreSQL): the slowest connection's judging, not their sum
-    judge = result.steps.get("judge buckets", judge_s[0]) if result.judge_connections > 1 else judge_s[0]
-    out: dict[str, object] = {"gpus": gpus, "rows": rows, "audit_s": audit_s, "judge_s": judge,
+    out: dict[str, object] = {"gpus": gpus, "rows": rows, "audit_s": audit_s, "judge_s": judge_s[0],
                               "floor_s": min(f1, f2),
                               "rss_mib": rss_kib / 1024, "allocations": result.summary.get("allocations"),
                               "findings": sum(result.summary.get("findings", {}).values()),
-                              "steps": {k: round(v, 3) for k, v in result.steps.items()},
-                              "judge_connections": result.judge_connections}
+                              "steps": {k: round(v, 3) for k, v in result.steps.items()}}
     if render:
         try:
             from auditor.report.render import write_reports

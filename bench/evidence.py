@@ -1,13 +1,9 @@
-"""The audit's per-allocation rows and the findings' evidence, the shipped path next to the one it replaced,
-on one kept audit run, in one process, alternating, best of ``--repeat`` (whole-audit seconds on a busy
-2-core machine varied by half; a path timed against its predecessor in one process does not).
-
-- per-allocation rows: ``auditor.audit.run.per_allocation_rows`` (the team label's value read by the server)
-  vs the same query returning every allocation's whole ``labels`` (decoded as JSON by the driver);
-- evidence: each stored finding's evidence without its sparkline, encoded as the audit writes it now (the
-  sparkline's store text spliced in, ``jsonsafe.with_member``) vs as before (the sparkline's 96 values
-  parsed to floats and the run's thresholds copied into the evidence, then ``jsonsafe.dumps``); both must
-  parse to the same sparklines (checked), and the bytes of each are printed.
+"""The findings' evidence, the shipped path next to the one it replaced, on one kept audit run, in one process,
+alternating, best of ``--repeat`` (whole-audit seconds on a busy 2-core machine varied by half; a path timed
+against its predecessor in one process does not): each stored finding's evidence without its sparkline,
+encoded as the audit writes it now (the sparkline's store text spliced in, ``jsonsafe.with_member``) vs as
+before (the sparkline's 96 values parsed to floats and the run's thresholds copied into the evidence, then
+``jsonsafe.dumps``); both must parse to the same sparklines (checked), and the bytes of each are printed.
 
 Run: python -m bench.evidence URL --gpus N [--days 7] [--seed 1] [--repeat 3]   (a store of bench.fleet)
 """
@@ -18,28 +14,9 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from sys import intern
 from typing import Any
 
-from sqlalchemy import Connection, text
-
-
-def legacy_rows(conn: Connection, run_id: int) -> list[dict[str, Any]]:
-    """The per-allocation rows as before: ``labels`` whole (the text handling as per_allocation_rows)."""
-    from auditor.audit import run as audit_run
-
-    res = conn.execute(text(audit_run.PER_ALLOCATION.format(team_label="a.labels"))
-                       .execution_options(stream_results=True, yield_per=5000), {"run_id": run_id})
-    keys = tuple(res.keys())
-    texts = [i for i, k in enumerate(keys) if k in audit_run._TEXT]
-    out = []
-    for row in res:
-        vals = [0.0 if v.__class__ is float and v == 0.0 else v for v in row]
-        for i in texts:
-            if vals[i].__class__ is str:
-                vals[i] = intern(vals[i])
-        out.append(dict(zip(keys, vals, strict=True)))
-    return out
+from sqlalchemy import text
 
 
 def legacy_bins(packed: str) -> dict[str, list[float | None]]:
@@ -60,8 +37,7 @@ def legacy_bins(packed: str) -> dict[str, list[float | None]]:
 
 def measure(url: str, gpus: int, days: float, seed: int, repeat: int) -> dict[str, Any]:
     from auditor import jsonsafe
-    from auditor.audit.money import Pricing
-    from auditor.audit.run import per_allocation_rows, run_audit
+    from auditor.audit.run import run_audit
     from auditor.audit.sparklines import sparkline_json
     from auditor.config import Config
     from auditor.simulate import FleetSpec
@@ -107,10 +83,6 @@ def measure(url: str, gpus: int, days: float, seed: int, repeat: int) -> dict[st
                         else jsonsafe.dumps(e) for e, p in zip(evs, packed, strict=True)]
 
             for _ in range(repeat):
-                n_alloc = len(timed("per-allocation rows, labels whole (before)",
-                                    lambda: legacy_rows(conn, run.run_id)))
-                timed("per-allocation rows, team label by the server", lambda: per_allocation_rows(
-                    conn, run.run_id, Pricing(cfg)))
                 old = timed("evidence, floats and thresholds (before)", legacy_evidence)
                 new = timed("evidence, sparkline text spliced", evidence)
             same = all(json.loads(a).get("sparkline") == json.loads(b).get("sparkline") for a, b in zip(old, new,
@@ -124,7 +96,7 @@ def measure(url: str, gpus: int, days: float, seed: int, repeat: int) -> dict[st
                 conn.execute(text(f"DELETE FROM {table} WHERE run_id = :r"), {"r": run.run_id})
             conn.execute(text("DELETE FROM audit_runs WHERE id = :r"), {"r": run.run_id})
         store.engine.dispose()
-    return {"gpus": gpus, "allocations": n_alloc, "findings": len(evs), "seconds": best, **sizes}
+    return {"gpus": gpus, "allocations": run.summary.get("allocations"), "findings": len(evs), "seconds": best, **sizes}
 
 
 def main(argv: list[str] | None = None) -> None:

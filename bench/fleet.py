@@ -4,7 +4,7 @@ A store is keyed by its :class:`auditor.simulate.FleetSpec` (GPUs, days, bucket,
 a temporary name and renamed when complete, with a JSON sidecar recording how long generation and ingest
 took, so a later run reuses it and still reports the generation figures.
 
-Run: python -m bench.fleet --sizes 1024,4096,16384 [--days 7] [--seed 1]   (pre-generate)
+Run: python -m bench.fleet --sizes 1024,4096,16384 [--days 7] [--seed 1] [--clusters 1]   (pre-generate)
 """
 
 from __future__ import annotations
@@ -92,9 +92,11 @@ def main() -> None:
     ap.add_argument("--sizes", default="1024,4096,16384")
     ap.add_argument("--days", type=float, default=7)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--clusters", type=int, default=1, help="Clusters the fleet is split into (contiguous "
+                    "blocks of nodes, named sim-00, sim-01, ...): per-cluster audits (bench.clusters).")
     args = ap.parse_args()
     for n in (int(x) for x in args.sizes.split(",") if x):
-        path, info, reused = cached(FleetSpec(gpus=n, days=args.days, seed=args.seed))
+        path, info, reused = cached(FleetSpec(gpus=n, days=args.days, seed=args.seed, clusters=args.clusters))
         print(f"{path.name}: {'reused' if reused else 'generated'} {json.dumps(info)}", flush=True)
 
 

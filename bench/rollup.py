@@ -146,10 +146,7 @@ def measure(url: str, gpus: int, days: float, seed: int) -> dict[str, Any]:
     since, until = to_epoch(spec.start), to_epoch(spec.end)
     assert since is not None and until is not None
     out: dict[str, Any] = {"gpus": gpus, "rows": rows, "floor_s": floor, "audit_s": audit_s,
-                           "engine": store.engine.dialect.name, "judge_connections": result.judge_connections,
-                           # as bench.audit: with several judging connections the slowest one's judging
-                           "audit_judge_s": result.steps.get("judge buckets", judge[0])
-                           if result.judge_connections > 1 else judge[0]}
+                           "engine": store.engine.dialect.name, "audit_judge_s": judge[0]}
     store.engine.dispose()  # a fresh session: temp_buffers can only be set before its first temporary table
     try:
         with store.begin() as conn:

@@ -189,31 +189,22 @@ def test_same_results_on_postgresql(store: Store) -> None:
     assert kinds(store, r.run_id) == {"1": ["idle_gpus"]}
 
 
-def test_per_allocation_rows_stay_small_and_carry_team_costs_and_effective(store: Store) -> None:
-    """The audit's per-allocation rows (~260k at 16,384 GPUs) keep at most 42 keys with their price, so
-    CPython keeps each in a 64-slot dict (a 43rd key doubles it: 185 MiB more at that size); the team label is
-    read while the row is built, and usage_allocation still gets the costs and effective seconds."""
-    import sys
-
-    from auditor.audit.money import Pricing
-    from auditor.audit.run import NUMBER_KEYS, per_allocation_rows
+def test_usage_allocation_carries_team_costs_and_effective_written_set_wise(store: Store) -> None:
+    """usage_allocation is written by one INSERT ... SELECT (auditor.audit.totals): the team from the label's
+    value (read by the server), else from the account mapping, else "(unmapped)" (an empty label value is no
+    team), the price card's price, the costs and the effective seconds."""
     from auditor.config import PriceCard, Team
 
     cfg = Config(prices=PriceCard(default=2.0), teams=[Team(name="acct-team", accounts=["acct"])])
     store.ingest([job("lab", [AllocatedGpu("n1", 0)], source="kubernetes", labels={"team": "vision"}),
                   job("acc", [AllocatedGpu("n2", 0)]),
-                  *series("n1", 0, sm_active=0.6), *series("n2", 0, sm_active=0.0, gpu_util=0.0)])
+                  job("empty", [AllocatedGpu("n3", 0)], source="kubernetes", labels={"team": ""}, account="other"),
+                  *series("n1", 0, sm_active=0.6), *series("n2", 0, sm_active=0.0, gpu_util=0.0),
+                  *series("n3", 0, sm_active=0.6)])
     run = run_audit(store, cfg, W0, W1)
-    with store.engine.connect() as conn:
-        rows, refused = Pricing(cfg).price_rows(per_allocation_rows(conn, run.run_id, Pricing(cfg)), NUMBER_KEYS)
-    assert refused == []
-    by = {r["external_id"]: r for r in rows}
-    assert (by["lab"]["team"], by["acc"]["team"]) == ("vision", "acct-team")
-    assert all(len(r) <= 42 for r in rows), max(len(r) for r in rows)
-    full = dict.fromkeys(f"k{i}" for i in range(42))
-    assert all(sys.getsizeof(r) <= sys.getsizeof(full) for r in rows)
     u = usage(store, run.run_id)
     # 2 h reserved at 2.0 per GPU-hour = 4.0; "acc" idle for all of it: idle cost 4.0; "lab" worked at SM 0.6
     assert (u["lab"]["reserved_cost"], u["lab"]["idle_cost"], u["acc"]["idle_cost"]) == (4.0, 0.0, 4.0)
     assert u["lab"]["effective_s"] == pytest.approx(0.6 * 7200) and u["acc"]["effective_s"] == 0
-    assert (u["lab"]["team"], u["acc"]["team"]) == ("vision", "acct-team")
+    assert (u["lab"]["team"], u["acc"]["team"], u["empty"]["team"]) == ("vision", "acct-team", "(unmapped)")
+    assert {k: u[k]["price_per_gpu_hour"] for k in u} == {"lab": 2.0, "acc": 2.0, "empty": 2.0}

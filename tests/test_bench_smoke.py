@@ -98,5 +98,35 @@ def test_bench_evidence_smoke(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["findings"] > 0 and r["allocations"] > 0 and len(r["seconds"]) == 4
+    assert r["findings"] > 0 and r["allocations"] > 0 and len(r["seconds"]) == 2
     assert 0 < r["evidence bytes"] < r["evidence bytes (before)"]
+
+
+def test_the_peer_bench_feeds_both_tools_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.bench_jobstats: the stand-in ``sacct`` answers a caller's ``-a -X -P -n -o`` with the saved rows'
+    fields in the order asked, step lines left out and times as epoch seconds under SLURM_TIME_FORMAT=%s (the
+    way Job Defense Shield reads them), and gpu-audit's idle GPU-hours on those rows equal the generator's
+    truth (GPUs at 0 % x elapsed hours, summed by the generator, not by gpu-audit)."""
+    import contextlib
+    import io
+
+    from bench import bench_jobstats, sacct_replay
+
+    path = tmp_path / "sacct.txt"
+    kinds = bench_jobstats.generate(200, path, seed=3)
+    monkeypatch.setenv("GPU_AUDIT_SACCT_REPLAY", str(path))
+    monkeypatch.setenv("SLURM_TIME_FORMAT", "%s")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        sacct_replay.main(["-a", "-X", "-P", "-n", "-o", "jobid,start,alloctres,admincomment,jobname"])
+    rows = [line.split("|") for line in out.getvalue().splitlines()]
+    assert len(rows) == 200 and all(len(r) == 5 for r in rows)  # no header, no step line
+    assert rows[0][0] == "1" and rows[0][1].isdigit() and int(rows[0][1]) >= 1_794_787_200  # 2026-11-16 UTC
+    assert sum(r[3].startswith("JS1:") and r[3] != "JS1:Short" for r in rows) == kinds["summary"]
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_jobstats", "--child", str(path),
+                           str(tmp_path / "store.db"), "3600"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["idle_gpu_hours"] == pytest.approx(kinds["truth_zero_gpu_hours"], rel=1e-9)
+    assert kinds["truth_zero_gpu_hours"] > 0

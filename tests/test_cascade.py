@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from auditor.audit import run as audit_run
-from auditor.config import Config, StoreConfig
+from auditor.config import Config
 from auditor.records import AllocatedGpu, Allocation, GpuBucket, Reservation
 from auditor.store.engine import Store
 
@@ -126,10 +126,9 @@ def test_a_merged_reservation_takes_its_findings(store: Store) -> None:
     store.engine.dispose()
 
 
-@pytest.mark.parametrize("connections", [1, 3])
 def test_rows_of_a_gpu_an_ingest_deleted_while_the_audit_ran_are_dropped(
-        pg_schema_url: str, connections: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Right after a judging connection wrote its usage rows, before it commits, another connection
+        pg_schema_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after the audit's connection wrote its usage rows, before it commits, another connection
     re-ingests the job with GPU 1 dropped and commits (no foreign key makes it wait; its delete cannot see the
     uncommitted rows). The run's row for GPU 1 then refers to nothing; the audit deletes it before it
     commits. PostgreSQL only: on SQLite the audit holds the write lock."""
@@ -152,11 +151,11 @@ def test_rows_of_a_gpu_an_ingest_deleted_while_the_audit_ran_are_dropped(
             other.ingest([_job(0)], seen_at_ts=2)
         return out
 
-    monkeypatch.setattr(usage, "attribute_and_judge", then_ingest)  # judge_share's (connections > 1)
-    monkeypatch.setattr(audit_run, "attribute_and_judge", then_ingest)  # the audit's own (1)
-    cfg = Config(store=StoreConfig(judge_connections=connections))
-    res = audit_run.run_audit(store, cfg, T0, T0 + timedelta(hours=2))
-    assert res.judge_connections == connections and once.locked()
+    from auditor.audit import clusters
+
+    monkeypatch.setattr(clusters, "attribute_and_judge", then_ingest)
+    res = audit_run.run_audit(store, Config(), T0, T0 + timedelta(hours=2))
+    assert once.locked()
     assert _usage_gpus(store, res.run_id) == [(slots[0], 0)]
     other.engine.dispose()
     store.engine.dispose()
@@ -173,10 +172,13 @@ def test_the_sweep_reads_the_run_only_after_a_delete(pg_schema_url: str, monkeyp
     store = Store.open(pg_schema_url)
     store.upgrade()
     store.ingest([_job(0, 1), *_buckets()], seen_at_ts=1)
-    real = audit_run.per_allocation_rows
+    from auditor.audit.totals import AllocationRows
+
+    real = AllocationRows.write
     delete_too = False
 
-    def plant(conn, run_id, *args):  # type: ignore[no-untyped-def]
+    def plant(self, *args):  # type: ignore[no-untyped-def]
+        run_id = self.run_id
         with store.begin() as other:
             other.execute(insert(schema.usage_gpu).values(run_id=run_id, allocated_gpu_id=10**6, allocation_id=1,
                                                           attribution="index"))
@@ -184,10 +186,10 @@ def test_the_sweep_reads_the_run_only_after_a_delete(pg_schema_url: str, monkeyp
                                                          reservation_id=10**6))
             if delete_too:
                 cascade.delete_allocated_gpus(other, [10**6 + 1])  # nothing to delete, but a delete all the same
-        return real(conn, run_id, *args)
+        return real(self, *args)
 
-    monkeypatch.setattr(audit_run, "per_allocation_rows", plant)
-    cfg = Config(store=StoreConfig(judge_connections=1))
+    monkeypatch.setattr(AllocationRows, "write", plant)
+    cfg = Config()
     first = audit_run.run_audit(store, cfg, T0, T0 + timedelta(hours=2))
     assert (10**6, None) in _usage_gpus(store, first.run_id)  # no delete: not swept
     assert _reservation_findings(store, first.run_id) == [10**6]

@@ -54,6 +54,7 @@ accounts = ["team-a"]
     ("[[clusters]]\nname='a'\n[[clusters]]\nname='a'\n", r"clusters: .*duplicate cluster name 'a'"),
     ("[[clusters]]\nname='a b'\n", r"clusters\[0\]\.name: "),
     ("not toml = = 1", r"not valid TOML"),
+    ("[store]\njudge_connections = 3\n", r"store: .*store\.judge_connections was removed: .*store\.audit_processes"),
 ])
 def test_errors_are_one_line_with_key_path(tmp_path: Path, text: str, path_re: str) -> None:
     with pytest.raises(ConfigError) as err:

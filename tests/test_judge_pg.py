@@ -148,62 +148,91 @@ def _findings(store: Store, run_id: int) -> list[tuple]:
             "ORDER BY kind, allocation_id, gpu_hours"), {"r": run_id})]
 
 
-def test_judging_in_several_connections_equals_one(pg_schema_url: str) -> None:
-    """store.judge_connections = 3: three connections each attribute and judge a third of the allocations
-    (by id) and the sparklines are read in three connections; usage and findings (their evidence, sparklines
-    included, as stored text) equal the one-connection audit's, row by row, and attribution by telemetry
-    labels (count-only allocations) is among them."""
-    spec = LABELLED  # a block of Kubernetes pods (count-only GPUs) beside Slurm jobs
+#: three clusters of one block each; seed 7's first block is Kubernetes pods (count-only GPUs, by labels)
+CLUSTERS = FleetSpec(gpus=192, days=1, seed=7, clusters=3)
+
+
+def _summary_same(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The keys of two run summaries that differ (floats to 1e-12: per-process sums add in another order)."""
+    return [k for k in a.keys() | b.keys() if not _same(a.get(k), b.get(k))]
+
+
+def test_per_cluster_processes_equal_one_process(pg_schema_url: str) -> None:
+    """store.audit_processes = 3 on three clusters: each cluster attributed, judged and turned into usage and
+    findings in its own process; usage and findings (evidence, sparklines included, as stored text) equal the
+    one-process audit's row by row, attribution by telemetry labels among them, and so does every part of the
+    run summary (merged from the processes' parts)."""
     store = Store.open(pg_schema_url)
     store.upgrade()
-    populate(store, spec)
-    one = audit.run_audit(store, Config(store={"judge_connections": 1}), spec.start, spec.end)
-    three = audit.run_audit(store, Config(store={"judge_connections": 3}), spec.start, spec.end)
-    assert "attribute and judge: wall (3 connections)" in three.steps
-    assert not any("wall" in k for k in one.steps)
-    assert (one.judge_connections, three.judge_connections) == (1, 3)
+    populate(store, CLUSTERS)
+    one = audit.run_audit(store, Config(), CLUSTERS.start, CLUSTERS.end)
+    three = audit.run_audit(store, Config(store={"audit_processes": 3}), CLUSTERS.start, CLUSTERS.end)
+    assert (one.processes, three.processes) == (1, 3)
+    assert sorted(c for w in three.workers for c in w["clusters"]) == ["sim-00", "sim-01", "sim-02"]
+    assert all(w["peak_rss_mib"] > 0 and w["cpu_s"] > 0 for w in three.workers)
+    walls = {"clusters: judging wall (3 processes)", "clusters: totals and findings wall (3 processes)"}
+    assert walls <= set(three.steps)
     a, b = _usage(store, one.run_id), _usage(store, three.run_id)
     assert len(a) == len(b) > 50
     assert [x for x, y in zip(a, b, strict=True) if not _same(x, y)] == []
-    with store.engine.connect() as conn:  # the shares attributed by telemetry labels too
+    with store.engine.connect() as conn:
         kinds = {r[0] for r in conn.execute(text("SELECT DISTINCT attribution FROM usage_gpu WHERE run_id = :r"),
                                             {"r": three.run_id})}
+        ua = [conn.execute(text("SELECT * FROM usage_allocation WHERE run_id = :r ORDER BY allocation_id"),
+                           {"r": r}).all() for r in (one.run_id, three.run_id)]
     assert kinds >= {"index", "label"}
+    assert len(ua[0]) == len(ua[1]) > 20 and all(_same(tuple(x)[1:], tuple(y)[1:]) for x, y in zip(*ua, strict=True))
     fa, fb = _findings(store, one.run_id), _findings(store, three.run_id)
     assert len(fa) == len(fb) > 0
     assert [x for x, y in zip(fa, fb, strict=True) if not _same(x, y)] == []
     assert sum('"sparkline"' in f[4] for f in fb) > 10
-    assert one.summary["reserved_gpu_hours"] == pytest.approx(three.summary["reserved_gpu_hours"], rel=1e-12)
+    assert _summary_same(one.summary, three.summary) == []
+    assert len(one.summary["verification_by_cluster"]) == 3
     store.engine.dispose()
 
 
-def test_a_failed_share_fails_the_audit_and_leaves_no_usage(pg_schema_url: str,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """One judging connection fails after the others committed their usage rows: the run is marked failed,
-    the error reaches the caller, and no usage row of that run stays behind."""
+def test_a_failed_process_fails_the_run_and_leaves_no_rows(pg_schema_url: str) -> None:
+    """The process of one cluster fails while writing its findings (a trigger refuses them), after every
+    process committed its usage and the others their findings: the run is marked failed, the error names the
+    cluster, and no usage, total or finding of the run or of its parts stays behind (a report never reads a
+    partial total)."""
+    from auditor.errors import GpuAuditError
+
     store = Store.open(pg_schema_url)
     store.upgrade()
-    populate(store, SPEC)
-    inner = audit.judge_share
-
-    def failing(*args: object) -> None:
-        inner(*args)  # type: ignore[arg-type]
-        if args[-2] == 2:  # share 2 of 3 commits its rows, then fails
-            raise RuntimeError("share 2 lost its connection")
-
-    monkeypatch.setattr(audit, "judge_share", failing)
-    with pytest.raises(RuntimeError, match="share 2"):
-        audit.run_audit(store, Config(store={"judge_connections": 3}), SPEC.start, SPEC.end)
+    populate(store, CLUSTERS)
+    with store.begin() as conn:
+        conn.execute(text("CREATE FUNCTION refuse_sim01() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                          "IF NEW.cluster = 'sim-01' THEN RAISE EXCEPTION 'sim-01 lost its disk'; END IF; "
+                          "RETURN NEW; END $$"))
+        conn.execute(text("CREATE TRIGGER refuse_sim01 BEFORE INSERT ON findings FOR EACH ROW "
+                          "EXECUTE FUNCTION refuse_sim01()"))
+    with pytest.raises(GpuAuditError, match="sim-01.*lost its disk"):
+        audit.run_audit(store, Config(store={"audit_processes": 3}), CLUSTERS.start, CLUSTERS.end)
     with store.engine.connect() as conn:
-        run_id, status = conn.execute(text("SELECT id, status FROM audit_runs ORDER BY id DESC LIMIT 1")).one()
-        left = conn.execute(text("SELECT COUNT(*) FROM usage_gpu WHERE run_id = :r"), {"r": run_id}).scalar()
-    assert status == "failed"
-    assert left == 0
+        runs = conn.execute(text("SELECT id, status FROM audit_runs ORDER BY id")).all()
+        left = [conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar()
+                for t in ("usage_gpu", "usage_allocation", "findings")]
+    assert [st for _id, st in runs] == ["failed"]  # the processes' part runs are gone too
+    assert left == [0, 0, 0]
+    store.engine.dispose()
+
+
+def test_sqlite_and_one_cluster_audit_in_one_process(store_url: str) -> None:
+    """store.audit_processes above 1 splits only what can be split: SQLite (one writer at a time) and a
+    fleet of one cluster audit in the audit's own process, with the figures of store.audit_processes = 1."""
+    store = Store.open(store_url)
+    store.upgrade()
+    populate(store, SPEC)  # one cluster
+    one = audit.run_audit(store, Config(), SPEC.start, SPEC.end)
+    four = audit.run_audit(store, Config(store={"audit_processes": 4}), SPEC.start, SPEC.end)
+    assert (one.processes, four.processes, four.workers) == (1, 1, [])
+    assert _usage(store, one.run_id) == _usage(store, four.run_id)
     store.engine.dispose()
 
 
 def test_a_run_abandoned_a_day_ago_is_swept(store_url: str) -> None:
-    """A killed audit leaves its run "running" and the usage rows its judging connections committed; the
+    """A killed audit leaves its run "running" and the usage rows its per-cluster processes committed; the
     next audit a day later marks it failed and deletes those rows (a run started an hour ago is left alone:
     it may still be judging). Both engines."""
     from sqlalchemy import insert
@@ -231,31 +260,6 @@ def test_a_run_abandoned_a_day_ago_is_swept(store_url: str) -> None:
                                       "GROUP BY run_id"), {"a": old, "b": recent}).all())
     assert status == {old: "failed", recent: "running"}
     assert left == {recent: 1}
-    store.engine.dispose()
-
-
-def test_the_most_judging_connections_all_get_a_connection_at_once(pg_schema_url: str,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """store.judge_connections at its maximum: every share holds its connection at the same time (a barrier
-    makes them wait for each other), beside the audit's own. With SQLAlchemy's default pool (5 + 10) the
-    16th share waited for a connection that the others held, and a large audit failed on the pool timeout."""
-    import threading
-
-    from auditor.config import MAX_JUDGE_CONNECTIONS
-
-    store = Store.open(pg_schema_url)
-    store.upgrade()
-    populate(store, SPEC)
-    everyone = threading.Barrier(MAX_JUDGE_CONNECTIONS, timeout=20)
-    inner = usage.attribute_and_judge
-
-    def together(*args: object) -> None:
-        everyone.wait()  # BrokenBarrierError when a share cannot get its connection in time
-        inner(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(usage, "attribute_and_judge", together)
-    res = audit.run_audit(store, Config(store={"judge_connections": MAX_JUDGE_CONNECTIONS}), SPEC.start, SPEC.end)
-    assert res.judge_connections == MAX_JUDGE_CONNECTIONS and res.summary["reserved_gpu_hours"] > 0
     store.engine.dispose()
 
 

@@ -86,7 +86,7 @@ def _audit_teams(store: Store, cfg: Config) -> dict[str, str]:
 
 @pytest.mark.service
 def test_team_label_read_by_the_server_as_python_read_it(store: Store) -> None:
-    """The audit reads the team label's value in SQL (auditor.audit.run.team_label_sql) instead of parsing
+    """The audit reads the team label's value in SQL (auditor.audit.totals.team_label_sql) instead of parsing
     labels in Python; by hand, namespace ns-ml is team ml: a label team=vision wins (p1); an empty label
     (p2), no labels (p3) and labels that are no JSON object (p5: text that is no JSON on SQLite, a JSON array
     on PostgreSQL) fall back to the namespace; a value with a quote is kept as it is (p4). A label name no

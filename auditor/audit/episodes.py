@@ -4,6 +4,7 @@ islands over the idle buckets)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -49,23 +50,25 @@ SELECT gid, aid, gpu_index, share, {g}(MIN(t0), MIN(a_s)) AS s, {le}(MAX(t1), MI
 FROM g GROUP BY gid, aid, gpu_index, share, isl HAVING SUM(ov) >= :episode_s ORDER BY aid, s, gid"""
 
 
-def idle_episodes(conn: Connection, run_id: int, working: list[dict[str, Any]], th: Thresholds,
+def idle_episodes(conn: Connection, run_id: int, candidates: list[int],
+                  rows_of: Callable[[Iterable[int]], dict[int, dict[str, Any]]], th: Thresholds,
                   p: dict[str, Any]) -> list[dict[str, Any]]:
-    """Contiguous idle spans >= episode_hours on a GPU of an allocation that otherwise worked. A GPU idle
-    for idle_gpus_fraction of its judged time is no episode (idle_gpus / idle_allocation report it).
+    """Contiguous idle spans >= episode_hours on a GPU of an allocation that otherwise worked (``candidates``:
+    the ids of those that did work and were idle some of the time; ``rows_of``: their per-allocation rows,
+    :meth:`auditor.audit.totals.AllocationRows.get`, read for the allocations that have an episode). A GPU
+    idle for idle_gpus_fraction of its judged time is no episode (idle_gpus / idle_allocation report it).
     Overlapping spans on several GPUs of one allocation merge into one episode (GPU-hours summed)."""
     from auditor.audit.evidence import _finding
 
     ep_s = th.episode_hours * H
-    cands = {r["allocation_id"]: r for r in working
-             if r["low_s"] + r["working_s"] + r["busy_unverified_s"] > 0 and r["idle_s"] + r["mirage_s"] > 0}
     spans: dict[int, list[Any]] = defaultdict(list)
-    ids = sorted(cands)
+    ids = sorted(candidates)
     for i in range(0, len(ids), CHUNK):
         sql = episodes_sql(conn.dialect.name, th, ", ".join(str(int(x)) for x in ids[i:i + CHUNK]),
                            infra.skip(conn))
         for s in conn.execute(text(sql), {**p, "episode_s": ep_s, "gpu_frac": th.idle_gpus_fraction}):
             spans[s.aid].append(s)
+    cands = rows_of(spans)
     out = []
     for aid, rows in spans.items():
         r = cands[aid]

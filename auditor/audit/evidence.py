@@ -41,7 +41,7 @@ def accountable(r: dict[str, Any]) -> float:
 def effective(r: dict[str, Any]) -> float:
     """Effective seconds (SM-verified observed seconds x SM activity) of a per-allocation row: the SM sum by
     definition (:func:`auditor.audit.judge.usage_columns`), which the audit's rows carry alone
-    (:func:`auditor.audit.run.per_allocation_rows`)."""
+    (:class:`auditor.audit.totals.AllocationRows`)."""
     return r["sm_s"]
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, insert, text
 
 from auditor import energy, jsonsafe
-from auditor.audit import goodput, infra, kinds, parallel, rightsize, waiting
+from auditor.audit import goodput, infra, kinds, rightsize, waiting
 from auditor.audit.efficiency import low_efficiency
 from auditor.audit.episodes import idle_episodes
 from auditor.audit.evidence import (
@@ -28,11 +28,12 @@ from auditor.audit.evidence import (
     whole_idle,
 )
 from auditor.audit.ghosts import unallocated_ghosts
-from auditor.audit.hygiene import request_hygiene
+from auditor.audit.hygiene import request_hygiene, team_rows
 from auditor.audit.money import Pricing
 from auditor.audit.reservations import idle_reservations
 from auditor.audit.sparklines import sparkline_texts
 from auditor.audit.timing import step
+from auditor.audit.totals import AllocationRows
 from auditor.audit.verdict import EPS
 from auditor.config import Config, Thresholds
 from auditor.store import schema
@@ -120,82 +121,123 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
     return out
 
 
-def per_gpu_rows(conn: Connection, run_id: int) -> dict[int, list[dict[str, Any]]]:
-    """Per-GPU seconds of the multi-GPU allocations of a run (only the columns the idle_gpus rule reads:
-    a fleet has hundreds of thousands of these rows)."""
+def per_gpu_rows(conn: Connection, run_id: int, lo: int, hi: int) -> dict[int, list[dict[str, Any]]]:
+    """Per-GPU seconds of the multi-GPU allocations of a run with ids in [lo, hi] (only the columns the
+    idle_gpus rule reads, one batch of allocations at a time: a fleet has hundreds of thousands of these rows)."""
     cols = ("gpu_index", "reserved_s", "observed_s", "idle_s", "mirage_s", "low_s", "working_s",
             "busy_unverified_s", "infra_s", "idle_peak_fb_mib", "node")
     sql = (f"SELECT u.allocation_id, {', '.join('u.' + c for c in cols[:-1])}, ag.node FROM usage_gpu u JOIN "
-           "(SELECT allocation_id FROM usage_gpu WHERE run_id = :run GROUP BY allocation_id HAVING COUNT(*) >= 2) m "
+           "(SELECT allocation_id FROM usage_gpu WHERE run_id = :run AND allocation_id BETWEEN :lo AND :hi "
+           "GROUP BY allocation_id HAVING COUNT(*) >= 2) m "
            "ON m.allocation_id = u.allocation_id JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
-           "WHERE u.run_id = :run ORDER BY u.allocation_id, ag.node, u.allocated_gpu_id")
+           "WHERE u.run_id = :run AND u.allocation_id BETWEEN :lo AND :hi "
+           "ORDER BY u.allocation_id, ag.node, u.allocated_gpu_id")
     # ordered: the idle_gpus evidence lists GPUs in this order (without it, the order rows happened to be
-    # stored in, which differs when several connections judged the run)
+    # stored in)
     out: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for r in conn.execute(text(sql), {"run": run_id}):
+    for r in conn.execute(text(sql), {"run": run_id, "lo": lo, "hi": hi}):
         out[r[0]].append(dict(zip(cols, r[1:], strict=True)))
     return out
 
 
-def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config,
-             *, since: int, until: int, horizon: int, clusters: list[str] | None = None) -> dict[str, Any]:
-    """Store the findings of one run; return the run's headline summary."""
-    from auditor.audit.capacity import capacity
+@dataclass
+class Part:
+    """What the rules of some clusters found, apart from the findings they wrote: the run summary's parts,
+    each still open to :func:`merge` with those of other clusters (per-cluster audit processes,
+    :mod:`auditor.audit.processes`)."""
 
+    summary: dict[str, Any]
+    headline: Headline
+    energy: energy.Tally
+    sizing: rightsize.TeamSizing
+    hygiene: dict[str, Any]
+    kinds: dict[str, int]
+
+
+def find_all(conn: Connection, rows: AllocationRows, th: Thresholds, cfg: Config, *, since: int, until: int,
+             horizon: int, clusters: list[str] | None = None) -> dict[str, Any]:
+    """Store the findings of one run (all of it, or ``clusters``); return the run's headline summary."""
+    return finish(conn, [find_clusters(conn, rows, th, cfg, since=since, until=until, horizon=horizon,
+                                       clusters=clusters)], cfg, since=since, until=until, horizon=horizon)
+
+
+def find_clusters(conn: Connection, rows: AllocationRows, th: Thresholds, cfg: Config, *, since: int, until: int,
+                  horizon: int, clusters: list[str] | None = None) -> Part:
+    """Store the findings of the run's allocations in ``rows`` (those of ``clusters``, or all) and return
+    their part of the summary. The per-allocation rows stream by once in batches (:class:`AllocationRows`):
+    every rule that needs one allocation's totals runs as its row passes and keeps only what it flags;
+    rules reading the store (episodes, queues, inference, stragglers) get the rows of the allocations they
+    name (``rows.get``). So memory follows the findings, not the fleet."""
+    run_id = rows.run_id
     p = {"since": since, "until": until, "horizon": horizon, "run": run_id}
-    # reads of committed rows only, begun now on a helper connection where the run has them (else run where
-    # they are used): they overlap the Python of the rules below
-    ghosts = parallel.later(conn, unallocated_ghosts, run_id, th, p, clusters)
-    checked = parallel.later(conn, verification, run_id)
-    room = parallel.later(conn, lambda c: capacity(c, since, until, horizon=horizon))
+    pricing = Pricing(cfg)
+    models = rightsize.cluster_models(conn, pricing)
+    head, tally, sizing = Headline(), energy.Tally(cfg.energy), rightsize.TeamSizing(th, cfg.prices, models)
+    core: list[dict[str, Any]] = []
+    low: list[dict[str, Any]] = []
+    cands: list[int] = []  # the idle episodes' candidates: worked, and were idle some of the time
     with step("core rules"):
-        gpus = per_gpu_rows(conn, run_id)
-        rows: list[dict[str, Any]] = []
-        for r in per_alloc:
-            for kind, ev in classify(r, th, gpus.get(r["allocation_id"], [])):
-                idle_h = (ev.pop("partial_idle_gpu_hours", None) if kind == "idle_gpus"
-                          else (r["idle_s"] + r["mirage_s"]) / H)
-                if kind == "unmonitored":
-                    idle_h = 0.0  # never counted or billed as idle
-                rows.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
-        del gpus  # the per-GPU rows (hundreds of thousands at fleet scale) are done with
-        # the allocations not reported as a whole, judged once for the episode, efficiency and right-sizing rules
-        working = [r for r in per_alloc if not whole_idle(r, th)]
-    flagged = frozenset(f["allocation_id"] for f in rows)
+        for batch in rows.batches():
+            gpus = per_gpu_rows(conn, run_id, batch[0]["allocation_id"], batch[-1]["allocation_id"])
+            for r in batch:
+                head.add(r)
+                tally.add(r)
+                mine = classify(r, th, gpus.get(r["allocation_id"], []))
+                for kind, ev in mine:
+                    idle_h = (ev.pop("partial_idle_gpu_hours", None) if kind == "idle_gpus"
+                              else (r["idle_s"] + r["mirage_s"]) / H)
+                    if kind == "unmonitored":
+                        idle_h = 0.0  # never counted or billed as idle
+                    core.append(_finding(run_id, kind, r, ev, idle_h, since, horizon))
+                if whole_idle(r, th):  # reported as a whole: no episode, no low efficiency, no right-sizing
+                    continue
+                sizing.add(r)
+                if r["low_s"] + r["working_s"] + r["busy_unverified_s"] > 0 and r["idle_s"] + r["mirage_s"] > 0:
+                    cands.append(r["allocation_id"])
+                if not mine:  # idle GPUs explain a low mean: no low_efficiency
+                    low += low_efficiency(run_id, [r], th, since, horizon)
+            del gpus
+    found = core
     extra: dict[str, Any] = {}
     with step("opportunity (queue, quota)"):
-        opp = opportunity(conn, run_id, per_alloc, th, cfg, {"since": since, "until": until, "horizon": horizon,
-                                                             "run": run_id}, clusters)
-    rows += opp.pop("findings")
-    rows += extra_findings(conn, run_id, per_alloc, th, cfg, since=since, until=until, horizon=horizon,
-                           flagged=flagged, clusters=clusters, summary=extra, ghosts=ghosts, working=working)
-    rows = [f for f in rows if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
+        opp = opportunity(conn, run_id, rows, th, cfg, p, clusters)
+    found += opp.pop("findings")
+    with step("idle episodes"):
+        found += idle_episodes(conn, run_id, cands, rows.get, th, p)
+    del cands
+    found += low
+    del low
+    found += extra_findings(conn, rows, th, cfg, since=since, until=until, horizon=horizon, clusters=clusters,
+                            summary=extra)
+    found = [f for f in found if f["gpu_hours"] >= th.min_finding_gpu_hours]  # 9-second array tasks: noise
     with step("nodes that cost us"):
         nodes = infra.nodes_that_cost(conn, run_id, th, since, horizon, clusters)
-    rows += infra.lemon_findings(run_id, nodes, th)  # repeated faults matter even on a node nobody held
+    found += infra.lemon_findings(run_id, nodes, th)  # repeated faults matter even on a node nobody held
     with step("goodput (failed restarts)"):
-        rows += goodput.restart_findings(conn, run_id, th)
-    # the thresholds are the run's (audit_runs.thresholds), stored once, not in every finding's evidence: the
-    # same 1.2 kB of JSON encoded 60,000 times at 16,384 GPUs, and stripped again by every export
-    resv = reservation_unused(rows)  # read before the evidence is written away
-    by_id = {r["allocation_id"]: r for r in per_alloc}
-    models = rightsize.cluster_models(conn, Pricing(cfg))
-    rows.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
-    chunks = [rows[i:i + 5000] for i in range(0, len(rows), 5000)]  # never every sparkline in memory at once
+        found += goodput.restart_findings(conn, run_id, th)
+    summary: dict[str, Any] = {**reservation_unused(found), "infra_nodes": nodes,
+                               "verification_by_node_group": verification(conn, run_id), **extra,
+                               "opportunity": opp}
+    kinds_found: dict[str, int] = defaultdict(int)
+    for f in found:
+        kinds_found[f["kind"]] += 1
+    write_findings(conn, rows, found, th, cfg, models, since=since, horizon=horizon)
+    return Part(summary, head, tally, sizing, summary.pop("request_hygiene_tally"), dict(kinds_found))
 
-    def spark_ahead(chunk: list[dict[str, Any]]) -> Callable[[], dict[int, dict]]:
-        """The chunk's sparklines, read on helper connections while the chunk before is written, where the
-        run has helpers (at most two chunks' sparklines in memory)."""
+
+def write_findings(conn: Connection, rows: AllocationRows, found: list[dict[str, Any]], th: Thresholds, cfg: Config,
+                   models: dict[str, list[rightsize.Option]], *, since: int, horizon: int) -> None:
+    """Write findings in allocation order, 5,000 at a time, each with its allocation's right-sizing hint and
+    sparkline (read per chunk: never every sparkline in memory at once). The thresholds are the run's
+    (audit_runs.thresholds), stored once, not in every finding's evidence."""
+    run_id = rows.run_id
+    found.sort(key=lambda f: (f["allocation_id"] is None, f["allocation_id"] or 0))
+    for i in range(0, len(found), 5000):
+        chunk = found[i:i + 5000]
         ids = sorted({f["allocation_id"] for f in chunk if f["allocation_id"] is not None})
-        return parallel.ahead(conn, lambda: sparkline_texts(conn, run_id, ids, since, horizon,
-                                                            helpers_only=parallel.readers(conn) > 1))
-
-    pending = spark_ahead(chunks[0]) if chunks else None
-    for k, chunk in enumerate(chunks):
         with step("sparklines"):
-            spark = pending()  # type: ignore[misc]
-        if k + 1 < len(chunks):
-            pending = spark_ahead(chunks[k + 1])
+            spark = sparkline_texts(conn, run_id, ids, since, horizon)
+        by_id = rows.get(ids)
         with step("write findings"):
             for f in chunk:
                 aid = f["allocation_id"]
@@ -210,16 +252,31 @@ def find_all(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th:
                 conn.execute(insert(schema.findings), chunk)
             for f in chunk:
                 f["evidence"] = None  # stored; only the kind is still needed (summary)
+
+
+def finish(conn: Connection, parts: list[Part], cfg: Config, *, since: int, until: int, horizon: int
+           ) -> dict[str, Any]:
+    """The run summary from the parts of its clusters (one part: the whole run as one process judged it;
+    several: per-cluster processes, merged in the order given) and the fleet's capacity."""
+    from auditor.audit.capacity import capacity
+
     with step("summary"):
-        summary = summarise(per_alloc, rows, cfg)
-        summary.update(resv)
-        summary["verification_by_node_group"] = checked()
-        summary["capacity"] = room()
-        summary["infra_nodes"] = nodes
-        summary["energy"] = energy.summary(per_alloc, cfg.energy)
-        summary["right_sizing"] = rightsize.by_team(working, th, cfg.prices, models, working=True)
-    summary.update(extra)
-    summary["opportunity"] = opp
+        one = merge(parts)
+        x = one.summary
+        summary = one.headline.result(one.kinds, cfg)
+        summary.update(idle_reservation_gpu_hours=x["idle_reservation_gpu_hours"],
+                       idle_reservation_cost=x["idle_reservation_cost"])
+        summary["verification_by_node_group"] = x["verification_by_node_group"]
+        summary["capacity"] = capacity(conn, since, until, horizon=horizon)
+        summary["infra_nodes"] = x["infra_nodes"]
+        summary["energy"] = one.energy.result()
+        summary["right_sizing"] = one.sizing.result()
+        for k in ("inference", "inference_tokens"):  # the order the rules wrote them in
+            if k in x:
+                summary[k] = x[k]
+        summary["request_hygiene_by_team"] = hygiene_teams(one.hygiene)
+        summary["waiting"] = x["waiting"]
+        summary["opportunity"] = x["opportunity"]
     return summary
 
 
@@ -236,14 +293,13 @@ def reservation_unused(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {"idle_reservation_gpu_hours": h, "idle_reservation_cost": c}
 
 
-def opportunity(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config,
+def opportunity(conn: Connection, run_id: int, rows: AllocationRows, th: Thresholds, cfg: Config,
                 p: dict[str, Any], clusters: list[str] | None = None) -> dict[str, Any]:
     """idle_while_queued and idle_quota findings, and the run summary's "opportunity" section (of
     ``clusters`` only, when the audit is limited to some)."""
-    from auditor.audit.money import Pricing
     from auditor.audit.queue import idle_quota, idle_while_queued
 
-    queued, waiting = idle_while_queued(conn, run_id, per_alloc, th, p, clusters)
+    queued, waiting = idle_while_queued(conn, run_id, rows.get, th, p, clusters)
     quota_findings, quotas = idle_quota(conn, run_id, th, cfg, p, Pricing(cfg).team_of, clusters)
     return {"findings": queued + quota_findings, "idle_while_queued": waiting, "quotas": quotas}
 
@@ -282,16 +338,27 @@ def verification(conn: Connection, run_id: int) -> list[dict[str, Any]]:
     return out
 
 
-def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
-    """Headline numbers of a run; observed = verified by SM activity + GPU-Util only."""
-    tot: dict[str, float] = defaultdict(float)
-    clusters: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for r in per_alloc:
-        for c in ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
-                  "busy_unverified_s", "unknown_s", "infra_s", "gpu_util_s", "util_observed_s",
-                  "sm_s", "sm_observed_s"):
+_TOTALS = ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
+           "busy_unverified_s", "unknown_s", "infra_s", "gpu_util_s", "util_observed_s", "sm_s", "sm_observed_s")
+
+
+class Headline:
+    """Headline numbers of a run, summed as its per-allocation rows stream by (:meth:`add`) and merged over
+    the parts of disjoint clusters (:meth:`merge`); observed = verified by SM activity + GPU-Util only."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.tot: dict[str, float] = defaultdict(float)
+        self.clusters: dict[str, dict[str, float]] = {}
+
+    def add(self, r: dict[str, Any]) -> None:
+        tot = self.tot
+        self.n += 1
+        for c in _TOTALS:
             tot[c] += r[c]
-        k = clusters[r["cluster"]]
+        k = self.clusters.get(r["cluster"])
+        if k is None:
+            k = self.clusters[r["cluster"]] = defaultdict(float)
         k["reserved_s"] += r["reserved_s"]
         k["verified_s"] += verified(r)
         k["util_only_s"] += util_only(r)
@@ -299,65 +366,128 @@ def summarise(per_alloc: list[dict[str, Any]], findings: list[dict[str, Any]], c
         tot["reserved_cost"] += r["reserved_s"] / H * r["price"]
         tot["idle_cost"] += (r["idle_s"] + r["mirage_s"]) / H * r["price"]
         tot["infra_cost"] += r["infra_s"] / H * r["price"]
-    kinds: dict[str, int] = defaultdict(int)
-    for f in findings:
-        kinds[f["kind"]] += 1
-    eff_h = tot["sm_s"] / H  # effective seconds are the SM sum (evidence.effective)
-    util_only_h = (tot["idle_by_util_s"] + tot["busy_unverified_s"]) / H
-    return {"allocations": len(per_alloc), "currency": cfg.prices.currency,
-            "reserved_gpu_hours": tot["reserved_s"] / H, "observed_gpu_hours": tot["observed_s"] / H,
-            "coverage": _ratio(tot["observed_s"], tot["reserved_s"] - tot["infra_s"]),
-            "verified_gpu_hours": tot["sm_observed_s"] / H, "util_only_gpu_hours": util_only_h,
-            "effective_gpu_hours": eff_h, "idle_gpu_hours": (tot["idle_s"] + tot["mirage_s"]) / H,
-            "idle_only_gpu_hours": tot["idle_s"] / H, "idle_by_util_gpu_hours": tot["idle_by_util_s"] / H,
-            "mirage_gpu_hours": tot["mirage_s"] / H, "low_gpu_hours": tot["low_s"] / H,
-            "working_gpu_hours": tot["working_s"] / H, "busy_unverified_gpu_hours": tot["busy_unverified_s"] / H,
-            "unknown_gpu_hours": tot["unknown_s"] / H, "infra_gpu_hours": tot["infra_s"] / H,
-            "infra_cost": tot["infra_cost"],
-            "mean_gpu_util": _ratio(tot["gpu_util_s"], tot["util_observed_s"]),
-            "mean_sm_active": _ratio(tot["sm_s"], tot["sm_observed_s"]),
-            "reserved_cost": tot["reserved_cost"], "idle_cost": tot["idle_cost"],
-            "cost_per_effective_gpu_hour": tot["reserved_cost"] / eff_h if eff_h > 0 else None,
-            "verification_by_cluster": [
-                {"cluster": c, "reserved_gpu_hours": k["reserved_s"] / H, "verified_gpu_hours": k["verified_s"] / H,
-                 "util_only_gpu_hours": k["util_only_s"] / H, "unknown_gpu_hours": k["unknown_s"] / H,
-                 "advice": COUNTERS_ADVICE if k["util_only_s"] > 0 else None} for c, k in sorted(clusters.items())],
-            "advice": COUNTERS_ADVICE if util_only_h > 0 else None,
-            "findings": dict(sorted(kinds.items()))}
+
+    def merge(self, other: Headline) -> None:
+        self.n += other.n
+        for k, v in other.tot.items():
+            self.tot[k] += v
+        for c, v in other.clusters.items():
+            mine = self.clusters.setdefault(c, defaultdict(float))
+            for k, x in v.items():
+                mine[k] += x
+
+    def __getstate__(self) -> dict[str, Any]:  # picklable (a per-cluster audit process hands it back)
+        return {"n": self.n, "tot": dict(self.tot), "clusters": {c: dict(v) for c, v in self.clusters.items()}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.n = state["n"]
+        self.tot = defaultdict(float, state["tot"])
+        self.clusters = {c: defaultdict(float, v) for c, v in state["clusters"].items()}
+
+    def result(self, kinds_found: dict[str, int], cfg: Config) -> dict[str, Any]:
+        tot, clusters = self.tot, self.clusters
+        eff_h = tot["sm_s"] / H  # effective seconds are the SM sum (evidence.effective)
+        util_only_h = (tot["idle_by_util_s"] + tot["busy_unverified_s"]) / H
+        return {"allocations": self.n, "currency": cfg.prices.currency,
+                "reserved_gpu_hours": tot["reserved_s"] / H, "observed_gpu_hours": tot["observed_s"] / H,
+                "coverage": _ratio(tot["observed_s"], tot["reserved_s"] - tot["infra_s"]),
+                "verified_gpu_hours": tot["sm_observed_s"] / H, "util_only_gpu_hours": util_only_h,
+                "effective_gpu_hours": eff_h, "idle_gpu_hours": (tot["idle_s"] + tot["mirage_s"]) / H,
+                "idle_only_gpu_hours": tot["idle_s"] / H, "idle_by_util_gpu_hours": tot["idle_by_util_s"] / H,
+                "mirage_gpu_hours": tot["mirage_s"] / H, "low_gpu_hours": tot["low_s"] / H,
+                "working_gpu_hours": tot["working_s"] / H,
+                "busy_unverified_gpu_hours": tot["busy_unverified_s"] / H,
+                "unknown_gpu_hours": tot["unknown_s"] / H, "infra_gpu_hours": tot["infra_s"] / H,
+                "infra_cost": tot["infra_cost"],
+                "mean_gpu_util": _ratio(tot["gpu_util_s"], tot["util_observed_s"]),
+                "mean_sm_active": _ratio(tot["sm_s"], tot["sm_observed_s"]),
+                "reserved_cost": tot["reserved_cost"], "idle_cost": tot["idle_cost"],
+                "cost_per_effective_gpu_hour": tot["reserved_cost"] / eff_h if eff_h > 0 else None,
+                "verification_by_cluster": [
+                    {"cluster": c, "reserved_gpu_hours": k["reserved_s"] / H,
+                     "verified_gpu_hours": k["verified_s"] / H, "util_only_gpu_hours": k["util_only_s"] / H,
+                     "unknown_gpu_hours": k["unknown_s"] / H,
+                     "advice": COUNTERS_ADVICE if k["util_only_s"] > 0 else None} for c, k in sorted(clusters.items())],
+                "advice": COUNTERS_ADVICE if util_only_h > 0 else None,
+                "findings": dict(sorted(kinds_found.items()))}
 
 
-def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, cfg: Config, *,
-                   since: int, until: int, horizon: int, flagged: frozenset[int] = frozenset(),
-                   clusters: list[str] | None = None, summary: dict[str, Any] | None = None,
-                   ghosts: Callable[[], list[dict[str, Any]]] | None = None,
-                   working: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """idle_episode, low_efficiency, idle_reservation, ghost_busy on GPUs nobody held and request_hygiene
-    findings of one run (finding-table rows).
-    ``flagged``: allocations a core rule already reported (idle GPUs explain a low mean: no low_efficiency).
-    ``summary``: receives the per-team request-hygiene rollup (``request_hygiene_by_team``).
-    ``ghosts``: the ghost findings begun earlier (:func:`auditor.audit.parallel.later`), else read here.
-    ``working``: the rows of ``per_alloc`` not reported as a whole (:func:`whole_idle`), where already known."""
+def extra_findings(conn: Connection, rows: AllocationRows, th: Thresholds, cfg: Config, *,
+                   since: int, until: int, horizon: int, clusters: list[str] | None = None,
+                   summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """idle_reservation, ghost_busy on GPUs nobody held, batching_headroom, request_hygiene and straggler
+    findings of one run (finding-table rows). ``summary`` receives the inference services, the per-team
+    request-hygiene tally (``request_hygiene_tally``, :func:`hygiene_teams`) and where the waiting goes."""
+    run_id = rows.run_id
     p = {"since": since, "until": until, "horizon": horizon, "run": run_id}
-    if working is None:
-        working = [r for r in per_alloc if not whole_idle(r, th)]
-    with step("idle episodes"):
-        out = idle_episodes(conn, run_id, working, th, p)
-    with step("low efficiency"):
-        out += low_efficiency(run_id, [r for r in working if r["allocation_id"] not in flagged], th, since, horizon)
     with step("idle reservations"):
-        out += idle_reservations(conn, run_id, cfg, p, clusters, th)
+        out = idle_reservations(conn, run_id, cfg, p, clusters, th)
     with step("ghosts on unallocated GPUs"):
-        out += ghosts() if ghosts is not None else unallocated_ghosts(conn, run_id, th, p, clusters)
+        out += unallocated_ghosts(conn, run_id, th, p, clusters)
     with step("inference services"):
         from auditor.audit import inference
 
-        out += inference.findings(conn, run_id, per_alloc, th, since, horizon, summary)
+        out += inference.findings(conn, run_id, rows.get, th, since, horizon, summary)
     with step("request hygiene"):
-        hygiene, teams = request_hygiene(conn, run_id, th, p)
-    if summary is not None:
-        summary["request_hygiene_by_team"] = teams
+        hygiene, teams, flagged = request_hygiene(conn, run_id, th, p)
+    summary["request_hygiene_tally"] = {"teams": teams, "flagged": flagged}
     with step("where the waiting goes, stragglers"):
-        waits, strag = waiting.analyse(conn, run_id, per_alloc, th, p)
-    if summary is not None:
-        summary["waiting"] = waits
+        waits, strag = waiting.analyse(conn, run_id, rows, rows.get, th, p)
+    summary["waiting"] = waits
     return out + hygiene + strag
+
+
+def hygiene_teams(tally: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run summary's ``request_hygiene_by_team`` from the (merged) tallies of :func:`request_hygiene`."""
+    return team_rows(tally["teams"], tally["flagged"])
+
+
+def merge(parts: list[Part]) -> Part:
+    """One part of the summary from those of disjoint clusters, in the order given (one part: itself). Sums
+    add up, per-cluster lists are joined and sorted as each rule sorts them, the allocations with the most
+    waiting are taken again from every part's (each part keeps its first ones)."""
+    if len(parts) == 1:
+        return parts[0]
+    first, rest = parts[0], parts[1:]
+    s = {k: v for k, v in first.summary.items()}
+    for o in rest:
+        first.headline.merge(o.headline)
+        first.energy.merge(o.energy)
+        first.sizing.merge(o.sizing)
+        for team, t in o.hygiene["teams"].items():
+            first.hygiene["teams"].setdefault(team, type(t)()).merge(t)
+        first.hygiene["flagged"].update(o.hygiene["flagged"])
+        for k, n in o.kinds.items():
+            first.kinds[k] = first.kinds.get(k, 0) + n
+        x = o.summary
+        for k in ("idle_reservation_gpu_hours", "idle_reservation_cost"):
+            s[k] += x[k]
+        s["verification_by_node_group"] = sorted(s["verification_by_node_group"] + x["verification_by_node_group"],
+                                                 key=lambda g: (g["cluster"], g["node_group"]))
+        s["infra_nodes"] = infra.sort_nodes(s["infra_nodes"] + x["infra_nodes"])
+        if "inference" in x:
+            s["inference"] = inference_services_merge(s.get("inference", []), x["inference"])
+            s["inference_tokens"] = {**s.get("inference_tokens", {}), **x["inference_tokens"]}
+        s["waiting"] = waiting.merge(s["waiting"], x["waiting"])
+        s["opportunity"] = queue_merge(s["opportunity"], x["opportunity"])
+    first.summary = s
+    return first
+
+
+def inference_services_merge(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Services of disjoint clusters (a service is per cluster), in :func:`auditor.audit.inference.services`'
+    order."""
+    out = a + b
+    out.sort(key=lambda s: (s["cost_per_million"] is None, -(s["cost_per_million"] or 0.0), s["service"]))
+    return out
+
+
+def queue_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The "opportunity" sections of disjoint clusters (:func:`auditor.audit.queue.idle_while_queued`)."""
+    qa, qb = a["idle_while_queued"], b["idle_while_queued"]
+    q = {"by_cluster": sorted(qa["by_cluster"] + qb["by_cluster"], key=lambda r: r["cluster"]),
+         "by_team": sorted(qa["by_team"] + qb["by_team"], key=lambda r: (r["cluster"], r["team"])),
+         "waiting_jobs": qa["waiting_jobs"] + qb["waiting_jobs"],
+         "waiting_gpu_hours": qa["waiting_gpu_hours"] + qb["waiting_gpu_hours"]}
+    return {"idle_while_queued": q, "quotas": sorted(a["quotas"] + b["quotas"],
+                                                    key=lambda r: (r["cluster"], r["kind"], r["name"]))}

@@ -118,6 +118,24 @@ class TeamTally:
         self.unused_cost_s += float(j["unused_cost_s"] or 0.0)
         self.users.add((j["cluster"], j["user_name"]))
 
+    def merge(self, o: TeamTally) -> None:
+        """Add the tally of the same team's jobs in other clusters (per-cluster audit processes)."""
+        self.ratios += o.ratios
+        self.jobs += o.jobs
+        self.gpus += o.gpus
+        self.seen += o.seen
+        self.unused += o.unused
+        self.unused_s += o.unused_s
+        self.unused_cost_s += o.unused_cost_s
+        self.users |= o.users
+
+    def __getstate__(self) -> dict[str, Any]:  # __slots__: pickled for a per-cluster audit process
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
     def row(self, team: str, flagged: int) -> dict[str, Any]:
         r = self.ratios
         return {"team": team, "users": len(self.users), "flagged_users": flagged, "jobs": self.jobs,
@@ -134,9 +152,10 @@ def team_rows(teams: dict[str, TeamTally], flagged: Counter) -> list[dict[str, A
 
 
 def request_hygiene(conn: Connection, run_id: int, th: Thresholds, p: dict[str, Any]
-                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """request_hygiene findings (finding-table rows, one per flagged cluster and user), and the per-team
-    rollup of every judged job (:func:`team_rows`, tallied as the jobs stream by)."""
+                    ) -> tuple[list[dict[str, Any]], dict[str, TeamTally], Counter]:
+    """request_hygiene findings (finding-table rows, one per flagged cluster and user), the per-team tally
+    of every judged job (tallied as the jobs stream by) and the flagged users per team: :func:`team_rows`
+    makes the rollup of them (after the tallies of per-cluster audit processes are merged)."""
     out = []
     teams: dict[str, TeamTally] = {}
     flagged: Counter = Counter()
@@ -163,4 +182,4 @@ def request_hygiene(conn: Connection, run_id: int, th: Thresholds, p: dict[str, 
                     "team": st["team"], "start_ts": max(int(st["first_ts"]), int(p["since"])),
                     "end_ts": int(st["last_ts"]), "gpu_hours": st["reserved_gpu_hours"],
                     "idle_gpu_hours": st["unused_gpu_hours"], "cost": st["unused_cost"], "evidence": ev})
-    return out, team_rows(teams, flagged)
+    return out, teams, flagged

@@ -21,6 +21,7 @@ per token, so the chip reads busy while its math waits; more requests per batch 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -59,18 +60,18 @@ def share(b: Any, since: int, horizon: int) -> float:
     return max(0.0, min(1.0, (hi - lo) / (b.span_end - b.span_start)))
 
 
-def pods(conn: Connection, per_alloc: list[dict[str, Any]], since: int, horizon: int) -> list[dict[str, Any]]:
-    """Per allocation of the run with inference buckets: its inference figures (one row each)."""
-    by_id = {r["allocation_id"]: r for r in per_alloc}
+def pods(conn: Connection, rows_of: Callable[[Iterable[int]], dict[int, dict[str, Any]]], since: int,
+         horizon: int) -> list[dict[str, Any]]:
+    """Per allocation of the run with inference buckets: its inference figures (one row each). ``rows_of``:
+    the run's per-allocation rows of some ids (:meth:`auditor.audit.totals.AllocationRows.get`)."""
     acc: dict[int, dict[str, Any]] = {}
     # an hour rolled up from before ``since`` may reach into the window: read from the hour before
     for b in conn.execute(text(BUCKETS), {"since_hour": since - 3600, "horizon": horizon}):
-        r = by_id.get(b.allocation_id)
         w = share(b, since, horizon)
-        if r is None or w <= 0:
+        if w <= 0:
             continue
         seconds = w * (b.observed_s if b.observed_s is not None else b.seconds)
-        a = acc.setdefault(b.allocation_id, {"r": r, "workload": b.owner_workload or "", "engines": set(),
+        a = acc.setdefault(b.allocation_id, {"workload": b.owner_workload or "", "engines": set(),
                                              "models": set(), "tokens": 0.0, "run_s": 0.0, "run": 0.0,
                                              "wait_s": 0.0, "wait": 0.0, "batch_s": 0.0, "batch": 0.0,
                                              "seconds": 0.0})
@@ -83,9 +84,12 @@ def pods(conn: Connection, per_alloc: list[dict[str, Any]], since: int, horizon:
             if v is not None:
                 a[key] += v * seconds
                 a[key + "_s"] += seconds
+    by_id = rows_of(acc)
     out = []
     for aid, a in sorted(acc.items()):
-        r = a["r"]
+        r = by_id.get(aid)
+        if r is None:  # not an allocation of this run
+            continue
         gpu_h = r["reserved_s"] / H
         cost = costs(r)[0]
         sm_obs = r["sm_observed_s"]
@@ -155,13 +159,13 @@ def tokens_by_allocation(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {str(p["allocation_id"]): p["tokens"] for p in rows}
 
 
-def findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds, since: int,
-             horizon: int, summary: dict[str, Any] | None) -> list[dict[str, Any]]:
+def findings(conn: Connection, run_id: int, rows_of: Callable[[Iterable[int]], dict[int, dict[str, Any]]],
+             th: Thresholds, since: int, horizon: int, summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     """batching_headroom findings of one run; the services' figures go into ``summary["inference"]`` (the
     one computation every surface shows) and the tokens per allocation into ``summary["inference_tokens"]``."""
     from auditor.audit.evidence import _finding
 
-    rows = pods(conn, per_alloc, since, horizon)
+    rows = pods(conn, rows_of, since, horizon)
     out = []
     for p in rows:
         p["headroom"] = sentence = headroom(p, th)

@@ -182,8 +182,13 @@ def nodes_that_cost(conn: Connection, run_id: int, th: Thresholds, since: int, h
                     "end_ts": max(last, first), "allocations": int(c.allocations) if c else 0,
                     "infra_gpu_hours": float(c.infra_s or 0) / H if c else 0.0,
                     "cost": float(c.cost_s or 0) / H if c else 0.0, "lemon": n >= th.lemon_min_faults})
-    out.sort(key=lambda r: (-r["cost"], -r["faults"], r["cluster"], r["node"]))
-    return out
+    return sort_nodes(out)
+
+
+def sort_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The "nodes that cost us" order: most expensive first, then most faults."""
+    nodes.sort(key=lambda r: (-r["cost"], -r["faults"], r["cluster"], r["node"]))
+    return nodes
 
 
 def _merge_touching(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:

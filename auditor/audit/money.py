@@ -30,7 +30,7 @@ class Pricing:
         """``team_label`` (pod label) first, then the account/namespace and user mappings. Labels come back
         from the store as a dict on PostgreSQL and as JSON text on SQLite: both are read the same way; a row
         holding the label's value alone (``label_team``, read by the server:
-        :func:`auditor.audit.run.team_label_sql`) is taken as it is."""
+        :func:`auditor.audit.totals.team_label_sql`) is taken as it is."""
         value = row["label_team"] if "label_team" in row else self.label_value(row.get("labels"))
         return self.team_for(value, row.get("source"), row.get("account"), row.get("user_name"))
 
@@ -119,9 +119,13 @@ class Pricing:
 
 #: the money of a priced per-allocation row, in :func:`costs`' order (usage_allocation columns)
 COST_KEYS = ("reserved_cost", "idle_cost")
+#: the same money in SQL, over a row's columns (``{s}``: their table prefix) and its ``{price}``: how
+#: usage_allocation is written (:mod:`auditor.audit.totals`). The one definition in two languages, operation
+#: for operation (IEEE doubles give the same bits; tests/test_money_rows.py compares them on both engines)
+COST_SQL = {"reserved_cost": "{s}reserved_s / 3600.0 * {price}",
+            "idle_cost": "({s}idle_s + {s}mirage_s) / 3600.0 * {price}"}
 
 
 def costs(r: dict[str, Any]) -> tuple[float, float]:
-    """Reserved and idle (idle + mirage) cost of a priced per-allocation row: the one definition, computed
-    where it is written (usage_allocation) rather than kept in ~260k rows at fleet scale."""
+    """Reserved and idle (idle + mirage) cost of a priced per-allocation row (:data:`COST_SQL` in Python)."""
     return r["reserved_s"] / 3600 * r["price"], (r["idle_s"] + r["mirage_s"]) / 3600 * r["price"]

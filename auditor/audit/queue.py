@@ -18,7 +18,7 @@ allocation's islands of counted buckets, not bucket by bucket.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -120,12 +120,13 @@ def _drop(conn: Connection) -> None:
         conn.execute(text(f"DROP TABLE IF EXISTS {t}"))
 
 
-def idle_while_queued(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds,
-                      p: dict[str, Any], clusters: list[str] | None = None
+def idle_while_queued(conn: Connection, run_id: int, rows_of: Callable[[Iterable[int]], dict[int, dict[str, Any]]],
+                      th: Thresholds, p: dict[str, Any], clusters: list[str] | None = None
                       ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(findings, summary): per allocation, idle GPU-hours while jobs waited; per team and cluster, "idle
     GPU-hours while N jobs waited for M GPU-hours". Pairs stay in temporary tables: only per-allocation and
-    per-group sums reach Python."""
+    per-group sums reach Python, and the per-allocation rows (``rows_of``:
+    :meth:`auditor.audit.totals.AllocationRows.get`) of the allocations idle while jobs waited."""
     g, le = greatest_least(conn.dialect.name)
     _drop(conn)
     conn.execute(text("CREATE TEMPORARY TABLE _queue_w AS " + WAITS.format(G=g, L=le)), p)
@@ -159,7 +160,7 @@ def idle_while_queued(conn: Connection, run_id: int, per_alloc: list[dict[str, A
             sql = _WAITED.format(keys=keys, inner=inner)
             waited[group] = {tuple(r[:-2]): (int(r.n), float(r.m_s or 0) / H) for r in conn.execute(text(sql), p)}
     _drop(conn)
-    by_id = {r["allocation_id"]: r for r in per_alloc}
+    by_id = rows_of(idle)
     findings: list[dict[str, Any]] = []
     sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])  # group key -> [idle seconds, cost]
     for aid, (s, part) in sorted(idle.items()):

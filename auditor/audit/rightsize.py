@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
@@ -135,25 +136,47 @@ def hint(r: dict[str, Any], th: Thresholds, prices: PriceCard,
     return out
 
 
-def by_team(per_alloc: list[dict[str, Any]], th: Thresholds, prices: PriceCard,
-            models: dict[str, list[Option]], *, working: bool = False) -> list[dict[str, Any]]:
-    """Per team and recommended option: the allocations that did work (not reported idle or unmonitored as a
-    whole) whose best right-sizing option (largest saving) it is, their reserved GPU-hours, the GPU-hours
-    of the current model they would free, and the money saved. Costliest first. ``working``: the rows are
-    already only those (:func:`auditor.audit.evidence.whole_idle` was asked once per allocation)."""
-    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for r in per_alloc:
-        if not working and whole_idle(r, th):
-            continue
-        h = hint(r, th, prices, models.get(r["cluster"]))
+class TeamSizing:
+    """:func:`by_team` summed as the rows stream by; two of disjoint allocations merge (:meth:`merge`)."""
+
+    def __init__(self, th: Thresholds, prices: PriceCard, models: dict[str, list[Option]]) -> None:
+        self.th, self.prices, self.models = th, prices, models
+        self.rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def add(self, r: dict[str, Any], h: dict[str, Any] | None = None) -> None:
+        """One allocation that did work (not reported idle or unmonitored as a whole); ``h``: its
+        :func:`hint`, where already known."""
+        h = h if h is not None else hint(r, self.th, self.prices, self.models.get(r["cluster"]))
         if h is None:
-            continue
+            return
         b = h["best"]
-        k = rows.setdefault((r["team"], b["option"], b["target"]), {
+        k = self.rows.setdefault((r["team"], b["option"], b["target"]), {
             "team": r["team"], "option": b["option"], "recommended": b["target"], "allocations": 0,
             "gpu_hours": 0.0, "freed_gpu_hours": 0.0, "saving": 0.0})
         k["allocations"] += 1
         k["gpu_hours"] += r["reserved_s"] / H
         k["freed_gpu_hours"] += b["freed_gpu_hours"]
         k["saving"] += b["saving"]
-    return sorted(rows.values(), key=lambda x: (-x["saving"], x["team"], x["option"], x["recommended"]))
+
+    def merge(self, other: TeamSizing) -> None:
+        for key, v in other.rows.items():
+            k = self.rows.setdefault(key, {**v, "allocations": 0, "gpu_hours": 0.0, "freed_gpu_hours": 0.0,
+                                           "saving": 0.0})
+            for f in ("allocations", "gpu_hours", "freed_gpu_hours", "saving"):
+                k[f] += v[f]
+
+    def result(self) -> list[dict[str, Any]]:
+        return sorted(self.rows.values(), key=lambda x: (-x["saving"], x["team"], x["option"], x["recommended"]))
+
+
+def by_team(per_alloc: Iterable[dict[str, Any]], th: Thresholds, prices: PriceCard,
+            models: dict[str, list[Option]], *, working: bool = False) -> list[dict[str, Any]]:
+    """Per team and recommended option: the allocations that did work (not reported idle or unmonitored as a
+    whole) whose best right-sizing option (largest saving) it is, their reserved GPU-hours, the GPU-hours
+    of the current model they would free, and the money saved. Costliest first. ``working``: the rows are
+    already only those (:func:`auditor.audit.evidence.whole_idle` was asked once per allocation)."""
+    t = TeamSizing(th, prices, models)
+    for r in per_alloc:
+        if working or not whole_idle(r, th):
+            t.add(r)
+    return t.result()

@@ -9,7 +9,6 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import parallel
 from auditor.audit.judge import JOB_KEY, job_match
 from auditor.store.sqlfuncs import greatest_least
 
@@ -45,12 +44,10 @@ def sparkline_json(packed: str | None) -> str:
     return '{"sm": [' + ", ".join(sm) + '], "util": [' + ", ".join(util) + "]}"
 
 
-def sparkline_texts(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int, *,
-                    helpers_only: bool = False) -> dict[int, str]:
+def sparkline_texts(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int) -> dict[int, str]:
     """Per allocation: mean SM activity and GPU-Util in up to 48 time bins, as JSON text
     (:func:`sparkline_json`). The bins of one allocation come back as one packed string (one row per
-    allocation, not per bin). ``helpers_only``: read on helper connections only (called from a background
-    thread, see find_all)."""
+    allocation, not per bin)."""
     out: dict[int, str] = {}
     pg = conn.dialect.name == "postgresql"
     g, le = greatest_least(conn.dialect.name)
@@ -98,7 +95,7 @@ def sparkline_texts(conn: Connection, run_id: int, ids: list[int], since: int, h
 
     blocks = [", ".join(str(int(x)) for x in ids[i:i + 500]) for i in range(0, len(ids), 500)]
     block = block_pg if pg else block_sqlite
-    for rows in parallel.map_read(conn, block, blocks, helpers_only=helpers_only):  # several at once if allowed
-        for aid, packed in rows:
+    for marks in blocks:
+        for aid, packed in block(conn, marks):
             out[aid] = sparkline_json(packed)
     return out

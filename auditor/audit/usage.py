@@ -1,14 +1,12 @@
 """Judging: the attributed GPUs of ``_attr`` -> one ``usage_gpu`` row each (seconds idle, working, unknown...).
 
 One set-based statement per engine: every attributed GPU's applicable rows combined per bucket and judged
-(:mod:`auditor.audit.judge`, :mod:`auditor.audit.verdict`), summed per allocated GPU. On PostgreSQL the
-allocations can be split over several connections judging at once (``store.judge_connections``: the server
-runs one query on one core), each committing its share.
+(:mod:`auditor.audit.judge`, :mod:`auditor.audit.verdict`), summed per allocated GPU. On PostgreSQL an audit's
+clusters can be judged in several processes at once (:mod:`auditor.audit.processes`).
 """
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from typing import Any
 
@@ -27,7 +25,7 @@ from auditor.audit.judge import (
     sqlite_rows,
     usage_columns,
 )
-from auditor.config import Config, Thresholds
+from auditor.config import Thresholds
 from auditor.store.engine import Store
 
 USAGE_COLS = ("signal", "reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
@@ -123,7 +121,7 @@ WHOLE_HOURS = True
 
 def refresh_aggregate(store: Store, th: Thresholds, since: int) -> dict[str, Any]:
     """Re-judge the hours written since the last audit (:func:`auditor.audit.aggregate.refresh`), committed
-    before the audit judges, so every judging connection reads the same fresh aggregate."""
+    before the audit judges, so every per-cluster process reads the same fresh aggregate."""
     if not WHOLE_HOURS:
         return {}
     with store.begin() as conn:
@@ -169,14 +167,6 @@ def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thre
     conn.execute(text("DROP TABLE _lists"))
 
 
-def judge_connections(cfg: Config, conn: Connection) -> int:
-    """How many connections judge this audit (``store.judge_connections``): one on SQLite."""
-    if conn.dialect.name != "postgresql":
-        return 1
-    n = cfg.store.judge_connections
-    return n if n > 0 else max(1, min(4, os.cpu_count() or 1))
-
-
 def setup_pg(conn: Connection) -> None:
     if conn.dialect.name == "postgresql" and (conn.dialect.server_version_info or (0,)) >= (11,):
         # JIT compiling the judging statement cost more than it ran (0.7 s of 1.5 s at 512 GPUs), and its
@@ -198,15 +188,3 @@ def attribute_and_judge(conn: Connection, th: Thresholds, fn: dict[str, str], p:
     with step("judge buckets"):
         judge(conn, fn, {**p, "run_id": run_id}, th)
         conn.execute(text("DROP TABLE _attr"))
-
-
-def judge_share(store: Store, cfg: Config, th: Thresholds, fn: dict[str, str], p: dict[str, Any], run_id: int,
-                 since: int, horizon: int, share: int, shares: int) -> dict[str, float]:
-    """One connection's share of the judging (a thread: the driver waits on the server without the GIL),
-    committed on its own; returns its seconds per step."""
-    mine = timing.Steps()
-    with store.begin() as conn:
-        setup_pg(conn)
-        attribute_and_judge(conn, th, fn, p, run_id, since, horizon, share, shares, mine)
-        infra.finish(conn)
-    return mine.seconds

@@ -22,7 +22,9 @@ The audit computes it once per run into the run summary (``waiting``); every sur
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -171,33 +173,41 @@ def _blank() -> dict[str, float]:
     return {k: 0.0 for k in CLASSES}
 
 
-def breakdown(per_alloc: list[dict[str, Any]], seconds: dict[int, dict[str, float]]) -> dict[str, Any]:
+def _most_waiting(a: dict[str, Any]) -> tuple[float, float, int]:
+    """The order of the allocations that waited most (:data:`WAIT_CLASSES`), then with the most non-compute
+    time (most first, then by id)."""
+    h = a["gpu_hours"]
+    return -sum(h[k] for k in WAIT_CLASSES), -(sum(h.values()) - h["compute"]), a["allocation_id"]
+
+
+def breakdown(per_alloc: Iterable[dict[str, Any]], seconds: dict[int, dict[str, float]]) -> dict[str, Any]:
     """The run summary's ``waiting``: GPU-hours per class for the fleet, per cluster, per team and for the
     allocations that waited most (:data:`WAIT_CLASSES`; then the most non-compute time). An allocation's
     not-measured hours are its reserved time less infrastructure time less its classified seconds (never
     below 0)."""
     total, by_cluster, by_team = _blank(), defaultdict(_blank), defaultdict(_blank)
-    allocs = []
-    for r in per_alloc:
-        got = seconds.get(r["allocation_id"], {})
-        h = _blank()
-        for k, s in got.items():
-            h[k] += s / H
-        h["infra"] = (r.get("infra_s") or 0.0) / H
-        classified = sum(v for k, v in h.items() if k != "not_measured")
-        h["not_measured"] += max(0.0, r["reserved_s"] / H - classified - h["not_measured"])
-        for acc in (total, by_cluster[r["cluster"]], by_team[(r["cluster"], r["team"])]):
-            for k, v in h.items():
-                acc[k] += v
-        allocs.append({"allocation_id": r["allocation_id"], "cluster": r["cluster"], "team": r["team"],
-                       "job_id": r["external_id"], "name": r["name"], "reserved_gpu_hours": r["reserved_s"] / H,
-                       "gpu_hours": h})
-    allocs.sort(key=lambda a: (-sum(a["gpu_hours"][k] for k in WAIT_CLASSES),
-                               -(sum(a["gpu_hours"].values()) - a["gpu_hours"]["compute"]), a["allocation_id"]))
+
+    def each() -> Iterator[dict[str, Any]]:  # one allocation's classes, summed as they pass
+        for r in per_alloc:
+            got = seconds.get(r["allocation_id"], {})
+            h = _blank()
+            for k, s in got.items():
+                h[k] += s / H
+            h["infra"] = (r.get("infra_s") or 0.0) / H
+            classified = sum(v for k, v in h.items() if k != "not_measured")
+            h["not_measured"] += max(0.0, r["reserved_s"] / H - classified - h["not_measured"])
+            for acc in (total, by_cluster[r["cluster"]], by_team[(r["cluster"], r["team"])]):
+                for k, v in h.items():
+                    acc[k] += v
+            yield {"allocation_id": r["allocation_id"], "cluster": r["cluster"], "team": r["team"],
+                   "job_id": r["external_id"], "name": r["name"], "reserved_gpu_hours": r["reserved_s"] / H,
+                   "gpu_hours": h}
+
+    allocs = heapq.nsmallest(TOP_ALLOCATIONS, each(), key=_most_waiting)  # only the top ones kept
     return {"classes": list(CLASSES), "total": total,
             "by_cluster": [{"cluster": c, "gpu_hours": v} for c, v in sorted(by_cluster.items())],
             "by_team": [{"cluster": c, "team": t, "gpu_hours": v} for (c, t), v in sorted(by_team.items())],
-            "allocations": allocs[:TOP_ALLOCATIONS]}
+            "allocations": allocs}
 
 
 def class_seconds(conn: Connection, run_id: int, th: Thresholds, p: dict[str, Any]) -> dict[int, dict[str, float]]:
@@ -209,13 +219,12 @@ def class_seconds(conn: Connection, run_id: int, th: Thresholds, p: dict[str, An
     return out
 
 
-def stragglers(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds,
-               p: dict[str, Any]) -> list[dict[str, Any]]:
+def stragglers(conn: Connection, run_id: int, rows_of: Callable[[Iterable[int]], dict[int, dict[str, Any]]],
+               th: Thresholds, p: dict[str, Any]) -> list[dict[str, Any]]:
     """straggler findings (for operations): a unit that led >= straggler_min_share of its observed time in a
     lockstep allocation and held its peers up for >= straggler_min_gpu_hours GPU-hours."""
     from auditor.audit.evidence import _finding
 
-    by_id = {r["allocation_id"]: r for r in per_alloc}
     rows: dict[int, list[Any]] = defaultdict(list)
     for x in conn.execute(text(straggler_sql(conn.dialect.name, th, infra.skip(conn))), {**p, "run": run_id}):
         rows[x.aid].append(x)
@@ -228,6 +237,7 @@ def stragglers(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], t
             f"u.allocated_gpu_id WHERE u.run_id = :run AND u.allocation_id IN ({ids}) ORDER BY u.allocation_id, "
             "ag.node, u.gpu_index"), {"run": run_id}):
         gpus[aid].append((node, idx))
+    by_id = rows_of(rows)
     out = []
     for aid, units in rows.items():
         r = by_id.get(aid)
@@ -267,7 +277,25 @@ def _name(g: tuple[str, Any]) -> str:
     return f"{g[0]} GPU {g[1] if g[1] is not None else '?'}"
 
 
-def analyse(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds,
+def analyse(conn: Connection, run_id: int, per_alloc: Iterable[dict[str, Any]],
+            rows_of: Callable[[Iterable[int]], dict[int, dict[str, Any]]], th: Thresholds,
             p: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(the run summary's ``waiting``, straggler findings) of one run."""
-    return breakdown(per_alloc, class_seconds(conn, run_id, th, p)), stragglers(conn, run_id, per_alloc, th, p)
+    """(the run summary's ``waiting``, straggler findings) of one run: ``per_alloc`` streams its
+    per-allocation rows, ``rows_of`` reads those of some ids (:class:`auditor.audit.totals.AllocationRows`)."""
+    return breakdown(per_alloc, class_seconds(conn, run_id, th, p)), stragglers(conn, run_id, rows_of, th, p)
+
+
+def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The ``waiting`` of two disjoint sets of clusters (per-cluster audit processes): sums added, the
+    allocations with the most waiting taken again from both parts' first ones."""
+    def add(x: dict[str, float], y: dict[str, float]) -> dict[str, float]:
+        return {k: x.get(k, 0.0) + y.get(k, 0.0) for k in CLASSES}
+
+    teams: dict[tuple[str, str], dict[str, float]] = {}
+    for t in a["by_team"] + b["by_team"]:
+        k = (t["cluster"], t["team"])
+        teams[k] = add(teams.get(k, _blank()), t["gpu_hours"])
+    return {"classes": list(CLASSES), "total": add(a["total"], b["total"]),
+            "by_cluster": sorted(a["by_cluster"] + b["by_cluster"], key=lambda c: c["cluster"]),
+            "by_team": [{"cluster": c, "team": t, "gpu_hours": v} for (c, t), v in sorted(teams.items())],
+            "allocations": heapq.nsmallest(TOP_ALLOCATIONS, a["allocations"] + b["allocations"], key=_most_waiting)}

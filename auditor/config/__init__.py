@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from auditor.config.base import (
     SecretRef,
@@ -30,8 +30,8 @@ ENV_VAR = "GPU_AUDIT_CONFIG"
 MAX_DAYS = 3660  # ten years: the bound of every span in days (larger ones overflow dates later)
 
 
-#: The most connections an audit judges in (``store.judge_connections``); the store sizes its pool by it
-MAX_JUDGE_CONNECTIONS = 16
+#: The most processes one audit runs its clusters in (``store.audit_processes``)
+MAX_AUDIT_PROCESSES = 64
 
 
 class StoreConfig(Strict):
@@ -41,12 +41,21 @@ class StoreConfig(Strict):
                                 "(use it when the URL carries a password); overrides `url`.")
     bucket_seconds: int = Field(300, ge=60, le=3600, description="Telemetry bucket length in seconds.")
     batch_rows: int = Field(50_000, ge=100, le=10_000_000, description="Rows per ingest transaction.")
-    judge_connections: int = Field(0, ge=0, le=MAX_JUDGE_CONNECTIONS,
-                                   description="PostgreSQL: connections that attribute and judge an audit's "
-                                   "allocations at once, each a share of them (0 = one per CPU core, at most 4; "
-                                   "1 = the audit's own connection only). Above 1, read-only finding queries "
-                                   "(sparklines, ghosts on unallocated GPUs) also run on extra connections while "
-                                   "the audit works on. SQLite always judges in one.")
+    audit_processes: int = Field(1, ge=0, le=MAX_AUDIT_PROCESSES,
+                                 description="PostgreSQL: processes one audit runs its clusters in, each on its "
+                                 "own connection (attribution, judging, per-allocation totals and findings of "
+                                 "its clusters; memory bounded by its own allocations); the run is stored only "
+                                 "when every process succeeded. 1 = the audit's own process; 0 = one per CPU "
+                                 "core, at most 8. Never more than the clusters. SQLite always audits in one "
+                                 "(one writer at a time).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "judge_connections" in data:
+            raise ValueError("store.judge_connections was removed: an audit runs its clusters in parallel "
+                             "processes instead (store.audit_processes)")
+        return data
 
     def resolved_url(self) -> str:
         if self.url_env:

@@ -117,14 +117,15 @@ def gpu_series(conn: Connection, gpu_ids: list[int], s: int, e: int, th: Thresho
     """Per telemetry GPU over [s, e): the time line (verdict seconds per time bin, in SQL) and the mean and
     peak of each metric. Two grouped queries for all GPUs at once, so a 64-GPU job stays fast."""
     from auditor.audit.judge import LOOKBACK
-    from auditor.audit.run import _fn, _params
+    from auditor.store.sqlfuncs import sql_names
 
     ids = sorted({int(g) for g in gpu_ids})
     if not ids or e <= s:
         return {}
     bins = max(1, min(BINS, -(-(e - s) // max(1, bucket_s))))
-    fn = _fn(conn)
-    p = {**_params(s, e, e), "bucket": max(bucket_s, LOOKBACK), "s": s, "e": e, "bins": bins}  # hourly roll-ups too
+    fn = sql_names(conn.dialect.name)
+    p = {"since": s, "until": e, "horizon": e, "bucket": max(bucket_s, LOOKBACK),  # hourly roll-ups too
+         "s": s, "e": e, "bins": bins}
     marks = ", ".join(str(i) for i in ids)
     where = (f"b.gpu_id IN ({marks}) AND b.bucket_ts >= :s - :bucket AND b.bucket_ts < :e "
              "AND b.bucket_ts + b.bucket_s > :s")

@@ -16,7 +16,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from auditor import jsonsafe
-from auditor.config import MAX_JUDGE_CONNECTIONS
 from auditor.errors import StoreError
 from auditor.records import Record
 from auditor.store import schema
@@ -81,18 +80,16 @@ def make_engine(url: str) -> Engine:
         return engine
     try:
         # JSON columns (evidence, summaries) never get a NaN token: PostgreSQL's json type rejects it
-        # the pool holds what one audit may open at once: its own connection, up to MAX_JUDGE_CONNECTIONS
-        # judging or sparkline helpers and the background reads of auditor.audit.parallel.later (with the
-        # default 5 + 10, 16 judging connections queued for a connection and a large audit timed out)
         return create_engine(u, pool_pre_ping=True, json_serializer=jsonsafe.dumps, pool_size=5,
-                             max_overflow=POOL_HEADROOM + MAX_JUDGE_CONNECTIONS)
+                             max_overflow=POOL_HEADROOM)
     except ModuleNotFoundError as exc:
         extra = " (pip install 'gpu-audit[postgres]')" if u.get_backend_name() == "postgresql" else ""
         raise StoreError(f"store.url needs the database driver {exc.name!r}, which is not installed{extra}") from None
 
 
-#: pool connections beyond the judging ones: the audit's own, its background reads, an ANALYZE, the web UI
-POOL_HEADROOM = 8
+#: pool connections beyond the pool's 5 (an audit's own; the web UI's readers; the daemon's jobs). An audit's
+#: per-cluster processes open engines of their own
+POOL_HEADROOM = 24
 
 
 class Store:
