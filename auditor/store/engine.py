@@ -199,8 +199,15 @@ class Store:
                        .scalar() or 0)
 
 
+#: rewrites of a driver message's first line (:mod:`auditor.store.shards` names the shard of a foreign server)
+MESSAGE_REWRITES: list[Callable[[str], str]] = []
+
+
 def _first_line(exc: BaseException) -> str:
     from auditor.logs import scrub
 
     msg = str(getattr(exc, "orig", None) or exc)
-    return scrub(msg.strip().splitlines()[0]) if msg.strip() else type(exc).__name__
+    line = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
+    for rewrite in MESSAGE_REWRITES:
+        line = rewrite(line)
+    return scrub(line)

@@ -45,7 +45,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from auditor.errors import StoreError
-from auditor.store.engine import Store
+from auditor.store.engine import MESSAGE_REWRITES, Store
 
 #: the per-GPU tables, hash-partitioned on gpu_id over the shards (a new per-GPU table belongs here)
 SHARDED = ("gpu_buckets", "judged_hours", "judged_dirty")
@@ -127,6 +127,19 @@ class Layout:
 
 
 _LAYOUTS: WeakKeyDictionary[Engine, Layout | None] = WeakKeyDictionary()
+#: foreign server -> "shard k (location)", for messages (every layout this process loaded)
+_NAMES: dict[str, str] = {}
+_SERVER = re.compile(r'server "(gpu_audit_shard\d+_[0-9a-f]+)"')
+
+
+def name_servers(line: str) -> str:
+    """A driver message naming a shard's foreign server names the shard and its place too (postgres_fdw says
+    only 'could not connect to server "gpu_audit_shard2_..."')."""
+    return _SERVER.sub(lambda m: f"{_NAMES[m.group(1)]} (server {m.group(1)})" if m.group(1) in _NAMES
+                       else m.group(0), line)
+
+
+MESSAGE_REWRITES.append(name_servers)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -205,6 +218,7 @@ def _load(conn: Connection, rows: list[Any]) -> Layout:
                          query={**{k: srv[k] for k in _SERVER_OPTS if k in srv},
                                 "options": f"-csearch_path={r.schema_name}"})
         shards.append(Shard(r.shard, r.server, r.location, Store(_engine(url)), f"{store_id}:{r.shard}", rev))
+        _NAMES[r.server] = str(shards[-1])
     return Layout(store_id, shards)
 
 
