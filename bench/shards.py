@@ -68,7 +68,7 @@ def _exists(url: str, schema: str) -> bool:
 
 def prepare(spec: Any, url: str, shard_urls: list[str], src: Path) -> dict[str, Any]:
     """The two stores of ``spec`` (made once, reused while the sidecar matches): URLs and load times."""
-    from auditor.store import shards
+    from auditor.store import sharding
     from auditor.store.engine import Store
     from bench import fleet, pg_fleet
 
@@ -78,18 +78,20 @@ def prepare(spec: Any, url: str, shard_urls: list[str], src: Path) -> dict[str, 
     one, sh, remote = f"shardbench_one_{key}", f"shardbench_sh{n}_{key}", f"shardbench_{key}"
     mark = src / f"shards{n}-{spec.key()}.json"
     info = json.loads(mark.read_text()) if mark.exists() else {}
+    targets = [_with_schema(u, remote) for u in shard_urls]
     if info.get("head") == pg_fleet._head() and _exists(url, one) and _exists(url, sh):
+        store = Store.open(info["sharded"])
+        sharding.setup(store, targets)  # idempotent: checks the shards, brings the servers' options up to date
+        store.engine.dispose()
         return info
     info = {"head": pg_fleet._head()}
     info["one_load_s"] = pg_fleet.load(path, url, one)["load_s"]
     info["sharded_load_s"] = pg_fleet.load(path, url, sh)["load_s"]
-    targets = []
     for u in shard_urls:
         _fresh_schema(u, remote)
-        targets.append(_with_schema(u, remote))
     store = Store.open(_with_schema(url, sh))
     t = time.perf_counter()
-    res = shards.setup(store, targets)
+    res = sharding.setup(store, targets)
     info["shard_s"] = round(time.perf_counter() - t, 1)
     info["moved_rows"] = res["moved_rows"]
     store.engine.dispose()
@@ -127,12 +129,12 @@ def _audit(url: str, spec: Any) -> dict[str, Any]:
 
 
 def _servers(url: str) -> list[dict[str, Any]]:
-    from auditor.store import shards
+    from auditor.store import sharding
     from auditor.store.engine import Store
 
     store = Store.open(url)
     try:
-        return shards.sizes(store)
+        return sharding.sizes(store)
     finally:
         store.engine.dispose()
 

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from sqlalchemy import create_engine, text
 
-from auditor.store import schema, shards
+from auditor.store import schema, sharding, shards
 from auditor.store.engine import Store
 
 
@@ -84,7 +84,7 @@ def sharded_store(numbers: Sequence[int] = (1, 2), prefix: str = "sh") -> Iterat
         store = Store.open(url)
         try:
             store.upgrade()
-            shards.setup(store, urls)
+            sharding.setup(store, urls)
             yield store
         finally:
             drop_servers(store)

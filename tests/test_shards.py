@@ -33,7 +33,7 @@ from auditor.audit.run import run_audit
 from auditor.config import Config
 from auditor.errors import StoreError
 from auditor.records import AllocatedGpu, Allocation, GpuBucket
-from auditor.store import shards
+from auditor.store import sharding, shards
 from auditor.store.engine import Store
 from auditor.store.retention import prune
 from bench.audit import run_digest
@@ -105,15 +105,15 @@ def test_db_shard_makes_foreign_partitions_and_is_idempotent(sharded: Store) -> 
     assert [r.shard for r in rows] == [1, 2] and all("15441" in rows[0].location for _ in [0])
     # again, with the same URLs: nothing changes, nothing is moved
     urls = _shard_urls(sharded)
-    again = shards.setup(sharded, urls)
+    again = sharding.setup(sharded, urls)
     assert [s["state"] for s in again["shards"]] == ["already shard of this store"] * 2
     assert again["moved_rows"] == 0
     with pytest.raises(StoreError, match="sharded over 2 shards, not 1"):
-        shards.setup(sharded, urls[:1])
+        sharding.setup(sharded, urls[:1])
     with pytest.raises(StoreError, match="listed twice"):
-        shards.setup(sharded, [urls[0], urls[0]])
+        sharding.setup(sharded, [urls[0], urls[0]])
     with pytest.raises(StoreError, match=r"shard 1 \(.*15442.*refused: it is shard 2 of this store"):
-        shards.setup(sharded, [urls[1], urls[0]])
+        sharding.setup(sharded, [urls[1], urls[0]])
 
 
 def _shard_urls(store: Store) -> list[str]:
@@ -138,16 +138,16 @@ def test_db_shard_refuses_what_it_did_not_make(one: Store) -> None:
             conn.execute(text("CREATE TABLE payroll (id int)"))
         eng.dispose()
         with pytest.raises(StoreError, match=r"shard 2 \(.*15442.*refused: schema \S+ holds 1 tables"):
-            shards.setup(one, [fresh, stranger])
+            sharding.setup(one, [fresh, stranger])
         with pytest.raises(StoreError, match="refused: it is shard 1 of another store"):
-            shards.setup(one, _shard_urls(other)[:1] + [fresh])
+            sharding.setup(one, _shard_urls(other)[:1] + [fresh])
         own = Store.open(stranger)
         with own.begin() as conn:
             conn.execute(text("DROP TABLE payroll"))
         own.upgrade()
         own.engine.dispose()
         with pytest.raises(StoreError, match="refused: it is a gpu-audit store of its own"):
-            shards.setup(one, [fresh, stranger])
+            sharding.setup(one, [fresh, stranger])
         with one.engine.connect() as conn:
             assert shards.listed(conn) == []
             assert conn.execute(text("SELECT partstrat FROM pg_partitioned_table WHERE partrelid = "

@@ -17,10 +17,10 @@ def register(main: click.Group) -> None:
     @pass_app
     def db_upgrade(app: App, revision: str) -> None:
         """Create or migrate the store's tables."""
-        from auditor.store import shards
+        from auditor.store import sharding
 
         store = app.store(migrate_check=False, create=True)
-        shards.upgrade(store, revision)  # a sharded store: its shards first
+        sharding.upgrade(store, revision)  # a sharded store: its shards first
         app.emit({"store": store.redacted_url(), "revision": store.current()},
                  f"store {store.redacted_url()} at revision {store.current()}")
 
@@ -82,10 +82,10 @@ def register(main: click.Group) -> None:
         URLS are postgresql+psycopg://USER@HOST:PORT/DB (add ?options=-csearch_path%3DSCHEMA for a schema), shard
         1 first. Idempotent: run it again with the same URLs to check them or change a host or password; a
         database that is not empty and not a shard of this store is refused."""
-        from auditor.store import shards
+        from auditor.store import sharding, shards
 
         given = _shard_urls(urls, urls_file, urls_env)
-        res = shards.setup(app.store(), given)
+        res = sharding.setup(app.store(), given)
         app.emit(res, lambda: "\n".join(
             [f"shard {s['shard']}: {s['location']}: {s['state']}" for s in res["shards"]]
             + [f"{', '.join(shards.SHARDED)}: foreign partitions over {len(res['shards'])} shards"
@@ -95,9 +95,9 @@ def register(main: click.Group) -> None:
     @pass_app
     def db_shards(app: App) -> None:
         """Each server of the store (the coordinator, then each shard): rows of the per-GPU tables and size."""
-        from auditor.store import shards
+        from auditor.store import sharding, shards
 
-        rows = shards.sizes(app.store())
+        rows = sharding.sizes(app.store())
 
         def human() -> str:
             out = []
@@ -118,7 +118,7 @@ def _shard_urls(urls: tuple[str, ...], urls_file: str | None, urls_env: str | No
 
     from auditor.config.base import read_secret_file
     from auditor.errors import GpuAuditError
-    from auditor.store.shards import parse_target
+    from auditor.store.sharding import parse_target
 
     if sum(map(bool, (urls, urls_file, urls_env))) != 1:
         raise GpuAuditError("give the shard URLs one way: as arguments, --urls-file or --urls-env")

@@ -55,9 +55,9 @@ def register(main: click.Group) -> None:
         except ValueError as exc:
             raise GpuAuditError(str(exc)) from None
         if upgrade_db:
-            from auditor.store import shards
+            from auditor.store import sharding
 
-            shards.upgrade(app.store(migrate_check=False, create=True))
+            sharding.upgrade(app.store(migrate_check=False, create=True))
         store, cfg = app.store(), app.cfg
         ours = logging.getLogger("gpu_audit")
         aps = logging.getLogger("apscheduler")  # its warnings (e.g. a skipped overlapping run) in our format

@@ -20,6 +20,7 @@ from auditor.config import MAX_JUDGE_CONNECTIONS
 from auditor.errors import StoreError
 from auditor.records import Record
 from auditor.store import schema
+from auditor.store.messages import first_line as _first_line
 from auditor.store.sqlfuncs import greatest
 from auditor.store.stats import IngestStats
 from auditor.timeutil import utcnow
@@ -197,17 +198,3 @@ class Store:
         with self.engine.connect() as conn:
             return int(conn.execute(text(f"SELECT count(*) FROM {schema.metadata.tables[table].name}"))
                        .scalar() or 0)
-
-
-#: rewrites of a driver message's first line (:mod:`auditor.store.shards` names the shard of a foreign server)
-MESSAGE_REWRITES: list[Callable[[str], str]] = []
-
-
-def _first_line(exc: BaseException) -> str:
-    from auditor.logs import scrub
-
-    msg = str(getattr(exc, "orig", None) or exc)
-    line = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
-    for rewrite in MESSAGE_REWRITES:
-        line = rewrite(line)
-    return scrub(line)

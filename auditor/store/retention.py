@@ -105,7 +105,7 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
     if lay is None:
         _roll_up(store, cutoff, res)
     else:
-        parts = shards.each_shard(lay, lambda s: _roll_up(s.store, cutoff, PruneResult(cutoff)))
+        parts = shards.each_shard(lay, lambda s: _roll_up(Store(s.engine), cutoff, PruneResult(cutoff)))
         for part in parts:
             res.fine_rows_rolled += part.fine_rows_rolled
             res.hourly_rows_written += part.hourly_rows_written
