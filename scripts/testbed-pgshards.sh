@@ -82,7 +82,9 @@ for n in "${names[@]}"; do
   for _ in $(seq 60); do pg_isready -q -h 127.0.0.1 -p "$port" && break; sleep 0.5; done
   as_pg "$n" -d postgres -c "DO \$\$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$role') THEN
       CREATE ROLE $role LOGIN; END IF; END\$\$"
-  as_pg "$n" -d postgres -c "ALTER ROLE $role PASSWORD '$pw'" -c "GRANT pg_read_all_settings TO $role"
+  # the password on psql's standard input, not its command line (which every user can read)
+  printf "ALTER ROLE %s PASSWORD '%s';\n" "$role" "$pw" | as_pg "$n" -d postgres
+  as_pg "$n" -d postgres -c "SET client_min_messages = warning" -c "GRANT pg_read_all_settings TO $role"
   if [[ $(as_pg "$n" -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$db'") != 1 ]]; then
     as_pg "$n" -d postgres -c "CREATE DATABASE $db OWNER $role"
   fi
