@@ -162,7 +162,7 @@ def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thre
             setup_pg(sconn)
             judge_here(sconn, params, th, skip)
 
-        shards.judge(conn, lay, {"_attr": "gpu_id", "_infra": "gpu_id", "_attr_infra": None}, here, "usage_gpu",
+        shards.run_shipped(conn, lay, {"_attr": "gpu_id", "_infra": "gpu_id", "_attr_infra": None}, here, "usage_gpu",
                      ["run_id", "allocated_gpu_id", "allocation_id", "attribution", "gpu_index", "gpu_id",
                       *USAGE_COLS, "peak_fb_mib", "idle_peak_fb_mib"], f"run_id = {int(params['run_id'])}")
         return

@@ -21,7 +21,7 @@ setting) with the same SQL as on one server:
   shard (:func:`on_each`);
 - the judging: its per-allocated-GPU LATERAL scans become one remote query per allocated GPU fetching every
   bucket row; so the allocated GPUs (``_attr`` and the infrastructure tables) are shipped to their shards,
-  judged there by the audit's own statements, and the usage rows streamed back (:func:`judge`).
+  judged there by the audit's own statements, and the usage rows streamed back (:func:`run_shipped`).
 
 A shard that cannot be reached fails the statement or the step that needs it, with its number and
 location: an audit fails whole, never with a partial total.
@@ -172,7 +172,7 @@ def layout(conn: Connection) -> Layout | None:
         rows = listed(conn)
         lay = load_layout(conn, rows) if rows else None
         _LAYOUTS[engine] = lay
-        if lay is not None:
+        if lay is not None and not event.contains(engine, "connect", _planner):
             event.listen(engine, "connect", _planner)
     if lay is not None and not conn.connection.info.get("gpu_audit_planner"):
         _planner(conn.connection.dbapi_connection, None)
@@ -374,8 +374,8 @@ def _copy_in(conn: Connection, table: str, data: bytes) -> None:
         cp.write(data)
 
 
-def judge(conn: Connection, lay: Layout, ship: dict[str, str | None], work: Callable[[Connection], None],
-          out: str, cols: Sequence[str], where: str) -> None:
+def run_shipped(conn: Connection, lay: Layout, ship: dict[str, str | None], work: Callable[[Connection], None],
+                out: str, cols: Sequence[str], where: str) -> None:
     """Run ``work`` (statements that read the temporary tables of ``ship`` and the shard's own per-GPU tables
     and write ``out``) on every shard at once, then stream the rows of ``out`` matching ``where`` into the
     coordinator's ``out``. ``ship``: temporary table -> its GPU column (each shard gets the rows of its
