@@ -106,15 +106,27 @@ def audit_child(url: str, since: int, until: int) -> dict[str, Any]:
 
     from auditor.audit.run import run_audit
     from auditor.config import Config
+    from auditor.store import shards
     from auditor.store.engine import Store
     from bench.audit import _cpu, _drop_run, peak_rss_kib, run_digest
 
     store = Store.open(url)
+    shipped: list[dict[str, Any]] = []
+    inner = shards.run_shipped
+
+    def timed(*args: Any, **kw: Any) -> dict[str, Any]:
+        out = inner(*args, **kw)
+        shipped.append(out)
+        return out
+
+    shards.run_shipped = timed  # type: ignore[assignment]
     cpu, busy, t = _cpu(), busy_seconds(), time.perf_counter()
     r = run_audit(store, Config(), datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC))
     out = {"wall_s": round(time.perf_counter() - t, 2), "cpu_s": round(_cpu() - cpu, 2),
            "machine_busy_s": round(busy_seconds() - busy, 1), "rss_mib": round(peak_rss_kib() / 1024),
-           "steps": {k: round(v, 2) for k, v in r.steps.items()}, "digest": run_digest(store, r.run_id)}
+           "steps": {k: round(v, 2) for k, v in r.steps.items()}, "digest": run_digest(store, r.run_id),
+           "shipped": [{"read_s": round(x["read_s"], 2), "gather_s": round(x.get("gather_s", 0), 2),
+                        "shards_s": {k: round(v, 2) for k, v in x["shards_s"].items()}} for x in shipped]}
     _drop_run(store, r.run_id)
     store.engine.dispose()
     return out
@@ -196,6 +208,9 @@ def report(out: dict[str, Any]) -> str:
     for st in steps:
         lines.append(f"    {st:<44}{out['one']['second']['steps'].get(st, 0):>8.2f}"
                      f"{out['sharded']['second']['steps'].get(st, 0):>8.2f}")
+    for x in out["sharded"]["second"].get("shipped", []):
+        lines.append(f"  the judging shipped: read {x['read_s']} s, on each shard (at once) "
+                     + ", ".join(f"{k}: {v} s" for k, v in x["shards_s"].items()) + f", gathered {x['gather_s']} s")
     lines.append("  servers:")
     for name in ("one", "sharded"):
         for r in out[name]["servers"]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -375,20 +376,24 @@ def _copy_in(conn: Connection, table: str, data: bytes) -> None:
 
 
 def run_shipped(conn: Connection, lay: Layout, ship: dict[str, str | None], work: Callable[[Connection], None],
-                out: str, cols: Sequence[str], where: str) -> None:
+                out: str, cols: Sequence[str], where: str) -> dict[str, Any]:
     """Run ``work`` (statements that read the temporary tables of ``ship`` and the shard's own per-GPU tables
     and write ``out``) on every shard at once, then stream the rows of ``out`` matching ``where`` into the
     coordinator's ``out``. ``ship``: temporary table -> its GPU column (each shard gets the rows of its
     GPUs; a NULL GPU goes to shard 1) or None (every shard gets all rows). Nothing is committed on a shard:
-    its transaction only holds the temporary tables and the rows ``work`` wrote until they are read."""
+    its transaction only holds the temporary tables and the rows ``work`` wrote until they are read.
+    Returns the seconds spent: reading what is shipped, each shard's part (loading and ``work``), the gathering."""
+    t0 = time.perf_counter()
     ddl = {t: _temp_ddl(conn, t) for t in ship}
     ddl = {t: d for t, d in ddl.items() if d}
     data = {(t, s.number): copy_out(conn, f"SELECT * FROM {t}" + (
         f" WHERE {route_sql(lay, s.number, ship[t])}" if ship[t] else "")) for t in ddl for s in lay.shards}
     names = ", ".join(cols)
     held: list[tuple[Shard, Connection, Any]] = []
+    spent: dict[str, Any] = {"read_s": time.perf_counter() - t0, "shards_s": {}}
 
     def one(shard: Shard) -> tuple[Shard, Connection, Any]:
+        t = time.perf_counter()
         try:
             sconn = shard.engine.connect()
         except SQLAlchemyError as exc:
@@ -397,12 +402,13 @@ def run_shipped(conn: Connection, lay: Layout, ship: dict[str, str | None], work
             if not shard.checked:
                 shard._identify(sconn)
             tx = sconn.begin()
-            for t, stmts in ddl.items():
+            for table, stmts in ddl.items():
                 for stmt in stmts:
                     sconn.execute(text(stmt))
-                _copy_in(sconn, t, data[(t, shard.number)])
-                sconn.execute(text(f"ANALYZE {t}"))
+                _copy_in(sconn, table, data[(table, shard.number)])
+                sconn.execute(text(f"ANALYZE {table}"))
             work(sconn)
+            spent["shards_s"][shard.number] = time.perf_counter() - t
             return shard, sconn, tx
         except StoreError as exc:
             sconn.close()
@@ -425,6 +431,7 @@ def run_shipped(conn: Connection, lay: Layout, ship: dict[str, str | None], work
                     errors.append(exc)
             if errors:
                 raise errors[0]
+        t = time.perf_counter()
         dst = conn.connection.dbapi_connection
         for shard, sconn, _tx in held:
             try:
@@ -435,9 +442,11 @@ def run_shipped(conn: Connection, lay: Layout, ship: dict[str, str | None], work
                         cp.write(chunk)
             except Exception as exc:
                 raise StoreError(f"{shard}: {first_line(exc)}") from None
+        spent["gather_s"] = time.perf_counter() - t
     finally:
         for _shard, sconn, tx in held:
             try:
                 tx.rollback()
             finally:
                 sconn.close()
+    return spent
