@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         sel = judge_sql("postgresql", th, "")
         out += [f"the judging's LATERAL form over {n:,} allocated GPUs (one remote query per allocated GPU):",
                 *plan(conn, sel[sel.index("SELECT"):], {**p, "run_id": 0})]
-        frm = f"FROM telemetry_gpus tg CROSS JOIN gpu_buckets b WHERE b.gpu_id = tg.id AND b.bucket_ts >= {since} " \
-              f"AND b.bucket_ts < {since} + 3600"
+        hour = conn.execute(text("SELECT MAX(bucket_ts) / 3600 * 3600 - 86400 FROM gpu_buckets")).scalar()
+        frm = f"FROM telemetry_gpus tg CROSS JOIN gpu_buckets b WHERE b.gpu_id = tg.id AND b.bucket_ts >= {hour} " \
+              f"AND b.bucket_ts < {hour} + 3600"
         rows = aggregate.hour_rows("postgresql", th, frm, "gpu_buckets", "tg.has_jobs")
         out += ["the judged aggregate's refresh of one hour (grouped verdict CASE, NOT EXISTS sibling probe):",
                 *plan(conn, rows, {})]
