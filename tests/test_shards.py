@@ -139,6 +139,10 @@ def test_db_shard_refuses_what_it_did_not_make(one: Store) -> None:
         eng.dispose()
         with pytest.raises(StoreError, match=r"shard 2 \(.*15442.*refused: schema \S+ holds 1 tables"):
             sharding.setup(one, [fresh, stranger])
+        probe = create_engine(fresh)  # shard 1 was fine, and is left as it was: every shard is checked first
+        with probe.connect() as conn:
+            assert conn.execute(text("SELECT to_regclass('store_meta')")).scalar() is None
+        probe.dispose()
         with pytest.raises(StoreError, match="refused: it is shard 1 of another store"):
             sharding.setup(one, _shard_urls(other)[:1] + [fresh])
         own = Store.open(stranger)

@@ -79,42 +79,49 @@ def _tables(sconn: Connection, schema: str) -> int:
                              {"s": schema}).scalar() or 0)
 
 
-def _prepare_shard(t: Target, k: int, store_id: str) -> str:
-    """Make the database of ``t`` shard ``k`` of the store: a fresh (empty) schema is migrated and marked; one
-    already marked as this shard is migrated to head; anything else is refused. Returns what was done."""
+def _inspect(t: Target, k: int, store_id: str) -> str:
+    """Whether the database of ``t`` can be shard ``k`` of the store, changing nothing: "created" for an empty
+    schema, "already shard of this store" for one marked as shard ``k``; anything else is refused."""
+    from auditor.store import meta
+
+    eng = engine(t.url)
+    name = f"shard {k} ({t.location})"
+    try:
+        with eng.connect() as c:
+            has_meta = c.execute(text("SELECT to_regclass('store_meta') IS NOT NULL")).scalar()
+            mark = meta.get(c, "shard_of") if has_meta else None
+            schema_exists = c.execute(text("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = :s)"),
+                                      {"s": t.schema}).scalar()
+            others = _tables(c, t.schema) if schema_exists else 0
+            owner = meta.get(c, "store_id") if has_meta else None
+    except SQLAlchemyError as exc:
+        raise StoreError(f"{name}: {first_line(exc)}") from None
+    finally:
+        eng.dispose()
+    if mark == f"{store_id}:{k}":
+        return "already shard of this store"
+    if others:
+        why = (f"it is shard {mark.split(':')[-1]} of {'this' if mark.startswith(store_id) else 'another'} store"
+               if mark else "it is a gpu-audit store of its own" if owner or has_meta
+               else f"schema {t.schema} holds {others} tables gpu-audit did not make")
+        raise StoreError(f"{name}: refused: {why}; a shard must be an empty database or schema, or one "
+                         f"`gpu-audit db shard` made as shard {k} of this store")
+    if not schema_exists:
+        raise StoreError(f"{name}: schema {t.schema} does not exist (create it, empty, first)")
+    return "created"
+
+
+def _prepare_shard(t: Target, k: int, store_id: str) -> None:
+    """Migrate the (inspected) database of ``t`` to the coordinator's revision and mark it shard ``k``."""
     from auditor.store import meta
 
     s = Store(engine(t.url))
-    name = f"shard {k} ({t.location})"
     try:
-        try:
-            with s.engine.connect() as c:
-                has_meta = c.execute(text("SELECT to_regclass('store_meta') IS NOT NULL")).scalar()
-                mark = meta.get(c, "shard_of") if has_meta else None
-                schema_exists = c.execute(text("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = :s)"),
-                                          {"s": t.schema}).scalar()
-                others = _tables(c, t.schema) if schema_exists else 0
-                owner = meta.get(c, "store_id") if has_meta else None
-        except SQLAlchemyError as exc:
-            raise StoreError(f"{name}: {first_line(exc)}") from None
-        want = f"{store_id}:{k}"
-        if mark == want:
-            done = "already shard of this store"
-        elif others:
-            why = (f"it is shard {mark.split(':')[-1]} of {'this' if mark.startswith(store_id) else 'another'} store"
-                   if mark else "it is a gpu-audit store of its own" if owner or has_meta
-                   else f"schema {t.schema} holds {others} tables gpu-audit did not make")
-            raise StoreError(f"{name}: refused: {why}; a shard must be an empty database or schema, or one "
-                             f"`gpu-audit db shard` made as shard {k} of this store")
-        elif not schema_exists:
-            raise StoreError(f"{name}: schema {t.schema} does not exist (create it, empty, first)")
-        else:
-            done = "created"
         s.upgrade()
         with s.begin() as c:
-            if mark != want:
-                meta.put(c, "shard_of", want)
-        return done
+            meta.put(c, "shard_of", f"{store_id}:{k}")
+    except StoreError as exc:
+        raise StoreError(f"shard {k} ({t.location}): {strip_store(str(exc))}") from None
     finally:
         s.engine.dispose()
 
@@ -144,9 +151,10 @@ def setup(store: Store, raw_urls: Sequence[str]) -> dict[str, Any]:
             store_id = secrets.token_hex(8)
             meta.put(conn, "store_id", store_id)
     report: dict[str, Any] = {"shards": [], "moved_rows": 0}
-    for k, t in enumerate(targets, 1):
-        done = _prepare_shard(t, k, store_id)
-        report["shards"].append({"shard": k, "location": t.location, "state": done})
+    states = [_inspect(t, k, store_id) for k, t in enumerate(targets, 1)]  # every shard, before one is changed
+    for k, (t, state) in enumerate(zip(targets, states, strict=True), 1):
+        _prepare_shard(t, k, store_id)
+        report["shards"].append({"shard": k, "location": t.location, "state": state})
     forget(store.engine)
     with store.begin() as conn:
         conn.execute(text(f"SELECT pg_advisory_xact_lock({LOCK})"))
