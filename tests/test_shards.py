@@ -114,6 +114,16 @@ def test_db_shard_makes_foreign_partitions_and_is_idempotent(sharded: Store) -> 
         sharding.setup(sharded, [urls[0], urls[0]])
     with pytest.raises(StoreError, match=r"shard 1 \(.*15442.*refused: it is shard 2 of this store"):
         sharding.setup(sharded, [urls[1], urls[0]])
+    # a foreign server lost with its dependants (its mapping, its partitions, the judged_sets view): run again
+    sharded.ingest([*_allocs(), *_buckets()], seen_at_ts=int(T0.timestamp()))
+    held = sum(n for part in _on_shards(sharded, "SELECT count(*) FROM gpu_buckets") for (n,) in part)
+    with sharded.engine.begin() as conn:
+        conn.execute(text(f'DROP SERVER "{rows[1].server}" CASCADE'))
+    shards.forget(sharded.engine)
+    assert sharding.setup(sharded, urls)["moved_rows"] == 0
+    assert _rows(sharded, "store_shards", "shard") and sharded.count("gpu_buckets") == held == 3 * 4 * 72
+    with sharded.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM judged_sets")).scalar() == 0
 
 
 def _shard_urls(store: Store) -> list[str]:

@@ -158,8 +158,9 @@ def setup(store: Store, raw_urls: Sequence[str]) -> dict[str, Any]:
     forget(store.engine)
     with store.begin() as conn:
         conn.execute(text(f"SELECT pg_advisory_xact_lock({LOCK})"))
-        try:
-            conn.execute(text("CREATE EXTENSION IF NOT EXISTS postgres_fdw"))
+        try:  # in public where there is one: an extension dies with its schema, and takes every server with it
+            public = conn.execute(text("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'public')")).scalar()
+            conn.execute(text("CREATE EXTENSION IF NOT EXISTS postgres_fdw" + (" SCHEMA public" if public else "")))
         except SQLAlchemyError as exc:
             raise StoreError(f"CREATE EXTENSION postgres_fdw on the coordinator: {first_line(exc)} (a superuser "
                              "can create it once: CREATE EXTENSION postgres_fdw)") from None
@@ -220,39 +221,40 @@ def _strategy(conn: Connection, table: str) -> str | None:
 def _convert(conn: Connection, n: int) -> int:
     """Turn each table of SHARDED that is still local into a hash-partitioned table of foreign partitions,
     moving its rows to their shards (buckets; the judged aggregate is not moved: the shards rebuild it at
-    the next audit), and judged_sets into a view. Idempotent; returns the bucket rows moved."""
+    the next audit), and judged_sets into a view. Idempotent, and it repairs: a foreign partition or the view
+    that is missing (a foreign server dropped with its dependants) is made again. Returns the rows moved."""
     rows = listed(conn)
     lay = load_layout(conn, rows)
     moved = 0
     for table in SHARDED:
-        if _strategy(conn, table) == "h":
-            continue
-        old = f"{table}_unsharded"
-        conn.execute(text(f"ALTER TABLE {table} RENAME TO {old}"))
-        conn.execute(text(f"CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS INCLUDING COMMENTS) "
-                          "PARTITION BY HASH (gpu_id)"))
-        comment = conn.execute(text("SELECT obj_description(to_regclass(:t), 'pg_class')"), {"t": old}).scalar()
-        if comment:
-            conn.execute(text(f"COMMENT ON TABLE {table} IS {lit(comment)}"))
+        old = None
+        if _strategy(conn, table) != "h":
+            old = f"{table}_unsharded"
+            conn.execute(text(f"ALTER TABLE {table} RENAME TO {old}"))
+            conn.execute(text(f"CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS INCLUDING COMMENTS) "
+                              "PARTITION BY HASH (gpu_id)"))
+            comment = conn.execute(text("SELECT obj_description(to_regclass(:t), 'pg_class')"), {"t": old}).scalar()
+            if comment:
+                conn.execute(text(f"COMMENT ON TABLE {table} IS {lit(comment)}"))
         for s, r in zip(lay.shards, rows, strict=True):
             conn.execute(text(
-                f"CREATE FOREIGN TABLE {table}_s{s.number} PARTITION OF {table} FOR VALUES WITH (MODULUS {n}, "
-                f"REMAINDER {s.number - 1}) SERVER {ident(s.server)} OPTIONS (schema_name {lit(r.schema_name)}, "
-                f"table_name {lit(table)})"))
-        if table == "gpu_buckets":
-            moved = _move_buckets(conn, lay, old)
-        conn.execute(text(f"DROP TABLE {old} CASCADE"))
-    if _strategy(conn, SETS) != "":
+                f"CREATE FOREIGN TABLE IF NOT EXISTS {table}_s{s.number} PARTITION OF {table} FOR VALUES WITH "
+                f"(MODULUS {n}, REMAINDER {s.number - 1}) SERVER {ident(s.server)} OPTIONS (schema_name "
+                f"{lit(r.schema_name)}, table_name {lit(table)})"))
+        if old is not None:
+            if table == "gpu_buckets":
+                moved = _move_buckets(conn, lay, old)
+            conn.execute(text(f"DROP TABLE {old} CASCADE"))
+    if _strategy(conn, SETS) is None:  # still the plain table of one server
         conn.execute(text(f"DROP TABLE {SETS}"))
-        for s, r in zip(lay.shards, rows, strict=True):
-            conn.execute(text(f"DROP FOREIGN TABLE IF EXISTS {SETS}_s{s.number}"))
-            conn.execute(text(f"CREATE FOREIGN TABLE {SETS}_s{s.number} (ths VARCHAR(16) NOT NULL, from_hour INTEGER "
-                              f"NOT NULL, built_ts INTEGER NOT NULL) SERVER {ident(s.server)} OPTIONS (schema_name "
-                              f"{lit(r.schema_name)}, table_name {lit(SETS)})"))
-        union = " UNION ALL ".join(f"SELECT * FROM {SETS}_s{s.number}" for s in lay.shards)
-        conn.execute(text(f"CREATE VIEW {SETS} AS SELECT ths, MAX(from_hour) AS from_hour, MIN(built_ts) AS built_ts "
-                          f"FROM ({union}) s GROUP BY ths HAVING COUNT(*) = {n}"))
-        conn.execute(text(f"COMMENT ON VIEW {SETS} IS {lit('The threshold set every shard holds (sharded store).')}"))
+    for s, r in zip(lay.shards, rows, strict=True):
+        conn.execute(text(f"CREATE FOREIGN TABLE IF NOT EXISTS {SETS}_s{s.number} (ths VARCHAR(16) NOT NULL, "
+                          f"from_hour INTEGER NOT NULL, built_ts INTEGER NOT NULL) SERVER {ident(s.server)} OPTIONS "
+                          f"(schema_name {lit(r.schema_name)}, table_name {lit(SETS)})"))
+    union = " UNION ALL ".join(f"SELECT * FROM {SETS}_s{s.number}" for s in lay.shards)
+    conn.execute(text(f"CREATE OR REPLACE VIEW {SETS} AS SELECT ths, MAX(from_hour) AS from_hour, MIN(built_ts) AS "
+                      f"built_ts FROM ({union}) s GROUP BY ths HAVING COUNT(*) = {n}"))
+    conn.execute(text(f"COMMENT ON VIEW {SETS} IS {lit('The threshold set every shard holds (sharded store).')}"))
     for s in lay.shards:
         s.engine.dispose()
     return moved
