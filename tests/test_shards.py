@@ -119,6 +119,12 @@ def test_db_shard_makes_foreign_partitions_and_is_idempotent(sharded: Store) -> 
     held = sum(n for part in _on_shards(sharded, "SELECT count(*) FROM gpu_buckets") for (n,) in part)
     with sharded.engine.begin() as conn:
         conn.execute(text(f'DROP SERVER "{rows[1].server}" CASCADE'))
+        conn.execute(text("CREATE SERVER lookalike FOREIGN DATA WRAPPER postgres_fdw"))  # not the shard's
+        conn.execute(text(f'ALTER SERVER lookalike RENAME TO "{rows[1].server}"'))
+    shards.forget(sharded.engine)
+    with pytest.raises(StoreError, match="gpu_buckets has 1 of its 2 foreign partitions: run `gpu-audit db shard`"), \
+            sharded.engine.connect() as conn:
+        shards.layout(conn)  # never a partial read: the audit stops here
     shards.forget(sharded.engine)
     assert sharding.setup(sharded, urls)["moved_rows"] == 0
     assert _rows(sharded, "store_shards", "shard") and sharded.count("gpu_buckets") == held == 3 * 4 * 72

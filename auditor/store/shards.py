@@ -192,7 +192,9 @@ def fdw_options(arr: Sequence[str] | None) -> dict[str, str]:
     return dict(o.split("=", 1) for o in arr or ())
 
 
-def load_layout(conn: Connection, rows: list[Any]) -> Layout:
+def load_layout(conn: Connection, rows: list[Any], *, check: bool = True) -> Layout:
+    """The layout of ``store_shards``'s rows, with a direct connection per shard. ``check``: every per-GPU
+    table has its n foreign partitions (a missing one would make reads through the coordinator partial)."""
     from auditor.store import meta
 
     store_id = meta.get(conn, "store_id") or ""
@@ -214,6 +216,12 @@ def load_layout(conn: Connection, rows: list[Any]) -> Layout:
                                 "options": f"-csearch_path={r.schema_name}"})
         shards.append(Shard(r.shard, r.server, r.location, engine(url), f"{store_id}:{r.shard}", rev))
         _NAMES[r.server] = str(shards[-1])
+    for table in SHARDED if check else ():
+        have = conn.execute(text("SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE "
+                                 "i.inhparent = to_regclass(:t) AND c.relkind = 'f'"), {"t": table}).scalar()
+        if have != len(rows):
+            raise StoreError(f"the coordinator's {table} has {have} of its {len(rows)} foreign partitions: run "
+                             "`gpu-audit db shard` again with the shard URLs")
     return Layout(store_id, shards)
 
 
