@@ -164,6 +164,56 @@ def pg_testbed(url: str) -> str | None:
     return None
 
 
+PGSHARD_DIR = TSDB_TESTBED_ROOT / "pgshards"  # scripts/testbed-pgshards.sh
+PGSHARD_MARKER = "gpu-audit shard test database (scripts/testbed-pgshards.sh)"
+
+
+def pgshard_testbed_info() -> dict[str, str] | None:
+    return read_marker(PGSHARD_DIR / MARKER_NAME)
+
+
+@_identified
+def pgshard_testbed(number: int) -> str | None:
+    """None when shard cluster ``number`` (1-3) of scripts/testbed-pgshards.sh answers on its port and is the
+    one its marker describes (data directory and database comment), else why it is not used."""
+    marker = pgshard_testbed_info()
+    if marker is None:
+        return f"no shard testbed marker {PGSHARD_DIR / MARKER_NAME} (run: bash scripts/testbed-pgshards.sh up)"
+    try:
+        port = int(marker["ports"].split(",")[number - 1])
+        want = marker["data"].split(",")[number - 1]
+        password = Path(marker["password_file"]).read_text().strip()
+    except (KeyError, IndexError, ValueError, OSError) as exc:
+        return f"shard testbed marker {PGSHARD_DIR / MARKER_NAME} unreadable: {exc}"
+    if not port_open(marker.get("host", "127.0.0.1"), port):
+        return f"shard {number} of the testbed (port {port}) is not running (run: bash scripts/testbed-pgshards.sh up)"
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed"
+    try:
+        with psycopg.connect(host=marker.get("host", "127.0.0.1"), port=port, user=marker["user"], password=password,
+                             dbname=marker["database"], connect_timeout=5) as conn:
+            comment = conn.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database "
+                                   "WHERE datname = current_database()").fetchone()
+            data = conn.execute("SHOW data_directory").fetchone()
+    except psycopg.Error as exc:
+        return f"shard {number} on port {port}: {str(exc).strip().splitlines()[0]}"
+    if not comment or comment[0] != PGSHARD_MARKER or not data or data[0] != want:
+        return f"the PostgreSQL on port {port} is not shard {number} of the testbed ({want}): not touched"
+    return None
+
+
+def shard_url(number: int) -> str:
+    """The URL of identified shard cluster ``number`` (skip on a laptop, fail in CI otherwise)."""
+    reason = pgshard_testbed(number)
+    need(reason is None, reason or "")
+    m = pgshard_testbed_info() or {}
+    password = Path(m["password_file"]).read_text().strip()
+    port = m["ports"].split(",")[number - 1]
+    return f"postgresql+psycopg://{m['user']}:{password}@{m.get('host', '127.0.0.1')}:{port}/{m['database']}"
+
+
 def need_slurm() -> None:
     reason = slurm_testbed()
     need(reason is None, reason or "")
@@ -190,9 +240,9 @@ SERVICE_COMMANDS = frozenset({
     "victoria-metrics", "vmalert", "chromium", "chromium-browser", "google-chrome", "chrome", "headless_shell", "psql",
     "mysql", "mariadb"})
 # The testbeds' and the usual services' ports: PostgreSQL, MariaDB, Slurm (ctld, slurmd, dbd, restd, the
-# testbed's slurmd ports), Prometheus/VictoriaMetrics (testbeds and defaults), SMTP.
+# testbed's slurmd ports), Prometheus/VictoriaMetrics (testbeds and defaults), SMTP, the shard testbed.
 SERVICE_PORTS = frozenset({5432, 3306, 6817, 6818, 6819, 6820, 6831, 6832, 19090, 19091, 19092, 19093, 19094,
-                           19095, 9090, 8428, 25, 465, 587})
+                           19095, 9090, 8428, 25, 465, 587, 15441, 15442, 15443})
 SERVICE_SOCKETS = ("/run/munge", "/var/run/munge", "/run/postgresql", "/var/run/postgresql", "/run/mysqld",
                    "/var/run/mysqld", "/tmp/.s.PGSQL")
 _DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]

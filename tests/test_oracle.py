@@ -79,9 +79,10 @@ def scraped(records: list[Any]) -> list[Any]:
     return [r for r in records if not isinstance(r, Sample)] + [b for bb in builders.values() for b in bb.buckets()]
 
 
-def run_code(store: Store, fleet: Fleet) -> dict[str, Any]:
-    """The real pipeline on one fleet: ingest, prune, audit; then the run's rows keyed like the oracle's."""
-    clear(store)
+def run_code(store: Store, fleet: Fleet, empty: Any = None) -> dict[str, Any]:
+    """The real pipeline on one fleet: ingest, prune, audit; then the run's rows keyed like the oracle's.
+    ``empty``: how to empty the store first (default :func:`clear`; a sharded store keeps its layout)."""
+    (empty or clear)(store)
     for op in fleet.ops:
         if op[0] == "ingest":
             store.ingest(scraped(op[1]), seen_at_ts=fleet.since)
@@ -196,9 +197,9 @@ def compare(fleet: Fleet, code: dict[str, Any], want: dict) -> list[str]:
 STATS: dict[str, int] = {}
 
 
-def check(store: Store, fleet: Fleet) -> None:
+def check(store: Store, fleet: Fleet, empty: Any = None) -> None:
     want = run_oracle(fleet)
-    got = run_code(store, fleet)
+    got = run_code(store, fleet, empty)
     bad = compare(fleet, got, want)
     assert not bad, "code and oracle differ:\n" + "\n".join(bad[:40]) + f"\non\n{fleet!r}"
     STATS["fleets"] = STATS.get("fleets", 0) + 1

@@ -26,6 +26,7 @@ from auditor.audit.judge import (
     usage_columns,
 )
 from auditor.config import Thresholds
+from auditor.store import shards
 from auditor.store.engine import Store
 
 USAGE_COLS = ("signal", "reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
@@ -124,9 +125,14 @@ def refresh_aggregate(store: Store, th: Thresholds, since: int) -> dict[str, Any
     before the audit judges, so every per-cluster process reads the same fresh aggregate."""
     if not WHOLE_HOURS:
         return {}
-    with store.begin() as conn:
+
+    def refresh(conn: Connection) -> dict[str, Any]:
         setup_pg(conn)
         return aggregate.refresh(conn, th, since)
+
+    done = shards.on_each(store, refresh)  # a sharded store: each shard its own GPUs' hours, at once
+    return done[0] if len(done) == 1 else {"ths": done[0]["ths"], "shards": done,
+                                             "rejudged_hours": sum(d["rejudged_hours"] for d in done)}
 
 
 def judge_whole_hours(conn: Connection, params: dict[str, Any], th: Thresholds, skip: str) -> int:
@@ -148,6 +154,21 @@ def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thre
     (:data:`WHOLE_HOURS`), the rest with judge_sql (on SQLite its two-step equivalent); buckets of
     infrastructure-affected time are left out (:mod:`auditor.audit.infra`)."""
     skip = infra.skip(conn)
+    lay = shards.layout(conn)
+    if lay is not None:  # each shard judges its own GPUs with these same statements (docs/scale-out.md)
+        def here(sconn: Connection) -> None:
+            setup_pg(sconn)
+            judge_here(sconn, params, th, skip)
+
+        shards.run_shipped(conn, lay, {"_attr": "gpu_id", "_infra": "gpu_id", "_attr_infra": None}, here, "usage_gpu",
+                     ["run_id", "allocated_gpu_id", "allocation_id", "attribution", "gpu_index", "gpu_id",
+                      *USAGE_COLS, "peak_fb_mib", "idle_peak_fb_mib"], f"run_id = {int(params['run_id'])}")
+        return
+    judge_here(conn, params, th, skip)
+
+
+def judge_here(conn: Connection, params: dict[str, Any], th: Thresholds, skip: str) -> None:
+    """:func:`judge` on this connection's own tables."""
     if WHOLE_HOURS:
         judge_whole_hours(conn, params, th, skip)
     if conn.dialect.name != "sqlite":

@@ -55,7 +55,9 @@ def register(main: click.Group) -> None:
         except ValueError as exc:
             raise GpuAuditError(str(exc)) from None
         if upgrade_db:
-            app.store(migrate_check=False, create=True).upgrade()
+            from auditor.store import sharding
+
+            sharding.upgrade(app.store(migrate_check=False, create=True))
         store, cfg = app.store(), app.cfg
         ours = logging.getLogger("gpu_audit")
         aps = logging.getLogger("apscheduler")  # its warnings (e.g. a skipped overlapping run) in our format

@@ -19,6 +19,7 @@ from auditor import jsonsafe
 from auditor.errors import StoreError
 from auditor.records import Record
 from auditor.store import schema
+from auditor.store.messages import first_line as _first_line
 from auditor.store.sqlfuncs import greatest
 from auditor.store.stats import IngestStats
 from auditor.timeutil import utcnow
@@ -194,10 +195,3 @@ class Store:
         with self.engine.connect() as conn:
             return int(conn.execute(text(f"SELECT count(*) FROM {schema.metadata.tables[table].name}"))
                        .scalar() or 0)
-
-
-def _first_line(exc: BaseException) -> str:
-    from auditor.logs import scrub
-
-    msg = str(getattr(exc, "orig", None) or exc)
-    return scrub(msg.strip().splitlines()[0]) if msg.strip() else type(exc).__name__

@@ -168,12 +168,34 @@ def _drop_rolled_up(conn: Connection, rows: list[tuple], before: int | None) -> 
 
 def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int],
                    rolled_up_before: int | None = None) -> int:
-    """The hot path: row tuples (no ORM objects), merged by :func:`write_bucket_rows`."""
+    """The hot path: row tuples (no ORM objects), merged by :func:`write_bucket_rows`. On a sharded store
+    (:mod:`auditor.store.shards`) new GPUs are committed on the coordinator first and each shard's part of
+    the batch takes this same path on the shard."""
+    from auditor.store import shards
+
     keys = list(map(_BUCKET_KEY, buckets))
     gids = list(map(cache.get, keys))
+    lay = shards.layout(conn)
     if None in gids:
-        telemetry_gpu_ids(conn, buckets, cache, keys)
+        if lay is None:
+            telemetry_gpu_ids(conn, buckets, cache, keys)
+        else:  # committed before any shard stores a row of them
+            with shards.committed(conn) as ids:
+                telemetry_gpu_ids(ids, buckets, cache, keys)
         gids = list(map(cache.__getitem__, keys))
+    if lay is not None:
+        from auditor.store import meta
+
+        meta.check_width(conn, {int(w) for w in set(map(attrgetter("seconds"), buckets))})
+        return shards.write_buckets(conn, lay, buckets, gids, lambda c, bs, gs: store_rows(c, bs, gs,
+                                                                                           rolled_up_before))
+    return len(store_rows(conn, buckets, gids, rolled_up_before))
+
+
+def store_rows(conn: Connection, buckets: list[GpuBucket], gids: list[int],
+               rolled_up_before: int | None) -> list[tuple]:
+    """Buckets with their telemetry GPU ids into gpu_buckets, their hours marked for the judged aggregate
+    and their GPUs' labels flag set; returns the rows written."""
     streamed = None
     if conn.dialect.name == "postgresql" and len(buckets) >= COPY_MIN_ROWS:
         from auditor.store.ingest_pg import copy_stream
@@ -188,7 +210,7 @@ def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple
         meta.check_width(conn, {r[3] for r in rows})
         rows = _drop_rolled_up(conn, rows, rolled_up_before)
         if not rows:
-            return 0
+            return rows
         write_bucket_rows(conn, rows)
     from auditor.store import judged
 
@@ -197,7 +219,7 @@ def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple
     if labelled:
         t = schema.telemetry_gpus
         conn.execute(update(t).where(t.c.id.in_(sorted(labelled)), t.c.has_jobs == 0).values(has_jobs=1))
-    return len(rows)
+    return rows
 
 
 def close_unseen(conn: Connection, cluster: str, source: str, seen: int, accounts: tuple[str, ...] = ()) -> int:

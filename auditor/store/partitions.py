@@ -33,13 +33,16 @@ def name(lo: int) -> str:
 
 
 def partitioned(conn: Connection) -> bool:
-    """Whether this store's gpu_buckets is a partitioned table (PostgreSQL at or past 0010_partitions)."""
+    """Whether this store's gpu_buckets is partitioned by week (PostgreSQL at or past 0010_partitions; not the
+    coordinator of a sharded store, whose gpu_buckets is partitioned by GPU over the shards, each of which
+    holds weekly partitions of its own: :mod:`auditor.store.shards`)."""
     if conn.dialect.name != "postgresql":
         return False
     info = conn.connection.info
     if "gpu_buckets_partitioned" not in info:
         info["gpu_buckets_partitioned"] = bool(conn.exec_driver_sql(
-            "SELECT c.relkind = 'p' FROM pg_class c WHERE c.oid = to_regclass('gpu_buckets')").scalar())
+            "SELECT p.partstrat = 'r' FROM pg_partitioned_table p WHERE p.partrelid = "
+            "to_regclass('gpu_buckets')").scalar())
     return bool(info["gpu_buckets_partitioned"])
 
 

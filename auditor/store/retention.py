@@ -125,38 +125,42 @@ def _old_runs(conn: Connection, before: int) -> list[int]:
 def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: float = 42,
           dry_run: bool = False) -> PruneResult:
     """Roll fine buckets older than ``keep_weeks`` up to hourly ones; delete runs older than
-    ``keep_runs_days``. ``dry_run`` only counts."""
+    ``keep_runs_days``. ``dry_run`` only counts. On a sharded store (:mod:`auditor.store.shards`) each
+    shard rolls up its own GPU buckets, one after another, and the coordinator records how far all are rolled
+    up; node and inference buckets stay on the coordinator and are rolled up there."""
+    from auditor.store import shards
+
     cutoff = int(now - keep_weeks * WEEK) // HOUR * HOUR
     res = PruneResult(cutoff_ts=cutoff, dry_run=dry_run)
     with store.engine.connect() as conn:
-        oldest = _oldest_fine(conn, cutoff)
         runs = _old_runs(conn, int(now - keep_runs_days * DAY))
+        lay = shards.layout(conn)
         inf_oldest = conn.execute(text("SELECT MIN(start_ts) " + _INF_FINE), {"lo": 0, "hi": cutoff}).scalar()
         if dry_run:
-            res.fine_rows_rolled = int(conn.execute(text(
-                "SELECT COUNT(*) FROM gpu_buckets WHERE bucket_s < 3600 AND bucket_ts < :c"), {"c": cutoff}).scalar()
-                or 0)
             res.inference_rows_rolled = int(conn.execute(text("SELECT COUNT(*) " + _INF_FINE),
                                                          {"lo": 0, "hi": cutoff}).scalar() or 0)
-            res.runs_deleted = len(runs)
             res.node_rows_rolled = node.count_fine(conn, cutoff)
-            return res
+    if dry_run:
+        res.runs_deleted = len(runs)
+        res.fine_rows_rolled = sum(shards.on_each(store, lambda c: int(c.execute(text(
+            "SELECT COUNT(*) FROM gpu_buckets WHERE bucket_s < 3600 AND bucket_ts < :c"), {"c": cutoff}).scalar()
+            or 0)))
+        return res
     _roll_nodes(store, cutoff, res)
-    if oldest is not None:
-        oldest = _roll_weeks(store, cutoff, res)
-    if oldest is not None:
-        lo = oldest // DAY * DAY
-        while lo < cutoff:
-            hi = min(lo + DAY, cutoff)
+    if lay is None:
+        _roll_up(store, cutoff, res)
+    else:
+        parts = shards.each_shard(lay, lambda s: _roll_up(Store(s.engine), cutoff, PruneResult(cutoff)))
+        for part in parts:
+            res.fine_rows_rolled += part.fine_rows_rolled
+            res.hourly_rows_written += part.hourly_rows_written
+        # what ingest reads before a batch: telemetry before it may have hourly rows on some shard
+        befores = [b for b in shards.on_each(store, meta.rolled_up_before) if b is not None]
+        if befores:
             with store.begin() as conn:
-                rolled, written = _roll(conn, lo, hi)
-                judged.mark_range(conn, lo, hi)  # the judged aggregate re-judges the rolled-up hours
                 before = meta.rolled_up_before(conn)
-                if before is None or hi > before:
-                    meta.put(conn, "rolled_up_before", str(hi))
-            res.fine_rows_rolled += rolled
-            res.hourly_rows_written += written
-            lo = hi
+                if before is None or max(befores) > before:
+                    meta.put(conn, "rolled_up_before", str(max(befores)))
     if inf_oldest is not None:
         lo = int(inf_oldest) // DAY * DAY
         while lo < cutoff:
@@ -174,6 +178,28 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
                 conn.execute(text(f"DELETE FROM {table} WHERE run_id IN ({marks})"))
             conn.execute(text(f"DELETE FROM audit_runs WHERE id IN ({marks})"))
         res.runs_deleted += len(chunk)
+    return res
+
+
+def _roll_up(store: Store, cutoff: int, res: PruneResult) -> PruneResult:
+    """The GPU buckets of one server (the store, or one shard) older than ``cutoff`` rolled up to hourly ones."""
+    with store.engine.connect() as conn:
+        oldest = _oldest_fine(conn, cutoff)
+    if oldest is not None:
+        oldest = _roll_weeks(store, cutoff, res)
+    if oldest is not None:
+        lo = oldest // DAY * DAY
+        while lo < cutoff:
+            hi = min(lo + DAY, cutoff)
+            with store.begin() as conn:
+                rolled, written = _roll(conn, lo, hi)
+                judged.mark_range(conn, lo, hi)  # the judged aggregate re-judges the rolled-up hours
+                before = meta.rolled_up_before(conn)
+                if before is None or hi > before:
+                    meta.put(conn, "rolled_up_before", str(hi))
+            res.fine_rows_rolled += rolled
+            res.hourly_rows_written += written
+            lo = hi
     return res
 
 

@@ -230,6 +230,20 @@ store_meta = Table(
     comment="Facts about the stored data: the bucket width it was collected at, how far it is rolled up.",
 )
 
+store_shards = Table(
+    "store_shards", metadata,
+    Column("shard", Integer, primary_key=True, autoincrement=False,
+           comment="Shard number, 1..n: hash partition (MODULUS n, REMAINDER shard - 1) of gpu_id."),
+    Column("server", String(63), nullable=False,
+           comment="postgres_fdw foreign server of the shard (gpu_audit_shard<n>_<store id>), with its user mapping."),
+    Column("location", String(255), nullable=False,
+           comment="host:port/database and schema of the shard, as printed (never a password)."),
+    Column("schema_name", String(63), nullable=False, comment="Schema of the shard's tables on its server."),
+    _ts("added_ts", "When `gpu-audit db shard` set the shard up", nullable=False),
+    comment="PostgreSQL sharded store (`gpu-audit db shard`, docs/scale-out.md): the shards that hold the per-GPU "
+            "tables (gpu_buckets, judged_hours, judged_dirty) as foreign partitions; empty on a single server.",
+)
+
 watermarks = Table(
     "watermarks", metadata,
     Column("cluster", String(128), primary_key=True, comment="Cluster name."),
