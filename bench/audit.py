@@ -117,8 +117,8 @@ def _rounded(v: object) -> object:
 
 
 def run_digest(store: object, run_id: int) -> dict[str, object]:
-    """A hash of a run's usage_gpu rows and of its findings (evidence included), floats to 9 digits: two
-    judging paths on the same store give the same digest when their figures are the same."""
+    """A hash of a run's usage_gpu rows, of its findings (evidence included) and of its summary, floats to 9
+    digits: two judging paths on the same store give the same digest when their figures are the same."""
     import hashlib
 
     out: dict[str, object] = {}
@@ -135,6 +135,11 @@ def run_digest(store: object, run_id: int) -> dict[str, object]:
             for t in sorted(texts):  # order-independent (findings of one user and kind share every key column)
                 h.update(t.encode())
             out[table] = f"{len(rows)}:{h.hexdigest()[:16]}"
+        summary = conn.execute(text("SELECT summary FROM audit_runs WHERE id = :r"), {"r": run_id}).scalar()
+        summary = json.loads(summary) if isinstance(summary, str) else summary
+        # the run summary's figures (where the waiting goes, capacity, ...), floats to 9 digits
+        out["summary"] = hashlib.sha256(json.dumps(_rounded(summary), sort_keys=True, default=str).encode()
+                                        ).hexdigest()[:16]
     return out
 
 

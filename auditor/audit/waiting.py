@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import infra, judge, verdict
+from auditor.audit import infra, verdict
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import greatest_least
 from auditor.timeutil import H
@@ -41,60 +41,66 @@ CLASSES: dict[str, str] = {
 #: Allocations listed in the summary (the most non-compute hours first)
 TOP_ALLOCATIONS = 20
 
-_IO = ("(COALESCE(b.pcie_tx_bps, 0) + COALESCE(b.pcie_rx_bps, 0) + COALESCE(b.nvlink_tx_bps, 0)"
-       " + COALESCE(b.nvlink_rx_bps, 0))")
-_IO_MEASURED = ("(b.pcie_tx_bps IS NOT NULL OR b.pcie_rx_bps IS NOT NULL OR b.nvlink_tx_bps IS NOT NULL"
-                " OR b.nvlink_rx_bps IS NOT NULL)")
+#: The classes kept as sums of the judged aggregate and columns ``<class>_s`` of usage_gpu (migration
+#: 0020_judged_classes); idle and compute are verdict sums (idle + idle-by-util + mirage, working) and
+#: not_measured is what is left of the reserved time.
+SUMMED = ("memory", "communication", "starved")
 
-
-_MULTI = (" AND u.allocation_id IN (SELECT m.allocation_id FROM usage_gpu m WHERE m.run_id = :run"
-          " GROUP BY m.allocation_id HAVING COUNT(*) >= 2)")
-
-
-def class_case(th: Thresholds) -> str:
-    """The class of one bucket row ``b`` as an SQL CASE (the table in the module docstring)."""
-    b = verdict.prefixed("b")
-    v = verdict.case(th, b, observed="b.observed_s > 0")
-    dram_high = verdict.at_least("b.dram_active", th.hint_dram_high)
-    io_high = verdict.at_least(_IO, th.hint_io_bps)
-    return (f"CASE WHEN NOT b.observed_s > 0 THEN 'not_measured'"
+def class_case(th: Thresholds, c: verdict.Col, *, observed: str, io: str, io_measured: str) -> str:
+    """The class of one judged row (the table in the module docstring) as an SQL CASE: ``c`` names its
+    columns, ``observed`` is true when it has observed seconds, ``io`` is its PCIe + NVLink bytes/s and
+    ``io_measured`` is 1 when it read any link counter. The judging (:func:`auditor.audit.judge._judged_cols`)
+    gives every row judged its class, and the classes of :data:`SUMMED` are summed with the verdict sums."""
+    v = verdict.case(th, c, observed=observed)
+    sm, dram = c("sm_active"), c("dram_active")
+    return (f"CASE WHEN NOT ({observed}) THEN 'not_measured'"
             f" WHEN {verdict.in_codes(f'({v})', verdict.IDLE_CODES)} THEN 'idle'"
-            f" WHEN b.sm_active IS NULL THEN 'not_measured'"
-            f" WHEN {verdict.at_least('b.sm_active', th.working_sm)} THEN 'compute'"
-            f" WHEN b.dram_active IS NOT NULL AND {dram_high} THEN 'memory'"
-            f" WHEN {_IO_MEASURED} AND {io_high} THEN 'communication'"
-            f" WHEN b.dram_active IS NOT NULL AND {_IO_MEASURED} THEN 'starved'"
+            f" WHEN {sm} IS NULL THEN 'not_measured'"
+            f" WHEN {verdict.at_least(sm, th.working_sm)} THEN 'compute'"
+            f" WHEN {dram} IS NOT NULL AND {verdict.at_least(dram, th.hint_dram_high)} THEN 'memory'"
+            f" WHEN {io_measured} = 1 AND {verdict.at_least(io, th.hint_io_bps)} THEN 'communication'"
+            f" WHEN {dram} IS NOT NULL AND {io_measured} = 1 THEN 'starved'"
             " ELSE 'not_measured' END")
 
 
-def rows_sql(dialect: str, th: Thresholds, skip: str = "", *, multi: bool = False) -> str:
-    """Per (allocated GPU of the run, applicable bucket row): its class, observed seconds inside the reserved
-    interval, SM activity and PCIe + NVLink bytes/s. The applicable rows are judge's: the row naming the job
-    where the bucket has labelled rows, else the unlabelled row. ``multi``: only allocations of 2+ GPUs."""
+def busy(th: Thresholds, sm: str, io: str) -> str:
+    """A straggler's unit (or one GPU's row) is busy: it computes (SM activity >= working_sm, the verdict's
+    "working") or runs its link saturated (PCIe + NVLink bytes/s >= straggler_link_bps)."""
+    return f"({verdict.at_least(sm, th.working_sm)} OR {verdict.at_least(io, th.straggler_link_bps)})"
+
+
+def waitable(th: Thresholds, sm: str) -> str:
+    """SM activity below straggler_peer_sm: a unit waits only where one of its GPUs reads so."""
+    return verdict.below(sm, th.straggler_peer_sm)
+
+
+#: Allocations whose units can lead and wait at all (2+ GPUs; a unit leads a bucket only where one of its GPUs
+#: is busy there (the judging's ``lead_s``: a mean reaches a threshold only where a member does), and every
+#: other unit waits: a GPU unit reads idle_sm <= SM < straggler_peer_sm there, not busy (the verdict "low"), a
+#: node reads SM below straggler_peer_sm on one GPU (``waitable_s``) and at least idle_sm on one (low or
+#: working)). The others have no straggler and their buckets are not read again.
+CANDIDATES = """SELECT u.allocation_id FROM usage_gpu u WHERE u.run_id = :run AND u.gpu_id IS NOT NULL
+GROUP BY u.allocation_id HAVING COUNT(*) >= 2 AND SUM(u.lead_s) > 0
+ AND (SUM(u.low_s) > 0 OR (SUM(u.waitable_s) > 0 AND SUM(u.working_s) > 0))"""
+
+
+def rows_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
+    """Per (allocated GPU of a candidate allocation (``_strag``, :data:`CANDIDATES`), bucket): the judged row
+    of its applicable rows (:func:`auditor.audit.judge.rows_of`: observed seconds inside the reserved
+    interval, SM activity, PCIe + NVLink bytes/s), with the GPU's share, node and index."""
+    from auditor.audit import judge
+
     g, le = greatest_least(dialect)
-    obs = (f"CASE WHEN b.observed_s > 0 THEN {le}({g}(0, {le}(COALESCE(b.span_end, b.bucket_ts + b.bucket_s), c.a_e)"
-           f" - {g}(COALESCE(b.span_start, b.bucket_ts), c.a_s)), b.observed_s) ELSE 0 END")
-    applies = (f"((b.job = '' AND (c.lab = 0 OR NOT EXISTS (SELECT 1 FROM gpu_buckets s WHERE s.gpu_id = b.gpu_id"
-               f" AND s.bucket_ts = b.bucket_ts AND s.job <> ''))) OR (c.lab = 1 AND "
-               f"{judge.job_match(dialect, 'b.job', 'c.jkey')}))")
+    rows = judge.rows_of(dialect, th, "c", "cc", ["aid", "gid", "share", "node", "gpu_index"], skip)
     return f"""WITH c AS (
   SELECT u.allocation_id AS aid, u.allocated_gpu_id AS gid, u.gpu_id, ag.share, ag.node, u.gpu_index,
    {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey,
    tg.has_jobs AS lab
-  FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN telemetry_gpus tg ON tg.id = u.gpu_id
-  JOIN allocations a ON a.id = u.allocation_id
-  WHERE u.run_id = :run AND u.gpu_id IS NOT NULL{_MULTI if multi else ""})
-SELECT c.aid, c.gid, c.share, c.node, c.gpu_index, b.bucket_ts, {obs} AS obs, {class_case(th)} AS cls,
- b.sm_active AS sm, {_IO} AS io
-FROM c JOIN gpu_buckets b ON b.gpu_id = c.gpu_id AND b.bucket_ts >= c.a_s - {judge.LOOKBACK}
- AND b.bucket_ts < c.a_e AND b.bucket_ts + b.bucket_s > c.a_s{infra.clip(skip, dialect, 'c')}
-WHERE {applies}"""
-
-
-def classes_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
-    """Seconds (times share) per allocation and class."""
-    return (f"SELECT r.aid, r.cls, SUM(r.share * r.obs) AS s FROM ({rows_sql(dialect, th, skip)}) r "
-            "GROUP BY r.aid, r.cls")
+  FROM _strag x JOIN usage_gpu u ON u.run_id = :run AND u.allocation_id = x.aid
+  JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN telemetry_gpus tg ON tg.id = u.gpu_id
+  JOIN allocations a ON a.id = u.allocation_id WHERE u.gpu_id IS NOT NULL)
+SELECT j.aid, j.gid, j.share, j.node, j.gpu_index, j.bucket_ts, j.obs, j.sm_active AS sm, j.io_bps AS io
+FROM {rows}"""
 
 
 def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
@@ -106,19 +112,17 @@ def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     where 2+ units reported SM."""
     unit = "CASE WHEN n.nodes >= 2 THEN r.node ELSE r.node || ':' || CAST(r.gpu_index AS TEXT) END"
     computes = verdict.at_least("s.sm", th.working_sm)  # the verdict's "working" (one definition, verdict.py)
-    busy = f"({computes} OR {verdict.at_least('s.io', th.straggler_link_bps)})"
-    waits = (f"(NOT {busy} AND {verdict.below('s.sm', th.straggler_peer_sm)}"
-             f" AND {verdict.at_least('s.sm', th.idle_sm)})")
+    waits = f"(NOT {busy(th, 's.sm', 's.io')} AND {waitable(th, 's.sm')} AND {verdict.at_least('s.sm', th.idle_sm)})"
     lead = "(t.is_busy = 1 AND t.busy = 1 AND t.waiting = t.units - 1)"
-    return f"""WITH r AS ({rows_sql(dialect, th, skip, multi=True)}),
+    return f"""WITH r AS ({rows_sql(dialect, th, skip)}),
  n AS (SELECT aid, COUNT(DISTINCT node) AS nodes, COUNT(DISTINCT gid) AS gpus FROM r GROUP BY aid),
  s AS (SELECT r.aid, {unit} AS unit, r.bucket_ts, SUM(r.obs * r.sm) / NULLIF(SUM(r.obs), 0) AS sm,
         SUM(r.obs * r.io) / NULLIF(SUM(r.obs), 0) AS io, SUM(r.share * r.obs) AS obs,
         SUM(r.share * r.obs * r.sm) AS smo
        FROM r JOIN n ON n.aid = r.aid WHERE n.gpus >= 2 AND r.sm IS NOT NULL AND r.obs > 0
        GROUP BY r.aid, {unit}, r.bucket_ts),
- f AS (SELECT s.*, CASE WHEN {busy} THEN 1 ELSE 0 END AS is_busy, CASE WHEN {waits} THEN 1 ELSE 0 END AS is_waiting,
-        CASE WHEN {computes} THEN 0 ELSE 1 END AS by_link FROM s),
+ f AS (SELECT s.*, CASE WHEN {busy(th, 's.sm', 's.io')} THEN 1 ELSE 0 END AS is_busy,
+        CASE WHEN {waits} THEN 1 ELSE 0 END AS is_waiting, CASE WHEN {computes} THEN 0 ELSE 1 END AS by_link FROM s),
  t AS (SELECT f.*, COUNT(*) OVER w AS units, SUM(f.is_busy) OVER w AS busy, SUM(f.is_waiting) OVER w AS waiting,
         SUM(f.obs) OVER w AS all_obs, SUM(f.smo) OVER w AS all_smo
        FROM f WINDOW w AS (PARTITION BY f.aid, f.bucket_ts))
@@ -161,13 +165,15 @@ def breakdown(per_alloc: list[dict[str, Any]], seconds: dict[int, dict[str, floa
             "allocations": allocs[:TOP_ALLOCATIONS]}
 
 
-def class_seconds(conn: Connection, run_id: int, th: Thresholds, p: dict[str, Any]) -> dict[int, dict[str, float]]:
-    """allocation id -> class -> seconds (times share), from the buckets (set-based, one query)."""
-    out: dict[int, dict[str, float]] = defaultdict(dict)
-    sql = classes_sql(conn.dialect.name, th, infra.skip(conn))
-    for aid, cls, s in conn.execute(text(sql), {**p, "run": run_id}):
-        out[aid][cls] = float(s or 0.0)
-    return out
+def class_seconds(conn: Connection, run_id: int) -> dict[int, dict[str, float]]:
+    """allocation id -> class -> seconds (times share), as the judging summed them into usage_gpu (every
+    class but not_measured, which :func:`breakdown` computes)."""
+    cols = ", ".join(f"SUM(u.{k}_s)" for k in SUMMED)
+    sql = (f"SELECT u.allocation_id, SUM(u.idle_s + u.mirage_s), SUM(u.working_s), {cols} FROM usage_gpu u "
+           "WHERE u.run_id = :run GROUP BY u.allocation_id")
+    names = ("idle", "compute", *SUMMED)
+    return {r[0]: {k: float(v or 0.0) for k, v in zip(names, r[1:], strict=True)}
+            for r in conn.execute(text(sql), {"run": run_id})}
 
 
 def stragglers(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds,
@@ -178,8 +184,14 @@ def stragglers(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], t
 
     by_id = {r["allocation_id"]: r for r in per_alloc}
     rows: dict[int, list[Any]] = defaultdict(list)
-    for x in conn.execute(text(straggler_sql(conn.dialect.name, th, infra.skip(conn))), {**p, "run": run_id}):
-        rows[x.aid].append(x)
+    conn.execute(text("DROP TABLE IF EXISTS _strag"))
+    conn.execute(text("CREATE TEMPORARY TABLE _strag (aid INTEGER PRIMARY KEY)"))
+    if conn.execute(text(f"INSERT INTO _strag {CANDIDATES}"), {"run": run_id}).rowcount:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("ANALYZE _strag"))
+        for x in conn.execute(text(straggler_sql(conn.dialect.name, th, infra.skip(conn))), {**p, "run": run_id}):
+            rows[x.aid].append(x)
+    conn.execute(text("DROP TABLE _strag"))
     if not rows:
         return []
     gpus: dict[int, list[tuple[str, int | None]]] = defaultdict(list)
@@ -231,4 +243,4 @@ def _name(g: tuple[str, Any]) -> str:
 def analyse(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]], th: Thresholds,
             p: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(the run summary's ``waiting``, straggler findings) of one run."""
-    return breakdown(per_alloc, class_seconds(conn, run_id, th, p)), stragglers(conn, run_id, per_alloc, th, p)
+    return breakdown(per_alloc, class_seconds(conn, run_id)), stragglers(conn, run_id, per_alloc, th, p)
