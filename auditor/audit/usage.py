@@ -59,11 +59,30 @@ def refresh_aggregate(store: Store, th: Thresholds, since: int) -> dict[str, Any
         return aggregate.refresh(conn, th, since)
 
 
+def aggregate_set(conn: Connection, th: Thresholds, since: int) -> str | None:
+    """The judged aggregate's set that an audit of ``th`` from ``since`` reads whole hours from: None when
+    :data:`WHOLE_HOURS` is off or the aggregate does not hold these thresholds from that hour on."""
+    return aggregate.usable(conn, th, since) if WHOLE_HOURS else None
+
+
+def run_thresholds(conn: Connection, run_id: int) -> Thresholds:
+    """The thresholds an audit run judged with (audit_runs.thresholds)."""
+    import json
+
+    from sqlalchemy import select
+
+    from auditor.store import schema
+
+    t = schema.audit_runs
+    got = conn.execute(select(t.c.thresholds).where(t.c.id == run_id)).scalar()
+    return Thresholds(**(json.loads(got) if isinstance(got, str) else got or {}))
+
+
 def whole_hour_gpus(conn: Connection, params: dict[str, Any], th: Thresholds, skip: str) -> int:
     """Plan which allocated GPUs of ``_attr`` read whole hours from the judged aggregate (``_agg``,
     :func:`auditor.audit.aggregate.plan`); returns how many (none with :data:`WHOLE_HOURS` off, or when the
     aggregate does not hold this run's thresholds from its window's first hour on)."""
-    ths = aggregate.usable(conn, th, params["since"]) if WHOLE_HOURS else None
+    ths = aggregate_set(conn, th, params["since"])
     params["ths"] = ths or ""
     return aggregate.plan(conn, "_attr", "allocated_gpu_id", skip, ths)
 
