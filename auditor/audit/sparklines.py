@@ -1,13 +1,14 @@
 """Sparklines: mean SM activity and GPU-Util of a flagged allocation in up to 48 bins of whole clock hours,
 the evidence a reader sees first (docs/definitions.md "Sparklines").
 
-Each bin is ``bin_hours`` clock hours (as many as it takes to fit the allocation's hours in 48 bins, the last
-one may be cut by the allocation's end); its values are the means the audit itself takes (SM activity and
-GPU-Util weighted by observed seconds, over the applicable rows of the allocation's GPUs inside the reserved
-interval, infrastructure-affected buckets left out), read from the judging's per-hour sums (:func:`auditor.audit.aggregate.sums_sql`, hourly): whole
-hours from the judged aggregate, the partial hours at the edges from the buckets. Read set-wise for a block
-of allocations (one packed string per allocation from the store) and kept as JSON text: formatting ~100
-floats per finding was most of the time it took to write the findings.
+Each bin is ``bin_hours`` clock hours (as many as it takes to fit the allocation's hours in 48 bins; the last
+one may be cut by the allocation's end). Its values are the means the audit itself takes: SM activity and
+GPU-Util weighted by observed seconds (and share), over the applicable rows of the allocation's GPUs inside
+the reserved interval, infrastructure-affected buckets left out. They come from the judging's per-hour sums
+(:func:`auditor.audit.aggregate.sums_sql`, hourly): whole hours from the judged aggregate, the partial hours
+at the edges from the buckets. Read set-wise for a block of allocations (one packed string per allocation from
+the store) and kept as JSON text: formatting ~100 floats per finding was most of the time it took to write
+the findings.
 """
 
 from __future__ import annotations
