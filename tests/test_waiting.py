@@ -252,7 +252,8 @@ def test_a_saturated_link_holds_the_peers_up(store: Store) -> None:
 def _unit_rows(store: Store, run_id: int, p: dict[str, Any], candidates: str) -> dict[int, list[tuple]]:
     """straggler_sql's rows (allocation -> its units' led and held seconds) over the allocations ``candidates``
     selects (into ``_strag``), in the run's own transaction state (infrastructure intervals prepared)."""
-    from auditor.audit import infra, waiting as w
+    from auditor.audit import infra
+    from auditor.audit import waiting as w
     from auditor.config import Thresholds
 
     th = Thresholds()
