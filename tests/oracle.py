@@ -244,6 +244,7 @@ class GpuResult:
     wait: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAIT_CLASSES, 0.0))
     lead: float = 0.0  # share x obs of rows with SM that compute or run the link saturated (stragglers)
     waitable: float = 0.0  # share x obs of rows with SM below straggler_peer_sm
+    waits: float = 0.0  # share x obs of rows not busy with idle_sm <= SM < straggler_peer_sm
     #: clock hour (of the bucket's start) -> share x [obs x SM, obs with SM, obs x GPU-Util, obs with GPU-Util]
     hours: dict[int, list[float]] = field(default_factory=dict)
 
@@ -254,7 +255,7 @@ class GpuResult:
                 "idle": c["idle"] + c["idle_by_util"], "idle_by_util": c["idle_by_util"],
                 "mirage": c["mirage"], "low": c["low"], "working": c["working"],
                 "busy_unverified": c["busy_unverified"], "unknown": self.unknown, "effective": self.effective,
-                "infra": self.infra, **self.wait, "lead": self.lead, "waitable": self.waitable}
+                "infra": self.infra, **self.wait, "lead": self.lead, "waitable": self.waitable, "waits": self.waits}
 
 
 @dataclass
@@ -457,8 +458,11 @@ class Oracle:
             if c in r.wait:
                 r.wait[c] += r.share * obs
             sm, util = row.metrics["sm_active"], row.metrics["gpu_util"]
-            if sm is not None and (ge(sm, th.working_sm) or (io is not None and ge(io, th.straggler_link_bps))):
+            busy = sm is not None and (ge(sm, th.working_sm) or (io is not None and ge(io, th.straggler_link_bps)))
+            if busy:
                 r.lead += r.share * obs
+            if sm is not None and not busy and lt(sm, th.straggler_peer_sm) and ge(sm, th.idle_sm):
+                r.waits += r.share * obs
             if sm is not None and lt(sm, th.straggler_peer_sm):
                 r.waitable += r.share * obs
             hour = r.hours.setdefault(int(ts // HOUR), [0.0, 0.0, 0.0, 0.0])

@@ -127,13 +127,14 @@ SUMS: dict[str, str] = {
 
 #: the observed seconds of the classes of "where the waiting goes" that are no verdict sum (the judged row's
 #: class ``cls``: :func:`auditor.audit.waiting.class_case`), and of the rows that could lead a lockstep job
-#: (``lead``: :func:`auditor.audit.waiting.busy`, the straggler rule's "busy") or wait on it (``waitable``)
+#: (``lead``: :func:`auditor.audit.waiting.busy`, the straggler rule's "busy") or wait on it (``waitable``, ``waits``)
 SUMS.update({k: f"SUM(CASE WHEN j.cls = '{k}' THEN j.obs END)" for k in waiting.SUMMED})
 SUMS["lead"] = "SUM(CASE WHEN j.lead = 1 THEN j.obs END)"
 SUMS["waitable"] = "SUM(CASE WHEN j.waitable = 1 THEN j.obs END)"
+SUMS["waits"] = "SUM(CASE WHEN j.waits = 1 THEN j.obs END)"
 #: SUMS that become a usage column ``<name>_s`` as they are, times share
 EXTRA = ("mirage_util", "mirage_power", "mirage_power_observed", "energy", "power_observed", "idle_energy",
-         "idle_power_observed", *waiting.SUMMED, "lead", "waitable")
+         "idle_power_observed", *waiting.SUMMED, "lead", "waitable", "waits")
 OBSERVED = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
 
 
@@ -181,7 +182,8 @@ def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, dialect: st
             f"{verdict.case(th, c, observed=f'{seen} > 0', working_first=True)} AS v, "
             f"{waiting.class_case(th, c, observed=f'{seen} > 0', io=io, io_measured=measured)} AS cls, "
             f"CASE WHEN {c('sm_active')} IS NOT NULL AND {waiting.busy(th, c('sm_active'), io)} THEN 1 ELSE 0 END "
-            f"AS lead, CASE WHEN {waiting.waitable(th, c('sm_active'))} THEN 1 ELSE 0 END AS waitable")
+            f"AS lead, CASE WHEN {waiting.waitable(th, c('sm_active'))} THEN 1 ELSE 0 END AS waitable, "
+            f"CASE WHEN {waiting.waits(th, c('sm_active'), io)} THEN 1 ELSE 0 END AS waits")
 
 
 def rows_of(dialect: str, th: Thresholds, src: str, alias: str, names: list[str], skip: str = "") -> str:

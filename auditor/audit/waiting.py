@@ -70,18 +70,27 @@ def busy(th: Thresholds, sm: str, io: str) -> str:
 
 
 def waitable(th: Thresholds, sm: str) -> str:
-    """SM activity below straggler_peer_sm: a unit waits only where one of its GPUs reads so."""
+    """SM activity below straggler_peer_sm: a node waits only where one of its GPUs reads so."""
     return verdict.below(sm, th.straggler_peer_sm)
 
 
-#: Allocations whose units can lead and wait at all (2+ GPUs; a unit leads a bucket only where one of its GPUs
-#: is busy there (the judging's ``lead_s``: a mean reaches a threshold only where a member does), and every
-#: other unit waits: a GPU unit reads idle_sm <= SM < straggler_peer_sm there, not busy (the verdict "low"), a
-#: node reads SM below straggler_peer_sm on one GPU (``waitable_s``) and at least idle_sm on one (low or
-#: working)). The others have no straggler and their buckets are not read again.
-CANDIDATES = """SELECT u.allocation_id FROM usage_gpu u WHERE u.run_id = :run AND u.gpu_id IS NOT NULL
-GROUP BY u.allocation_id HAVING COUNT(*) >= 2 AND SUM(u.lead_s) > 0
- AND (SUM(u.low_s) > 0 OR (SUM(u.waitable_s) > 0 AND SUM(u.working_s) > 0))"""
+def waits(th: Thresholds, sm: str, io: str) -> str:
+    """A straggler's unit (or one GPU's row) waits: not busy, SM activity below straggler_peer_sm and at least
+    idle_sm (an idle GPU waits on nothing; idle_gpus reports it)."""
+    return f"(NOT {busy(th, sm, io)} AND {waitable(th, sm)} AND {verdict.at_least(sm, th.idle_sm)})"
+
+
+#: Allocations whose units can lead and wait at all (2+ GPUs). A unit leads a bucket only where one of its GPUs
+#: is busy there (the judging's ``lead_s``: a mean reaches a threshold only where a member does), and another
+#: unit waits: a unit of one GPU where that GPU waits (``waits_s``), a unit of several (a node, or MIG
+#: instances of one GPU, or GPUs of unknown index) where one reads SM below straggler_peer_sm (``waitable_s``)
+#: and one at least idle_sm (the verdict low or working). The others have no straggler and their buckets are
+#: not read again.
+CANDIDATES = """SELECT u.allocation_id FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id
+WHERE u.run_id = :run AND u.gpu_id IS NOT NULL
+GROUP BY u.allocation_id HAVING COUNT(*) >= 2 AND SUM(u.lead_s) > 0 AND (SUM(u.waits_s) > 0
+ OR ((COUNT(DISTINCT ag.node) >= 2 OR COUNT(*) > COUNT(DISTINCT u.gpu_index)) AND SUM(u.waitable_s) > 0
+     AND SUM(u.low_s + u.working_s) > 0))"""
 
 
 def rows_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
@@ -112,7 +121,6 @@ def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     where 2+ units reported SM."""
     unit = "CASE WHEN n.nodes >= 2 THEN r.node ELSE r.node || ':' || CAST(r.gpu_index AS TEXT) END"
     computes = verdict.at_least("s.sm", th.working_sm)  # the verdict's "working" (one definition, verdict.py)
-    waits = f"(NOT {busy(th, 's.sm', 's.io')} AND {waitable(th, 's.sm')} AND {verdict.at_least('s.sm', th.idle_sm)})"
     lead = "(t.is_busy = 1 AND t.busy = 1 AND t.waiting = t.units - 1)"
     return f"""WITH r AS ({rows_sql(dialect, th, skip)}),
  n AS (SELECT aid, COUNT(DISTINCT node) AS nodes, COUNT(DISTINCT gid) AS gpus FROM r GROUP BY aid),
@@ -122,7 +130,8 @@ def straggler_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
        FROM r JOIN n ON n.aid = r.aid WHERE n.gpus >= 2 AND r.sm IS NOT NULL AND r.obs > 0
        GROUP BY r.aid, {unit}, r.bucket_ts),
  f AS (SELECT s.*, CASE WHEN {busy(th, 's.sm', 's.io')} THEN 1 ELSE 0 END AS is_busy,
-        CASE WHEN {waits} THEN 1 ELSE 0 END AS is_waiting, CASE WHEN {computes} THEN 0 ELSE 1 END AS by_link FROM s),
+        CASE WHEN {waits(th, 's.sm', 's.io')} THEN 1 ELSE 0 END AS is_waiting,
+        CASE WHEN {computes} THEN 0 ELSE 1 END AS by_link FROM s),
  t AS (SELECT f.*, COUNT(*) OVER w AS units, SUM(f.is_busy) OVER w AS busy, SUM(f.is_waiting) OVER w AS waiting,
         SUM(f.obs) OVER w AS all_obs, SUM(f.smo) OVER w AS all_smo
        FROM f WINDOW w AS (PARTITION BY f.aid, f.bucket_ts))

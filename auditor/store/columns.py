@@ -86,6 +86,8 @@ JUDGED_SUMS = {
     "lead": "Observed seconds of rows with SM activity that computed (SM >= working_sm) or ran the link saturated "
             "(PCIe + NVLink >= straggler_link_bps): when the GPU could lead its lockstep peers (stragglers).",
     "waitable": "Observed seconds of rows with SM activity below straggler_peer_sm (stragglers).",
+    "waits": "Observed seconds of rows that wait on a lockstep peer: not computing nor running the link saturated, "
+             "idle_sm <= SM activity < straggler_peer_sm (stragglers).",
 }
 
 #: usage_gpu columns that usage_allocation does not have: the classes of "where the waiting goes" that are not
@@ -100,4 +102,6 @@ GPU_ONLY = {
     "lead_s": "GPU-seconds the GPU computed (SM >= working_sm) or ran its link saturated (PCIe + NVLink >= "
               "straggler_link_bps): when it could lead its lockstep peers (times share).",
     "waitable_s": "GPU-seconds with SM activity below straggler_peer_sm (times share).",
+    "waits_s": "GPU-seconds the GPU waited on a lockstep peer: not computing nor running its link saturated, "
+               "idle_sm <= SM activity < straggler_peer_sm (times share).",
 }
