@@ -253,7 +253,7 @@ def _unit_rows(store: Store, run_id: int, p: dict[str, Any], candidates: str) ->
     """straggler_sql's rows (allocation -> its units' led and held seconds) over the allocations ``candidates``
     selects (into ``_strag``), in the run's own transaction state (infrastructure intervals prepared)."""
     from auditor.audit import infra
-    from auditor.audit import waiting as w
+    from auditor.audit import stragglers as w
     from auditor.config import Thresholds
 
     th = Thresholds()
@@ -270,12 +270,12 @@ def _unit_rows(store: Store, run_id: int, p: dict[str, Any], candidates: str) ->
 
 
 def test_the_candidates_hold_every_lead(store_url: str) -> None:
-    """waiting.CANDIDATES (from the judging's usage sums) keeps every allocation in which any unit leads any
+    """stragglers.CANDIDATES (from the judging's usage sums) keeps every allocation in which any unit leads any
     bucket: on a simulated fleet (multi-node jobs, partial, low and idle-episode jobs) and beside it the
     straggler jobs of the tests above (two nodes, one node's GPUs, a saturated link), the straggler rows of all
     allocations of 2+ GPUs that have a led second are exactly the candidates' rows. The filter prunes most of
     the others (it is the point) but never one that leads."""
-    from auditor.audit import waiting as w
+    from auditor.audit import stragglers as w
     from auditor.simulate import FleetSpec, populate
 
     every = ("SELECT allocation_id FROM usage_gpu WHERE run_id = :run AND gpu_id IS NOT NULL "

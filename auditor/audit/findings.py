@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, text
 
 from auditor import energy, jsonsafe
-from auditor.audit import goodput, infra, kinds, parallel, rightsize, waiting
+from auditor.audit import goodput, infra, kinds, parallel, rightsize, stragglers, waiting
 from auditor.audit.efficiency import low_efficiency
 from auditor.audit.episodes import idle_episodes
 from auditor.audit.evidence import (
@@ -357,7 +357,8 @@ def extra_findings(conn: Connection, run_id: int, per_alloc: list[dict[str, Any]
     if summary is not None:
         summary["request_hygiene_by_team"] = teams
     with step("where the waiting goes, stragglers"):
-        waits, strag = waiting.analyse(conn, run_id, per_alloc, th, p)
+        waits = waiting.breakdown(per_alloc, waiting.class_seconds(conn, run_id))
+        strag = stragglers.stragglers(conn, run_id, per_alloc, th, p)
     if summary is not None:
         summary["waiting"] = waits
     return out + hygiene + strag

@@ -92,7 +92,7 @@ JUDGED_SUMS = {
 
 #: usage_gpu columns that usage_allocation does not have: the classes of "where the waiting goes" that are not
 #: verdict sums (auditor.audit.waiting.SUMMED; idle and compute are the verdicts' idle, mirage and working
-#: seconds) and the straggler rule's candidates (auditor.audit.waiting.CANDIDATES)
+#: seconds) and the straggler rule's candidates (auditor.audit.stragglers.CANDIDATES)
 GPU_ONLY = {
     "memory_s": "GPU-seconds memory-bound: SM below working_sm, DRAM activity >= hint_dram_high (times share).",
     "communication_s": "GPU-seconds waiting on communication: SM below working_sm, DRAM not high, PCIe + NVLink "
