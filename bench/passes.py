@@ -14,14 +14,14 @@ timed audit reads it.)
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
+
+from bench.audit import _cpu
 
 #: (module, attribute, pass name): the callables that read gpu_buckets during an audit, where the audit
 #: looks them up
@@ -34,45 +34,27 @@ PASSES = (
     ("auditor.audit.findings", "idle_reservations", "idle reservations"),
     ("auditor.audit.findings", "unallocated_ghosts", "ghosts on unallocated GPUs"),
     ("auditor.audit.waiting", "class_seconds", "where the waiting goes (classes)"),
-    ("auditor.audit.waiting", "stragglers", "stragglers"),
+    ("auditor.audit.stragglers", "stragglers", "stragglers"),
     ("auditor.audit.findings", "sparkline_texts", "sparklines"),
     ("auditor.audit.capacity", "capacity", "capacity (node first seen)"),
 )
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _server_cpu(pid: int | None) -> float:
-    """CPU seconds of a local PostgreSQL backend (utime + stime from /proc), 0 where it cannot be read."""
-    if not pid:
-        return 0.0
-    try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    import os
-
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class Timer:
-    def __init__(self) -> None:
+    def __init__(self, server: Any) -> None:
         self.rows: dict[str, list[float]] = {}
-        self.pid: int | None = None
+        self.server = server
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kw: Any) -> Any:
-            t, c, s = time.perf_counter(), _cpu(), _server_cpu(self.pid)
+            t, c, s = time.perf_counter(), _cpu(), self.server.seconds()
             try:
                 return fn(*args, **kw)
             finally:
                 r = self.rows.setdefault(name, [0.0, 0.0, 0.0])
                 r[0] += time.perf_counter() - t
                 r[1] += _cpu() - c
-                r[2] += _server_cpu(self.pid) - s
+                r[2] += self.server.seconds() - s
         return timed
 
 
@@ -84,39 +66,33 @@ def measure(url: str, gpus: int, days: float, seed: int, cold: bool) -> dict[str
     from auditor.simulate import FleetSpec
     from auditor.store.engine import Store
     from bench.__main__ import machine
-    from bench.audit import _drop_run, floor_seconds
+    from bench.audit import ServerCpu, _drop_run, floor_seconds
 
     spec = FleetSpec(gpus=gpus, days=days, seed=seed)
     store = Store.open(url)
+    server = ServerCpu(store)  # before the pool opens a connection
     store.upgrade()
     cfg = Config()
     cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"judge_connections": 1})})
-    pg = store.engine.dialect.name == "postgresql"
     if cold:
         with store.begin() as conn:
             for t in ("judged_hours", "judged_sets", "judged_dirty"):
                 conn.execute(text(f"DELETE FROM {t}"))
     else:  # the aggregate built (and the caches warm) by one audit first
         _drop_run(store, run_audit(store, cfg, spec.start, spec.end).run_id)
+    c, sv = _cpu(), server.seconds()
     floor = floor_seconds(store)[0]
-    timer = Timer()
+    floor_cpu = (_cpu() - c) + (server.seconds() - sv)  # the client's, or the server's
+    timer = Timer(server)
     saved = []
     for mod, attr, name in PASSES:
         m = importlib.import_module(mod)
         saved.append((m, attr, getattr(m, attr)))
         setattr(m, attr, timer.wrap(name, getattr(m, attr)))
-    if pg:  # the one connection the audit uses comes back from the pool: note its backend
-        from sqlalchemy import event
-
-        @event.listens_for(store.engine, "checkout")
-        def _pid(dbapi: Any, _rec: Any, _proxy: Any) -> None:
-            with dbapi.cursor() as cur:
-                cur.execute("SELECT pg_backend_pid()")
-                timer.pid = cur.fetchone()[0]
     try:
-        t, c = time.perf_counter(), _cpu()
+        t, c, sv = time.perf_counter(), _cpu(), server.seconds()
         res = run_audit(store, cfg, spec.start, spec.end)
-        audit_s, audit_cpu = time.perf_counter() - t, _cpu() - c
+        audit_s, audit_cpu, audit_srv = time.perf_counter() - t, _cpu() - c, server.seconds() - sv
     finally:
         for m, attr, fn in saved:
             setattr(m, attr, fn)
@@ -124,7 +100,8 @@ def measure(url: str, gpus: int, days: float, seed: int, cold: bool) -> dict[str
     _drop_run(store, res.run_id)
     store.engine.dispose()
     return {"engine": store.engine.dialect.name, "gpus": gpus, "days": days, "floor_s": floor,
-            "audit_s": audit_s, "audit_cpu_s": audit_cpu, "machine": machine(),
+            "floor_cpu_s": floor_cpu, "audit_s": audit_s, "audit_cpu_s": audit_cpu, "audit_server_cpu_s": audit_srv,
+            "machine": machine(),
             "passes": {k: [round(x, 3) for x in v] for k, v in timer.rows.items()},
             "steps": {k: round(v, 3) for k, v in res.steps.items()}}
 
@@ -132,7 +109,8 @@ def measure(url: str, gpus: int, days: float, seed: int, cold: bool) -> dict[str
 def table(r: dict[str, Any]) -> str:
     a = r["audit_s"]
     lines = [f"{r['engine']} {r['gpus']:,} GPUs x {r['days']:g} days: audit {a:.2f} s wall, {r['audit_cpu_s']:.2f} s "
-             f"client CPU; floor {r['floor_s']:.2f} s; audit/floor {a / r['floor_s']:.1f}x; machine "
+             f"client + {r['audit_server_cpu_s']:.2f} s server CPU; floor {r['floor_s']:.2f} s wall, "
+             f"{r['floor_cpu_s']:.2f} s CPU; audit/floor {a / r['floor_s']:.1f}x; machine "
              f"{r['machine']['python_loop_10m_s']} s loop, load {r['machine']['load_avg']}",
              "| pass | wall s | client CPU s | server CPU s | share of audit | / floor |", "|---|---|---|---|---|---|"]
     tot = 0.0
