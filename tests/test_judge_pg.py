@@ -305,3 +305,43 @@ def test_attribution_never_asks_not_in_of_a_subquery() -> None:
             "candidates sqlite": attribute.label_candidates("sqlite")}
     assert [k for k, s in sqls.items() if re.search(r"NOT\s+IN\s*\(\s*SELECT", s, re.I)] == []
     assert all("NOT EXISTS (SELECT 1 FROM _attr x" in s for s in sqls.values())
+
+
+def test_a_long_job_and_a_mig_slice_by_hand(store_url: str) -> None:
+    """Sparklines by hand (definitions "Sparklines"). Job "long" holds a whole GPU for 100 h from an hour's
+    start; its SM activity is 0.1 x (hour mod 3): 100 clock hours need k = 3 hours per bin (3 x 48 >= 100 >
+    2 x 48), so 34 bins; each full bin averages 0.0, 0.1, 0.2 = 0.1, the last holds hour 99 alone (99 mod 3 =
+    0: 0.0). Job "mixed" holds a whole GPU (SM 0.8) and a 1/7 MIG slice (SM 0.1) for 1 h: weighted by share
+    x observed seconds, (1 x 0.8 + 1/7 x 0.1) / (1 + 1/7) = 0.7125 (not the plain 0.45)."""
+    from datetime import UTC, datetime, timedelta
+
+    from auditor.audit.sparklines import sparkline_texts
+    from auditor.records import AllocatedGpu, Allocation, GpuBucket
+
+    t0 = datetime(2026, 11, 2, tzinfo=UTC)
+    store = Store.open(store_url)
+    store.upgrade()
+    recs: list[Any] = [
+        Allocation("c", "slurm", "long", user="u", account="a", start=t0, end=t0 + timedelta(hours=100),
+                   gpus=[AllocatedGpu("n1", 0)]),
+        Allocation("c", "slurm", "mixed", user="u", account="a", start=t0, end=t0 + timedelta(hours=1),
+                   gpus=[AllocatedGpu("n2", 0), AllocatedGpu("n2", 1, share=1 / 7, mig_profile="1g.10gb")])]
+    for i in range(100 * 12):
+        ts = t0 + timedelta(minutes=5 * i)
+        recs.append(GpuBucket("c", "n1", 0, ts, 300, 10, sm_active=0.1 * ((i // 12) % 3), gpu_util=0.9))
+    for i in range(12):
+        ts = t0 + timedelta(minutes=5 * i)
+        recs += [GpuBucket("c", "n2", 0, ts, 300, 10, sm_active=0.8, gpu_util=1.0),
+                 GpuBucket("c", "n2", 1, ts, 300, 10, sm_active=0.1, gpu_util=1.0)]
+    store.ingest(recs)
+    until = t0 + timedelta(hours=120)
+    run = audit.run_audit(store, Config(), t0, until)
+    with store.engine.connect() as conn:
+        ids = {ext: aid for aid, ext in conn.execute(text("SELECT id, external_id FROM allocations"))}
+        got = {aid: json.loads(t) for aid, t in sparkline_texts(conn, run.run_id, sorted(ids.values()),
+                                                                 int(t0.timestamp()), int(until.timestamp())).items()}
+    store.engine.dispose()
+    long, mixed = got[ids["long"]], got[ids["mixed"]]
+    assert long["bin_hours"] == 3 and len(long["sm"]) == 34
+    assert long["sm"][:33] == [0.1] * 33 and long["sm"][33] == 0.0
+    assert mixed["bin_hours"] == 1 and mixed["sm"] == [0.713]  # 0.7125 as the store writes 3 decimals
