@@ -66,17 +66,20 @@ def measure(url: str, gpus: int, days: float, seed: int, render: str | None) -> 
 
     spec = FleetSpec(gpus=gpus, days=days, seed=seed)
     store = Store.open(url)
+    server = ServerCpu(store)
     cfg = Config()
     f1, rows = floor_seconds(store)
     judge_s = _time_judge()
-    t = time.perf_counter()
+    t, c, sv = time.perf_counter(), _cpu(), server.seconds()
     result = run_audit(store, cfg, spec.start, spec.end)
-    audit_s = time.perf_counter() - t
+    audit_s, audit_cpu, audit_srv = time.perf_counter() - t, _cpu() - c, server.seconds() - sv
     rss_kib = peak_rss_kib()
     f2, _ = floor_seconds(store)
     # judging in several connections (PostgreSQL): the slowest connection's judging, not their sum
     judge = result.steps.get("judge buckets", judge_s[0]) if result.judge_connections > 1 else judge_s[0]
-    out: dict[str, object] = {"gpus": gpus, "rows": rows, "audit_s": audit_s, "judge_s": judge,
+    out: dict[str, object] = {"gpus": gpus, "rows": rows, "audit_s": audit_s, "audit_cpu_s": audit_cpu,
+                              # PostgreSQL backends the pool opened (helper connections of parallel.py are not)
+                              "audit_server_cpu_s": audit_srv, "judge_s": judge,
                               "floor_s": min(f1, f2),
                               "rss_mib": rss_kib / 1024, "allocations": result.summary.get("allocations"),
                               "findings": sum(result.summary.get("findings", {}).values()),
