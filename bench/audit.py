@@ -206,13 +206,12 @@ def _bucket_records(conn: object, lo: int, hi: int) -> list[object]:
                       namespace=r[13], container=r[14], **dict(zip(metrics, r[15:], strict=True))) for r in rows]
 
 
-def ingest_and_upkeep(store: object, th: object, since: int, hour: int) -> dict[str, float]:
+def ingest_and_upkeep(store: object, th: object, since: int, hour: int, server: ServerCpu) -> dict[str, float]:
     """Upkeep against ingest, one hour of every GPU: the hour's buckets read back, deleted and ingested again
     (new rows, as a collection writes them; the ingest marks the hour), then the audit's re-judging of the
     marked hour. Wall and CPU (client, and PostgreSQL backends) of each."""
     from auditor.audit import usage
 
-    server = ServerCpu(store)
     with store.begin() as conn:  # type: ignore[attr-defined]
         recs = _bucket_records(conn, hour, hour + 3600)
         conn.execute(text("DELETE FROM gpu_buckets WHERE bucket_ts >= :lo AND bucket_ts < :hi"),
@@ -245,8 +244,8 @@ def side_by_side(url: str, gpus: int, days: float, seed: int) -> dict[str, objec
 
     spec = FleetSpec(gpus=gpus, days=days, seed=seed)
     store = Store.open(url)
+    server = ServerCpu(store)  # before the pool opens its first connection
     store.upgrade()
-    server = ServerCpu(store)
     cfg = Config()
     cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"judge_connections": 1})})
     out: dict[str, object] = {"gpus": gpus, "engine": store.engine.dialect.name, "machine": machine()}
@@ -287,7 +286,7 @@ def side_by_side(url: str, gpus: int, days: float, seed: int) -> dict[str, objec
     for r in (old, new):
         _drop_run(store, r.run_id)  # type: ignore[attr-defined]
     last = int(spec.end.timestamp()) // 3600 * 3600 - 3600
-    out["upkeep"] = ingest_and_upkeep(store, cfg.thresholds, int(spec.start.timestamp()), last)
+    out["upkeep"] = ingest_and_upkeep(store, cfg.thresholds, int(spec.start.timestamp()), last, server)
     store.engine.dispose()
     return out
 
