@@ -6,9 +6,10 @@ connection (``store.judge_connections = 1``), so every second of the server's wo
 measured. The floor (:data:`bench.audit.FLOOR`) and the machine's speed (:func:`bench.__main__.machine`) are
 printed beside them.
 
-Run: python -m bench.passes URL --gpus N [--days 7] [--seed 1] [--cold]
+Run: python -m bench.passes URL --gpus N [--days 7] [--seed 1] [--cold] [--edges]
 (``--cold``: empty the judged aggregate first, so the audit builds it; default: one audit builds it, the
-timed audit reads it.)
+timed audit reads it. ``--edges``: instead, the judging's bound: its statement and its parts (the edge buckets
+read, the edge buckets judged, the whole hours read) against the floor, CPU, best of 3.)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.audit import _cpu
+from bench.audit import FLOOR, _cpu
 
 #: (module, attribute, pass name): the callables that read gpu_buckets during an audit, where the audit
 #: looks them up
@@ -106,6 +107,74 @@ def measure(url: str, gpus: int, days: float, seed: int, cold: bool) -> dict[str
             "steps": {k: round(v, 3) for k, v in res.steps.items()}}
 
 
+def edges(url: str, gpus: int, days: float, seed: int) -> dict[str, Any]:
+    """The judging's bound (issue 34 item 5): CPU of the judging statement (:func:`auditor.audit.aggregate.sums_sql`)
+    and of its parts on the fleet's attributed GPUs, against the floor; the edge buckets' share of all."""
+    from contextlib import nullcontext
+
+    from auditor.audit import aggregate, infra, judge, usage
+    from auditor.audit.attribute import attribute
+    from auditor.audit.run import _fn, _params
+    from auditor.config import Config
+    from auditor.simulate import FleetSpec
+    from auditor.store.engine import Store
+    from bench.__main__ import machine
+    from bench.audit import ServerCpu
+
+    spec = FleetSpec(gpus=gpus, days=days, seed=seed)
+    store = Store.open(url)
+    server = ServerCpu(store)
+    store.upgrade()
+    th = Config().thresholds
+    s, u = int(spec.start.timestamp()), int(spec.end.timestamp())
+    p = _params(s, u, u)
+    usage.refresh_aggregate(store, th, s)
+    out: dict[str, Any] = {"engine": store.engine.dialect.name, "gpus": gpus, "machine": machine(), "cpu_s": {}}
+
+    def best(conn: Any, name: str, q: str, **kw: Any) -> list[Any]:
+        b, rows = float("inf"), []
+        for _ in range(3):
+            c, sv = _cpu(), server.seconds()
+            rows = conn.execute(text(q), {**p, **kw}).fetchall()
+            b = min(b, _cpu() - c + server.seconds() - sv)
+        out["cpu_s"][name] = b
+        return rows
+
+    with store.begin() as conn:
+        from auditor.audit.usage import setup_pg
+
+        setup_pg(conn)
+        attribute(conn, {**_fn(conn), "cluster_filter": ""}, p, "", lambda _n: nullcontext())
+        infra.prepare(conn, th, s, u)
+        best(conn, "floor", f"SELECT COUNT(*) FROM ({FLOOR}) x")
+        pp = dict(p)
+        usage.whole_hour_gpus(conn, pp, th, "")
+        d = conn.dialect.name
+        tk = [("t.allocated_gpu_id", "tid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
+        frm = ("FROM _agg g CROSS JOIN _attr t CROSS JOIN gpu_buckets b WHERE t.allocated_gpu_id = g.id "
+               "AND b.gpu_id = t.gpu_id")
+        rng = [f"{frm} AND {r} AND b.bucket_ts + b.bucket_s > t.a_s AND b.bucket_s > 0"
+               for r in aggregate._edges(d, "t")]
+        raw = " UNION ALL ".join(f"SELECT b.sm_active {r}" for r in rng)
+        n_edge = best(conn, "edge buckets read", f"SELECT COUNT(*), SUM(x.sm_active) FROM ({raw}) x")[0][0]
+        parts = [judge.judged_rows(d, th, tk, r, "t.jkey", lab="t.lab") for r in rng]
+        sums = ", ".join(f"{judge.SUMS[k]} AS {k}" for k in aggregate.KEYS)
+        best(conn, "edge buckets judged, summed per allocated GPU",
+             f"SELECT COUNT(*) FROM (SELECT j.tid, {sums} FROM ({parts[0]} UNION ALL {parts[1]}) j GROUP BY j.tid) x")
+        agg = ", ".join(f"{aggregate._merged(k, 'h')} AS {k}" for k in aggregate.KEYS)
+        best(conn, "whole hours read from judged_hours, summed per allocated GPU",
+             f"SELECT COUNT(*) FROM (SELECT t.allocated_gpu_id, {agg} FROM _agg g CROSS JOIN _attr t CROSS JOIN "
+             f"judged_hours h WHERE t.allocated_gpu_id = g.id AND {aggregate._WHOLE.format(a='t')} "
+             "GROUP BY t.allocated_gpu_id) x", ths=pp["ths"])
+        best(conn, "the judging's statement (both)",
+             f"SELECT COUNT(*) FROM ({aggregate.sums_sql(d, th, '_attr', 'allocated_gpu_id', '')}) x", ths=pp["ths"])
+        out["edge_buckets"] = n_edge
+        out["buckets"] = conn.execute(text("SELECT COUNT(*) FROM gpu_buckets")).scalar()
+        conn.rollback()
+    store.engine.dispose()
+    return out
+
+
 def table(r: dict[str, Any]) -> str:
     a = r["audit_s"]
     lines = [f"{r['engine']} {r['gpus']:,} GPUs x {r['days']:g} days: audit {a:.2f} s wall, {r['audit_cpu_s']:.2f} s "
@@ -128,7 +197,17 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = fleet_parser(__doc__.splitlines()[0])
     ap.add_argument("--cold", action="store_true", help="Empty the judged aggregate first (the audit builds it).")
+    ap.add_argument("--edges", action="store_true", help="The judging's bound: its statement and parts vs the floor.")
     args = ap.parse_args(argv)
+    if args.edges:
+        r = edges(args.url, args.gpus, args.days, args.seed)
+        fl = r["cpu_s"]["floor"]
+        print(f"{r['engine']} {r['gpus']:,} GPUs: edge buckets {r['edge_buckets']:,} of {r['buckets']:,} "
+              f"({r['edge_buckets'] / r['buckets']:.1%}); machine {r['machine']['python_loop_10m_s']} s loop")
+        for k, v in r["cpu_s"].items():
+            print(f"{v:8.3f} s CPU = {v / fl:5.1f}x floor  {k}")
+        print(json.dumps(r), flush=True)
+        return
     r = measure(args.url, args.gpus, args.days, args.seed, args.cold)
     print(table(r))
     print(json.dumps(r), flush=True)
