@@ -112,7 +112,7 @@ def edges(url: str, gpus: int, days: float, seed: int) -> dict[str, Any]:
     and of its parts on the fleet's attributed GPUs, against the floor; the edge buckets' share of all."""
     from contextlib import nullcontext
 
-    from auditor.audit import aggregate, infra, judge, usage
+    from auditor.audit import aggregate, infra, usage
     from auditor.audit.attribute import attribute
     from auditor.audit.run import _fn, _params
     from auditor.config import Config
@@ -150,24 +150,24 @@ def edges(url: str, gpus: int, days: float, seed: int) -> dict[str, Any]:
         pp = dict(p)
         usage.whole_hour_gpus(conn, pp, th, "")
         d = conn.dialect.name
-        tk = [("t.allocated_gpu_id", "tid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
-        frm = ("FROM _agg g CROSS JOIN _attr t CROSS JOIN gpu_buckets b WHERE t.allocated_gpu_id = g.id "
-               "AND b.gpu_id = t.gpu_id")
-        rng = [f"{frm} AND {r} AND b.bucket_ts + b.bucket_s > t.a_s AND b.bucket_s > 0"
-               for r in aggregate._edges(d, "t")]
-        raw = " UNION ALL ".join(f"SELECT b.sm_active {r}" for r in rng)
-        n_edge = best(conn, "edge buckets read", f"SELECT COUNT(*), SUM(x.sm_active) FROM ({raw}) x")[0][0]
-        parts = [judge.judged_rows(d, th, tk, r, "t.jkey", lab="t.lab") for r in rng]
-        sums = ", ".join(f"{judge.SUMS[k]} AS {k}" for k in aggregate.KEYS)
-        best(conn, "edge buckets judged, summed per allocated GPU",
-             f"SELECT COUNT(*) FROM (SELECT j.tid, {sums} FROM ({parts[0]} UNION ALL {parts[1]}) j GROUP BY j.tid) x")
-        agg = ", ".join(f"{aggregate._merged(k, 'h')} AS {k}" for k in aggregate.KEYS)
-        best(conn, "whole hours read from judged_hours, summed per allocated GPU",
-             f"SELECT COUNT(*) FROM (SELECT t.allocated_gpu_id, {agg} FROM _agg g CROSS JOIN _attr t CROSS JOIN "
-             f"judged_hours h WHERE t.allocated_gpu_id = g.id AND {aggregate._WHOLE.format(a='t')} "
-             "GROUP BY t.allocated_gpu_id) x", ths=pp["ths"])
-        best(conn, "the judging's statement (both)",
-             f"SELECT COUNT(*) FROM ({aggregate.sums_sql(d, th, '_attr', 'allocated_gpu_id', '')}) x", ths=pp["ths"])
+        ranges = [f"b.gpu_id = t.gpu_id AND {r} AND b.bucket_ts + b.bucket_s > t.a_s AND b.bucket_s > 0"
+                  for r in aggregate._edges(d, "t")]
+        if d == "postgresql":  # as the judging reads them: a LATERAL range scan per allocated GPU
+            raw = " UNION ALL ".join(
+                f"SELECT x.s FROM _attr t JOIN _agg g ON g.id = t.allocated_gpu_id CROSS JOIN LATERAL (SELECT "
+                f"b.sm_active AS s FROM gpu_buckets b WHERE {r} OFFSET 0) x" for r in ranges)
+        else:
+            raw = " UNION ALL ".join(f"SELECT b.sm_active AS s FROM _agg g CROSS JOIN _attr t CROSS JOIN gpu_buckets b "
+                                     f"WHERE t.allocated_gpu_id = g.id AND {r}" for r in ranges)
+        n_edge = best(conn, "edge buckets read", f"SELECT COUNT(*), SUM(x.s) FROM ({raw}) x")[0][0]
+        # the statement itself, its sums forced (SUM over a column: a bare COUNT lets PostgreSQL skip them)
+        sums = aggregate.sums_sql(d, th, "_attr", "allocated_gpu_id", "")
+        stmt = f"SELECT COUNT(*), SUM(x.sm), SUM(x.idle) FROM ({sums}) x"
+        best(conn, "the judging's statement, edges only (no whole hour read)", stmt, ths="")
+        best(conn, "the judging's statement (edges and whole hours)", stmt, ths=pp["ths"])
+        c = out["cpu_s"]
+        c["whole hours (the difference)"] = c["the judging's statement (edges and whole hours)"] - \
+            c["the judging's statement, edges only (no whole hour read)"]
         out["edge_buckets"] = n_edge
         out["buckets"] = conn.execute(text("SELECT COUNT(*) FROM gpu_buckets")).scalar()
         conn.rollback()
