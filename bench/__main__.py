@@ -150,7 +150,10 @@ def _audit_line(r: dict[str, Any]) -> str:
     split = "" if not steps else ("\n          steps: " + ", ".join(f"{k} {v:.1f}s" for k, v in steps[:8])
                                   + (f", {len(steps) - 8} more {sum(v for _k, v in steps[8:]):.1f}s"
                                      if len(steps) > 8 else ""))
-    return (f"{r['gpus']:>7,} GPUs {r['rows']:>12,} rows {r['allocations']:>8,} allocs | audit {r['audit_s']:.2f}s "
+    cpu = (f" (CPU {r['audit_cpu_s']:.2f}s client + {r.get('audit_server_cpu_s') or 0:.2f}s server)"
+           if "audit_cpu_s" in r else "")
+    return (f"{r['gpus']:>7,} GPUs {r['rows']:>12,} rows {r['allocations']:>8,} allocs "
+            f"| audit {r['audit_s']:.2f}s{cpu} "
             f"| floor {r['floor_s']:.2f}s | audit/floor {r['audit_s'] / r['floor_s']:.1f}x | judge "
             f"{r['judge_s']:.2f}s = {r['judge_s'] / r['floor_s']:.1f}x floor | peak RSS {r['rss_mib']:.0f} MiB"
             + split)

@@ -19,20 +19,18 @@ from typing import Any
 from sqlalchemy import text
 
 
-def legacy_bins(packed: str) -> dict[str, list[float | None]]:
+def legacy_bins(packed: str, bins: int, hours: int) -> dict[str, Any]:
     """The sparkline as before: the packed ``bin:sm:util;...`` text parsed to floats."""
-    from auditor.audit.sparklines import SPARK_BINS
-
-    sm: list[float | None] = [None] * SPARK_BINS
-    util: list[float | None] = [None] * SPARK_BINS
+    sm: list[float | None] = [None] * bins
+    util: list[float | None] = [None] * bins
     for item in packed.split(";"):
         if item:
             b, s_sm, s_util = item.split(":")
             k = int(b)
-            if 0 <= k < SPARK_BINS:
+            if 0 <= k < bins:
                 sm[k] = float(s_sm) if s_sm else None
                 util[k] = float(s_util) if s_util else None
-    return {"sm": sm, "util": util}
+    return {"sm": sm, "util": util, "bin_hours": hours}
 
 
 def measure(url: str, gpus: int, days: float, seed: int, repeat: int) -> dict[str, Any]:
@@ -60,9 +58,10 @@ def measure(url: str, gpus: int, days: float, seed: int, repeat: int) -> dict[st
             evs = [json.loads(e) if isinstance(e, str) else e for (e,) in conn.execute(text(
                 "SELECT evidence FROM findings WHERE run_id = :r AND allocation_id IS NOT NULL"), {"r": run.run_id})]
             # the packed text the store returns, rebuilt from each stored sparkline (3 decimals)
-            packed = [";".join(f"{i}:{'' if s is None else f'{s:.3f}'}:{'' if u is None else f'{u:.3f}'}"
-                               for i, (s, u) in enumerate(zip(e["sparkline"]["sm"], e["sparkline"]["util"],
-                                                              strict=True))) if "sparkline" in e else None
+            packed = [(";".join(f"{i}:{'' if s is None else f'{s:.3f}'}:{'' if u is None else f'{u:.3f}'}"
+                                for i, (s, u) in enumerate(zip(e["sparkline"]["sm"], e["sparkline"]["util"],
+                                                               strict=True))),
+                       len(e["sparkline"]["sm"]), e["sparkline"]["bin_hours"]) if "sparkline" in e else None
                       for e in evs]
             for e in evs:
                 e.pop("sparkline", None)
@@ -73,13 +72,13 @@ def measure(url: str, gpus: int, days: float, seed: int, repeat: int) -> dict[st
                 for e, p in zip(evs, packed, strict=True):
                     d = dict(e)
                     if p is not None:
-                        d["sparkline"] = legacy_bins(p)
+                        d["sparkline"] = legacy_bins(*p)
                     d["thresholds"] = th
                     out.append(jsonsafe.dumps(d))
                 return out
 
             def evidence() -> list[str]:
-                return [jsonsafe.with_member(jsonsafe.dumps(e), "sparkline", sparkline_json(p)) if p is not None
+                return [jsonsafe.with_member(jsonsafe.dumps(e), "sparkline", sparkline_json(*p)) if p is not None
                         else jsonsafe.dumps(e) for e, p in zip(evs, packed, strict=True)]
 
             for _ in range(repeat):

@@ -31,6 +31,9 @@ EPS = 1e-9  # definitions: "v < t means v < t - 1e-9; v >= t means v >= t - 1e-9
 HOUR = 3600
 WEEK = 7 * 86400
 CLASSES = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
+WAIT_CLASSES = ("memory", "communication", "starved")  # the classes of "where the waiting goes" kept as sums
+LINKS = ("pcie_tx_bps", "pcie_rx_bps", "nvlink_tx_bps", "nvlink_rx_bps")
+SPARK_BINS = 48
 CORE_FINDINGS = ("unmonitored", "idle_allocation", "util_mirage", "hung_collective", "ghost_busy", "idle_gpus")
 
 
@@ -167,6 +170,55 @@ def verdict(m: dict[str, float | None], th: Thresholds) -> str:
     return "busy_unverified"
 
 
+def links(apply: list[Row]) -> tuple[float | None, bool]:
+    """PCIe + NVLink bytes/s of the applicable rows of a bucket and whether any link counter was read
+    (definitions "Where the waiting goes"): per row the sum of its link counters (a missing one 0), rows
+    combined weighted by observed seconds like every metric (one row: its own)."""
+    io = [sum(r.metrics[k] or 0.0 for k in LINKS) for r in apply]
+    measured = any(r.metrics[k] is not None for r in apply for k in LINKS)
+    if len(apply) == 1:
+        return io[0], measured
+    den = sum(r.observed_s for r in apply)
+    return (sum(r.observed_s * x for r, x in zip(apply, io, strict=True)) / den if den > 0 else None), measured
+
+
+def wait_class(v: str, m: dict[str, float | None], io: float | None, measured: bool, th: Thresholds) -> str:
+    """The class of an observed bucket (definitions "Where the waiting goes"), first match wins."""
+    sm, dram = m["sm_active"], m["dram_active"]
+    if v in ("idle", "idle_by_util", "mirage"):
+        return "idle"
+    if sm is None:
+        return "not_measured"
+    if ge(sm, th.working_sm):
+        return "compute"
+    if dram is not None and ge(dram, th.hint_dram_high):
+        return "memory"
+    if measured and io is not None and ge(io, th.hint_io_bps):
+        return "communication"
+    if dram is not None and measured:
+        return "starved"
+    return "not_measured"
+
+
+def sparkline(gpus: list[GpuResult], a_s: float, a_e: float) -> dict[str, Any] | None:
+    """definitions "Sparklines": the clock hours [a_s, a_e) touches in at most 48 bins of k whole hours; per bin
+    SM activity and GPU-Util weighted by share x observed seconds; None when no bin has a reading."""
+    h0 = int(a_s // HOUR)
+    n = int((a_e - 1) // HOUR) - h0 + 1
+    k = max(1, -(-n // SPARK_BINS))
+    bins = [[0.0, 0.0, 0.0, 0.0] for _ in range(-(-n // k))]
+    for g in gpus:
+        for h, v in g.hours.items():
+            b = bins[min(len(bins) - 1, max(0, (h - h0) // k))]
+            for i in range(4):
+                b[i] += v[i]
+    sm = [b[0] / b[1] if b[1] > 0 else None for b in bins]
+    util = [b[2] / b[3] if b[3] > 0 else None for b in bins]
+    if all(x is None for x in sm + util):
+        return None
+    return {"sm": sm, "util": util, "bin_hours": k}
+
+
 @dataclass
 class GpuResult:
     """One allocated GPU: seconds x share; ``tied`` is the telemetry GPU it was attributed to."""
@@ -188,6 +240,13 @@ class GpuResult:
     mirage_power_obs: float = 0.0  # share x mirage seconds with power
     held: float | None = None  # max fb_used_mib over idle, idle_by_util and mirage seconds
     cls: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0.0))
+    #: share x observed seconds per class of "where the waiting goes" that is no verdict (definitions)
+    wait: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAIT_CLASSES, 0.0))
+    lead: float = 0.0  # share x obs of rows with SM that compute or run the link saturated (stragglers)
+    waitable: float = 0.0  # share x obs of rows with SM below straggler_peer_sm
+    waits: float = 0.0  # share x obs of rows not busy with idle_sm <= SM < straggler_peer_sm
+    #: clock hour (of the bucket's start) -> share x [obs x SM, obs with SM, obs x GPU-Util, obs with GPU-Util]
+    hours: dict[int, list[float]] = field(default_factory=dict)
 
     def sums(self) -> dict[str, float]:
         """The audit's columns: idle includes idle_by_util."""
@@ -196,7 +255,7 @@ class GpuResult:
                 "idle": c["idle"] + c["idle_by_util"], "idle_by_util": c["idle_by_util"],
                 "mirage": c["mirage"], "low": c["low"], "working": c["working"],
                 "busy_unverified": c["busy_unverified"], "unknown": self.unknown, "effective": self.effective,
-                "infra": self.infra}
+                "infra": self.infra, **self.wait, "lead": self.lead, "waitable": self.waitable, "waits": self.waits}
 
 
 @dataclass
@@ -210,6 +269,7 @@ class AllocResult:
     idle_cost: float
     findings: set[str]
     near_boundary: bool  # a finding rule compared a value within rounding of its threshold
+    sparkline: dict[str, Any] | None = None  # the sparkline of a finding about it (definitions "Sparklines")
 
 
 def alloc_key(a: Allocation) -> tuple:
@@ -392,6 +452,26 @@ class Oracle:
                 continue
             v = verdict(row.metrics, th)
             self.seen[f"verdict {v}"] += 1
+            io, measured = links(apply)
+            c = wait_class(v, row.metrics, io, measured, th)
+            self.seen[f"waiting class {c}"] += 1
+            if c in r.wait:
+                r.wait[c] += r.share * obs
+            sm, util = row.metrics["sm_active"], row.metrics["gpu_util"]
+            busy = sm is not None and (ge(sm, th.working_sm) or (io is not None and ge(io, th.straggler_link_bps)))
+            if busy:
+                r.lead += r.share * obs
+            if sm is not None and not busy and lt(sm, th.straggler_peer_sm) and ge(sm, th.idle_sm):
+                r.waits += r.share * obs
+            if sm is not None and lt(sm, th.straggler_peer_sm):
+                r.waitable += r.share * obs
+            hour = r.hours.setdefault(int(ts // HOUR), [0.0, 0.0, 0.0, 0.0])
+            if sm is not None:
+                hour[0] += r.share * obs * sm
+                hour[1] += r.share * obs
+            if util is not None:
+                hour[2] += r.share * obs * util
+                hour[3] += r.share * obs
             if any(row.metrics[m] is not None and 0 < abs(row.metrics[m] - t) < 1e-6 for m, t in (  # type: ignore
                     ("sm_active", th.idle_sm), ("sm_active", th.working_sm), ("gpu_util", th.idle_util),
                     ("gpu_util", th.mirage_gpu_util), ("dram_active", th.idle_dram))):
@@ -434,5 +514,5 @@ class Oracle:
             p = price(prices, a)
             kinds, near = findings(tot, gpus, th, min_finding_gpu_hours)
             out[key] = AllocResult(key, a, gpus, tot, p, tot["reserved"] / HOUR * p,
-                                   (tot["idle"] + tot["mirage"]) / HOUR * p, kinds, near)
+                                   (tot["idle"] + tot["mirage"]) / HOUR * p, kinds, near, sparkline(gpus, a_s, a_e))
         return out

@@ -47,6 +47,8 @@ ALL_FEATURES = {
     "infra": "node events (GPU faults, drained/NotReady nodes) that make reserved time infrastructure-affected",
     "cadence": "raw samples at misaligned cadences (57 s, 15 s, 30 s with dropped scrapes, 60 s with jitter) "
                "made into bucket rows by the scrape connector (coverage carried across bucket edges)",
+    "waiting": "high DRAM activity and PCIe/NVLink counters (the classes of where the waiting goes: memory-bound, "
+               "communication wait, host/input wait; a saturated link, a straggler candidate)",
 }
 
 
@@ -71,6 +73,8 @@ def detect() -> frozenset[str]:
         on.add("min_finding")
     if "node_events" in schema.metadata.tables:
         on.add("infra")
+    if "memory_s" in schema.usage_gpu.c:
+        on.add("waiting")
     if hasattr(importlib.import_module("connectors._coverage"), "covers"):
         on.add("cadence")
     uniq = [c for c in schema.allocations.constraints if c.__class__.__name__ == "UniqueConstraint"]
@@ -184,6 +188,7 @@ TENSOR = [None, 0.0, 0.005, 0.2]
 UTIL = [None, 0.0, 0.03, 0.05, 0.6, 1.0]
 GR = [None, 0.0, 0.7]
 POWER = [None, 60.0, 250.0]
+LINK_BPS = [None, 0.0, 2e9, 3e10]  # hint_io_bps 1e9, straggler_link_bps 2e10
 PROFILING = ("sm_active", "dram_active", "tensor_active", "gr_engine")
 
 
@@ -199,6 +204,10 @@ def profiles(draw: st.DrawFn, features: frozenset[str]) -> dict[str, float | Non
          "tensor_active": draw(st.sampled_from(TENSOR)), "gpu_util": draw(st.sampled_from(UTIL)),
          "gr_engine": draw(st.sampled_from(GR)), "power_w": draw(st.sampled_from(POWER)),
          "fb_used_mib": draw(st.sampled_from([None, 2048.0]))}
+    if "waiting" in features and draw(st.booleans()):  # memory-bound, links read (quiet, busy or saturated)
+        p["dram_active"] = draw(st.sampled_from([p["dram_active"], 0.5]))
+        for k in ("pcie_tx_bps", "nvlink_rx_bps"):
+            p[k] = draw(st.sampled_from(LINK_BPS))
     if "boundary" in features and draw(st.booleans()):
         k = draw(st.sampled_from(["sm_active", "gpu_util", "dram_active"]))
         if p[k] is not None:
@@ -492,7 +501,9 @@ def gpu_samples(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: 
             elif len(occ) == 1:
                 labels = {"pod": occ[0].alloc.name, "namespace": occ[0].alloc.account}
         p = compat(occ[-1].profile if occ else {"sm_active": 0.0, "gpu_util": 0.0}, th, features)
-        out.append(Sample(cl, host, g, t, {k2: v for k2, v in p.items() if v is not None}, labels))
+        values = {k2: v for k2, v in p.items() if v is not None}
+        if values:  # a scrape has a sample instant only where some series has a value
+            out.append(Sample(cl, host, g, t, values, labels))
     return out
 
 

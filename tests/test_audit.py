@@ -163,7 +163,7 @@ def test_findings_thresholds(sqlite_store: Store) -> None:
 
     ev = json.loads(ev) if isinstance(ev, str) else ev
     assert ev["idle_gpus"] == 3 and ev["total_gpus"] == 4 and ev["idle_gpu_indices"] == [1, 2, 3]
-    assert len(ev["sparkline"]["sm"]) == 48
+    assert len(ev["sparkline"]["sm"]) == 2 and ev["sparkline"]["bin_hours"] == 1  # 2 h: two bins of an hour
     # the thresholds are stored once, with the run (a finding's evidence does not repeat them)
     assert "thresholds" not in ev
     with sqlite_store.engine.connect() as conn:

@@ -168,22 +168,14 @@ def test_short_job_sparkline_is_legible(world) -> None:
     store, cfg, run_id = world
     ctx = report.build_context(store, cfg, run_id, full=True)
     f = next(r for r in ctx["top_idle"]["rows"] if r["job_id"] == "203")
-    # 30 minutes of 5-minute buckets over 48 bins: data in bins 0, 8, 16, 24, 32, 40 only
-    assert [i for i, v in enumerate(f["sparkline"]["sm"]) if v is not None] == [0, 8, 16, 24, 32, 40]
+    # 30 minutes inside one clock hour: one bin of one hour (bins are whole clock hours)
+    assert f["sparkline"]["bin_hours"] == 1 and len(f["sparkline"]["sm"]) == 1 and f["sparkline"]["sm"][0] is not None
     img = charts.sparkline_image("x@y", f["sparkline"])
-    # collapsed to those 6 bins, each ceil(144 / 6) = 24 px wide: 144 px, and no grey "no data" pixel
+    # the one bin drawn 144 px wide (MIN_SPARK_WIDTH), and no grey "no data" pixel
     assert (img.width, img.height) == (144, 28)
     assert "without data" not in img.alt
-    png = charts.sparkline(*charts.collapse_bins(f["sparkline"]["sm"], f["sparkline"]["util"]), bin_px=24)[0]
+    png = charts.sparkline(f["sparkline"]["sm"], f["sparkline"]["util"], bin_px=144)[0]
     assert png == img.png
-    sm = [None] * 48
-    sm[0], sm[8], sm[17] = 0.1, 0.2, 0.3  # irregular: real gaps stay visible
-    assert len(charts.collapse_bins(sm, sm)[0]) == 48
-    # 3 h of 5-minute buckets over 48 bins: bucket i lands in bin floor(i * 48 / 36), leaving 12 single empty
-    # bins (every 4th); they are structure: the 36 buckets are drawn side by side
-    sm = [None] * 48
-    for i in range(36):
-        sm[i * 48 // 36] = 0.5
-    assert charts.collapse_bins(sm, sm)[0] == [0.5] * 36
-    sm[20:26] = [None] * 6  # a real 6-bin gap stays visible
-    assert len(charts.collapse_bins(sm, sm)[0]) == 48
+    # an hour without data is a gap in a longer job's chart, drawn as such (bins are whole hours)
+    gap = charts.sparkline_image("x@y", {"sm": [0.5, None, 0.5], "util": [0.9, None, 0.9], "bin_hours": 1})
+    assert gap is not None and gap.width == 144 and "without data" in gap.alt

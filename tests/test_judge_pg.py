@@ -1,5 +1,6 @@
-"""PostgreSQL judges each allocated GPU in a LATERAL subquery over its own buckets (no sort of every joined
-bucket): the usage it writes equals the grouped reference statement's, row by row (service test)."""
+"""The one judging form on both engines (PostgreSQL reads each allocated GPU's edges and whole hours in LATERAL
+subqueries, SQLite in grouped joins): the same fleet writes the same usage on both; sparklines against a
+plain Python reading of the rows; judging in several PostgreSQL connections (service tests)."""
 
 from __future__ import annotations
 
@@ -40,53 +41,82 @@ def _same(x: Any, y: Any) -> bool:
     return x == y
 
 
-def test_lateral_judge_equals_the_grouped_reference(pg_schema_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = Store.open(pg_schema_url)
-    store.upgrade()
-    populate(store, SPEC)
-    assert "LATERAL" in usage.judge_sql("postgresql", Thresholds())
+def test_both_engines_judge_alike(pg_schema_url: str, tmp_path: Any) -> None:
+    """One simulated fleet in PostgreSQL and in SQLite: the same usage rows (allocated GPU by allocated GPU;
+    ids are the same, both stores are written from the same records in order), under three threshold sets,
+    through the judged aggregate and with every bucket judged afresh."""
+    stores = [Store.open(pg_schema_url), Store.open(f"sqlite:///{tmp_path}/x.db")]
+    for store in stores:
+        store.upgrade()
+        populate(store, SPEC)
     for th in (Thresholds(), Thresholds(util_fallback=False), Thresholds(working_sm=0.03, idle_power_w=100.0)):
-        fast = audit.run_audit(store, Config(), SPEC.start, SPEC.end, thresholds=th)
-        with monkeypatch.context() as m:
-            m.setattr(usage, "judge", lambda conn, fn, params, th: conn.execute(
-                text(usage.judge_sql("postgresql", th, lateral=False)), params))
-            ref = audit.run_audit(store, Config(), SPEC.start, SPEC.end, thresholds=th)
-        a, b = _usage(store, fast.run_id), _usage(store, ref.run_id)
-        assert len(a) == len(b) > 50
-        assert [x for x, y in zip(a, b, strict=True) if not _same(x, y)] == []
-        assert sum(r[8] for r in a) > 0  # some idle seconds were judged (not an all-empty comparison)
-    store.engine.dispose()
+        for whole in (True, False):
+            rows = []
+            for store in stores:
+                with pytest.MonkeyPatch.context() as m:
+                    m.setattr(usage, "WHOLE_HOURS", whole)
+                    rows.append(_usage(store, audit.run_audit(store, Config(), SPEC.start, SPEC.end,
+                                                              thresholds=th).run_id))
+            a, b = rows
+            assert len(a) == len(b) > 50
+            assert [x for x, y in zip(a, b, strict=True) if not _same(x, y)] == []
+            assert sum(r[8] for r in a) > 0  # some idle seconds were judged (not an all-empty comparison)
+    for store in stores:
+        store.engine.dispose()
 
 
-def _python_bins(conn: Any, run_id: int, ids: list[int], s: int, h: int) -> dict[tuple[int, int], list[list[float]]]:
-    """(allocation, bin) -> the SM activity and GPU-Util readings of its sampled rows (unlabelled, or labelled
-    with the job) in 48 equal bins of the allocation's clipped interval, read from the raw rows in Python."""
+def _python_bins(conn: Any, run_id: int, ids: list[int], s: int, h: int) -> dict[int, dict[str, Any]]:
+    """allocation -> its sparkline read from the raw rows in Python (docs/definitions.md "Sparklines"): the
+    clock hours of its clipped interval in at most 48 bins of k hours; per bin SM activity and GPU-Util
+    weighted by share x observed seconds inside the interval, over the applicable rows (the job's rows where
+    the bucket has labelled rows, else the unlabelled one). The simulated fleet has whole buckets without
+    spans, no infrastructure events and no comma-joined labels."""
     from auditor.audit.sparklines import SPARK_BINS
 
     rows = conn.execute(text(
-        "SELECT u.allocation_id, a.start_ts, a.end_ts, a.source, a.external_id, a.account, a.name, b.bucket_ts, "
-        "b.job, b.sm_active, b.gpu_util FROM usage_gpu u JOIN allocations a ON a.id = u.allocation_id "
-        "JOIN gpu_buckets b ON b.gpu_id = u.gpu_id WHERE u.run_id = :r AND b.samples > 0"),
-        {"r": run_id}).all()
-    sums: dict[tuple[int, int], list[list[float]]] = {}
-    for aid, st, en, src, ext, acc, name, ts, jb, sm, util in rows:
-        s0, e0 = max(st, s), min(en if en is not None else h, h)
-        key = ext if src == "slurm" else f"{acc}/{name}"
-        if aid not in ids or not (s0 <= ts < e0) or e0 <= s0 or jb not in ("", key):
+        "SELECT u.allocation_id, ag.share, a.start_ts, a.end_ts, a.source, a.external_id, a.account, a.name, "
+        "b.gpu_id, b.bucket_ts, b.bucket_s, b.observed_s, b.job, b.sm_active, b.gpu_util FROM usage_gpu u "
+        "JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN allocations a ON a.id = u.allocation_id "
+        "JOIN gpu_buckets b ON b.gpu_id = u.gpu_id WHERE u.run_id = :r"), {"r": run_id}).all()
+    labelled = {(r.gpu_id, r.bucket_ts) for r in rows if r.job}
+    sums: dict[int, dict[int, list[float]]] = {}
+    window: dict[int, tuple[int, int]] = {}
+    for r in rows:
+        s0, e0 = max(r.start_ts, s), min(r.end_ts if r.end_ts is not None else h, h)
+        key = r.external_id if r.source == "slurm" else f"{r.account}/{r.name}"
+        if r.allocation_id not in ids or e0 <= s0:
             continue
-        acc_ = sums.setdefault((aid, (ts - s0) * SPARK_BINS // (e0 - s0)), [[], []])
-        for i, v in enumerate((sm, util)):
+        window[r.allocation_id] = (s0, e0)
+        if r.job != (key if (r.gpu_id, r.bucket_ts) in labelled else ""):
+            continue
+        obs = min(max(0, min(r.bucket_ts + r.bucket_s, e0) - max(r.bucket_ts, s0)), r.observed_s)
+        if obs <= 0:
+            continue
+        acc = sums.setdefault(r.allocation_id, {}).setdefault(r.bucket_ts // 3600, [0.0, 0.0, 0.0, 0.0])
+        for i, v in enumerate((r.sm_active, r.gpu_util)):
             if v is not None:
-                acc_[i].append(v)
-    return sums
+                acc[2 * i] += r.share * obs * v
+                acc[2 * i + 1] += r.share * obs
+    out = {}
+    for aid, (s0, e0) in window.items():
+        h0, n = s0 // 3600, (e0 - 1) // 3600 - s0 // 3600 + 1
+        k = -(-n // SPARK_BINS)
+        bins = [[0.0, 0.0, 0.0, 0.0] for _ in range(-(-n // k))]
+        for hour, v in sums.get(aid, {}).items():
+            b = bins[max(0, (hour - h0) // k)]
+            for i in range(4):
+                b[i] += v[i]
+        sm = [b[0] / b[1] if b[1] else None for b in bins]
+        util = [b[2] / b[3] if b[3] else None for b in bins]
+        if any(x is not None for x in sm + util):
+            out[aid] = {"sm": sm, "util": util, "bin_hours": k}
+    return out
 
 
 def test_sparklines_equal_a_python_reading_of_the_rows(store_url: str) -> None:
-    """The sparkline bins (PostgreSQL reads each GPU's range by a LATERAL index scan, SQLite groups each
-    allocation's rows on its own): mean SM activity and GPU-Util of the sampled rows (unlabelled, or labelled
-    with the job) in 48 equal bins of the allocation's clipped interval, recomputed here in Python from the
-    raw rows."""
-    from auditor.audit.sparklines import SPARK_BINS, sparkline_texts
+    """The sparklines of 40 allocations (whole hours from the judged aggregate, edges from the buckets) equal
+    a Python reading of the raw rows (:func:`_python_bins`), bin for bin to the 3 decimals the store writes."""
+    from auditor.audit.sparklines import sparkline_texts
 
     store = Store.open(store_url)
     store.upgrade()
@@ -98,43 +128,45 @@ def test_sparklines_equal_a_python_reading_of_the_rows(store_url: str) -> None:
             "SELECT DISTINCT allocation_id FROM usage_gpu WHERE run_id = :r AND gpu_id IS NOT NULL "
             "ORDER BY 1 LIMIT 40"), {"r": run.run_id})]
         got = {aid: json.loads(t) for aid, t in sparkline_texts(conn, run.run_id, ids, s, h).items()}
-        sums = _python_bins(conn, run.run_id, ids, s, h)
-    assert len(got) >= 20
+        want = _python_bins(conn, run.run_id, ids, s, h)
+        whole = conn.execute(text("SELECT COUNT(*) FROM judged_hours")).scalar()
+    assert len(got) >= 20 and whole > 0
+    assert got.keys() == want.keys()
     checked = 0
-    for aid, bins in got.items():
-        for k in range(SPARK_BINS):
-            want = sums.get((aid, k))
-            for i, name in enumerate(("sm", "util")):
-                exp = round(sum(want[i]) / len(want[i]), 3) if want and want[i] else None
-                assert bins[name][k] == (pytest.approx(exp, abs=1.5e-3) if exp is not None else None), (aid, k, name)
-                checked += exp is not None
-    assert checked > 500
+    for aid, spark in got.items():
+        assert spark["bin_hours"] == want[aid]["bin_hours"] and len(spark["sm"]) == len(want[aid]["sm"]), aid
+        for name in ("sm", "util"):
+            for k, (x, y) in enumerate(zip(spark[name], want[aid][name], strict=True)):
+                assert x == (pytest.approx(y, abs=5.01e-4) if y is not None else None), (aid, k, name)
+                checked += y is not None
+    assert checked > 100
     store.engine.dispose()
 
 
 def test_an_allocation_without_sampled_rows_gets_no_sparkline(store_url: str) -> None:
-    """Exactly the allocations with a sampled row in their interval get a sparkline (an all-empty one would put
-    a blank chart in the evidence): the telemetry GPU of some single-GPU allocations is made to have no
-    samples, and the allocations given a sparkline are those the Python reading finds rows for."""
+    """Exactly the allocations with an observed reading in their interval get a sparkline (an all-empty one
+    would put a blank chart in the evidence): the telemetry GPU of some single-GPU allocations is made to have
+    no observed seconds, and the allocations given a sparkline are those the Python reading finds rows for."""
     from auditor.audit.sparklines import sparkline_texts
 
     store = Store.open(store_url)
     store.upgrade()
     populate(store, SPEC)
     s, h = int(SPEC.start.timestamp()), int(SPEC.end.timestamp())
-    with store.begin() as conn:  # the GPUs of the first five one-GPU allocations: observed, but no samples
+    with store.begin() as conn:  # the GPUs of the first five one-GPU allocations: rows, but nothing observed
         gpus = [r[0] for r in conn.execute(text(
             "SELECT tg.id FROM allocations a JOIN allocated_gpus ag ON ag.allocation_id = a.id "
             "JOIN telemetry_gpus tg ON tg.host = ag.node AND tg.gpu_index = ag.gpu_index "
             "WHERE a.gpu_count = 1 ORDER BY a.id LIMIT 5"))]
         assert len(gpus) == 5
-        conn.execute(text(f"UPDATE gpu_buckets SET samples = 0 WHERE gpu_id IN ({', '.join(map(str, gpus))})"))
+        conn.execute(text(f"UPDATE gpu_buckets SET samples = 0, observed_s = 0 WHERE gpu_id IN "
+                          f"({', '.join(map(str, gpus))})"))
     run = audit.run_audit(store, Config(), SPEC.start, SPEC.end)
     with store.engine.connect() as conn:
         ids = [r[0] for r in conn.execute(text(
             "SELECT DISTINCT allocation_id FROM usage_gpu WHERE run_id = :r ORDER BY 1"), {"r": run.run_id})]
         got = {aid: json.loads(t) for aid, t in sparkline_texts(conn, run.run_id, ids, s, h).items()}
-        with_rows = {aid for aid, _k in _python_bins(conn, run.run_id, ids, s, h)}
+        with_rows = set(_python_bins(conn, run.run_id, ids, s, h))
     assert set(got) == with_rows
     assert len(with_rows) >= 20 and len(set(ids) - with_rows) >= 1  # both kinds are among them
     store.engine.dispose()
@@ -277,3 +309,43 @@ def test_attribution_never_asks_not_in_of_a_subquery() -> None:
             "candidates sqlite": attribute.label_candidates("sqlite")}
     assert [k for k, s in sqls.items() if re.search(r"NOT\s+IN\s*\(\s*SELECT", s, re.I)] == []
     assert all("NOT EXISTS (SELECT 1 FROM _attr x" in s for s in sqls.values())
+
+
+def test_a_long_job_and_a_mig_slice_by_hand(store_url: str) -> None:
+    """Sparklines by hand (definitions "Sparklines"). Job "long" holds a whole GPU for 100 h from an hour's
+    start; its SM activity is 0.1 x (hour mod 3): 100 clock hours need k = 3 hours per bin (3 x 48 >= 100 >
+    2 x 48), so 34 bins; each full bin averages 0.0, 0.1, 0.2 = 0.1, the last holds hour 99 alone (99 mod 3 =
+    0: 0.0). Job "mixed" holds a whole GPU (SM 0.8) and a 1/7 MIG slice (SM 0.1) for 1 h: weighted by share
+    x observed seconds, (1 x 0.8 + 1/7 x 0.1) / (1 + 1/7) = 0.7125 (not the plain 0.45)."""
+    from datetime import UTC, datetime, timedelta
+
+    from auditor.audit.sparklines import sparkline_texts
+    from auditor.records import AllocatedGpu, Allocation, GpuBucket
+
+    t0 = datetime(2026, 11, 2, tzinfo=UTC)
+    store = Store.open(store_url)
+    store.upgrade()
+    recs: list[Any] = [
+        Allocation("c", "slurm", "long", user="u", account="a", start=t0, end=t0 + timedelta(hours=100),
+                   gpus=[AllocatedGpu("n1", 0)]),
+        Allocation("c", "slurm", "mixed", user="u", account="a", start=t0, end=t0 + timedelta(hours=1),
+                   gpus=[AllocatedGpu("n2", 0), AllocatedGpu("n2", 1, share=1 / 7, mig_profile="1g.10gb")])]
+    for i in range(100 * 12):
+        ts = t0 + timedelta(minutes=5 * i)
+        recs.append(GpuBucket("c", "n1", 0, ts, 300, 10, sm_active=0.1 * ((i // 12) % 3), gpu_util=0.9))
+    for i in range(12):
+        ts = t0 + timedelta(minutes=5 * i)
+        recs += [GpuBucket("c", "n2", 0, ts, 300, 10, sm_active=0.8, gpu_util=1.0),
+                 GpuBucket("c", "n2", 1, ts, 300, 10, sm_active=0.1, gpu_util=1.0)]
+    store.ingest(recs)
+    until = t0 + timedelta(hours=120)
+    run = audit.run_audit(store, Config(), t0, until)
+    with store.engine.connect() as conn:
+        ids = {ext: aid for aid, ext in conn.execute(text("SELECT id, external_id FROM allocations"))}
+        got = {aid: json.loads(t) for aid, t in sparkline_texts(conn, run.run_id, sorted(ids.values()),
+                                                                 int(t0.timestamp()), int(until.timestamp())).items()}
+    store.engine.dispose()
+    long, mixed = got[ids["long"]], got[ids["mixed"]]
+    assert long["bin_hours"] == 3 and len(long["sm"]) == 34
+    assert long["sm"][:33] == [0.1] * 33 and long["sm"][33] == 0.0
+    assert mixed["bin_hours"] == 1 and mixed["sm"] == [0.713]  # 0.7125 as the store writes 3 decimals

@@ -8,6 +8,7 @@ Which fleet features are generated: tests/oracle_fleets.py ``detect`` (``GPU_AUD
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
@@ -41,6 +42,8 @@ PRICES = PriceCard(default=2.0, models={"h100": 4.0, "a100": 2.5}, mig={"1g.10gb
 TOL_S = 1e-6 * HOUR  # 1e-6 GPU-hours
 SECONDS = ("reserved", "observed", "idle", "idle_by_util", "mirage", "low", "working", "busy_unverified",
            "unknown", "effective", "infra")
+# per allocated GPU also the waiting classes memory, communication, starved and the straggler candidates lead and
+# waitable (usage_gpu columns; GpuResult.sums)
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.service)])
@@ -103,17 +106,19 @@ def run_code(store: Store, fleet: Fleet, empty: Any = None) -> dict[str, Any]:
             "SELECT a.cluster, a.source, a.external_id, a.start_ts, u.* FROM usage_allocation u "
             "JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :r"), {"r": rid})]
         found = [tuple(r) for r in conn.execute(text(
-            "SELECT a.cluster, a.source, a.external_id, a.start_ts, f.kind FROM findings f "
+            "SELECT a.cluster, a.source, a.external_id, a.start_ts, f.kind, f.evidence FROM findings f "
             "JOIN allocations a ON a.id = f.allocation_id WHERE f.run_id = :r"), {"r": rid})]
     key = lambda r: (r["cluster"], r["source"], r["external_id"], float(r["start_ts"]))  # noqa: E731
-    out: dict[str, Any] = {"gpus": {}, "allocs": {}, "findings": {}}
+    out: dict[str, Any] = {"gpus": {}, "allocs": {}, "findings": {}, "sparklines": {}}
     for r in gpus:
         out["gpus"][(key(r), r["node"], r["slot"])] = r
     for r in allocs:
         out["allocs"][key(r)] = r
-    for c, s, e, t, kind in found:
+    for c, s, e, t, kind, ev in found:
         if kind in CORE_FINDINGS:
             out["findings"].setdefault((c, s, e, float(t)), set()).add(kind)
+        ev = json.loads(ev) if isinstance(ev, str) else ev
+        out["sparklines"][(c, s, e, float(t))] = ev.get("sparkline")
     return out
 
 
@@ -186,6 +191,19 @@ def compare(fleet: Fleet, code: dict[str, Any], want: dict) -> list[str]:
             for name, exp in g.sums().items():
                 num(where, name, _col(grow, name), exp)
             num(where, "max_gpu_mirage", float(grow["max_gpu_mirage_s"]), g.mirage_raw)
+        if key in code["sparklines"]:  # an allocation with a finding: its sparkline (definitions "Sparklines")
+            got, exp = code["sparklines"][key], res.sparkline
+            SEEN["sparklines compared"] += 1
+            if (got is None) != (exp is None):
+                bad.append(f"alloc {key[2]} sparkline: code {got} oracle {exp}")
+            elif exp is not None:
+                if got["bin_hours"] != exp["bin_hours"] or len(got["sm"]) != len(exp["sm"]):
+                    bad.append(f"alloc {key[2]} sparkline bins: code {got} oracle {exp}")
+                for name in ("sm", "util"):
+                    for i, (x, y) in enumerate(zip(got[name], exp[name], strict=False)):
+                        # the store writes 3 decimals
+                        if (x is None) != (y is None) or (x is not None and abs(x - y) > 5e-4 + 1e-9):
+                            bad.append(f"alloc {key[2]} sparkline {name}[{i}]: code {x} oracle {y}")
         if res.near_boundary:
             SEEN["findings not compared (a ratio within 1e-7 of its threshold)"] += 1
         elif code["findings"].get(key, set()) != res.findings:

@@ -1,5 +1,6 @@
-"""The fleet simulator (deterministic, streaming, a realistic mix), the SQLite judge's agreement with the
-reference judge_sql query, and retention (``gpu-audit db prune``) on SQLite and PostgreSQL."""
+"""The fleet simulator (deterministic, streaming, a realistic mix), the judging's agreement between whole hours
+from the judged aggregate and every bucket judged afresh on a simulated fleet, and retention (``gpu-audit db
+prune``) on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -79,10 +80,6 @@ def sim_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return store
 
 
-def _reference_judge(conn, fn, params, th) -> None:  # noqa: ANN001 - same signature as usage.judge
-    conn.execute(text(usage.judge_sql(conn.dialect.name, th)), params)
-
-
 def _usage(store: Store, run_id: int) -> list[tuple]:
     with store.engine.connect() as conn:
         return [tuple(r)[1:] for r in conn.execute(text(
@@ -96,11 +93,16 @@ def _same(x: tuple, y: tuple) -> bool:
 
 @pytest.mark.parametrize("th", [Thresholds(), Thresholds(util_fallback=False),
                                 Thresholds(working_sm=0.03, idle_power_w=100.0)])
-def test_sqlite_judge_agrees_with_reference_query(sim_store: Store, th: Thresholds,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_aggregate_path_agrees_with_every_bucket_judged(sim_store: Store, th: Thresholds,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Multi-node jobs, Kubernetes pods attributed by labels, nodes without profiling fields and telemetry gaps:
+    the audit reading whole hours from the judged aggregate (built for ``th``) writes the usage rows of the
+    audit judging every bucket from gpu_buckets (usage.WHOLE_HOURS off), under three threshold sets."""
     spec = SIM
     fast = audit.run_audit(sim_store, Config(), spec.start, spec.end, thresholds=th)
-    monkeypatch.setattr(usage, "judge", _reference_judge)
+    with sim_store.engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM judged_hours")).scalar() > 0
+    monkeypatch.setattr(usage, "WHOLE_HOURS", False)
     ref = audit.run_audit(sim_store, Config(), spec.start, spec.end, thresholds=th)
     a, b = _usage(sim_store, fast.run_id), _usage(sim_store, ref.run_id)
     assert len(a) == len(b) > 100

@@ -46,7 +46,10 @@ def test_sparkline_text_parses_to_the_bins() -> None:
     assert got["sm"][47] is None and got["util"][47] == 0.0 and math.copysign(1, got["util"][47]) == -1
     assert got["sm"][5] is None and got["util"][5] is None
     assert [i for i, v in enumerate(got["sm"]) if v is not None] == [0]
-    assert strict(sparkline_json("")) == {"sm": [None] * SPARK_BINS, "util": [None] * SPARK_BINS}
+    assert strict(sparkline_json("")) == {"sm": [None] * SPARK_BINS, "util": [None] * SPARK_BINS, "bin_hours": 1}
+    # 3 bins of 4 hours (a 12-hour job): bin 3 is past them
+    got = strict(sparkline_json("0:0.500:0.900;2:0.250:;3:1.000:1.000", 3, 4))
+    assert got == {"sm": [0.5, None, 0.25], "util": [0.9, None, None], "bin_hours": 4}
 
 
 @pytest.mark.parametrize(("obj", "want"), [

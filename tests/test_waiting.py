@@ -275,3 +275,71 @@ def test_a_saturated_link_holds_the_peers_up(store: Store) -> None:
     assert "link saturated 100%" in f["rule"]
     res = run_audit(store, cfg, W0, W1, thresholds=cfg.thresholds.model_copy(update={"straggler_link_bps": 3e10}))
     assert findings(store, res.run_id, "straggler") == []
+
+
+def _unit_rows(store: Store, run_id: int, p: dict[str, Any], candidates: str) -> dict[int, list[tuple]]:
+    """straggler_sql's rows (allocation -> its units' led and held seconds) over the allocations ``candidates``
+    selects (into ``_strag``), in the run's own transaction state (infrastructure intervals prepared)."""
+    from auditor.audit import infra
+    from auditor.audit import stragglers as w
+    from auditor.config import Thresholds
+
+    th = Thresholds()
+    out: dict[int, list[tuple]] = {}
+    with store.begin() as conn:
+        infra.prepare(conn, th, p["since"], p["horizon"], allocated=False)
+        conn.execute(text("DROP TABLE IF EXISTS _strag"))
+        conn.execute(text("CREATE TEMPORARY TABLE _strag (aid INTEGER PRIMARY KEY)"))
+        conn.execute(text(f"INSERT INTO _strag {candidates}"), {"run": run_id})
+        for x in conn.execute(text(w.straggler_sql(conn.dialect.name, th, infra.skip(conn))), {**p, "run": run_id}):
+            out.setdefault(x.aid, []).append(tuple(round(float(v or 0), 6) if i > 1 else v for i, v in enumerate(x)))
+        conn.execute(text("DROP TABLE _strag"))
+    return out
+
+
+def test_the_candidates_hold_every_lead(store_url: str) -> None:
+    """stragglers.CANDIDATES (from the judging's usage sums) keeps every allocation in which any unit leads any
+    bucket: on a simulated fleet (multi-node jobs, partial, low and idle-episode jobs) and beside it the
+    straggler jobs of the tests above (two nodes, one node's GPUs, a saturated link), the straggler rows of all
+    allocations of 2+ GPUs that have a led second are exactly the candidates' rows. The filter prunes most of
+    the others (it is the point) but never one that leads."""
+    from auditor.audit import stragglers as w
+    from auditor.simulate import FleetSpec, populate
+
+    every = ("SELECT allocation_id FROM usage_gpu WHERE run_id = :run AND gpu_id IS NOT NULL "
+             "GROUP BY allocation_id HAVING COUNT(*) >= 2")
+    quiet = {"dram_active": 0.02, "pcie_tx_bps": 1e5}
+    recs: list[Any] = [job("lock", [AllocatedGpu(n, g) for n in ("a1", "a2") for g in (0, 1)]),
+                       job("gpus", [AllocatedGpu("g1", g) for g in range(4)]),
+                       job("link", [AllocatedGpu("l1", 0), AllocatedGpu("l2", 0)])]
+    for g in (0, 1):
+        recs += series("a1", g, hours=1.5, sm_active=0.1, **quiet)
+        recs += series("a1", g, hours=0.5, start_h=1.5, sm_active=0.8, **quiet)
+        recs += series("a2", g, hours=2, sm_active=0.9, **quiet)
+    for g in range(4):
+        recs += series("g1", g, sm_active=0.7 if g == 3 else 0.1, **quiet)
+    recs += [*series("l1", 0, sm_active=0.1, dram_active=0.05, nvlink_tx_bps=1e9),
+             *series("l2", 0, sm_active=0.3, dram_active=0.05, nvlink_tx_bps=2.5e10)]
+    store = Store.open(store_url)
+    store.upgrade()
+    spec = FleetSpec(gpus=192, days=2, seed=15)
+    try:
+        populate(store, spec)
+        store.ingest(recs)
+        runs = [(run_audit(store, Config(), spec.start, spec.end).run_id,
+                 {"since": int(spec.start.timestamp()), "horizon": int(spec.end.timestamp())}),
+                (run_audit(store, Config(), W0, W1).run_id,
+                 {"since": int(W0.timestamp()), "horizon": int(W1.timestamp())})]
+        checked = pruned = led = 0
+        for run_id, p in runs:
+            all_rows = _unit_rows(store, run_id, p, every)
+            kept = _unit_rows(store, run_id, p, w.CANDIDATES)
+            leading = {aid for aid, rows in all_rows.items() if any(r[3] > 0 for r in rows)}
+            assert leading <= kept.keys(), sorted(leading - kept.keys())
+            assert all(kept[aid] == all_rows[aid] for aid in kept)
+            checked += len(all_rows)
+            pruned += len(all_rows) - len(kept)
+            led += len(leading)
+    finally:
+        store.engine.dispose()
+    assert checked > 20 and pruned > checked / 3 and led >= 3, (checked, pruned, led)

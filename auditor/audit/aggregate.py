@@ -22,13 +22,12 @@ buckets; every other allocated GPU is judged from the buckets as before. Marked 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import verdict
-from auditor.audit.judge import _IO, LOOKBACK, SUMS, _judged_cols, judged_rows
+from auditor.audit import infra, verdict
+from auditor.audit.judge import LOOKBACK, SUMS, _judged_cols, judged_rows
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import greatest_least
 from auditor.timeutil import utcnow
@@ -47,7 +46,7 @@ def hour_rows(dialect: str, th: Thresholds, frm: str, src: str = "gpu_buckets", 
     each judged whole; buckets crossing their hour's end and comma-joined labels are left out (their hours
     stay marked, :func:`refresh`). ``src``: the table holding every row of those buckets (their siblings);
     ``lab`` = 0 says the GPU never had a labelled row (telemetry_gpus.has_jobs), skipping the sibling probe."""
-    cols = _judged_cols(th, verdict.prefixed("b"), "b.bucket_ts", "b.bucket_ts + b.bucket_s", _IO, dialect)
+    cols = _judged_cols(th, verdict.prefixed("b"), "b.bucket_ts", "b.bucket_ts + b.bucket_s", dialect)
     rows = (f"SELECT b.gpu_id AS gpu_id, b.bucket_ts / {H} AS hour, b.job AS job, {cols} {frm} AND b.bucket_s > 0 "
             f"AND NOT {_UNFIT} AND (b.job <> '' OR {lab} = 0 OR {_ALONE.format(src=src)})")
     sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
@@ -178,57 +177,78 @@ _WHOLE = ("h.ths = :ths AND h.gpu_id = {a}.gpu_id AND h.hour >= g.h0 AND h.hour 
 
 
 def _edges(dialect: str, a: str) -> tuple[str, str]:
-    """The two partial-hour ranges of allocated GPU ``a`` with whole hours [g.h0, g.h1) as bucket conditions
-    (two index ranges: one range with an OR between them is read whole)."""
+    """The buckets of judging target ``a`` outside its whole hours [g.h0, g.h1) as two bucket conditions (two
+    index ranges: one range with an OR between them is read whole); with h0 = h1 they hold every bucket."""
     _g, le = greatest_least(dialect)
     return (f"b.bucket_ts >= {a}.a_s - {LOOKBACK} AND b.bucket_ts < {le}({a}.a_e, g.h0 * {H})",
             f"b.bucket_ts >= g.h1 * {H} AND b.bucket_ts < {a}.a_e")
 
 
-def whole_hours_sql(dialect: str, th: Thresholds, head: Callable[[dict[str, str]], str]) -> str:
-    """usage_gpu rows of the allocated GPUs in ``_agg``: their whole hours' sums from judged_hours plus their
-    edge buckets judged by :func:`auditor.audit.judge.judged_rows`. ``head(get)``: the INSERT ... SELECT of
-    :mod:`auditor.audit.usage` from SQL values per SUMS key, up to its FROM (``_attr`` is ``at``)."""
-    sums = ", ".join(f"{sql} AS {k}" for k, sql in SUMS.items())
-    agg = ", ".join(f"{'MAX' if k in MAXED else 'SUM'}(h.{k}) AS {k}" for k in KEYS)
-    if dialect == "postgresql":  # per allocated GPU: LATERAL index range scans of its edges and its hours
-        keys = [("at.a_s", "a_s"), ("at.a_e", "a_e")]
-        parts = [judged_rows(dialect, th, keys, f"FROM gpu_buckets b WHERE b.gpu_id = at.gpu_id AND {rng}"
-                             + _TAIL.format(a="at"), "at.jkey", lab="at.lab", correlated=True)
-                 for rng in _edges(dialect, "at")]
+def _merged(k: str, a: str) -> str:
+    """Sums of ``a`` over rows, as they add up (peak frame buffer: the maximum)."""
+    return f"{'MAX' if k in MAXED else 'SUM'}({a}.{k})"
+
+
+def sums_sql(dialect: str, th: Thresholds, src: str, key: str, skip: str = "", *, hourly: bool = False,
+             keys: tuple[str, ...] = KEYS) -> str:
+    """The judging: per row of ``src`` (a table of judging targets: ``key``, gpu_id, a_s, a_e, jkey, lab),
+    planned by :func:`plan` into ``_agg``, its ``id`` and the sums ``keys`` (:data:`auditor.audit.judge.SUMS`)
+    of the buckets of its GPU that overlap [a_s, a_e): its whole hours [h0, h1) read from judged_hours, every
+    other bucket judged by :func:`auditor.audit.judge.judged_rows`. ``hourly``: per target and clock hour (the
+    buckets' start hour) instead, with a column ``hour``. ``skip``: the infrastructure condition
+    (:func:`auditor.audit.infra.skip`; a target on a GPU with infrastructure intervals has no whole hours).
+    Absent sums are NULL; a target without a judged row has no row (hourly) or NULL sums."""
+    sums = ", ".join(f"{SUMS[k]} AS {k}" for k in keys)
+    agg = ", ".join(f"{_merged(k, 'h')} AS {k}" for k in keys)
+    if dialect == "postgresql":  # per target: LATERAL index range scans of its edges and of its hours
+        tk = [("t.a_s", "a_s"), ("t.a_e", "a_e")]
+        parts = [judged_rows(dialect, th, tk, f"FROM gpu_buckets b WHERE b.gpu_id = t.gpu_id AND {rng}"
+                             + _TAIL.format(a="t") + infra.clip(skip, dialect, "t"), "t.jkey", lab="t.lab",
+                             correlated=True) for rng in _edges(dialect, "t")]
+        edges = f"({parts[0]} UNION ALL {parts[1]}) j"
+        whole = f"FROM judged_hours h WHERE {_WHOLE.format(a='t')}"
+        frm = f"FROM {src} t JOIN _agg g ON g.id = t.{key} "
+        if hourly:
+            return (f"SELECT t.{key} AS id, x.* {frm}CROSS JOIN LATERAL (SELECT j.bucket_ts / {H} AS hour, {sums} "
+                    f"FROM {edges} GROUP BY j.bucket_ts / {H} UNION ALL SELECT h.hour, {agg} {whole} "
+                    "GROUP BY h.hour) x")
         big, _le = greatest_least(dialect)
-        get = {k: (f"{big}(e.{k}, hh.{k})" if k in MAXED else f"(COALESCE(e.{k}, 0) + COALESCE(hh.{k}, 0))")
-               for k in KEYS}
-        return (head(get) + "FROM _attr at JOIN _agg g ON g.allocated_gpu_id = at.allocated_gpu_id "
-                f"CROSS JOIN LATERAL (SELECT {sums} FROM ({parts[0]} UNION ALL {parts[1]}) j) e "
-                f"CROSS JOIN LATERAL (SELECT {agg} FROM judged_hours h WHERE {_WHOLE.format(a='at')}) hh")
+        both = ", ".join(f"{big}(e.{k}, hh.{k}) AS {k}" if k in MAXED else
+                         f"COALESCE(e.{k}, 0) + COALESCE(hh.{k}, 0) AS {k}" for k in keys)
+        return (f"SELECT t.{key} AS id, {both} {frm}CROSS JOIN LATERAL (SELECT {sums} FROM {edges}) e "
+                f"CROSS JOIN LATERAL (SELECT {agg} {whole}) hh")
     # SQLite: CROSS JOIN keeps _agg the outer loop; the buckets and hours are read through their keys
-    keys = [("t.allocated_gpu_id", "gid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
-    parts = [judged_rows(dialect, th, keys, "FROM _agg g CROSS JOIN _attr t CROSS JOIN gpu_buckets b WHERE "
-                         f"t.allocated_gpu_id = g.allocated_gpu_id AND b.gpu_id = t.gpu_id AND {rng}"
-                         + _TAIL.format(a="t"), "t.jkey", lab="t.lab") for rng in _edges(dialect, "t")]
-    edges = f"SELECT j.gid, {sums} FROM ({parts[0]} UNION ALL {parts[1]}) j GROUP BY j.gid"
-    hours = (f"SELECT t.allocated_gpu_id AS gid, {agg} FROM _agg g CROSS JOIN _attr t CROSS JOIN judged_hours h "
-             f"WHERE t.allocated_gpu_id = g.allocated_gpu_id AND {_WHOLE.format(a='t')} GROUP BY t.allocated_gpu_id")
-    both = ", ".join(f"{'MAX' if k in MAXED else 'SUM'}(p.{k}) AS {k}" for k in KEYS)
-    get = {k: f"COALESCE(j.{k}, 0)" for k in KEYS}
-    get.update(peak_fb="j.peak_fb", idle_fb="j.idle_fb")
-    return (head(get) + "FROM _attr at JOIN _agg g ON g.allocated_gpu_id = at.allocated_gpu_id LEFT JOIN "
-            f"(SELECT p.gid, {both} FROM ({edges} UNION ALL {hours}) p GROUP BY p.gid) j "
-            "ON j.gid = at.allocated_gpu_id")
+    tk = [(f"t.{key}", "tid"), ("t.a_s", "a_s"), ("t.a_e", "a_e")]
+    frm = f"FROM _agg g CROSS JOIN {src} t CROSS JOIN {{}} WHERE t.{key} = g.id AND "
+    parts = [judged_rows(dialect, th, tk, frm.format("gpu_buckets b") + f"b.gpu_id = t.gpu_id AND {rng}"
+                         + _TAIL.format(a="t") + infra.clip(skip, dialect, "t"), "t.jkey", lab="t.lab")
+             for rng in _edges(dialect, "t")]
+    hour = f"j.bucket_ts / {H}"
+    edges = (f"SELECT j.tid AS id, {hour + ' AS hour, ' if hourly else ''}{sums} "
+             f"FROM ({parts[0]} UNION ALL {parts[1]}) j GROUP BY j.tid{', ' + hour if hourly else ''}")
+    hours = (f"SELECT t.{key} AS id, {'h.hour AS hour, ' if hourly else ''}{agg} "
+             f"{frm.format('judged_hours h')}{_WHOLE.format(a='t')} GROUP BY t.{key}{', h.hour' if hourly else ''}")
+    if hourly:  # an hour is either whole or an edge hour, never both
+        return f"{edges} UNION ALL {hours}"
+    per = ", ".join(f"{_merged(k, 'p')} AS {k}" for k in keys)
+    return f"SELECT p.id AS id, {per} FROM ({edges} UNION ALL {hours}) p GROUP BY p.id"
 
 
-def eligible(conn: Connection, skip: str) -> int:
-    """``_agg``: the allocated GPUs of ``_attr`` that read whole hours from the aggregate (at least one whole
-    hour, attributed, no infrastructure interval on their GPU, no marked hour among their whole hours)."""
+def plan(conn: Connection, src: str, key: str, skip: str, ths: str | None) -> int:
+    """``_agg`` (id, h0, h1): for every target of ``src`` (``key``, gpu_id, a_s, a_e) the whole clock hours
+    [h0, h1) that :func:`sums_sql` reads from judged_hours (set ``ths``; None: no set is usable): at least one
+    whole hour inside [a_s, a_e), on a GPU without infrastructure intervals in the audit (``skip``) and
+    without a marked hour among them; every other target gets h0 = h1 = its last hour (every bucket judged
+    from gpu_buckets). Returns the targets with whole hours."""
     conn.execute(text("DROP TABLE IF EXISTS _agg"))
-    conn.execute(text("CREATE TEMPORARY TABLE _agg (allocated_gpu_id INTEGER PRIMARY KEY, h0 INTEGER, h1 INTEGER)"))
-    infra = " AND NOT EXISTS (SELECT 1 FROM _infra i WHERE i.gpu_id = at.gpu_id)" if skip else ""
-    n = conn.execute(text(
-        f"INSERT INTO _agg SELECT at.allocated_gpu_id, (at.a_s + {H - 1}) / {H}, at.a_e / {H} FROM _attr at "
-        f"WHERE at.gpu_id IS NOT NULL AND at.a_s >= 0 AND at.a_e / {H} > (at.a_s + {H - 1}) / {H}{infra} "
-        f"AND NOT EXISTS (SELECT 1 FROM judged_dirty d WHERE d.gpu_id = at.gpu_id AND d.hour >= (at.a_s + {H - 1}) "
-        f"/ {H} AND d.hour < at.a_e / {H})")).rowcount or 0
+    conn.execute(text("CREATE TEMPORARY TABLE _agg (id INTEGER PRIMARY KEY, h0 INTEGER, h1 INTEGER)"))
+    clean = " AND NOT EXISTS (SELECT 1 FROM _infra i WHERE i.gpu_id = t.gpu_id)" if skip else ""
+    h0, h1 = f"(t.a_s + {H - 1}) / {H}", f"t.a_e / {H}"
+    whole = "0 = 1" if ths is None else (
+        f"t.gpu_id IS NOT NULL AND t.a_s >= 0 AND {h1} > {h0}{clean} AND NOT EXISTS (SELECT 1 FROM judged_dirty d "
+        f"WHERE d.gpu_id = t.gpu_id AND d.hour >= {h0} AND d.hour < {h1})")
+    conn.execute(text(f"INSERT INTO _agg SELECT t.{key}, CASE WHEN {whole} THEN {h0} ELSE {h1} END, {h1} FROM {src} t"))
+    n = conn.execute(text("SELECT COUNT(*) FROM _agg WHERE h1 > h0")).scalar() or 0
     if conn.dialect.name == "postgresql":
         conn.execute(text("ANALYZE _agg"))
-    return n
+    return int(n)

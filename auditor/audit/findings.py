@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, text
 
 from auditor import energy, jsonsafe
-from auditor.audit import goodput, infra, kinds, rightsize, waiting
+from auditor.audit import goodput, hostwait, infra, kinds, rightsize, stragglers, waiting
 from auditor.audit.efficiency import low_efficiency
 from auditor.audit.episodes import idle_episodes
 from auditor.audit.evidence import (
@@ -432,7 +432,10 @@ def extra_findings(conn: Connection, rows: AllocationRows, th: Thresholds, cfg: 
         hygiene, teams, flagged = request_hygiene(conn, run_id, th, p)
     summary["request_hygiene_tally"] = {"teams": teams, "flagged": flagged}
     with step("where the waiting goes, stragglers"):
-        waits, strag = waiting.analyse(conn, run_id, rows, rows.get, th, p)
+        seconds = waiting.class_seconds(conn, run_id)
+        hostwait.refine(conn, run_id, th, p, seconds)
+        waits = waiting.breakdown(rows, seconds)
+        strag = stragglers.stragglers(conn, run_id, rows.get, th, p)
     summary["waiting"] = waits
     return out + hygiene + strag
 

@@ -16,7 +16,7 @@ Used by the audit on both engines, idle episodes and idle reservations, so all r
 
 from __future__ import annotations
 
-from auditor.audit import infra, verdict
+from auditor.audit import infra, verdict, waiting
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import greatest_least
 
@@ -25,6 +25,9 @@ METRICS = ("sm_active", "dram_active", "tensor_active", "gpu_util", "gr_engine",
            "io_bps")
 _IO = ("(COALESCE(b.pcie_tx_bps, 0) + COALESCE(b.pcie_rx_bps, 0) + COALESCE(b.nvlink_tx_bps, 0)"
        " + COALESCE(b.nvlink_rx_bps, 0))")
+#: 1 when a row read any PCIe or NVLink counter (a class of "where the waiting goes" needs the links measured)
+_IO_MEASURED = ("CASE WHEN b.pcie_tx_bps IS NOT NULL OR b.pcie_rx_bps IS NOT NULL OR b.nvlink_tx_bps IS NOT NULL"
+                " OR b.nvlink_rx_bps IS NOT NULL THEN 1 ELSE 0 END")
 #: Widest bucket the store can hold (a roll-up): how far before an interval a bucket may start and reach it
 LOOKBACK = 3600
 
@@ -65,11 +68,11 @@ def judged_rows(dialect: str, th: Thresholds, keys: list[tuple[str, str]], frm: 
     alone = (f" AND ({lab} = 0 OR NOT EXISTS (SELECT 1 FROM gpu_buckets s WHERE s.gpu_id = b.gpu_id"
              " AND s.bucket_ts = b.bucket_ts AND s.job <> ''))")
     plain = (f"SELECT {k}, b.bucket_ts AS bucket_ts, b.bucket_s AS bucket_s, "
-             f"{_judged_cols(th, verdict.prefixed('b'), a_s, a_e, _IO, dialect)} {frm} AND b.job = ''{alone}")
+             f"{_judged_cols(th, verdict.prefixed('b'), a_s, a_e, dialect)} {frm} AND b.job = ''{alone}")
     group = ", ".join(([] if correlated else [e for e, _a in keys]) + ["b.bucket_ts"])
     x = verdict.prefixed("x")
     matched = (f"SELECT {', '.join(f'x.{a} AS {a}' for _e, a in keys)}, x.bucket_ts AS bucket_ts, x.bucket_s AS "
-               f"bucket_s, {_judged_cols(th, x, 'x.a_s', 'x.a_e', 'x.io_bps', dialect)} FROM (SELECT {k}, "
+               f"bucket_s, {_judged_cols(th, x, 'x.a_s', 'x.a_e', dialect, combined=True)} FROM (SELECT {k}, "
                f"{', '.join(_combine(dialect))} {frm} AND {lab} = 1 AND {job_match(dialect, 'b.job', jkey)} "
                f"GROUP BY {group}) x")
     return f"{plain} UNION ALL {matched}"
@@ -87,6 +90,7 @@ def _combine(dialect: str) -> list[str]:
         r = _raw(x)
         agg.append(f"CASE WHEN COUNT(*) = 1 THEN MAX({r}) ELSE SUM(b.observed_s * {r}) / NULLIF(SUM(CASE WHEN {r} "
                    f"IS NOT NULL THEN b.observed_s END), 0) END AS {x}")
+    agg.append(f"MAX({_IO_MEASURED}) AS io_measured")  # the links were measured when any row read them
     return agg
 
 
@@ -120,37 +124,17 @@ SUMS: dict[str, str] = {
     "idle_power_observed": f"SUM(CASE WHEN {_V.in_codes('j.v', _V.IDLE_CODES)} AND j.power_w IS NOT NULL "
                            "THEN j.obs END)",
 }
-#: The same sums in two steps, for SQLite's scan of a GPU without job labels: per verdict the 11 sums every
-#: SUMS entry is made of (BY_VERDICT, grouped by ``j.v``), then SUMS read off those rows (PIVOT, over ``g``):
-#: 11 aggregate steps per bucket instead of 22 (the fast-path scan about 10 % faster at 1,024 GPUs).
-BY_VERDICT: dict[str, str] = {
-    "o": "SUM(j.obs)", "gu": "SUM(j.obs * j.gpu_util)", "guo": "SUM(CASE WHEN j.gpu_util IS NOT NULL THEN j.obs END)",
-    "sm": "SUM(j.obs * j.sm_active)", "smo": "SUM(CASE WHEN j.sm_active IS NOT NULL THEN j.obs END)",
-    "te": "SUM(j.obs * j.tensor_active)", "dr": "SUM(j.obs * j.dram_active)", "io": "SUM(j.obs * j.io_bps)",
-    "fb": "MAX(CASE WHEN j.obs > 0 THEN j.fb_used_mib END)", "pw": "SUM(j.obs * j.power_w)",
-    "pwo": "SUM(CASE WHEN j.power_w IS NOT NULL THEN j.obs END)"}
-_IDLE_V = _V.in_codes("g.v", _V.IDLE_CODES)
-PIVOT: dict[str, str] = {
-    "idle": f"SUM(CASE WHEN g.v = {_V.IDLE} THEN g.o END)",
-    "idle_by_util": f"SUM(CASE WHEN g.v = {_V.IDLE_BY_UTIL} THEN g.o END)",
-    "mirage": f"SUM(CASE WHEN g.v = {_V.MIRAGE} THEN g.o END)",
-    "low": f"SUM(CASE WHEN g.v = {_V.LOW} THEN g.o END)",
-    "working": f"SUM(CASE WHEN g.v = {_V.WORKING} THEN g.o END)",
-    "busy_unverified": f"SUM(CASE WHEN g.v = {_V.BUSY_UNVERIFIED} THEN g.o END)",
-    "gpu_util": "SUM(g.gu)", "util_observed": "SUM(g.guo)", "sm": "SUM(g.sm)", "sm_observed": "SUM(g.smo)",
-    "tensor": "SUM(g.te)", "dram": "SUM(g.dr)", "io_bps": "SUM(g.io)", "peak_fb": "MAX(g.fb)",
-    "idle_fb": f"MAX(CASE WHEN {_IDLE_V} THEN g.fb END)",
-    "mirage_util": f"SUM(CASE WHEN g.v = {_V.MIRAGE} THEN g.gu END)",
-    "mirage_power": f"SUM(CASE WHEN g.v = {_V.MIRAGE} THEN g.pw END)",
-    "mirage_power_observed": f"SUM(CASE WHEN g.v = {_V.MIRAGE} THEN g.pwo END)",
-    "energy": "SUM(g.pw)", "power_observed": "SUM(g.pwo)",
-    "idle_energy": f"SUM(CASE WHEN {_IDLE_V} THEN g.pw END)",
-    "idle_power_observed": f"SUM(CASE WHEN {_IDLE_V} THEN g.pwo END)",
-}
-assert PIVOT.keys() == SUMS.keys()
+
+#: the observed seconds of the classes of "where the waiting goes" that are no verdict sum (the judged row's
+#: class ``cls``: :func:`auditor.audit.waiting.class_case`), and of the rows that could lead a lockstep job
+#: (``lead``: :func:`auditor.audit.waiting.busy`, the straggler rule's "busy") or wait on it (``waitable``, ``waits``)
+SUMS.update({k: f"SUM(CASE WHEN j.cls = '{k}' THEN j.obs END)" for k in waiting.SUMMED})
+SUMS["lead"] = "SUM(CASE WHEN j.lead = 1 THEN j.obs END)"
+SUMS["waitable"] = "SUM(CASE WHEN j.waitable = 1 THEN j.obs END)"
+SUMS["waits"] = "SUM(CASE WHEN j.waits = 1 THEN j.obs END)"
 #: SUMS that become a usage column ``<name>_s`` as they are, times share
 EXTRA = ("mirage_util", "mirage_power", "mirage_power_observed", "energy", "power_observed", "idle_energy",
-         "idle_power_observed")
+         "idle_power_observed", *waiting.SUMMED, "lead", "waitable", "waits")
 OBSERVED = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
 
 
@@ -186,45 +170,20 @@ def _obs(c: verdict.Col, a_s: str, a_e: str, g: str, le: str) -> str:
             f"ELSE {le}({g}(0, {le}({sp_e}, {a_e}) - {g}({sp_s}, {a_s})), {c('observed_s')}) END")
 
 
-def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, io: str, dialect: str = "sqlite") -> str:
+def _judged_cols(th: Thresholds, c: verdict.Col, a_s: str, a_e: str, dialect: str = "sqlite", *,
+                 combined: bool = False) -> str:
+    """obs, the metrics, io_measured and the verdict ``v`` of one row ``c``: a gpu_buckets row, or
+    (``combined``) the applicable rows of one bucket combined by :func:`_combine`."""
     g, le = greatest_least(dialect)
-    metrics = [f"{c(m)} AS {m}" for m in METRICS if m != "io_bps"] + [f"{io} AS io_bps"]
+    io, measured = (c("io_bps"), c("io_measured")) if combined else (_IO, _IO_MEASURED)
+    metrics = [f"{c(m)} AS {m}" for m in METRICS if m != "io_bps"] + [f"{io} AS io_bps", f"{measured} AS io_measured"]
     seen = c("observed_s")  # observed, also a row that holds only cover carried from its series' last sample
     return (f"{_obs(c, a_s, a_e, g, le)} AS obs, {', '.join(metrics)}, "
-            f"{verdict.case(th, c, observed=f'{seen} > 0', working_first=True)} AS v")
-
-
-#: SQLite's three ways to read one allocated GPU's rows (:func:`sqlite_rows`)
-SQLITE_PATHS = ("plain", "exact", "grouped")
-
-
-def sqlite_rows(th: Thresholds, frm: str, jkey: str, *, path: str) -> str:
-    """SQLite's per-bucket rows (obs, metrics, v) of one allocated GPU ``t`` (correlated: ``frm`` binds
-    ``b`` and refers to ``t.a_s``/``t.a_e``), in one level SQLite does not materialise, or for
-    ``path="grouped"`` :func:`judged_rows`:
-
-    - ``plain``: a GPU whose telemetry never carried a job label: its unlabelled rows as they are;
-    - ``exact``: a labelled GPU without a comma-joined label among the rows it reads: the rules of
-      :func:`judged_rows` select at most one row per bucket (the row of exactly this job, the bucket key holds
-      one; else the unlabelled row when no labelled sibling exists), so nothing needs combining and one
-      scan of the GPU's rows replaces the two scans and the per-bucket grouping of the general form (2.1 ->
-      0.6 s at 4,096 GPUs, sums equal to 1e-15). Combining one row changes nothing: its metrics are its own,
-      and its observed seconds are never above its width (every write clamps them);
-    - ``grouped``: the general form (several rows of one bucket may name the job).
-
-    tests/test_simulate.py and the oracle (tests/oracle.py) compare them with :func:`judged_rows` run
-    set-based."""
-    b = verdict.prefixed("b")
-    cols = _judged_cols(th, b, "t.a_s", "t.a_e", _IO)
-    if path == "plain":
-        return f"SELECT {cols} {frm} AND b.job = '' LIMIT -1"
-    if path == "exact":
-        return (f"SELECT {cols} {frm} AND ((b.job <> '' AND b.job = {jkey}) OR (b.job = '' AND NOT EXISTS "
-                "(SELECT 1 FROM gpu_buckets s WHERE s.gpu_id = b.gpu_id AND s.bucket_ts = b.bucket_ts "
-                "AND s.job <> ''))) LIMIT -1")
-    if path != "grouped":
-        raise ValueError(f"unknown SQLite judging path {path!r}")
-    return judged_rows("sqlite", th, [("t.a_s", "a_s"), ("t.a_e", "a_e")], frm, jkey, correlated=True)
+            f"{verdict.case(th, c, observed=f'{seen} > 0', working_first=True)} AS v, "
+            f"{waiting.class_case(th, c, observed=f'{seen} > 0', io=io, io_measured=measured)} AS cls, "
+            f"CASE WHEN {c('sm_active')} IS NOT NULL AND {waiting.busy(th, c('sm_active'), io)} THEN 1 ELSE 0 END "
+            f"AS lead, CASE WHEN {waiting.waitable(th, c('sm_active'))} THEN 1 ELSE 0 END AS waitable, "
+            f"CASE WHEN {waiting.waits(th, c('sm_active'), io)} THEN 1 ELSE 0 END AS waits")
 
 
 def rows_of(dialect: str, th: Thresholds, src: str, alias: str, names: list[str], skip: str = "") -> str:

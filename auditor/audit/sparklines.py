@@ -1,6 +1,14 @@
-"""Sparklines: mean SM activity and GPU-Util of a flagged allocation in 48 time bins, the evidence a reader
-sees first. Read set-wise for a block of allocations (one packed string per allocation from the store) and
-kept as JSON text: formatting ~100 floats per finding was most of the time it took to write the findings.
+"""Sparklines: mean SM activity and GPU-Util of a flagged allocation in up to 48 bins of whole clock hours,
+the evidence a reader sees first (docs/definitions.md "Sparklines").
+
+Each bin is ``bin_hours`` clock hours (as many as it takes to fit the allocation's hours in 48 bins; the last
+one may be cut by the allocation's end). Its values are the means the audit itself takes: SM activity and
+GPU-Util weighted by observed seconds (and share), over the applicable rows of the allocation's GPUs inside
+the reserved interval, infrastructure-affected buckets left out. They come from the judging's per-hour sums
+(:func:`auditor.audit.aggregate.sums_sql`, hourly): whole hours from the judged aggregate, the partial hours
+at the edges from the buckets. Read set-wise for a block of allocations (one packed string per allocation from
+the store) and kept as JSON text: formatting ~100 floats per finding was most of the time it took to write
+the findings.
 """
 
 from __future__ import annotations
@@ -9,10 +17,12 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit.judge import JOB_KEY, job_match
+from auditor.audit import aggregate, infra
+from auditor.audit.judge import JOB_KEY
 from auditor.store.sqlfuncs import greatest_least
 
 SPARK_BINS = 48
+H = 3600
 
 
 def _number(s: str) -> str:
@@ -28,74 +38,90 @@ def _number(s: str) -> str:
     return s + "0" if s.endswith(".") else s
 
 
-def sparkline_json(packed: str | None) -> str:
-    """``{"sm": [...], "util": [...]}`` (48 bins each, null where no data) as JSON text, from the packed
-    ``bin:sm:util;...`` string of :func:`sparkline_texts`: the store's decimal text goes in as it is."""
-    sm = ["null"] * SPARK_BINS
-    util = ["null"] * SPARK_BINS
+def bin_hours(s0: int, e0: int) -> tuple[int, int]:
+    """(hours per bin, bins) of an allocation's clipped interval [s0, e0): the clock hours it touches, in at
+    most :data:`SPARK_BINS` bins of whole hours."""
+    hours = (e0 - 1) // H - s0 // H + 1 if e0 > s0 else 0
+    k = max(1, -(-hours // SPARK_BINS))
+    return k, -(-hours // k)
+
+
+def sparkline_json(packed: str | None, bins: int = SPARK_BINS, hours: int = 1) -> str:
+    """``{"sm": [...], "util": [...], "bin_hours": k}`` (``bins`` bins each, null where no data) as JSON text,
+    from the packed ``bin:sm:util;...`` string of :func:`sparkline_texts`: the store's decimal text goes in as
+    it is."""
+    sm = ["null"] * bins
+    util = ["null"] * bins
     for item in (packed or "").split(";"):
         if not item:
             continue
         b, s_sm, s_util = item.split(":")
         k = int(b)
-        if 0 <= k < SPARK_BINS:
+        if 0 <= k < bins:
             sm[k] = _number(s_sm)
             util[k] = _number(s_util)
-    return '{"sm": [' + ", ".join(sm) + '], "util": [' + ", ".join(util) + "]}"
+    return '{"sm": [' + ", ".join(sm) + '], "util": [' + ", ".join(util) + f'], "bin_hours": {hours}}}'
+
+
+#: The targets of one block: the run's attributed GPUs of the allocations asked for, clipped to the window
+_TARGETS = """INSERT INTO _spark_t SELECT u.allocated_gpu_id, u.allocation_id, u.gpu_id, {G}(a.start_ts, :since),
+ {L}(COALESCE(a.end_ts, :horizon), :horizon), """ + JOB_KEY + """, tg.has_jobs, ag.share FROM usage_gpu u
+JOIN allocations a ON a.id = u.allocation_id JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id
+JOIN telemetry_gpus tg ON tg.id = u.gpu_id
+WHERE u.run_id = :run AND u.gpu_id IS NOT NULL AND u.allocation_id IN ({ids})"""
 
 
 def sparkline_texts(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int) -> dict[int, str]:
-    """Per allocation: mean SM activity and GPU-Util in up to 48 time bins, as JSON text
-    (:func:`sparkline_json`). The bins of one allocation come back as one packed string (one row per
-    allocation, not per bin)."""
+    """Per allocation: mean SM activity and GPU-Util per bin of whole hours, as JSON text
+    (:func:`sparkline_json`); an allocation without an observed reading gets none. The bins of one allocation
+    come back as one packed string (one row per allocation, not per bin). Whole hours come from the judged
+    aggregate of the run's thresholds where it holds them (:func:`auditor.audit.usage.aggregate_set`)."""
+    from auditor.audit.usage import aggregate_set, run_thresholds
+
     out: dict[int, str] = {}
-    pg = conn.dialect.name == "postgresql"
-    g, le = greatest_least(conn.dialect.name)
+    dialect = conn.dialect.name
+    pg = dialect == "postgresql"
+    g, le = greatest_least(dialect)
     fmt = (lambda x: f"COALESCE(CAST(ROUND(CAST({x} AS NUMERIC), 3) AS TEXT), '')") if pg else \
         (lambda x: f"CASE WHEN {x} IS NULL THEN '' ELSE printf('%.3f', {x}) END")  # printf: NULL -> 0.000
     agg = "string_agg({}, ';')" if pg else "group_concat({}, ';')"
-    rng = "b.gpu_id = u.gpu_id AND b.bucket_ts >= w.s0 AND b.bucket_ts < w.e0"
+    th = run_thresholds(conn, run_id)
+    keys = ("sm", "sm_observed", "gpu_util", "util_observed")
+    # the bin of an hour: (hour - the allocation's first hour) / hours per bin (bin_hours); an edge bucket that
+    # started in the hour before (one crossing its hour's end) goes to the first bin
+    k = f"(((t.a_e - 1) / {H} - t.a_s / {H} + {SPARK_BINS}) / {SPARK_BINS})"
+    big, _le = greatest_least(dialect)
+    b = f"{big}(0, (x.hour - t.a_s / {H}) / {k})"
+    pack = agg.format("CAST(bin AS TEXT) || ':' || " + fmt("sm") + " || ':' || " + fmt("util"))
+    sql = f"""SELECT aid, {pack} AS packed FROM (
+ SELECT t.aid AS aid, {b} AS bin, SUM(t.share * x.sm) / NULLIF(SUM(t.share * x.sm_observed), 0) AS sm,
+  SUM(t.share * x.gpu_util) / NULLIF(SUM(t.share * x.util_observed), 0) AS util
+ FROM ({{hourly}}) x JOIN _spark_t t ON t.id = x.id GROUP BY t.aid, {b}) bins
+WHERE sm IS NOT NULL OR util IS NOT NULL GROUP BY aid"""
+    ths = aggregate_set(conn, th, since)
+    windows: dict[int, tuple[int, int]] = {}
 
-    def block_sqlite(c: Connection, marks: str) -> list[Any]:
-        # one grouping per allocation (a correlated subquery; SQLite's planner uses the time range by itself):
-        # grouping the whole block's rows by (allocation, bin) took one temporary B-tree of every row read
-        # (2.7 M for the 4,096-GPU week's findings: 3.47 -> 2.69 s, the same texts); an allocation without a
-        # sampled row gets NULL here and is left out, as the grouped form leaves it out
-        sql = f"""SELECT w.id AS aid, (SELECT {agg.format("CAST(x.bin AS TEXT) || ':' || " + fmt("x.sm") + " || ':' || "
-                                                 + fmt("x.util"))} FROM (
-          SELECT CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER) AS bin,
-           AVG(b.sm_active) AS sm, AVG(b.gpu_util) AS util
-          FROM usage_gpu u JOIN gpu_buckets b ON {rng}
-          WHERE u.run_id = :run AND u.allocation_id = w.id AND b.samples > 0
-           AND (b.job = '' OR {job_match(c.dialect.name, "b.job", "w.jkey")})
-          GROUP BY 1) x) AS packed
-        FROM (SELECT a.id, {g}(a.start_ts, :since) AS s0, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS e0,
-               {JOB_KEY} AS jkey FROM allocations a WHERE a.id IN ({marks})) w WHERE w.e0 > w.s0"""
-        rows = c.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}).fetchall()
-        return [r for r in rows if r[1] is not None]
-
-    # PostgreSQL: a LATERAL scan (OFFSET 0 keeps it from being flattened back into a join), so the time range
-    # is part of the index condition (as a join it read each GPU's whole week and filtered 90 % of it away)
-    buckets = f"CROSS JOIN LATERAL (SELECT * FROM gpu_buckets b WHERE {rng} OFFSET 0) b"
-
-    def block_pg(c: Connection, marks: str) -> list[Any]:
-        sql = f"""SELECT aid, {agg.format("CAST(bin AS TEXT) || ':' || " + fmt("sm") + " || ':' || " + fmt("util"))}
-        AS packed FROM (
-         SELECT u.allocation_id AS aid,
-          CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER) AS bin,
-          AVG(b.sm_active) AS sm, AVG(b.gpu_util) AS util
-         FROM (SELECT a.id, {g}(a.start_ts, :since) AS s0, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS e0,
-                {JOB_KEY} AS jkey FROM allocations a WHERE a.id IN ({marks})) w
-         JOIN usage_gpu u ON u.run_id = :run AND u.allocation_id = w.id
-         {buckets}
-         WHERE b.samples > 0 AND w.e0 > w.s0 AND (b.job = '' OR {job_match(c.dialect.name, "b.job", "w.jkey")})
-         GROUP BY u.allocation_id, CAST((b.bucket_ts - w.s0) * {SPARK_BINS} / (w.e0 - w.s0) AS INTEGER)) bins
-        GROUP BY aid"""
-        return c.execute(text(sql), {"since": since, "horizon": horizon, "run": run_id}).fetchall()
+    def block(c: Connection, marks: str) -> list[Any]:
+        skip = infra.skip(c)
+        hourly = aggregate.sums_sql(dialect, th, "_spark_t", "id", skip, hourly=True, keys=keys)
+        c.execute(text("DROP TABLE IF EXISTS _spark_t"))
+        c.execute(text("CREATE TEMPORARY TABLE _spark_t (id INTEGER PRIMARY KEY, aid INTEGER, gpu_id INTEGER, "
+                       "a_s INTEGER, a_e INTEGER, jkey TEXT, lab INTEGER, share FLOAT)"))
+        c.execute(text(_TARGETS.format(G=g, L=le, ids=marks)), {"since": since, "horizon": horizon, "run": run_id})
+        if pg:
+            c.execute(text("ANALYZE _spark_t"))
+        aggregate.plan(c, "_spark_t", "id", skip, ths)
+        rows = c.execute(text(sql.replace("{hourly}", hourly)), {"ths": ths or ""}).fetchall()
+        for aid, s0, e0 in c.execute(text("SELECT aid, MIN(a_s), MAX(a_e) FROM _spark_t GROUP BY aid")):
+            windows[aid] = (int(s0), int(e0))
+        c.execute(text("DROP TABLE _agg"))
+        c.execute(text("DROP TABLE _spark_t"))
+        return rows
 
     blocks = [", ".join(str(int(x)) for x in ids[i:i + 500]) for i in range(0, len(ids), 500)]
-    block = block_pg if pg else block_sqlite
     for marks in blocks:
         for aid, packed in block(conn, marks):
-            out[aid] = sparkline_json(packed)
+            if packed:
+                hours, bins = bin_hours(*windows[aid])
+                out[aid] = sparkline_json(packed, bins, hours)
     return out

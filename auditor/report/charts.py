@@ -138,50 +138,19 @@ def sparkline_short_alt(sm: Sequence[float | None], util: Sequence[float | None]
     return "Sparkline: " + ", ".join(parts)
 
 
-def collapse_bins(sm: Sequence[float | None], util: Sequence[float | None]
-                  ) -> tuple[list[float | None], list[float | None]]:
-    """Drop the structural gaps of a short job's sparkline.
-
-    The audit spreads every job over the same number of time bins; a job shorter than that many telemetry
-    buckets fills only every k-th bin, and the empty bins in between would read as "no data". When data sits
-    exactly on a regular stride (and only there), keep one bin per stride."""
-    n = max(len(sm), len(util))
-    sm = list(sm) + [None] * (n - len(sm))
-    util = list(util) + [None] * (n - len(util))
-    filled = [i for i in range(n) if sm[i] is not None or util[i] is not None]
-    if not filled:
-        return sm, util
-    if len(filled) == 1:
-        return [sm[filled[0]]], [util[filled[0]]]
-    stride = 0
-    for a, b in zip(filled, filled[1:], strict=False):
-        stride = math.gcd(stride, b - a)
-    if stride > 1:
-        start = filled[0] % stride
-        keep = range(start, n, stride)
-        return [sm[i] for i in keep], [util[i] for i in keep]
-    # buckets a little longer than a bin (e.g. 36 buckets over 48 bins) leave single empty bins scattered
-    # between data: when there are many of them and no longer gap, they are structure, not missing data
-    gaps = [b - a - 1 for a, b in zip(filled, filled[1:], strict=False) if b - a > 1]
-    if gaps and max(gaps) == 1 and len(gaps) >= max(2, n // 8):
-        return [sm[i] for i in filled], [util[i] for i in filled]
-    return sm, util
-
-
 MIN_SPARK_WIDTH = 144  # px: a short job's few bins are drawn wide enough to read
 
 
 def sparkline_image(cid: str, spark: dict | None) -> Image | None:
-    """The sparkline of a finding's evidence (``{"sm": [...], "util": [...]}``), or None without one.
-
-    Short jobs get their structural gaps removed and wider bars (at least MIN_SPARK_WIDTH px in all)."""
+    """The sparkline of a finding's evidence (``{"sm": [...], "util": [...], "bin_hours": k}``), or None without
+    one. Its bins are whole clock hours, so an empty bin is missing data, never structure; a short job's few
+    bins get wider bars (at least MIN_SPARK_WIDTH px in all)."""
     if not spark:
         return None
     sm = list(spark.get("sm") or [])
     util = list(spark.get("util") or [])
     if not sm and not util:
         return None
-    sm, util = collapse_bins(sm, util)
     n = max(len(sm), len(util), 1)
     png, w, h = sparkline(sm, util, bin_px=max(4, math.ceil(MIN_SPARK_WIDTH / n)))
     return Image(cid=cid, png=png, alt=sparkline_alt(sm, util), width=w, height=h,

@@ -80,4 +80,28 @@ JUDGED_SUMS = {
     "power_observed": "Observed seconds with a power reading.",
     "idle_energy": "Sum over idle, idle-by-util and mirage rows of observed seconds x power (W).",
     "idle_power_observed": "Idle, idle-by-util and mirage seconds with a power reading.",
+    "memory": "Observed seconds in the class memory-bound (where the waiting goes).",
+    "communication": "Observed seconds in the class communication wait (where the waiting goes).",
+    "starved": "Observed seconds in the class host/input wait (where the waiting goes).",
+    "lead": "Observed seconds of rows with SM activity that computed (SM >= working_sm) or ran the link saturated "
+            "(PCIe + NVLink >= straggler_link_bps): when the GPU could lead its lockstep peers (stragglers).",
+    "waitable": "Observed seconds of rows with SM activity below straggler_peer_sm (stragglers).",
+    "waits": "Observed seconds of rows that wait on a lockstep peer: not computing nor running the link saturated, "
+             "idle_sm <= SM activity < straggler_peer_sm (stragglers).",
+}
+
+#: usage_gpu columns that usage_allocation does not have: the classes of "where the waiting goes" that are not
+#: verdict sums (auditor.audit.waiting.SUMMED; idle and compute are the verdicts' idle, mirage and working
+#: seconds) and the straggler rule's candidates (auditor.audit.stragglers.CANDIDATES)
+GPU_ONLY = {
+    "memory_s": "GPU-seconds memory-bound: SM below working_sm, DRAM activity >= hint_dram_high (times share).",
+    "communication_s": "GPU-seconds waiting on communication: SM below working_sm, DRAM not high, PCIe + NVLink "
+                       ">= hint_io_bps (times share).",
+    "starved_s": "GPU-seconds waiting on the host: SM below working_sm, DRAM and links measured and quiet "
+                 "(times share).",
+    "lead_s": "GPU-seconds the GPU computed (SM >= working_sm) or ran its link saturated (PCIe + NVLink >= "
+              "straggler_link_bps): when it could lead its lockstep peers (times share).",
+    "waitable_s": "GPU-seconds with SM activity below straggler_peer_sm (times share).",
+    "waits_s": "GPU-seconds the GPU waited on a lockstep peer: not computing nor running its link saturated, "
+               "idle_sm <= SM activity < straggler_peer_sm (times share).",
 }

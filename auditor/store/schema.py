@@ -18,8 +18,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
+from auditor.store.columns import GPU_ONLY, JUDGED_SUMS, METRIC_COMMENTS
 from auditor.store.columns import HOURS as _HOURS
-from auditor.store.columns import JUDGED_SUMS, METRIC_COMMENTS
 from auditor.store.schema_base import _ts, metadata
 
 clusters = Table(
@@ -323,6 +323,8 @@ usage_gpu = Table(
     Column("peak_fb_mib", Float, comment="Peak frame buffer used, MiB."),
     Column("idle_peak_fb_mib", Float, comment="Peak frame buffer held in idle or mirage buckets, MiB (a live "
            "process holding the GPU while idle)."),
+    *[Column(name, Float, nullable=False, default=0.0, server_default="0", comment=text)
+      for name, text in GPU_ONLY.items()],
     Index(None, "run_id", "allocation_id"),
     comment="Per allocated GPU and audit run: how its reserved time was judged.",
 )
