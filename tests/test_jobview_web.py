@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from auditor.audit.run import run_audit
 from auditor.config import Config
 from auditor.report import jobview
 from auditor.web import svg
-from auditor.web.app import create_app, start_in_thread
+from auditor.web.app import create_app
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_jobview import DAY, eight_gpu_records, records  # noqa: E402
@@ -115,25 +114,19 @@ def test_allocation_page_in_chromium(store, tmp_path: Path) -> None:  # noqa: AN
     """1280 and 390 px: no sideways scrolling, the scale and the axis labels visible and apart, the findings
     above the first GPU panel, and the per-GPU table's cells whole (no word broken inside)."""
     from chromium import artifacts_dir, browser
-    from helpers import free_port
+    from helpers import web_server
 
     cfg = Config()
     store.ingest(records() + eight_gpu_records())
     run_audit(store, cfg, T0, T0 + DAY)
     aid = _aid(store, "800")
-    port = free_port()
-    server = start_in_thread(store, cfg, f"127.0.0.1:{port}")
-    for _ in range(100):
-        if server.started:
-            break
-        time.sleep(0.05)
     art = artifacts_dir(tmp_path)
-    try:
+    with web_server(store, cfg) as base:
         with browser(tmp_path) as ctx:
             page = ctx.new_page()
             for w in (1280, 390):
                 page.set_viewport_size({"width": w, "height": 900})
-                page.goto(f"http://127.0.0.1:{port}/allocation/{aid}")
+                page.goto(f"{base}/allocation/{aid}")
                 sw = page.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
                 assert sw[0] <= sw[1], (w, sw)
                 page.screenshot(path=str(art / f"allocation-{w}.png"), full_page=True)
@@ -151,5 +144,3 @@ def test_allocation_page_in_chromium(store, tmp_path: Path) -> None:  # noqa: AN
                 cell = page.locator("td.gpu-name").nth(3)
                 assert cell.inner_text() == "3 on n1"
                 assert cell.bounding_box()["height"] < 30, (w, cell.bounding_box())
-    finally:
-        server.should_exit = True
