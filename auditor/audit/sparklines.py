@@ -19,6 +19,8 @@ from sqlalchemy import Connection, text
 
 from auditor.audit import aggregate, infra
 from auditor.audit.judge import JOB_KEY
+from auditor.config import Thresholds
+from auditor.store import shards
 from auditor.store.sqlfuncs import greatest_least
 
 SPARK_BINS = 48
@@ -71,12 +73,48 @@ JOIN telemetry_gpus tg ON tg.id = u.gpu_id
 WHERE u.run_id = :run AND u.gpu_id IS NOT NULL AND u.allocation_id IN ({ids})"""
 
 
+#: Per (allocation, bin): the sums whose ratios are the bin's means; on a sharded store each shard writes its
+#: own GPUs' and the coordinator adds them up (a bin's GPUs may live on several shards)
+_PARTS = ("aid", "bin", "sm_n", "sm_d", "util_n", "util_d")
+_KEYS = ("sm", "sm_observed", "gpu_util", "util_observed")
+
+
+def _parts_table(conn: Connection) -> None:
+    conn.execute(text("DROP TABLE IF EXISTS _spark_parts"))
+    conn.execute(text("CREATE TEMPORARY TABLE _spark_parts (aid INTEGER, bin INTEGER, sm_n FLOAT, sm_d FLOAT, "
+                      "util_n FLOAT, util_d FLOAT)"))
+
+
+def parts_here(conn: Connection, th: Thresholds, since: int, skip: str) -> None:
+    """The per-bin sums of the targets in ``_spark_t`` over this connection's own tables, into
+    ``_spark_parts``: whole hours from its judged aggregate where it holds the run's thresholds, the edges
+    from its buckets."""
+    from auditor.audit.usage import aggregate_set
+
+    dialect = conn.dialect.name
+    ths = aggregate_set(conn, th, since)
+    hourly = aggregate.sums_sql(dialect, th, "_spark_t", "id", skip, hourly=True, keys=_KEYS)
+    big, _le = greatest_least(dialect)
+    # the bin of an hour: (hour - the allocation's first hour) / hours per bin (bin_hours); an edge bucket that
+    # started in the hour before (one crossing its hour's end) goes to the first bin
+    k = f"(((t.a_e - 1) / {H} - t.a_s / {H} + {SPARK_BINS}) / {SPARK_BINS})"
+    b = f"{big}(0, (x.hour - t.a_s / {H}) / {k})"
+    _parts_table(conn)
+    aggregate.plan(conn, "_spark_t", "id", skip, ths)
+    conn.execute(text(f"""INSERT INTO _spark_parts ({", ".join(_PARTS)})
+SELECT t.aid, {b}, SUM(t.share * x.sm), SUM(t.share * x.sm_observed), SUM(t.share * x.gpu_util),
+ SUM(t.share * x.util_observed)
+FROM ({hourly}) x JOIN _spark_t t ON t.id = x.id GROUP BY t.aid, {b}"""), {"ths": ths or ""})
+    conn.execute(text("DROP TABLE _agg"))
+
+
 def sparkline_texts(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int) -> dict[int, str]:
     """Per allocation: mean SM activity and GPU-Util per bin of whole hours, as JSON text
     (:func:`sparkline_json`); an allocation without an observed reading gets none. The bins of one allocation
     come back as one packed string (one row per allocation, not per bin). Whole hours come from the judged
-    aggregate of the run's thresholds where it holds them (:func:`auditor.audit.usage.aggregate_set`)."""
-    from auditor.audit.usage import aggregate_set, run_thresholds
+    aggregate of the run's thresholds where it holds them (:func:`auditor.audit.usage.aggregate_set`); on a
+    sharded store each shard sums its own GPUs' (:func:`parts_here`, :func:`auditor.store.shards.run_shipped`)."""
+    from auditor.audit.usage import run_thresholds, setup_pg
 
     out: dict[int, str] = {}
     dialect = conn.dialect.name
@@ -86,35 +124,36 @@ def sparkline_texts(conn: Connection, run_id: int, ids: list[int], since: int, h
         (lambda x: f"CASE WHEN {x} IS NULL THEN '' ELSE printf('%.3f', {x}) END")  # printf: NULL -> 0.000
     agg = "string_agg({}, ';')" if pg else "group_concat({}, ';')"
     th = run_thresholds(conn, run_id)
-    keys = ("sm", "sm_observed", "gpu_util", "util_observed")
-    # the bin of an hour: (hour - the allocation's first hour) / hours per bin (bin_hours); an edge bucket that
-    # started in the hour before (one crossing its hour's end) goes to the first bin
-    k = f"(((t.a_e - 1) / {H} - t.a_s / {H} + {SPARK_BINS}) / {SPARK_BINS})"
-    big, _le = greatest_least(dialect)
-    b = f"{big}(0, (x.hour - t.a_s / {H}) / {k})"
     pack = agg.format("CAST(bin AS TEXT) || ':' || " + fmt("sm") + " || ':' || " + fmt("util"))
     sql = f"""SELECT aid, {pack} AS packed FROM (
- SELECT t.aid AS aid, {b} AS bin, SUM(t.share * x.sm) / NULLIF(SUM(t.share * x.sm_observed), 0) AS sm,
-  SUM(t.share * x.gpu_util) / NULLIF(SUM(t.share * x.util_observed), 0) AS util
- FROM ({{hourly}}) x JOIN _spark_t t ON t.id = x.id GROUP BY t.aid, {b}) bins
+ SELECT aid, bin, SUM(sm_n) / NULLIF(SUM(sm_d), 0) AS sm, SUM(util_n) / NULLIF(SUM(util_d), 0) AS util
+ FROM _spark_parts GROUP BY aid, bin) bins
 WHERE sm IS NOT NULL OR util IS NOT NULL GROUP BY aid"""
-    ths = aggregate_set(conn, th, since)
+    lay = shards.layout(conn)
     windows: dict[int, tuple[int, int]] = {}
 
     def block(c: Connection, marks: str) -> list[Any]:
         skip = infra.skip(c)
-        hourly = aggregate.sums_sql(dialect, th, "_spark_t", "id", skip, hourly=True, keys=keys)
         c.execute(text("DROP TABLE IF EXISTS _spark_t"))
         c.execute(text("CREATE TEMPORARY TABLE _spark_t (id INTEGER PRIMARY KEY, aid INTEGER, gpu_id INTEGER, "
                        "a_s INTEGER, a_e INTEGER, jkey TEXT, lab INTEGER, share FLOAT)"))
         c.execute(text(_TARGETS.format(G=g, L=le, ids=marks)), {"since": since, "horizon": horizon, "run": run_id})
         if pg:
             c.execute(text("ANALYZE _spark_t"))
-        aggregate.plan(c, "_spark_t", "id", skip, ths)
-        rows = c.execute(text(sql.replace("{hourly}", hourly)), {"ths": ths or ""}).fetchall()
+        if lay is None:
+            parts_here(c, th, since, skip)
+        else:  # each shard its own GPUs' sums, added up here
+            def here(sconn: Connection) -> None:
+                setup_pg(sconn)
+                parts_here(sconn, th, since, skip)
+
+            _parts_table(c)
+            shards.run_shipped(c, lay, {"_spark_t": "gpu_id", "_infra": "gpu_id"}, here, "_spark_parts", _PARTS,
+                               "TRUE")
+        rows = c.execute(text(sql)).fetchall()
         for aid, s0, e0 in c.execute(text("SELECT aid, MIN(a_s), MAX(a_e) FROM _spark_t GROUP BY aid")):
             windows[aid] = (int(s0), int(e0))
-        c.execute(text("DROP TABLE _agg"))
+        c.execute(text("DROP TABLE _spark_parts"))
         c.execute(text("DROP TABLE _spark_t"))
         return rows
 
