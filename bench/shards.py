@@ -116,7 +116,7 @@ def audit_child(url: str, since: int, until: int) -> dict[str, Any]:
 
     def timed(*args: Any, **kw: Any) -> dict[str, Any]:
         out = inner(*args, **kw)
-        shipped.append(out)
+        shipped.append({**out, "into": args[4] if len(args) > 4 else kw.get("out")})
         return out
 
     shards.run_shipped = timed  # type: ignore[assignment]
@@ -125,7 +125,7 @@ def audit_child(url: str, since: int, until: int) -> dict[str, Any]:
     out = {"wall_s": round(time.perf_counter() - t, 2), "cpu_s": round(_cpu() - cpu, 2),
            "machine_busy_s": round(busy_seconds() - busy, 1), "rss_mib": round(peak_rss_kib() / 1024),
            "steps": {k: round(v, 2) for k, v in r.steps.items()}, "digest": run_digest(store, r.run_id),
-           "shipped": [{"read_s": round(x["read_s"], 2), "gather_s": round(x.get("gather_s", 0), 2),
+           "shipped": [{"into": x["into"], "read_s": round(x["read_s"], 2), "gather_s": round(x.get("gather_s", 0), 2),
                         "shards_s": {k: round(v, 2) for k, v in x["shards_s"].items()}} for x in shipped]}
     _drop_run(store, r.run_id)
     store.engine.dispose()
@@ -230,9 +230,16 @@ def report(out: dict[str, Any]) -> str:
     for st in steps:
         lines.append(f"    {st:<44}{out['one'][last]['steps'].get(st, 0):>8.2f}"
                      f"{out['sharded'][last]['steps'].get(st, 0):>8.2f}")
-    for x in out["sharded"][last].get("shipped", []):
-        lines.append(f"  the judging shipped: read {x['read_s']} s, on each shard (at once) "
-                     + ", ".join(f"{k}: {v} s" for k, v in x["shards_s"].items()) + f", gathered {x['gather_s']} s")
+    passes = {"usage_gpu": "the judging", "_spark_parts": "sparklines"}
+    shipped = out["sharded"][last].get("shipped", [])
+    for into in dict.fromkeys(x.get("into") for x in shipped):  # each shipped pass, its calls summed
+        xs = [x for x in shipped if x.get("into") == into]
+        names = sorted({k for x in xs for k in x["shards_s"]})
+        per = {k: round(sum(x["shards_s"].get(k, 0) for x in xs), 2) for k in names}
+        lines.append(f"  {passes.get(into, into)} shipped ({len(xs)} call{'s' if len(xs) > 1 else ''}): read "
+                     f"{sum(x['read_s'] for x in xs):.2f} s, on each shard (at once) "
+                     + ", ".join(f"{k}: {v} s" for k, v in per.items())
+                     + f", gathered {sum(x['gather_s'] for x in xs):.2f} s")
     lines.append("  servers:")
     for name in ("one", "sharded"):
         for r in out[name]["servers"]:
