@@ -15,19 +15,23 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import insert, text
 from sqlalchemy.exc import SQLAlchemyError
 
 import connectors
-from auditor.config import ClusterConfig, Config, SourceConfig
+from auditor.config import ClusterConfig, Config, SourceConfig, source_key
 from auditor.contract import Context, Problems, Window
 from auditor.errors import GpuAuditError, StoreError
-from auditor.records import RunningSnapshot
+from auditor.records import NodeBucket, RunningSnapshot
 from auditor.store import guard, schema
 from auditor.store.engine import Store
 from auditor.store.stats import IngestStats
 from auditor.timeutil import ceil_to, floor_to, from_epoch, to_epoch, utcnow
 from connectors import retry
+
+#: Each collection re-reads this much before its watermark, so data that arrived late is picked up (ingest is
+#: idempotent): a scrape or export delayed by minutes, never by more (a `clusters[]` setting until issue 45)
+OVERLAP_MINUTES = 30
 
 log = logging.getLogger("gpu_audit.collect")
 
@@ -91,10 +95,6 @@ class CollectSummary:
         return {"ok": self.ok, "skipped_records": self.skipped, "sources": [asdict(r) for r in self.results]}
 
 
-def source_key(role: str, index: int, src: SourceConfig) -> str:
-    return f"{role}[{index}]:{src.kind}"
-
-
 def plan_window(store: Store, cluster: ClusterConfig, key: str, bucket: int, now: datetime,
                 since: datetime | None, until: datetime | None, role: str = "telemetry") -> Window:
     """The next window for one source: from its watermark minus the overlap, aligned to buckets.
@@ -105,7 +105,7 @@ def plan_window(store: Store, cluster: ClusterConfig, key: str, bucket: int, now
         if since is not None:
             return floor_to(since, bucket)
         wm = store.watermark(cluster.name, key)
-        return floor_to((from_epoch(wm) - timedelta(minutes=cluster.overlap_minutes)) if wm is not None
+        return floor_to((from_epoch(wm) - timedelta(minutes=OVERLAP_MINUTES)) if wm is not None
                         else end - timedelta(days=cluster.initial_days), bucket)
 
     if role == "allocations":
@@ -159,10 +159,67 @@ def _attempt(store: Store, cluster: ClusterConfig, role: str, index: int, src: S
         location, excerpt = guard.describe(rec)
         problems.skip(key, location, reason, excerpt)
 
-    records = _guarded(_counted(conn.collect(window, problems), f"{cluster.name} {key}", progress), key, problems)
+    if role == "telemetry" and hasattr(conn, "gpu_holders"):
+        conn.gpu_holders = _gpu_holders(store, cluster.name, window)
+    hosts: set[str] = set()  # the nodes host telemetry named (matched against the known GPU nodes below)
+
+    def noted(recs: Iterable[Any]) -> Iterator[Any]:
+        for r in recs:
+            if isinstance(r, NodeBucket):
+                hosts.add(r.node)
+            yield r
+
+    records = _guarded(_counted(noted(conn.collect(window, problems)), f"{cluster.name} {key}", progress), key,
+                       problems)
     stats: IngestStats = store.ingest(records, seen_at_ts=seen, on_bad=refused)
     _finish(store, cluster.name, key, problems, to_epoch(window.until) or 0)
-    return stats, problems, _nothing_stored(conn, stats, problems), list(getattr(conn, "notes", None) or ())
+    notes = list(getattr(conn, "notes", None) or ())
+    unmatched = _unmatched_nodes(store, cluster.name, hosts, key)
+    warning = _nothing_stored(conn, stats, problems)
+    if unmatched.startswith("no node"):
+        warning = f"{warning}; {unmatched}" if warning else unmatched
+    elif unmatched:
+        notes.append(unmatched)
+    return stats, problems, warning, notes
+
+
+def _gpu_holders(store: Store, cluster: str, window: Window) -> frozenset[str]:
+    """``namespace/pod`` of the Kubernetes pods of the cluster that held GPUs during the window (its allocations
+    are collected before its telemetry): never taken for an exporter's DaemonSet pods (connectors.workload)."""
+    since, until = to_epoch(window.since) or 0, to_epoch(window.until) or 0
+    with store.engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT DISTINCT account, name FROM allocations WHERE cluster = :c AND source = 'kubernetes' "
+            "AND gpu_count > 0 AND start_ts IS NOT NULL AND start_ts < :u AND (end_ts IS NULL OR end_ts > :s)"),
+            {"c": cluster, "s": since, "u": until})
+        return frozenset(f"{r.account}/{r.name}" for r in rows)
+
+
+def _unmatched_nodes(store: Store, cluster: str, hosts: set[str], key: str) -> str:
+    """Host telemetry is tied to GPUs by node name (docs/node-telemetry.md): "" when the nodes it named match
+    the GPU nodes the store knows (GPU telemetry, the schedulers' allocations and inventory) or there is
+    nothing to match; else a line saying which did not and the settings that map them (issue 44: with the
+    default mapping a site's host data went under ``127.0.0.1`` while collect said "ok")."""
+    if not hosts:
+        return ""
+    with store.engine.connect() as c:
+        known = {r[0] for r in c.execute(text(
+            "SELECT host FROM telemetry_gpus WHERE cluster = :c UNION SELECT host FROM gpu_inventory WHERE "
+            "cluster = :c UNION SELECT g.node FROM allocated_gpus g JOIN allocations a ON a.id = g.allocation_id "
+            "WHERE a.cluster = :c"), {"c": cluster})}
+    if not known:
+        return ""
+    miss = sorted(hosts - known)
+    if not miss:
+        return ""
+    how = (f"map them with this source's options host_label (the label naming the node, default `instance`: "
+           f"its host part) or strip_domain ({key}; docs/node-telemetry.md)")
+    eg = ", ".join(miss[:3]) + (f" and {len(miss) - 3} more" if len(miss) > 3 else "")
+    names = ", ".join(sorted(known)[:3])
+    if len(miss) == len(hosts):
+        return (f"no node matched: host telemetry named {len(hosts)} node(s) ({eg}), none of them a GPU node "
+                f"of this cluster (e.g. {names}), so no GPU's host side can be read; {how}")
+    return f"{len(miss)} of {len(hosts)} node(s) matched no GPU node ({eg}); {how}"
 
 
 def collect_source(store: Store, cfg: Config, cluster: ClusterConfig, role: str, index: int,

@@ -78,10 +78,11 @@ class Checked:
     warnings: list[str] = field(default_factory=list)
 
 
-def check(path: str | Path | None = None) -> Checked:
+def check(path: str | Path | None = None, *, files: bool = True) -> Checked:
     """Every error of the config ``path`` (else $GPU_AUDIT_CONFIG, else none): the settings models' and each
     source's connector options', all of them, each ``<file>: key.path: what is wrong``; a warning when no
-    file was read (the built-in defaults were checked, which is rarely what was meant)."""
+    file was read (the built-in defaults were checked, which is rarely what was meant). ``files``: a file
+    source whose paths name no file is an error too (``--probe`` says so per source instead)."""
     import connectors
 
     p = config_mod.config_path(path)
@@ -98,6 +99,11 @@ def check(path: str | Path | None = None) -> Checked:
     except ConfigError as exc:
         out.errors.append(str(exc))
         return out
+    from auditor.config.retired import retire
+
+    data, retired_errors, retired_warnings = retire(data)
+    out.errors += [f"{origin}: {e}" for e in retired_errors]
+    out.warnings += [f"{origin}: {w}" for w in retired_warnings]
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
@@ -114,8 +120,30 @@ def check(path: str | Path | None = None) -> Checked:
                     options = {k: v for k, v in src.items() if k != "kind"}
                     out.errors += [f"{origin}: {e}" for e in connectors.source_errors(
                         src["kind"], role, options, f"clusters[{ci}].{role}[{si}]")]
+    if cfg is not None and not out.errors and files:
+        out.errors += [f"{origin}: {e}" for e in _unmatched_paths(cfg, p.resolve().parent)]
     if cfg is not None and not out.errors:
         out.config = config_mod.resolved(cfg, p)
+    return out
+
+
+#: The kinds whose ``paths`` name files to read (jobstats' paths are saved command outputs, checked at collect)
+FILE_KINDS = ("file", "scrape", "node_exporter", "inference")
+
+
+def _unmatched_paths(cfg: Config, base_dir: Path) -> list[str]:
+    """A file source whose pattern matches no file (or whose file is not there): it would collect nothing."""
+    from auditor.contract import Context
+    from connectors._rows import unmatched
+
+    out = []
+    for ci, cluster in enumerate(cfg.clusters):
+        for role in ("allocations", "telemetry"):
+            for si, src in enumerate(getattr(cluster, role)):
+                paths = src.options().get("paths") if src.kind in FILE_KINDS else None
+                if isinstance(paths, list):
+                    out += [f"clusters[{ci}].{role}[{si}] ({src.kind}): {why}"
+                            for why in unmatched(Context(cluster.name, base_dir), [str(x) for x in paths])]
     return out
 
 

@@ -18,7 +18,11 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
 - the triton service uses < 50 % of its A100s' SMs and 30 GB: an L40S would do (right-sizing, team platform);
 - carol's eval-sweep tasks ask for 7 days and run 16 hours (request_hygiene).
 - the chat-vllm service serves one request at a time for 48 hours on a memory-bound A100: 30 tokens/s, mean
-  concurrency 1.0 (batching_headroom; its cost per million generated tokens in the report and chargeback).
+  concurrency 1.0 (batching_headroom; its cost per million generated tokens in the report and chargeback); its
+  prefix cache is on and finds 8 % of the prompt tokens it looks up (a low prompt-cache hit rate, flagged).
+- the triton service's TensorRT-LLM batcher runs 1 to 16 requests over the week, 2.33 on average, while its
+  tokens/s double with the requests up to 4 running and rise little after: left of its batching knee (4
+  running, 400 tokens/s), it leaves 167 tokens/s a pod on the chip.
 - Slurm drains gpu-node-02 for 4 hours while eval task 1010_4 runs on it, and gpu-node-a's GPU 1 (under the
   resnet training pod) throws XID 79, later XID 48, and hits a hardware power brake: that time is
   infrastructure-affected (its own column, never idle), and gpu-node-a, with 3 faults, is a lemon
@@ -32,6 +36,29 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
   that node then: GPUs, DRAM and PCIe quiet, GPU-Util pulsing at ~35 %, while node_exporter shows a fifth of
   the node's cores in I/O wait and 240 MB/s of NFS reads (input/storage wait in "Where the waiting goes";
   low_efficiency). Every node writes host telemetry all week (node_exporter's figures, `*-nodes.csv`).
+
+Kubernetes site of 2026 "k8s-2026" (issue 42; GPU Operator + kube-prometheus-stack): node h100-node-1, 4 x H100,
+its telemetry as that site's Prometheus stores it, read from a saved `/federate` answer (`k8s-2026-federate.prom`,
+the `scrape` connector): dcgm-exporter scraped through the Operator's ServiceMonitor with `honorLabels: false`,
+so every series carries the exporter's own `pod` (gpu-operator/nvidia-dcgm-exporter-*) and the workload's
+labels as `exported_pod`/`exported_namespace`/`exported_container`. Its pods are attributed by those labels:
+
+- the sft-worker pod trains on 2 GPUs for 48 hours (work, attributed to it, not to the exporter); it holds them
+  through a DRA claim (Kubernetes 1.34 `resource.k8s.io/v1`: the GPUs' UUIDs, as the kubernetes connector reads
+  them from the claim's ResourceSlice devices, so it is tied to its telemetry GPUs by UUID) and ran in Kueue's
+  ClusterQueue `ml-cq` (nominal quota 4 GPUs): 0.6 of the 4 in use over the week (idle_quota for the queue);
+- dana's notebook pod holds a GPU idle for 72 hours (idle_allocation: found only because its GPU's series are
+  read by `exported_pod`; taken by `pod`, every hour of the site would be unknown). Kueue admitted it into
+  ml-cq too, so while it idles a Kueue Workload (PyTorchJob llm-sft-2, 4 GPUs) waits 40 hours for admission in
+  that queue and is deleted unadmitted: 40 idle GPU-hours while GPU jobs waited (idle_while_queued).
+
+The site runs the GPU Operator's stock counters (dcgm-exporter's default: GR engine, Tensor, DRAM and GPU-Util on,
+SM activity off), so it is judged on the second evidence tier (docs/definitions.md "Evidence tiers"): the
+sft-worker busy by counters, dana's notebook idle by counters, and an all-reduce that hangs on h100-node-1's GPU 3
+for 12 hours (GR engine busy, Tensor and DRAM at zero: an engine spin, never verified work). Its MIG node
+a100-mig-node-1 (one A100 cut into 1g.5gb slices) reports the counters per instance and no GPU-Util: an
+embedding server's slice is busy by counters all week, a notebook's slice idle by counters for 96 hours
+(idle_allocation), each judged on its own instance.
 
 Every capability a site can switch on is on: prices per model, teams, email, and energy with a grid carbon
 intensity per cluster (so the report shows kg CO2 beside kWh).
@@ -48,6 +75,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from auditor import owned
 from auditor.timeutil import floor_to, utcnow
 
 DAY = 86400
@@ -122,6 +150,9 @@ class Workload:
     #: GPUs on further nodes (a multi-node job) and a profile per node (default: ``profile``)
     more_nodes: dict[str, list[int]] = field(default_factory=dict)
     per_node: dict[str, Profile] = field(default_factory=dict)
+    mig: str = ""  # the MIG instance (GPU_I_ID) it holds a slice of, "" = whole GPUs
+    partition: str = ""  # the queue (Kubernetes: a Kueue ClusterQueue) it ran in
+    dra: bool = False  # GPUs allocated through DRA: known by UUID (the claim's devices), not by index or count
 
     def profile_at(self, gpu: int, hour: float, node: str = "") -> Profile:
         if any(a <= hour < b for a, b in self.idle_spans):
@@ -158,6 +189,27 @@ def fleet() -> list[Workload]:
                  BATCH_OF_ONE, source="kubernetes", indices_known=False, labels={"app": "chat-vllm"},
                  owner="Deployment/chat-vllm"),
     ]
+    # the Kubernetes site of 2026 (SITE26): its pods, attributed through Operator-relabelled labels
+    # the sft worker holds its GPUs through a DRA claim (their UUIDs) and ran in Kueue's ClusterQueue ml-cq
+    w.append(Workload(SITE26, "8d1e-sft", "llm-sft-worker-0", "", "ml-train", "h100-node-1", [0, 1], 10, 48,
+                      WORKING, source="kubernetes", indices_known=False,
+                      labels={"app": "llm-sft", "kueue.x-k8s.io/queue-name": "ml-train"},
+                      owner="PyTorchJob/llm-sft", partition=SITE26_QUEUE[0], dra=True))
+    # dana's notebook is admitted by Kueue too (its StatefulSet labelled with LocalQueue research -> ml-cq)
+    w.append(Workload(SITE26, "2b7a-notebook", "dana-notebook-0", "dana", "research", "h100-node-1", [2], 30, 72,
+                      HELD_IDLE, source="kubernetes", indices_known=False,
+                      labels={"app": "notebook", "kueue.x-k8s.io/queue-name": "research"},
+                      owner="StatefulSet/dana-notebook", partition=SITE26_QUEUE[0]))
+    # its stock counters: an all-reduce hung on GPU 3 (GR engine busy, Tensor and DRAM at zero: an engine spin)
+    w.append(Workload(SITE26, "5e3b-allreduce", "ddp-eval-0", "", "ml-train", "h100-node-1", [3], 80, 12, HUNG,
+                      source="kubernetes", indices_known=False, labels={"app": "ddp-eval"}, owner="Job/ddp-eval"))
+    # its MIG node: pods on 1g.5gb slices of one A100, each slice's series labelled with its pod (GPU_I_ID)
+    w.append(Workload(SITE26, "61c0-embed", "embed-server-0", "", "inference", SITE26_MIG_NODE, [0], 0, 168,
+                      INFERENCE, source="kubernetes", indices_known=False, labels={"app": "embed"},
+                      owner="Deployment/embed-server", mig="7"))
+    w.append(Workload(SITE26, "93fa-notebook", "erin-notebook-0", "erin", "research", SITE26_MIG_NODE, [0], 40, 96,
+                      HELD_IDLE, source="kubernetes", indices_known=False, labels={"app": "notebook"},
+                      owner="StatefulSet/erin-notebook", mig="8"))
     # a two-node job whose node 03 holds node 02 up (hours 110-120: after 1050's last run and the drain, before
     # the reservation)
     w.append(Workload("hpc", "1060", "llama-2node", "erin", "team-a", "gpu-node-02", [0, 1, 2, 3], 110, 10,
@@ -193,6 +245,48 @@ NODES = {"hpc": ["gpu-node-01", "gpu-node-02", "gpu-node-03"], "k8s": ["gpu-node
 
 
 # -- issue 19 cases: a ghost on a GPU nobody holds, a smaller model in the inventory, request hygiene --------
+#: The Kubernetes site of 2026 (issue 42): node -> (GPUs, model); its telemetry is what its Prometheus stores
+#: (scraped through the Prometheus Operator, honorLabels false), saved from /federate; allocations are pods.
+SITE26 = "k8s-2026"
+SITE26_NODES = {"h100-node-1": (4, "NVIDIA H100 80GB HBM3"), "a100-mig-node-1": (1, "NVIDIA A100-SXM4-40GB")}
+#: its MIG node, the profile of its slices and their share of the GPU (an A100 40GB: seven 1g.5gb slices)
+SITE26_MIG_NODE, SITE26_MIG_PROFILE, SITE26_MIG_SHARE = "a100-mig-node-1", "1g.5gb", 1 / 7
+#: the GPU Operator's dcgm-exporter defaults (NVIDIA/dcgm-exporter etc/default-counters.csv): GR engine, Tensor,
+#: DRAM and GPU-Util on, SM activity off; a MIG instance has no GPU-Util (NVML reports none in MIG mode), and
+#: board power is the whole GPU's
+STOCK_FIELDS = {"gpu_util": "DCGM_FI_DEV_GPU_UTIL", "gr_engine": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                "tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+                "fb_used_mib": "DCGM_FI_DEV_FB_USED", "power_w": "DCGM_FI_DEV_POWER_USAGE"}
+MIG_FIELDS = ("gr_engine", "tensor_active", "dram_active", "fb_used_mib")
+#: node -> the GPU Operator's dcgm-exporter pod on it (namespace gpu-operator, a DaemonSet) and its address
+SITE26_EXPORTERS = {"h100-node-1": ("nvidia-dcgm-exporter-x7k2p", "10.42.1.17:9400"),
+                    "a100-mig-node-1": ("nvidia-dcgm-exporter-m4q8z", "10.42.2.9:9400")}
+#: its Kueue ClusterQueue (name, nominal quota of nvidia.com/gpu): the sft worker's queue; 2 GPUs for 48 h of the
+#: week's 168 use 0.6 of its 4 on average: idle_quota
+SITE26_QUEUE = ("ml-cq", 4)
+#: a Kueue Workload waiting for admission in ml-cq (id, name, namespace, GPUs, from hour, to hour): the PyTorchJob
+#: llm-sft-2 asks 4 GPUs while dana's idle notebook holds 1 of the queue's 4; deleted unadmitted at hour 100
+#: (state Finished, as the kubernetes connector reads a Workload that ended unadmitted)
+SITE26_WAIT = ("7c2e-wl-llm-sft-2", "pytorchjob-llm-sft-2-7c2e1", "ml-train", 4, 60.0, 100.0)
+
+
+def site26_uuid(node: str, gpu: int) -> str:
+    """The UUID of a 2026-site GPU, as its telemetry's UUID label and its ResourceSlice give it."""
+    return f"GPU-{SITE26}-{node}-{gpu}"
+
+
+def fleet_line() -> str:
+    """The demo's fleet in one line (the first line `gpu-audit demo` prints)."""
+    per_model: dict[str, list[int]] = {}
+    for node, (gpus, model) in SITE26_NODES.items():
+        name = model.split()[1].split("-")[0] + (f" in MIG {SITE26_MIG_PROFILE} slices" if node == SITE26_MIG_NODE
+                                                 else "")
+        per_model.setdefault(name, []).append(gpus)
+    site = ", ".join(f"{len(g)} node{'s' if len(g) > 1 else ''} x {g[0]} {m}" for m, g in per_model.items())
+    return f"3 Slurm + 2 Kubernetes nodes x 8 GPUs, 1 Kubernetes node x 4 L40S, and a Kubernetes site of 2026 " \
+           f"({SITE26}: {site})"
+
+
 #: The k8s cluster's L40S node: its GPU count and model (the others: 8 of the cluster's model).
 SMALL_NODE = ("k8s", "gpu-node-c", 4, "NVIDIA L40S")
 #: A GPU nobody holds reading 100 % GPU-Util with no memory: cluster, node, GPU, from hour, to hour.
@@ -273,6 +367,23 @@ def write_allocations(out: Path, t0: int) -> list[Path]:
                "model": node_gpus("k8s", n, "NVIDIA-A100-SXM4-80GB")[1].replace(" ", "-")} for n in NODES["k8s"]]
     pods.write_text(json.dumps(items, indent=1), encoding="utf-8")
     paths.append(pods)
+    site = out / f"{SITE26}-allocations.json"
+    items = [{"id": w.id, "name": w.name, "user": w.user, "account": w.account, "state": "Succeeded",
+              "source": "kubernetes", "start": _iso(t0 + w.start_h * 3600), "partition": w.partition,
+              "end": _iso(t0 + (w.start_h + w.hours) * 3600), "owner": w.owner, "labels": w.labels,
+              "gpus": [{"node": w.node, "model": SITE26_NODES[w.node][1].replace(" ", "-"),
+                        **({"mig_profile": SITE26_MIG_PROFILE, "share": SITE26_MIG_SHARE} if w.mig else {}),
+                        **({"uuid": site26_uuid(w.node, g)} if w.dra else {})} for g in w.gpus]}
+             for w in fleet() if w.cluster == SITE26]
+    items.append({"type": "quota", "kind": "queue", "name": SITE26_QUEUE[0], "gpus": SITE26_QUEUE[1]})
+    wid, wname, wns, wgpus, wa, wb = SITE26_WAIT
+    items.append({"type": "wait", "source": "kubernetes", "id": wid, "name": wname, "account": wns,
+                  "partition": SITE26_QUEUE[0], "gpus": wgpus, "eligible": _iso(t0 + wa * 3600),
+                  "end": _iso(t0 + wb * 3600), "state": "Finished"})
+    items += [{"type": "inventory", "node": n, "gpus": g, "model": m.replace(" ", "-")}
+              for n, (g, m) in SITE26_NODES.items()]
+    site.write_text(json.dumps(items, indent=1), encoding="utf-8")
+    paths.append(site)
     return paths
 
 
@@ -335,6 +446,15 @@ def _fault_rows(cluster: str, node: str, g: int, hour: float, head: list[str], t
 
 #: The planted inference server's metrics per bucket: workload id -> (engine, model, tokens/s, requests running)
 INFERENCE_METRICS = {"4f6a-chat-vllm": ("vllm", "meta-llama/Llama-3.1-8B-Instruct", 30.0, 1.0)}
+#: Its prefix cache (vLLM's prefix_cache_queries/hits counters, per second): caching on, 2,000 prompt tokens
+#: looked up a second and 160 found, a hit rate of 8 % (below LOW_CACHE_HIT_RATE: flagged)
+PREFIX_CACHE = {"4f6a-chat-vllm": (2000.0, 160.0)}
+#: The triton service's TensorRT-LLM batcher (issue 48, the batching knee): requests running per bucket in a
+#: cycle of 21 buckets (15 at 1, 3 at 2, one each at 4, 8, 16: mean 49 / 21 = 2.33) and its tokens/s at each:
+#: twice the requests, twice the tokens up to 4, then 40 tokens/s per added request (the knee at 4 running)
+KNEE_CYCLE = (1,) * 15 + (2,) * 3 + (4, 8, 16)
+KNEE_CURVE = {1: 100.0, 2: 200.0, 4: 400.0, 8: 560.0, 16: 600.0}
+KNEE_SERVICE = ("7e1f-triton", "triton", "chat_trtllm")
 
 
 def write_inference(out: Path, t0: int) -> Path:
@@ -343,15 +463,25 @@ def write_inference(out: Path, t0: int) -> Path:
     with p.open("w", newline="", encoding="utf-8") as f:
         wr = csv.writer(f)
         wr.writerow(["start", "engine", "namespace", "pod", "generated_tokens", "running", "waiting", "batch",
-                     "model"])
+                     "model", "cache_queries", "cache_hits"])
         for w in fleet():
             if w.id not in INFERENCE_METRICS:
                 continue
             engine, model, rate, running = INFERENCE_METRICS[w.id]
+            queries, hits = PREFIX_CACHE.get(w.id, (None, None))
+            cache = [f"{queries * BUCKET:g}", f"{hits * BUCKET:g}"] if queries is not None else ["", ""]
             first = int(t0 + w.start_h * 3600)
             for ts in range(first, int(first + w.hours * 3600), BUCKET):
                 wr.writerow([_iso(ts), engine, w.account, w.name, f"{rate * BUCKET:g}", f"{running:g}", "0", "",
-                             model])
+                             model, *cache])
+        for w in fleet():
+            if w.id != KNEE_SERVICE[0]:
+                continue
+            first = int(t0 + w.start_h * 3600)
+            for i, ts in enumerate(range(first, int(first + w.hours * 3600), BUCKET)):
+                c = KNEE_CYCLE[i % len(KNEE_CYCLE)]
+                wr.writerow([_iso(ts), KNEE_SERVICE[1], w.account, w.name, f"{KNEE_CURVE[c] * BUCKET:g}", f"{c:g}",
+                             "0", f"{c:g}", KNEE_SERVICE[2], "", ""])
     return p
 
 
@@ -413,8 +543,68 @@ def write_telemetry(out: Path, t0: int, days: int, seed: int, telemetry: str = "
     return paths
 
 
+def _openmetrics_labels(labels: dict[str, str]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+
+
+def _stock_lines(w: Workload | None, labels: dict[str, str], values: dict[str, float], ts: int, telemetry: str,
+                 fields: tuple[str, ...]) -> Iterator[str]:
+    """One bucket's samples of one GPU (or MIG instance) of the 2026 site: the stock counters (the GR engine
+    reads the share of time a kernel ran, as GPU-Util does), the workload's labels renamed ``exported_*``."""
+    if w:
+        labels = {**labels, "exported_pod": w.name, "exported_namespace": w.account,
+                  "exported_container": w.labels.get("app", "main")}
+    text = _openmetrics_labels(labels)
+    values = {**values, "gr_engine": values["gpu_util"] / 100.0}
+    for fld in fields:
+        if telemetry != "util-only" or fld in UTIL_ONLY_FIELDS:
+            yield f"{STOCK_FIELDS[fld]}{{{text}}} {values[fld]:.4f} {ts * 1000}\n"
+
+
+def write_site26_telemetry(out: Path, t0: int, days: int, seed: int, telemetry: str = "dcgm") -> Path:
+    """The 2026 site's GPU series as its Prometheus stores them, one sample per series and bucket, saved from
+    ``/federate`` (Prometheus text format, millisecond timestamps). dcgm-exporter's labels on a GPU a pod holds
+    (``pod``, ``namespace``, ``container``) were renamed ``exported_*`` by the scrape (``honor_labels: false``),
+    which gave every series the target's own labels: the exporter's ``pod``, ``namespace`` gpu-operator,
+    ``container`` nvidia-dcgm-exporter, ``service``, ``endpoint``, ``job``, ``instance`` (the relabelling the
+    Prometheus Operator generates for a ServiceMonitor; see connectors/workload.py)."""
+    rng = random.Random(seed * 1000 + 26)  # its own stream: the other clusters' samples do not move
+    placed: dict[tuple[str, int], list[Workload]] = {}
+    mig: dict[tuple[str, int], list[Workload]] = {}  # MIG slices: their own instance series
+    for w in fleet():
+        if w.cluster == SITE26:
+            for g in w.gpus:
+                (mig if w.mig else placed).setdefault((w.node, g), []).append(w)
+    p = out / f"{SITE26}-federate.prom"
+    with p.open("w", encoding="utf-8") as f:
+        for b in range(days * DAY // BUCKET):
+            ts = t0 + b * BUCKET
+            hour = b * BUCKET / 3600
+            for node, (gpus, model) in SITE26_NODES.items():
+                exporter, address = SITE26_EXPORTERS[node]
+                target = {"Hostname": node, "modelName": model, "container": "nvidia-dcgm-exporter",
+                          "endpoint": "gpu-metrics", "instance": address, "job": "nvidia-dcgm-exporter",
+                          "namespace": "gpu-operator", "pod": exporter, "service": "nvidia-dcgm-exporter"}
+                for g in range(gpus):
+                    gpu = {**target, "gpu": str(g), "UUID": site26_uuid(node, g), "device": f"nvidia{g}"}
+                    if node == SITE26_MIG_NODE:  # the GPU's own series: board power only (no activity field)
+                        power = FREE.at(ts - t0, rng)["power_w"]
+                        f.write(f"DCGM_FI_DEV_POWER_USAGE{{{_openmetrics_labels(gpu)}}} {power:.4f} {ts * 1000}\n")
+                        for w in mig.get((node, g), []):
+                            if w.start_h <= hour < w.start_h + w.hours:
+                                labels = {**gpu, "GPU_I_ID": w.mig, "GPU_I_PROFILE": SITE26_MIG_PROFILE}
+                                f.writelines(_stock_lines(w, labels, w.profile_at(g, hour, node).at(ts - t0, rng),
+                                                          ts, telemetry, MIG_FIELDS))
+                        continue
+                    running = [w for w in placed.get((node, g), []) if w.start_h <= hour < w.start_h + w.hours]
+                    w = running[0] if running else None
+                    values = (w.profile_at(g, hour, node) if w else FREE).at(ts - t0, rng)
+                    f.writelines(_stock_lines(w, gpu, values, ts, telemetry, tuple(STOCK_FIELDS)))
+    return p
+
+
 #: The demo's grid carbon intensity per cluster (gCO2/kWh): a coal-heavy grid for hpc, a mostly hydro one for k8s
-GRID = {"hpc": 380.0, "k8s": 120.0}
+GRID = {"hpc": 380.0, "k8s": 120.0, SITE26: 120.0}
 
 
 def write_config(out: Path, store_url: str) -> Path:
@@ -451,6 +641,18 @@ paths = ["k8s-inference.csv"]
 kind = "node_exporter"
 paths = ["k8s-nodes.csv"]
 
+[[clusters]]
+name = "{SITE26}"
+initial_days = 8
+[[clusters.allocations]]
+kind = "file"
+paths = ["{SITE26}-allocations.json"]
+# what the site's Prometheus stores, saved from /federate: workload labels are exported_pod/... (honorLabels
+# false); exporter pods (gpu-operator/nvidia-dcgm-exporter-*) are never taken for a workload
+[[clusters.telemetry]]
+kind = "scrape"
+paths = ["{SITE26}-federate.prom"]
+
 [prices]
 currency = "USD"
 default = 2.0
@@ -460,6 +662,7 @@ models = {{ h100 = 4.0, a100 = 2.5, l40s = 1.0 }}
 name = "llm"
 accounts = ["team-a"]
 emails = ["llm-leads@example.com"]
+idle_budget_gpu_hours = 200.0
 
 [[teams]]
 name = "platform"
@@ -471,6 +674,7 @@ emails = ["platform@example.com"]
 name = "research"
 namespaces = ["research", "ml-train"]
 emails = ["research-leads@example.com"]
+idle_budget_gpu_hours = 24.0
 
 [email]
 sender = "gpu-audit@example.com"
@@ -483,7 +687,7 @@ out_dir = "reports"
 # carbon: kg CO2 = kWh x the cluster's grid intensity (gCO2/kWh) / 1000; idle power (W) prices the energy of
 # reserved time without a power reading (the exporter gaps)
 [energy]
-grid_gco2_per_kwh = {{ hpc = {GRID["hpc"]}, k8s = {GRID["k8s"]} }}
+grid_gco2_per_kwh = {{ hpc = {GRID["hpc"]}, k8s = {GRID["k8s"]}, {SITE26} = {GRID[SITE26]} }}
 idle_power_w = {{ h100 = 70.0, a100 = 50.0, l40s = 35.0 }}
 '''
     p = out / "demo.toml"
@@ -495,26 +699,40 @@ idle_power_w = {{ h100 = 70.0, a100 = 50.0, l40s = 35.0 }}
 DB_FILE = "gpu-audit-demo.db"
 
 
+def _store_files(out: Path) -> list[Path]:
+    db = out / DB_FILE
+    return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+
+
 def clear_or_refuse(out: Path, store_url: str | None, fresh: bool) -> None:
     """A store left by an earlier demo in ``out`` (or a --store that holds data) would keep its watermarks,
     so a new week would be collected only from where the old one ended and priced against the wrong hours:
     refuse it, or with ``fresh`` delete the demo's own SQLite file (and its reports). A --store given by URL
-    is never emptied: it must be empty."""
+    is never emptied: it must be empty.
+
+    ``out`` must be a directory the demo made (or an empty one), and ``fresh`` deletes only files the demo
+    recorded writing there (:mod:`auditor.owned`): a user's file of any name is never touched."""
     from auditor.config import sqlite_file
     from auditor.config.base import check_store_url
     from auditor.errors import GpuAuditError
 
+    owned.claim(out, "the demo")
+    owned.check(out, [out / n for n in written_names()])  # refused before anything is deleted
     if store_url is None:
-        db = out / DB_FILE
-        files = [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+        files = _store_files(out)
         if not any(f.exists() for f in files):
             return
         if not fresh:
-            raise GpuAuditError(f"{out} already holds a demo store ({db}); pass --fresh to start over, or choose "
-                                "another --out (a store's watermarks would skip most of the new week)")
+            raise GpuAuditError(f"{out} already holds a demo store ({files[0]}); pass --fresh to start over, or "
+                                "choose another --out (a store's watermarks would skip most of the new week)")
+        owned.remove(out, files)
         reports = out / "reports"
-        for f in [*files, *reports.glob("report-*.*"), *reports.glob("findings-*.csv")]:
-            f.unlink(missing_ok=True)
+        owned.remove(reports, [p for p in owned.recorded(reports)
+                               if p.match("report-*.*") or p.match("findings-*.csv")])
+        for f in files:
+            if f.exists():
+                raise GpuAuditError(f"refusing to delete {f}: the demo did not record writing it "
+                                    f"({out / owned.MANIFEST}); choose another --out")
         return
     try:
         check_store_url(store_url, "--store")
@@ -547,13 +765,25 @@ def generate(out: Path, *, now: datetime | None = None, days: int = 7, seed: int
     ``telemetry="util-only"`` writes the same week as a GPU-Util-only site (no profiling fields)."""
     if telemetry not in TELEMETRY_KINDS:
         raise ValueError(f"telemetry {telemetry!r}: expected one of {', '.join(TELEMETRY_KINDS)}")
-    out.mkdir(parents=True, exist_ok=True)
+    owned.claim(out, "the demo")
+    # the demo writes only files it wrote before (or new ones), checked before the first is written
+    owned.check(out, [out / n for n in written_names()])
     end = floor_to(now or utcnow(), 3600)
     start = end - timedelta(days=days)
     t0 = int(start.timestamp())
-    write_allocations(out, t0)
-    write_telemetry(out, t0, days, seed, telemetry)
-    write_inference(out, t0)
-    write_nodes(out, t0, days)
+    paths = [*write_allocations(out, t0), *write_telemetry(out, t0, days, seed, telemetry),
+             write_site26_telemetry(out, t0, days, seed, telemetry), write_inference(out, t0),
+             *write_nodes(out, t0, days)]
     url = store_url or f"sqlite:///{(out / DB_FILE).resolve()}"
-    return write_config(out, url), start, end
+    cfg = write_config(out, url)
+    owned.record(out, [*paths, cfg])
+    if store_url is None:
+        owned.record(out, _store_files(out), store=True)
+    return cfg, start, end
+
+
+def written_names() -> list[str]:
+    """The names of every file :func:`generate` writes into its directory (besides the store)."""
+    return ["hpc-allocations.csv", "hpc-reservations.json", "k8s-allocations.json", "k8s-inference.csv",
+            f"{SITE26}-allocations.json", f"{SITE26}-federate.prom",
+            "demo.toml", *(f"{c}-{kind}.csv" for c in NODES for kind in ("telemetry", "nodes"))]

@@ -68,6 +68,16 @@ class Allocation:
     cpu_time_s: float | None = None
     #: times the scheduler restarted (requeued) the job (Slurm Restarts); None: not said
     restarts: int | None = None
+    #: Slurm 25.11+'s SLUID of this run of the job (``s`` + 13 Crockford base-32 characters): a requeue
+    #: gives the same job id a new SLUID. None: the source or the Slurm version does not say
+    sluid: str | None = None
+    #: Kubernetes: why a Failed pod failed, in the API's words (its DisruptionTarget condition's reason, else
+    #: status.reason, else a container's); "" when it did not fail or nothing says. The goodput rules map it to
+    #: a cause (auditor/audit/goodput.py)
+    failure_reason: str = ""
+    #: Kubernetes: the uid of the Job that owns the pod (the Job controller's pod label controller-uid); "" for
+    #: a pod of no Job. The goodput rules count a Job's pods as its runs
+    job_uid: str = ""
 
     @property
     def gpu_count(self) -> float:
@@ -131,6 +141,9 @@ class GpuBucket:
     span_end: datetime | None = None
     #: job key of the series (hpc_job as given, or "namespace/pod"); None = derive it from the labels
     job: str | None = None
+    #: sm_active is exact: the increase of DCGM 4.x's SM cycle counters over the bucket (connectors._cycles),
+    #: not the mean of sampled SM_ACTIVE readings
+    sm_exact: bool = False
 
     def job_key(self) -> str:
         """The telemetry job key: ``job`` if set, else hpc_job, else namespace/pod, else "" (no label)."""
@@ -180,14 +193,19 @@ class GpuWait:
 @dataclass(slots=True)
 class GpuQuota:
     """A GPU limit a team or queue holds whether or not it uses it: a Slurm QOS or account ``GrpTRES``
-    ``gres/gpu=N``. ``kind`` says which allocations count against it: ``qos`` (jobs of that QOS) or
-    ``account`` (jobs of that account or namespace)."""
+    ``gres/gpu=N``, or a Kubernetes queue's GPU quota (Kueue ClusterQueue nominal quota, KAI queue deserved
+    GPUs, Volcano queue deserved/guarantee). ``kind`` says which allocations count against it: ``qos`` (jobs
+    of that QOS), ``account`` (jobs of that account or namespace) or ``queue`` (jobs and pods of that
+    partition or queue). ``reserved``: the GPUs of it the queueing system had reserved for admitted
+    workloads when seen (Kueue ClusterQueue ``status.flavorsUsage``, borrowed GPUs included); None where the
+    system does not say (Slurm, KAI, Volcano)."""
 
     cluster: str
-    kind: Literal["qos", "account"]
+    kind: Literal["qos", "account", "queue"]
     name: str
     gpus: float
     seen_at: datetime | None = None
+    reserved: float | None = None
 
 
 #: Kinds of infrastructure event (docs/definitions.md "Infrastructure-affected time"): GPU faults from
@@ -273,6 +291,11 @@ class InferenceBucket:
     running_mean: float | None = None
     waiting_mean: float | None = None
     batch_mean: float | None = None
+    #: prompt-cache (prefix cache) tokens looked up and found in the bucket (vLLM's counters' increase)
+    cache_queries: float | None = None
+    cache_hits: float | None = None
+    #: mean prompt-cache hit rate, 0-1, where the engine exports only a rate (SGLang's gauge)
+    cache_hit_rate: float | None = None
 
 
 #: Host fields of a :class:`NodeBucket`, in storage order: per-second means over the bucket (counters as rates).

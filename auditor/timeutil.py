@@ -17,7 +17,8 @@ _NAMED = {"today": 0, "midnight": 0, "noon": 12, "elevenses": 11, "fika": 15, "t
 #: sacct's MM/DD[/YY][-HH:MM[:SS]]; without a year, the latest such date at or before now
 _SLASH = re.compile(r"^([0-9]{1,2})/([0-9]{1,2})(?:/([0-9]{2}|[0-9]{4}))?"
                     r"(?:-([0-9]{1,2}):([0-9]{2})(?::([0-9]{2}))?)?$")
-FORMS = "YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY][-HH:MM], today, midnight, now, now-7days or epoch seconds"
+FORMS = ("YYYY-MM-DD[THH:MM[:SS]], YYYYMMDD[THHMM[SS]], MM/DD[/YY][-HH:MM], today, midnight, now, now-7days or "
+         "epoch seconds")
 
 
 def utcnow() -> datetime:
@@ -67,7 +68,9 @@ def parse_time(text: str, *, now: datetime | None = None, assume_tz: object = UT
             raise ValueError(f"time {text!r} is out of range") from None
     if low in _NAMED or _SLASH.match(s):
         return _sacct(s, low, now, assume_tz)
-    if re.fullmatch(r"[0-9]{1,19}(\.[0-9]+)?", s):
+    if re.fullmatch(r"[0-9]{8}", s):  # ISO 8601 basic date (20261122): never epoch seconds (1970-08-24)
+        s = f"{s[:4]}-{s[4:6]}-{s[6:]}"
+    elif re.fullmatch(r"[0-9]{1,19}(\.[0-9]+)?", s):
         return from_epoch_any(s)
     if not s.isascii():
         raise ValueError(f"cannot parse time {text[:40]!r} (use {FORMS})")
@@ -75,7 +78,7 @@ def parse_time(text: str, *, now: datetime | None = None, assume_tz: object = UT
         if re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", s):
             d = date.fromisoformat(s)
             dt = datetime(d.year, d.month, d.day)
-        else:
+        else:  # extended or ISO 8601 basic (20261122T0800, 20261122T080000Z): Python >= 3.11 reads both
             dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(f"cannot parse time {text!r} (use {FORMS})") from None

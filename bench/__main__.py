@@ -250,6 +250,37 @@ def bench_render(args: argparse.Namespace, figures: dict[str, Any]) -> list[Row]
     return rows
 
 
+def bench_start(args: argparse.Namespace, figures: dict[str, Any]) -> list[Row]:
+    """The fixed cost of a run (issue 46): CLI start, `gpu-audit job` on the demo, a new store's creation."""
+    from bench import start
+
+    pg = args.pg_url if "postgresql" in args.engines else None
+    r = start.measure(Path(args.out), repeat=2 if args.quick else 5, pg_url=pg, job=not args.quick)
+    figures["start"] = r
+    say(start.report(r))
+    return start.rows(r)
+
+
+def bench_jobstats(args: argparse.Namespace, figures: dict[str, Any]) -> list[Row]:
+    """gpu-audit against Job Defense Shield on the same saved sacct with jobstats summaries (issue 46 rows);
+    JDS (the bench extra) at up to 10,000 jobs, gpu-audit alone above."""
+    from bench import bench_jobstats as js
+
+    if not args.jobstats_jobs:
+        return []
+    jds = js.jds_installed()
+    if not jds:
+        say("Job Defense Shield is not installed (pip install -e '.[bench]'): gpu-audit alone")
+    res = js.run(args.jobstats_jobs, 3600, jds=jds, jds_max=10_000)
+    figures["jobstats"] = res
+    return js.table_rows(res) + [
+        # issue 46's one-server figure: hours of the machine, never part of this run
+        Row("100,000 GPUs x 7 days on one PostgreSQL server: audit wall", None, "s", 1200.0,
+            note="not run here: python -m bench.fleet --sizes 100000 --days 7 --clusters 10, then python -m "
+                 "bench.clusters <its PostgreSQL copy> --gpus 100000 --days 7 --clusters 10 --processes 4"),
+        Row("100,000 GPUs x 7 days: peak RSS per audit process", None, "MiB", 2048.0, note="not run here")]
+
+
 def bench_collect(args: argparse.Namespace, figures: dict[str, Any]) -> list[Row]:
     if not args.collect_clusters:
         return []
@@ -277,6 +308,8 @@ BENCHMARKS: list[tuple[str, Bench]] = [
     ("pg_audit", bench_pg_audit),
     ("render", bench_render),
     ("collect", bench_collect),
+    ("start", bench_start),
+    ("jobstats", bench_jobstats),
 ]
 
 
@@ -332,6 +365,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--collect-clusters", type=int, default=None, help="Clusters collected (0 to skip).")
     ap.add_argument("--collect-gpus", type=int, default=None, help="GPUs per collected cluster.")
     ap.add_argument("--collect-hours", type=float, default=None, help="Hours of minute telemetry per cluster.")
+    ap.add_argument("--jobstats-jobs", default=None, help="Job counts of the jobstats benchmark against Job "
+                    "Defense Shield, comma-separated (default 1000,10000,100000; JDS up to 10,000; empty to skip).")
     ap.add_argument("--out", default=str(fleet.OUT), help="Cache directory of generated fleet stores.")
     ap.add_argument("--json", dest="json_out", default=None, help="Also write every figure to this JSON file.")
     args = ap.parse_args(argv)
@@ -344,6 +379,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     for e in args.engines:
         if e not in ("sqlite", "postgresql"):
             ap.error(f"--engines: unknown engine {e!r} (sqlite, postgresql)")
+    args.jobstats_jobs = _list(args.jobstats_jobs if args.jobstats_jobs is not None
+                               else ("100,200" if q else "1000,10000,100000"))
     args.only = [x.strip() for x in args.only.split(",") if x.strip()]
     for name in args.only:
         if name not in dict(BENCHMARKS):

@@ -42,8 +42,8 @@ def floor_seconds(store: object) -> tuple[float, int]:
 
 
 def _time_judge() -> list[float]:
-    """Time the bucket-judging step (auditor.audit.usage.judge) inside the audit: the part that reads every bucket,
-    i.e. what the floor compares with; the rest is per-allocation work (findings, sparklines, money)."""
+    """Time the bucket-judging step (auditor.audit.judging.judge) inside the audit: the part that reads every
+    bucket, i.e. what the floor compares with; the rest is per-allocation work (findings, sparklines, money)."""
     from auditor.audit import usage as audit
 
     spent = [0.0]
@@ -226,13 +226,14 @@ def ingest_and_upkeep(store: object, th: object, since: int, hour: int, server: 
 
 
 def side_by_side(url: str, gpus: int, days: float, seed: int) -> dict[str, object]:
-    """In one process on one store: the floor, the audit judging every bucket (``usage.WHOLE_HOURS`` off: the
-    bucket path), building the judged aggregate, the audit reading it (whole hours from judged_hours, edges
-    from buckets), and the upkeep of one hour of every GPU against that hour's ingest
-    (:func:`ingest_and_upkeep`); wall, this process's CPU and (PostgreSQL) the server backends' CPU seconds
-    (one judging connection, so the server's work is on backends this process opened), the machine's speed,
-    and whether both audits' digests (:func:`run_digest`) agree."""
+    """In one process on one store: the floor, the audit judging every bucket (``Judging(whole_hours=False)``:
+    the bucket path), building the judged aggregate, the audit reading it (whole hours from judged_hours, edges
+    judged and kept), the audit after it (edges read as kept), and the upkeep of one hour of every GPU against
+    that hour's ingest (:func:`ingest_and_upkeep`); wall, this process's CPU and (PostgreSQL) the server backends'
+    CPU seconds (one judging connection, so the server's work is on backends this process opened), the machine's
+    speed, and whether both audits' digests (:func:`run_digest`) agree."""
     from auditor.audit import usage
+    from auditor.audit.judging import Judging
     from auditor.audit.run import run_audit
     from auditor.config import Config
     from auditor.simulate import FleetSpec
@@ -256,11 +257,7 @@ def side_by_side(url: str, gpus: int, days: float, seed: int) -> dict[str, objec
         return time.perf_counter() - t, _cpu() - c, server.seconds() - sv, res
 
     def audit(whole_hours: bool) -> tuple[float, float, float, object]:
-        usage.WHOLE_HOURS = whole_hours
-        try:
-            return timed(lambda: run_audit(store, cfg, spec.start, spec.end))
-        finally:
-            usage.WHOLE_HOURS = True
+        return timed(lambda: run_audit(store, cfg, spec.start, spec.end, judging=Judging(whole_hours=whole_hours)))
 
     old_s, old_cpu, old_srv, old = audit(False)
     floors.append(floor_seconds(store)[0])
@@ -271,15 +268,21 @@ def side_by_side(url: str, gpus: int, days: float, seed: int) -> dict[str, objec
         lambda: usage.refresh_aggregate(store, cfg.thresholds, int(spec.start.timestamp())))
     new_s, new_cpu, new_srv, new = audit(True)
     floors.append(floor_seconds(store)[0])
+    # the audit after it: nothing written since, so it reads the whole hours and (Judging.edges) the kept edges
+    again_s, again_cpu, again_srv, again = audit(True)
+    floors.append(floor_seconds(store)[0])
     floor = min(floors)
     d_old, d_new = run_digest(store, old.run_id), run_digest(store, new.run_id)  # type: ignore[attr-defined]
+    d_again = run_digest(store, again.run_id)  # type: ignore[attr-defined]
     out.update({"floor_s": floor, "old_audit_s": old_s, "old_audit_cpu_s": old_cpu, "old_audit_server_cpu_s": old_srv,
                 "new_audit_s": new_s, "new_audit_cpu_s": new_cpu, "new_audit_server_cpu_s": new_srv,
-                "old_floor": old_s / floor, "new_floor": new_s / floor,
+                "again_audit_s": again_s, "again_audit_cpu_s": again_cpu, "again_audit_server_cpu_s": again_srv,
+                "old_floor": old_s / floor, "new_floor": new_s / floor, "again_floor": again_s / floor,
                 "old_steps": {k: round(v, 3) for k, v in old.steps.items()},  # type: ignore[attr-defined]
                 "new_steps": {k: round(v, 3) for k, v in new.steps.items()},  # type: ignore[attr-defined]
-                "digest_old": d_old, "digest_new": d_new, "equal": d_old == d_new})
-    for r in (old, new):
+                "again_steps": {k: round(v, 3) for k, v in again.steps.items()},  # type: ignore[attr-defined]
+                "digest_old": d_old, "digest_new": d_new, "equal": d_old == d_new == d_again})
+    for r in (old, new, again):
         _drop_run(store, r.run_id)  # type: ignore[attr-defined]
     last = int(spec.end.timestamp()) // 3600 * 3600 - 3600
     out["upkeep"] = ingest_and_upkeep(store, cfg.thresholds, int(spec.start.timestamp()), last, server)

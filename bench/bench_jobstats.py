@@ -212,7 +212,9 @@ def _exact(got: float | None, truth: float) -> bool:
     return got is not None and abs(got - truth) <= 1e-6 * max(1.0, truth)
 
 
-def run(sizes: list[int], bucket: int, jds: bool = True, limit_gib: float = 8.0) -> list[dict[str, Any]]:
+def run(sizes: list[int], bucket: int, jds: bool = True, limit_gib: float = 8.0,
+        jds_max: int | None = None) -> list[dict[str, Any]]:
+    """Each size generated, then gpu-audit and (``jds``, up to ``jds_max`` jobs) JDS on it."""
     out = []
     with tempfile.TemporaryDirectory(prefix="bench-jobstats-") as tmp:
         shim = Path(tmp) / "bin"
@@ -230,7 +232,7 @@ def run(sizes: list[int], bucket: int, jds: bool = True, limit_gib: float = 8.0)
                        str(Path(tmp) / f"store-{n}.db"), str(bucket)])
             row: dict[str, Any] = {"jobs": n, "bucket_s": bucket, "generate_s": gen_s, "kinds": kinds,
                                    "file_mib": path.stat().st_size / 2**20, "gpu_audit": ga}
-            if jds:
+            if jds and (jds_max is None or n <= jds_max):
                 env = {**os.environ, "PATH": f"{shim}:{os.environ.get('PATH', '')}",
                        "GPU_AUDIT_SACCT_REPLAY": str(path),
                        "PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -264,6 +266,44 @@ def line(row: dict[str, Any], truth: float) -> str:
             ok = ga["cpu_s"] <= 60 and ga["rss_mib"] <= 1024
             out += f" | [<= 60 s CPU, <= 1 GiB: {'met' if ok else 'MISSED'}]"
     return out
+
+
+#: issue 46's targets: gpu-audit CPU / JDS CPU at 1,000 and 10,000 jobs (goal 0.5x); 100,000 jobs CPU and RSS
+RATIO_TARGET, RATIO_GOAL, CPU_100K_S, RSS_100K_MIB = 0.8, 0.5, 30.0, 512.0
+
+
+def jds_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("job_defense_shield") is not None
+
+
+def table_rows(res: list[dict[str, Any]]) -> list[Any]:
+    """The rows of ``python -m bench``'s closing table: CPU ratio per size JDS ran at, the largest size's CPU and
+    peak RSS, each tool's idle GPU-hours exact or not (in the note)."""
+    from bench.table import Row
+
+    rows = []
+    for r in res:
+        ga, jd, n = r["gpu_audit"], r.get("jds"), r["jobs"]
+        truth = r["kinds"]["truth_zero_gpu_hours"]
+        if "error" in ga:
+            rows.append(Row(f"jobstats {n:,} jobs: gpu-audit", None, "s", note="FAILED: " + ga["error"][-1][:80]))
+            continue
+        exact = "exact" if _exact(ga.get("idle_gpu_hours"), truth) else "NOT EXACT"
+        rows.append(Row(f"jobstats {n:,} jobs: gpu-audit CPU (wall {ga['process_wall_s']:.1f} s)", ga["cpu_s"], "s",
+                        CPU_100K_S if n >= 100_000 else None, note=f"idle GPU-h {exact}"))
+        if n >= 100_000:
+            rows.append(Row(f"jobstats {n:,} jobs: gpu-audit peak RSS", ga["rss_mib"], "MiB", RSS_100K_MIB))
+        if jd and "error" not in jd:
+            jexact = "exact" if _exact(jd.get("idle_gpu_hours"), truth) else "NOT EXACT"
+            rows += [Row(f"jobstats {n:,} jobs: JDS CPU (wall {jd['process_wall_s']:.1f} s)", jd["cpu_s"], "s",
+                         note=f"idle GPU-h {jexact}; sacct stand-in {jd['sacct_cpu_s']:.1f} s apart"),
+                     Row(f"gpu-audit CPU / JDS CPU, {n:,} jobs", ga["cpu_s"] / jd["cpu_s"], "x", RATIO_TARGET,
+                         note=f"goal {RATIO_GOAL:g}x")]
+        elif jd:
+            rows.append(Row(f"jobstats {n:,} jobs: JDS", None, "s", note="FAILED: " + str(jd["error"][-1])[:80]))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -79,8 +79,9 @@ def measure(url: str, page_size: int, typed: bool, out_q: Any) -> None:
                 break
         out_q.put((count, 0, time.perf_counter() - start, base_rss, rss_mib()))
         return
-    conn = build("kubernetes", "allocations", {"host": url, "token": {"env": "GPU_AUDIT_BENCH_TOKEN"},
-                                               "page_size": page_size}, Context("bench"))
+    conn = build("kubernetes", "allocations", {"host": url, "token": {"env": "GPU_AUDIT_BENCH_TOKEN"}},
+                 Context("bench"))
+    conn.page_size = page_size  # connectors.kubernetes.PAGE_SIZE (500) unless the bench asks for another
     now = datetime.now(UTC)
     records = list(conn.collect(Window(now, now), Problems()))
     allocs = sum(isinstance(r, Allocation) for r in records)

@@ -44,7 +44,8 @@ def measure(gpus: int, days: float, batch_rows: int = 50_000) -> dict[str, float
         store.engine.dispose()
         rows = [(ids[(b.cluster, b.host, b.gpu, b.gpu_instance)], int(b.start.timestamp()), b.job_key(), b.seconds,
                  b.samples, float(b.seconds) if b.samples > 0 else 0.0, None, None,
-                 *[getattr(b, f) for f in METRIC_FIELDS], *[getattr(b, f) for f in LABEL_FIELDS])
+                 *[getattr(b, f) for f in METRIC_FIELDS], *[getattr(b, f) for f in LABEL_FIELDS],
+                 None if b.sm_active is None else 1.0 if b.sm_exact else 0.0)  # EXACT_FIELDS, as the store writes
                 for b in buckets]
         raw = sqlite3.connect(Path(tmp) / "raw.db")
         raw.execute("PRAGMA journal_mode=WAL")

@@ -107,11 +107,11 @@ def measure(url: str, gpus: int, days: float, seed: int, cold: bool) -> dict[str
 
 
 def edges(url: str, gpus: int, days: float, seed: int) -> dict[str, Any]:
-    """The judging's bound (issue 34 item 5): CPU of the judging statement (:func:`auditor.audit.aggregate.sums_sql`)
+    """The judging's bound (issue 34 item 5): CPU of the judging statement (:func:`auditor.audit.judging.sums_sql`)
     and of its parts on the fleet's attributed GPUs, against the floor; the edge buckets' share of all."""
     from contextlib import nullcontext
 
-    from auditor.audit import aggregate, infra, usage
+    from auditor.audit import infra, judging, usage
     from auditor.audit.attribute import attribute
     from auditor.audit.run import _fn, _params
     from auditor.config import Config
@@ -147,10 +147,10 @@ def edges(url: str, gpus: int, days: float, seed: int) -> dict[str, Any]:
         infra.prepare(conn, th, s, u)
         best(conn, "floor", f"SELECT COUNT(*) FROM ({FLOOR}) x")
         pp = dict(p)
-        usage.whole_hour_gpus(conn, pp, th, "")
+        judging.whole_hour_gpus(conn, pp, th, "")
         d = conn.dialect.name
         ranges = [f"b.gpu_id = t.gpu_id AND {r} AND b.bucket_ts + b.bucket_s > t.a_s AND b.bucket_s > 0"
-                  for r in aggregate._edges(d, "t")]
+                  for r in judging._edges(d, "t")]
         if d == "postgresql":  # as the judging reads them: a LATERAL range scan per allocated GPU
             raw = " UNION ALL ".join(
                 f"SELECT x.s FROM _attr t JOIN _agg g ON g.id = t.allocated_gpu_id CROSS JOIN LATERAL (SELECT "
@@ -160,7 +160,7 @@ def edges(url: str, gpus: int, days: float, seed: int) -> dict[str, Any]:
                                      f"WHERE t.allocated_gpu_id = g.id AND {r}" for r in ranges)
         n_edge = best(conn, "edge buckets read", f"SELECT COUNT(*), SUM(x.s) FROM ({raw}) x")[0][0]
         # the statement itself, its sums forced (SUM over a column: a bare COUNT lets PostgreSQL skip them)
-        sums = aggregate.sums_sql(d, th, "_attr", "allocated_gpu_id", "")
+        sums = judging.sums_sql(d, th, "_attr", "allocated_gpu_id", "")
         stmt = f"SELECT COUNT(*), SUM(x.sm), SUM(x.idle) FROM ({sums}) x"
         best(conn, "the judging's statement, edges only (no whole hour read)", stmt, ths="")
         best(conn, "the judging's statement (edges and whole hours)", stmt, ths=pp["ths"])

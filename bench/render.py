@@ -93,7 +93,8 @@ def measure(url: str, gpus: int, days: float, seed: int = 1, *, legacy: bool = T
                                    "new": _child([url, "--run", str(rid), "--mode", "new", "--dir", f"{tmp}/new"])}
             if legacy:
                 res["legacy"] = _child([url, "--run", str(rid), "--mode", "legacy", "--dir", f"{tmp}/legacy"])
-                names = sorted(p.name for p in Path(tmp, "new").iterdir())
+                # the reports; not the manifest of written files (auditor/owned.py), which names its own folder
+                names = sorted(p.name for p in Path(tmp, "new").iterdir() if not p.name.startswith("."))
                 same = filecmp.cmpfiles(f"{tmp}/new", f"{tmp}/legacy", names, shallow=False)[0]
                 res["identical"] = same == names
                 if not res["identical"]:

@@ -14,7 +14,14 @@ from pydantic import Field, field_validator, model_validator
 
 from auditor.config import SecretRef
 from connectors.base import Context, Options, Problems
-from connectors.prometheus import PrometheusTelemetry, check_matchers, safe_url
+from connectors.prometheus import (
+    SCRAPE_LABELS,
+    SCRAPE_LABELS_HELP,
+    PrometheusTelemetry,
+    check_label_names,
+    check_matchers,
+    safe_url,
+)
 
 T = TypeVar("T")
 
@@ -36,8 +43,8 @@ class ApiOrFiles(Options):
                           "without braces, e.g. `cluster=\"a\"`.")
     timeout_s: float = Field(60.0, gt=0, description="Timeout of one HTTP request, in seconds.")
     retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed transiently.")
-    backoff_s: float = Field(1.0, ge=0, le=60, description="First retry delay; doubles each retry.")
     chunk_hours: float = Field(24.0, gt=0, description="Longest span of one query.")
+    scrape_labels: list[str] = Field(list(SCRAPE_LABELS), description=SCRAPE_LABELS_HELP)
 
     @model_validator(mode="after")
     def _one_source(self) -> ApiOrFiles:
@@ -49,6 +56,11 @@ class ApiOrFiles(Options):
     @classmethod
     def _matchers(cls, v: str) -> str:
         return check_matchers(v)
+
+    @field_validator("scrape_labels")
+    @classmethod
+    def _scrape(cls, v: list[str]) -> list[str]:
+        return check_label_names(v)
 
 
 class ApiOrFilesSource:
@@ -91,7 +103,8 @@ def http_side(context: Context, o: ApiOrFiles, source: str) -> PrometheusTelemet
     http = PrometheusTelemetry(context, PrometheusTelemetry.Options(
         url=o.url, bearer_token=o.bearer_token, username=o.username, password=o.password,
         verify_tls=o.verify_tls, ca_file=o.ca_file, matchers=o.matchers, timeout_s=o.timeout_s,
-        retries=o.retries, backoff_s=o.backoff_s, chunk_hours=o.chunk_hours, recording_rules="off"))
+        retries=o.retries, chunk_hours=o.chunk_hours, scrape_labels=o.scrape_labels,
+        recording_rules="off"))
     http.source = source
     return http
 

@@ -231,12 +231,29 @@ def row_time(value: Any, what: str) -> datetime | None:
         raise ValueError(f"{what}: cannot parse time {str(value)[:40]!r}") from None
 
 
+def unmatched(ctx: Context, patterns: list[str]) -> list[str]:
+    """Why each of ``paths`` that names no file names none: a glob pattern that matches nothing, a file that
+    is not there (``config check``, ``--probe`` and ``collect`` all refuse such a source, issue 44)."""
+    out = []
+    for p in patterns:
+        full = ctx.path(p)
+        if glob.has_magic(p):
+            if not glob.glob(str(full)):
+                out.append(f"paths {p!r} matches no file (looked in {fixed_dir(full)})")
+        elif not os.path.lexists(full):
+            out.append(f"{full}: no such file")
+    return out
+
+
 def files_matching(ctx: Context, patterns: list[str]) -> list[Path]:
-    """The files a connector's ``paths`` name (globs expanded, sorted), each checked to be a regular file."""
+    """The files a connector's ``paths`` name (globs expanded, sorted), each checked to be a regular file; a
+    pattern that matches no file is an error (:func:`unmatched`), never an empty source."""
     out: list[Path] = []
     for p in patterns:
         full = ctx.path(p)
         matches = sorted(Path(x) for x in glob.glob(str(full))) if any(c in p for c in "*?[") else [full]
+        if not matches:
+            raise SourceError("paths", unmatched(ctx, [p])[0])
         for m in matches:
             check_regular(m, fixed_dir(full) if m is not full else None)
             out.append(m)

@@ -36,6 +36,7 @@ from connectors._rows import (
 )
 from connectors.base import Context, Options, Problems, Window
 from connectors.file_rows import EXTRA_ROWS
+from connectors.k8s_resources import FAILURE_LABEL, job_uid
 from connectors.slurm.saved import read_saved, sniff
 
 MAX_GPUS = 1024  # per allocation: more is a typo or hostile input, not a job
@@ -162,6 +163,10 @@ def allocation_from_row(cluster: str, row: dict[str, Any]) -> Allocation:
         time_limit = int(limit) if limit not in (None, "") else None
     except OverflowError:
         raise ValueError(f"time_limit_s: {str(limit)[:40]} is not a number of seconds") from None
+    labels = _labels(row.get("labels"))
+    why, uid = "", ""
+    if source == "kubernetes":  # a pod's Job and why it failed, as the Kubernetes connector puts them on the record
+        why, uid = str(labels.pop(FAILURE_LABEL, "") or ""), job_uid(labels)
     return Allocation(cluster=cluster, source=source, external_id=ext, name=text["name"],
                       user=text["user"], account=text["account"],
                       partition=text["partition"], qos=text["qos"],
@@ -169,7 +174,7 @@ def allocation_from_row(cluster: str, row: dict[str, Any]) -> Allocation:
                       start=start, end=end, reservation=text["reservation"],
                       owner_workload=text["owner"],
                       time_limit_s=time_limit,
-                      labels=_labels(row.get("labels")), gpus=gpus)
+                      labels=labels, gpus=gpus, failure_reason=why, job_uid=uid)
 
 
 def _names(value: Any) -> list[str]:

@@ -1,6 +1,6 @@
 """Rows of JSON allocation files that are not allocations, reservations or inventory (docs/file-formats.md):
 ``"type": "wait"`` (a GPU job that waited: id, gpus, eligible, end (absent while it waits), partition, account,
-user, qos, state), ``"type": "quota"`` (kind ``qos`` or ``account``, name, gpus) and ``"type": "node_event"``
+user, qos, state), ``"type": "quota"`` (kind ``qos``, ``account`` or ``queue``, name, gpus) and ``"type": "node_event"``
 (a node or GPU out of service)."""
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ def wait_from_row(cluster: str, row: dict[str, Any]) -> GpuWait:
 
 
 def quota_from_row(cluster: str, row: dict[str, Any]) -> GpuQuota:
-    """A GPU quota of a QOS or an account (namespace)."""
+    """A GPU quota of a QOS, an account (namespace) or a queue (the allocations' partition: a Kubernetes queue
+    such as a Kueue ClusterQueue)."""
     kind = row.get("kind")
-    if kind not in ("qos", "account"):
-        raise ValueError(f"kind: {str(kind)[:40]!r} is not qos or account")
+    if kind not in ("qos", "account", "queue"):
+        raise ValueError(f"kind: {str(kind)[:40]!r} is not qos, account or queue")
     name = str(row.get("name") or "").strip()
     if not name:
         raise ValueError("name: missing")

@@ -1,5 +1,6 @@
 """The file telemetry connector: a long CSV of samples (one metric value per row) folded into GPU buckets, with
-GPU faults (XID, throttling, ECC, row remap) as node events (docs/file-formats.md)."""
+GPU faults (XID, throttling, ECC, row remap) as node events (docs/file-formats.md). Where a GPU has rows of
+DCGM 4.x's SM cycle counters, a bucket's SM activity is their increase (:mod:`connectors._cycles`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,18 @@ from pydantic import Field
 from auditor.records import METRIC_FIELDS, GpuBucket, NodeEvent
 from auditor.timeutil import parse_time
 from connectors._coverage import carried_from, covers, gaps, interval, job_key
+from connectors._cycles import CycleCounters
 from connectors._faults import FaultFolder, to_events
 from connectors._rows import error_reason, files_matching, read_rows
-from connectors.aliases import FAULT_ALIASES, METRIC_ALIASES, RATIO_FIELDS, BadValue, Unit, normalise
+from connectors.aliases import (
+    CYCLE_COUNTERS,
+    FAULT_ALIASES,
+    METRIC_ALIASES,
+    RATIO_FIELDS,
+    BadValue,
+    Unit,
+    normalise,
+)
 from connectors.base import Context, Options, Problems, Window
 
 
@@ -33,6 +43,9 @@ class _Acc:
         self.last: dict[str, tuple[int, float]] = {}  # field -> (instant, value) of its latest sample
 
     def add(self, field: str, value: float, ts: int) -> None:
+        self.instants.add(ts)
+        if field in CYCLE_COUNTERS:  # its reading is the counters' (connectors._cycles), only an instant here
+            return
         if field not in self.last or ts >= self.last[field][0]:
             self.last[field] = (ts, value)
         if field == "fb_used_mib":
@@ -41,7 +54,6 @@ class _Acc:
         else:
             self.sums[field] = self.sums.get(field, 0.0) + value
             self.counts[field] = self.counts.get(field, 0) + 1
-        self.instants.add(ts)
 
 
 def stored_unit(field: str) -> Unit:
@@ -76,6 +88,7 @@ class FileTelemetry:
         size = window.bucket_seconds
         lo, hi = int(window.since.timestamp()), int(window.until.timestamp())
         accs: dict[tuple[str, int, str, int, str], _Acc] = {}
+        cycles = CycleCounters(size)
         unknown: set[str] = set()
         # Long CSVs repeat each timestamp for every GPU and metric, and each label set for every sample of a
         # series: parse each distinct text once (the same parse, so the same value or the same error).
@@ -110,6 +123,8 @@ class FileTelemetry:
                     if lo <= ts < hi:
                         faults.add(host, gpu, metric, float(row.get("value") or ""), ts)
                     continue
+                elif metric in CYCLE_COUNTERS:
+                    field, unit = metric, "counter"
                 else:
                     if metric not in unknown:
                         unknown.add(metric)
@@ -117,14 +132,19 @@ class FileTelemetry:
                                       "it skipped silently)")
                     continue
                 raw = float(row.get("value") or "")
-                value, clamped = normalise(field, unit, raw)
+                if unit == "counter":  # a cumulative count: any finite reading >= 0
+                    if not 0.0 <= raw < float("inf"):
+                        raise ValueError(f"{metric}: {raw} is not a counter reading")
+                    value, clamped = raw, False
+                else:
+                    value, clamped = normalise(field, unit, raw)
             except (ValueError, KeyError, TypeError, ArithmeticError, BadValue) as exc:
                 problems.skip(str(path), loc, error_reason(exc), ",".join(str(v) for v in row.values()))
                 continue
             if clamped:
                 problems.clamp(str(path), field)
-            if not lo <= ts < hi:
-                continue
+            if not lo <= ts < hi and not (unit == "counter" and ts < lo):  # a counter's reading before: the
+                continue                                                     # first bucket's first increase
             label_values = tuple(row.get(lab) or "" for lab in LABEL_COLUMNS)
             known = jobs.get(label_values)
             if known is None:
@@ -132,6 +152,10 @@ class FileTelemetry:
                 known = jobs[label_values] = (labels, job_key(labels))
             labels, job = known
             key = (host, gpu, (row.get("gpu_instance") or "").strip(), ts - ts % size, job)
+            if unit == "counter":
+                cycles.add((*key[:3], job), field, value, ts)
+                if ts < lo:
+                    continue
             acc = accs.get(key)
             if acc is None:
                 acc = accs[key] = _Acc()
@@ -159,6 +183,15 @@ class FileTelemetry:
                 values = {f: v for f, (t, v) in acc.last.items() if t == at}
             else:
                 values = {f: acc.sums[f] / acc.counts[f] for f in acc.sums}
+                exact = cycles.sm_active((host, gpu, inst, job), start)
+                if exact is not None:  # SM activity from the cycle counters, before the sampled mean
+                    try:
+                        values["sm_active"], clamped = normalise("sm_active", "ratio", exact)
+                        values["sm_exact"] = True
+                        if clamped:
+                            problems.clamp(str(path), "sm_active")
+                    except BadValue as exc:
+                        problems.skip(str(path), f"{host}/gpu{gpu} bucket {start}", f"SM cycle counters: {exc}")
             yield GpuBucket(cluster=self.ctx.cluster, host=host, gpu=gpu, gpu_instance=inst,
                             start=datetime.fromtimestamp(start, window.since.tzinfo), seconds=size,
                             samples=samples, uuid=acc.uuid, model=acc.model, **values,

@@ -10,7 +10,9 @@ point covers exactly [start, start + bucket) as in :mod:`connectors.prometheus`)
 
 Series are tied to the GPU allocation of their pod by the ``namespace`` and ``pod`` labels the scrape's
 Kubernetes service discovery adds, the job key the GPU telemetry uses (:func:`connectors._coverage.job_key`);
-several series of one pod (vLLM's data-parallel ``engine`` label, Triton's models) add up. A series without
+several series of one pod (vLLM's data-parallel ``engine`` label, Triton's models) add up, but copies of one
+series that only scrape labels tell apart (the pod scraped by two Prometheus jobs: ``scrape_labels``) are
+merged first (``max without (job)``), never added. A series without
 pod labels cannot be tied to a GPU: it is counted in :attr:`notes`, never guessed. Records only; the store is
 never touched.
 """
@@ -18,7 +20,6 @@ never touched.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -31,12 +32,17 @@ from connectors._api_or_files import ApiOrFiles, ApiOrFilesSource, cell, csv_rec
 from connectors._coverage import job_key
 from connectors.aliases import INFERENCE_ALIASES, INFERENCE_MODEL_LABELS, InferenceRead
 from connectors.base import Problems, Window
+from connectors.prometheus import without_scrape
 
 #: the engines the connector reads (their series: :data:`connectors.aliases.INFERENCE_ALIASES`)
 ENGINES: tuple[str, ...] = tuple(INFERENCE_ALIASES)
 #: fields that add up over the series of one pod (tokens, requests); the rest too: a pod's two engines
 #: each running 1 request run 2
-FIELDS = ("generated_tokens", "running_mean", "waiting_mean", "batch_mean")
+FIELDS = ("generated_tokens", "running_mean", "waiting_mean", "batch_mean", "cache_queries", "cache_hits",
+          "cache_hit_rate")
+#: fields that are a share, not a count: the mean over a pod's series (SGLang's data-parallel ranks each
+#: report their own cache's hit rate), never their sum
+SHARES = ("cache_hit_rate",)
 
 
 class InferenceTelemetry(ApiOrFilesSource):
@@ -47,7 +53,8 @@ class InferenceTelemetry(ApiOrFilesSource):
                                 "inference servers, e.g. `https://prometheus:9090` (or `paths`).")
         paths: list[str] | None = Field(None, description="Instead of `url`: CSV files (or glob patterns, relative "
                                         "to the config file) of per-bucket rows, `start,engine,namespace,pod,"
-                                        "generated_tokens,running,waiting,batch` (docs/inference.md).")
+                                        "generated_tokens,running,waiting,batch` and optionally `cache_queries,"
+                                        "cache_hits,cache_hit_rate` (docs/inference.md).")
         engines: list[str] = Field(list(ENGINES), description="Engines whose metrics to read: `vllm`, `tgi`, "
                                    "`sglang`, `triton` (docs/inference.md \"What is read\").")
 
@@ -69,7 +76,7 @@ class InferenceTelemetry(ApiOrFilesSource):
         sel = self.http.selector([read.name])
         if read.matchers:
             sel = sel[:-1] + f",{read.matchers}}}"
-        return f"{read.fn}({sel}[{bucket_s}s] offset 1ms)"
+        return without_scrape(f"{read.fn}({sel}[{bucket_s}s] offset 1ms)", self.options.scrape_labels)
 
     def chunks(self, window: Window) -> Iterator[tuple[int, int]]:
         """Aligned bucket starts [first, last] per query, at most ``chunk_hours`` (and 11,000 points) long."""
@@ -107,7 +114,7 @@ class InferenceTelemetry(ApiOrFilesSource):
                                           start=datetime.fromtimestamp(start, UTC), seconds=b,
                                           instance=",".join(sorted(row["instance"])),
                                           model=",".join(sorted(row["model"])),
-                                          **{f: row.get(f) for f in FIELDS})
+                                          **{f: _value(row, f) for f in FIELDS})
         self.notes = [f"{len(unlabelled)} inference series without namespace/pod labels (not tied to a GPU "
                       f"allocation), e.g. {sorted(unlabelled)[0]}"] if unlabelled else []
 
@@ -134,7 +141,9 @@ class InferenceTelemetry(ApiOrFilesSource):
                                job=f"{ns}/{pod}", start=start.astimezone(UTC), seconds=bucket_s,
                                instance=(rec.get("instance") or "").strip(), model=(rec.get("model") or "").strip(),
                                generated_tokens=num("generated_tokens"), running_mean=num("running"),
-                               waiting_mean=num("waiting"), batch_mean=num("batch"))
+                               waiting_mean=num("waiting"), batch_mean=num("batch"),
+                               cache_queries=num("cache_queries"), cache_hits=num("cache_hits"),
+                               cache_hit_rate=num("cache_hit_rate"))
 
     def fold(self, rows: dict[tuple[str, int], dict[str, Any]], engine: str, fname: str, data: Any, b: int,
              unlabelled: set[str], problems: Problems) -> None:
@@ -159,6 +168,7 @@ class InferenceTelemetry(ApiOrFilesSource):
                     continue
                 row = rows.setdefault((key, end - b), {"instance": set(), "model": set()})
                 row[fname] = row.get(fname, 0.0) + value
+                row["n:" + fname] = row.get("n:" + fname, 0) + 1
                 if metric.get("instance"):
                     row["instance"].add(metric["instance"])
                 model = next((metric[k] for k in INFERENCE_MODEL_LABELS if metric.get(k)), "")
@@ -166,21 +176,10 @@ class InferenceTelemetry(ApiOrFilesSource):
                     row["model"].add(model)
 
 
+def _value(row: dict[str, Any], f: str) -> float | None:
+    """A field of one pod's bucket: the sum over its series, the mean for a share (:data:`SHARES`)."""
+    v = row.get(f)
+    return v / row["n:" + f] if v is not None and f in SHARES else v
+
+
 TELEMETRY = InferenceTelemetry
-
-
-def parse_page(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Samples of one metrics page by name (the Prometheus text format, prometheus_client's parser):
-    what a scrape of the engine gives, for checking that its names are the ones the queries read."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[s.name].append((dict(s.labels), float(s.value)))
-    return dict(out)
-
-
-def names_read(engine: str) -> set[str]:
-    """The metric names the queries of ``engine`` read."""
-    return {r.name for reads in INFERENCE_ALIASES[engine].values() for r in reads}

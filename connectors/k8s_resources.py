@@ -24,12 +24,29 @@ GPU_REPLICAS = "nvidia.com/gpu.replicas"
 SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"
 MIG_CONFIG = "nvidia.com/mig.config"
 TERMINAL = ("Succeeded", "Failed")
-#: the label a Failed pod's allocation carries with why it failed (:func:`failure_reason`); a prefixed key no
-#: pod label of the user's collides with
+#: the label under which gpu-audit before migration 0039_pod_failure kept why a Failed pod failed; an allocations
+#: file may still carry it (connectors/file.py). Now the record's ``failure_reason``
 FAILURE_LABEL = "gpu-audit.io/failure-reason"
 #: pod labels naming the Job that owns a pod (the Job controller sets both since Kubernetes 1.27)
 JOB_UID_LABELS = ("batch.kubernetes.io/controller-uid", "controller-uid")
 
+
+def job_uid(labels: Mapping[str, Any]) -> str:
+    """The uid of the Job that owns a pod, from its labels (:data:`JOB_UID_LABELS`); "" for a pod of no Job."""
+    return next((str(labels[k]) for k in JOB_UID_LABELS if labels.get(k)), "")
+
+#: HAMi's modifiers of ``nvidia.com/gpu`` (per vGPU: compute % of the SMs, memory MiB, memory %; scheduling
+#: priority), the resource names of its device config (Project-HAMi/HAMi docs, ``hami-scheduler-device``
+#: ConfigMap ``resourceCoreName`` / ``resourceMemoryName`` / ``resourceMemoryPercentageName`` /
+#: ``resourcePriorityName``): they describe the GPU a container holds, they are not GPUs of their own
+HAMI_CORES, HAMI_MEM, HAMI_MEM_PCT = "nvidia.com/gpucores", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage"
+HAMI_RESOURCES = frozenset((HAMI_CORES, HAMI_MEM, HAMI_MEM_PCT, "nvidia.com/priority"))
+#: KAI-Scheduler / Run:ai GPU sharing: pod annotations asking for a fraction of a GPU (``gpu-fraction``, on
+#: ``gpu-fraction-num-devices`` GPUs) or an amount of its memory (``gpu-memory``, MiB), without any
+#: ``nvidia.com/gpu`` request (NVIDIA/KAI-Scheduler docs/gpu-sharing; Run:ai docs "GPU fractions")
+KAI_FRACTION, KAI_DEVICES, KAI_MEMORY = "gpu-fraction", "gpu-fraction-num-devices", "gpu-memory"
+GPU_MEMORY = "nvidia.com/gpu.memory"  # GFD node label: MiB of each GPU
+_MIB = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(Mi|M|Gi|G)?$")
 _MIG_RES = re.compile(r"^nvidia\.com/mig-(\d+)g\.([0-9a-z.+]+)$")
 _MIG_PRODUCT = re.compile(r"-MIG-(\d+g\.[0-9a-z.+]+)$", re.IGNORECASE)
 _INT = re.compile(rf"{UINT}\Z")  # ASCII digits to the very end (match anchors the start)
@@ -68,6 +85,7 @@ class NodeInfo:
     replicas: int
     mig_single_profile: str | None
     mig_slices: int
+    memory_mib: int | None = None  # GFD nvidia.com/gpu.memory: what HAMi's and KAI's memory requests divide
 
 
 def mig_slices_for(product: str | None) -> int:
@@ -92,8 +110,10 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo:
         replicas = int(raw)
     elif shared or labels.get(SHARING_STRATEGY) == "time-slicing":
         replicas = _replicas_from_capacity(node, labels)
+    mem = str(labels.get(GPU_MEMORY, ""))
     return NodeInfo(meta.get("name", ""), model, replicas,
-                    single.group(1).lower() if single else None, mig_slices_for(model))
+                    single.group(1).lower() if single else None, mig_slices_for(model),
+                    int(mem) if _INT.match(mem) and int(mem) > 0 else None)
 
 
 def _replicas_from_capacity(node: Mapping[str, Any], labels: Mapping[str, str]) -> int:
@@ -134,7 +154,7 @@ def pod_gpu_units(pod: Mapping[str, Any], is_gpu: GpuMatcher,
             amounts = {**(res.get("requests") or {}), **(res.get("limits") or {})}
             for name, value in amounts.items():
                 if not is_gpu(name):
-                    if name.startswith("nvidia.com/"):
+                    if name.startswith("nvidia.com/") and name not in HAMI_RESOURCES:
                         unknown(name)
                     continue
                 n = gpu_units(value, name)
@@ -155,6 +175,92 @@ def gpu_share(resource: str, node: NodeInfo | None) -> tuple[float, str | None]:
         g = int(node.mig_single_profile.split("g.", 1)[0])
         return min(1.0, g / slices) / replicas, node.mig_single_profile
     return 1.0 / replicas, None
+
+
+def _mib(value: Any) -> float | None:
+    """A memory amount as HAMi and KAI write it: MiB as a plain number, or with a M/Mi/G/Gi suffix."""
+    m = _MIB.match(str(value).strip())
+    if not m:
+        return None
+    n = float(m.group(1))
+    return n * 1024 if m.group(2) in ("G", "Gi") else n
+
+
+def _percent(value: Any) -> float | None:
+    text = str(value).strip()
+    return min(100.0, float(text)) / 100 if _INT.match(text) else None
+
+
+def hami_share(amounts: Mapping[str, Any], node: NodeInfo | None) -> float | None:
+    """The share of one GPU a HAMi vGPU holds: the larger of its compute share (``gpucores`` %) and its memory
+    share (``gpumem`` MiB over the node's GPU memory, or ``gpumem-percentage``), since either one keeps other
+    pods off the rest; memory not given is all of it (HAMi's ``defaultMemory: 0``), so a vGPU without a memory
+    limit holds a whole GPU. None when the container has no HAMi modifier (or a memory in MiB on a node whose
+    GPU memory is unknown, and no other figure: charged whole)."""
+    if not any(k in amounts for k in (HAMI_CORES, HAMI_MEM, HAMI_MEM_PCT)):
+        return None
+    cores = _percent(amounts.get(HAMI_CORES, "0")) or 0.0
+    mem: float | None = 1.0
+    if HAMI_MEM_PCT in amounts:
+        mem = _percent(amounts[HAMI_MEM_PCT])
+    elif HAMI_MEM in amounts:
+        mib = _mib(amounts[HAMI_MEM])
+        mem = min(1.0, mib / node.memory_mib) if mib is not None and node and node.memory_mib else None
+    if mem is None:
+        return cores or 1.0
+    return max(cores, mem) or 1.0
+
+
+def kai_fraction(pod: Mapping[str, Any], node: NodeInfo | None) -> tuple[float, int] | None:
+    """(share of each GPU, number of GPUs) a KAI / Run:ai fractional pod holds, from its annotations; None for a
+    pod without them. ``gpu-memory`` on a node whose GPU memory is unknown counts a whole GPU."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    devices = str(ann.get(KAI_DEVICES, "1")).strip()
+    n = int(devices) if _INT.match(devices) and 0 < int(devices) <= MAX_GPUS_PER_CONTAINER else 1
+    if ann.get(KAI_FRACTION) is not None:
+        try:
+            f = float(str(ann[KAI_FRACTION]).strip())
+        except ValueError:
+            raise BadObject(f"odd annotation {KAI_FRACTION}={str(ann[KAI_FRACTION])[:40]!r}") from None
+        if not 0 < f <= 1:
+            raise BadObject(f"odd annotation {KAI_FRACTION}={f:g} (a fraction in (0, 1])")
+        return f, n
+    if ann.get(KAI_MEMORY) is not None:
+        mib = _mib(ann[KAI_MEMORY])
+        if mib is None:
+            raise BadObject(f"odd annotation {KAI_MEMORY}={str(ann[KAI_MEMORY])[:40]!r}")
+        return (min(1.0, mib / node.memory_mib) if node and node.memory_mib else 1.0), n
+    return None
+
+
+def pod_gpu_shares(pod: Mapping[str, Any], is_gpu: GpuMatcher, node: NodeInfo | None,
+                   unknown: Callable[[str], None]) -> list[tuple[float, str | None]]:
+    """(share, MIG profile) of each GPU a pod holds through extended resources and sharing annotations: the
+    units of :func:`pod_gpu_units` at their :func:`gpu_share`, a HAMi vGPU at its :func:`hami_share`, and a
+    KAI fraction at its fraction (on the pod's ``nvidia.com/gpu`` units if it has any, else on
+    ``gpu-fraction-num-devices`` GPUs)."""
+    units = pod_gpu_units(pod, is_gpu, unknown)
+    fraction = kai_fraction(pod, node)
+    hami: list[float] = []
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        res = container.get("resources") or {}
+        amounts = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+        share = hami_share(amounts, node)
+        if share is not None and is_gpu("nvidia.com/gpu") and "nvidia.com/gpu" in amounts:
+            hami.extend([share] * gpu_units(amounts["nvidia.com/gpu"], "nvidia.com/gpu"))
+    out: list[tuple[float, str | None]] = []
+    for resource in sorted(units):
+        base, profile = gpu_share(resource, node)
+        for i in range(units[resource]):
+            if resource == "nvidia.com/gpu" and fraction is not None:
+                out.append((base * fraction[0], profile))
+            elif resource == "nvidia.com/gpu" and i < len(hami):
+                out.append((base * hami[i], profile))
+            else:
+                out.append((base, profile))
+    if fraction is not None and "nvidia.com/gpu" not in units:
+        out.extend([(fraction[0], None)] * fraction[1])
+    return out
 
 
 def pod_times(pod: Mapping[str, Any], now: datetime | None = None
@@ -298,16 +404,26 @@ class PodRules:
     user_keys: tuple[str, ...]
 
 
+#: the GPUs a pod holds other than through extended resources (DRA claims: :mod:`connectors.k8s_dra`)
+ExtraGpus = Callable[[Mapping[str, Any], NodeInfo | None], list[AllocatedGpu]]
+
+
 def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, NodeInfo],
                    owners: OwnerResolver, unknown: Callable[[str], None],
-                   now: datetime | None = None) -> Allocation | None:
+                   now: datetime | None = None, extra: ExtraGpus | None = None) -> Allocation | None:
     """The Allocation of a scheduled GPU pod seen at ``now``; None for pods that hold no GPU (CPU-only,
-    unscheduled). A startTime after ``now`` is clamped to it, the original kept in
-    ``labels["start_clamped_from"]``. Raises :class:`BadObject` for objects that cannot be read."""
+    unscheduled). ``extra`` adds the GPUs of the pod's DRA claims. A startTime after ``now`` is clamped to
+    it, the original kept in ``labels["start_clamped_from"]``. Raises :class:`BadObject` for objects that
+    cannot be read."""
     now = now or datetime.now(UTC)
-    units = pod_gpu_units(pod, rules.is_gpu, unknown)
     node_name = (pod.get("spec") or {}).get("nodeName") or ""
-    if not units or not node_name:
+    if not node_name:
+        pod_gpu_units(pod, rules.is_gpu, unknown)
+        return None
+    node = nodes.get(node_name)
+    shares = pod_gpu_shares(pod, rules.is_gpu, node, unknown)
+    claimed = extra(pod, node) if extra is not None and (pod.get("spec") or {}).get("resourceClaims") else []
+    if not shares and not claimed:
         return None
     meta = pod.get("metadata") or {}
     uid = meta.get("uid")
@@ -316,15 +432,10 @@ def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, 
     start, end, state = pod_times(pod, now)
     if start is None:
         return None  # bound but not yet acknowledged: seen again on the next poll
-    node = nodes.get(node_name)
-    gpus: list[AllocatedGpu] = []
-    for resource in sorted(units):
-        share, profile = gpu_share(resource, node)
-        gpus.extend(AllocatedGpu(node=node_name, index=None, model=node.model if node else None,
-                                 share=share, mig_profile=profile) for _ in range(units[resource]))
+    gpus = [AllocatedGpu(node=node_name, index=None, model=node.model if node else None, share=share,
+                         mig_profile=profile) for share, profile in shares]
+    gpus.extend(claimed)
     labels = dict(meta.get("labels") or {})
-    if state == "Failed" and (why := failure_reason(pod)):
-        labels[FAILURE_LABEL] = why
     if (ahead := clamped_start(pod, now)) is not None:
         labels["start_clamped_from"] = ahead.strftime("%Y-%m-%dT%H:%M:%SZ")
     if rules.team_label != "team" and rules.team_label in labels:
@@ -334,15 +445,16 @@ def pod_allocation(pod: Mapping[str, Any], rules: PodRules, nodes: Mapping[str, 
     return Allocation(
         cluster=rules.cluster, source="kubernetes", external_id=uid, name=meta.get("name", ""),
         user=str(user), account=meta.get("namespace", ""), state=state, start=start, end=end,
-        submit=None, owner_workload=owners.top(pod), labels=labels, gpus=gpus, restarts=pod_restarts(pod))
+        submit=None, owner_workload=owners.top(pod), labels=labels, gpus=gpus, restarts=pod_restarts(pod),
+        failure_reason=failure_reason(pod) if state == "Failed" else "", job_uid=job_uid(labels))
 
 
 def failure_reason(pod: Mapping[str, Any]) -> str:
     """Why a Failed pod failed, in the API's own words: the ``DisruptionTarget`` condition's reason (the
     scheduler preempted it, an eviction or a drain, the taint manager or the kubelet deleted it), else the pod's
     ``status.reason`` (``Evicted``, ``DeadlineExceeded``), else a terminated container's reason
-    (``OOMKilled``, ``Error``); "" when none says. The goodput rules map it to a cause (auditor/audit/goodput.py
-    ``POD_CAUSES``)."""
+    (``OOMKilled``, ``Error``); "" when none says. The allocation's ``failure_reason``: the goodput rules map it
+    to a cause (auditor/audit/goodput.py)."""
     status = pod.get("status") or {}
     for c in status.get("conditions") or ():
         if isinstance(c, Mapping) and c.get("type") == "DisruptionTarget" and str(c.get("status")) == "True" \
@@ -364,7 +476,7 @@ def job_record(job: Mapping[str, Any], rules: PodRules, now: datetime) -> KubeJo
     meta = job.get("metadata") or {}
     spec = job.get("spec") or {}
     template = spec.get("template") or {}
-    if not pod_gpu_units(template, rules.is_gpu, lambda _resource: None):
+    if not pod_gpu_shares(template, rules.is_gpu, None, lambda _resource: None):
         return None
     uid = meta.get("uid")
     if not uid:
@@ -409,14 +521,17 @@ def pod_restarts(pod: Mapping[str, Any]) -> int | None:
     return sum(counts) if counts else None
 
 
-def pod_wait(pod: Mapping[str, Any], rules: PodRules, unknown: Callable[[str], None]) -> GpuWait | None:
+def pod_wait(pod: Mapping[str, Any], rules: PodRules, unknown: Callable[[str], None],
+             claimed: Callable[[Mapping[str, Any]], float] | None = None) -> GpuWait | None:
     """The wait of a GPU pod (docs/definitions.md "Opportunity cost"): from its creation until the scheduler
     bound it (the PodScheduled condition turning True); an unscheduled Pending pod still waits (end None).
-    None for pods without GPUs, without a creation time, or bound the moment they were created."""
-    units = pod_gpu_units(pod, rules.is_gpu, unknown)
+    ``claimed`` says how many GPUs the pod's DRA claims ask for. None for pods without GPUs, without a
+    creation time, or bound the moment they were created."""
+    shares = pod_gpu_shares(pod, rules.is_gpu, None, unknown)
+    via_claims = claimed(pod) if claimed is not None and (pod.get("spec") or {}).get("resourceClaims") else 0.0
     meta = pod.get("metadata") or {}
     created = parse_time(meta.get("creationTimestamp"))
-    if not units or created is None or not meta.get("uid"):
+    if (not shares and not via_claims) or created is None or not meta.get("uid"):
         return None
     status = pod.get("status") or {}
     scheduled = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"
@@ -429,7 +544,7 @@ def pod_wait(pod: Mapping[str, Any], rules: PodRules, unknown: Callable[[str], N
         return None  # bound without a condition to say when, or gone without running: no wait to measure
     else:
         end = None
-    gpus = sum(n * gpu_share(r, None)[0] for r, n in units.items())
+    gpus = sum(share for share, _ in shares) + via_claims
     return GpuWait(cluster=rules.cluster, source="kubernetes", external_id=str(meta["uid"]), gpus=gpus,
                    eligible=created, end=end, name=meta.get("name", ""), account=meta.get("namespace", ""),
                    state="Pending" if end is None else "Scheduled")

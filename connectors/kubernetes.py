@@ -27,6 +27,10 @@ from auditor.errors import ConfigError, SourceError
 from auditor.logs import log_safe
 from auditor.records import Allocation, GpuInventory, GpuWait, KubeJob, NodeEvent
 from connectors.base import AllocationRecord, Context, Options, Problems, RunningSnapshot, Window
+from connectors.k8s_dra import GROUP as DRA_GROUP
+from connectors.k8s_dra import VERSIONS as DRA_VERSIONS
+from connectors.k8s_dra import DraIndex
+from connectors.k8s_queues import CRDS, QueueIndex
 from connectors.k8s_resources import (
     NODE_STATE_KINDS,
     BadObject,
@@ -42,6 +46,13 @@ from connectors.k8s_resources import (
     pod_wait,
 )
 
+#: Watch mode: how long one collection waits for changes (the server's `timeoutSeconds`): the collector polls again
+#: at its next run (a `kubernetes.` option until issue 45)
+WATCH_S = 5
+#: Objects per list page (the API's `limit`): the kubectl default; bounds one answer's memory (a `kubernetes.`
+#: option until issue 45; a test sets a source's `page_size` to page a small fixture)
+PAGE_SIZE = 500
+
 log = logging.getLogger("gpu_audit.kubernetes")
 SOURCE = "kubernetes"
 MAX_RELISTS = 3
@@ -53,14 +64,20 @@ LISTS: dict[str, tuple[str, str, str | None]] = {
     "replicasets": ("apps", "AppsV1Api.list_replica_set_for_all_namespaces",
                     "AppsV1Api.list_namespaced_replica_set"),
 }
+for _v in DRA_VERSIONS:  # resource.k8s.io: the typed client of each served version (Kubernetes 1.32+)
+    _api = f"Resource{_v.capitalize()}Api"
+    LISTS[f"resourceclaims.{_v}"] = (DRA_GROUP, f"{_api}.list_resource_claim_for_all_namespaces",
+                                      f"{_api}.list_namespaced_resource_claim")
+    LISTS[f"resourceslices.{_v}"] = (DRA_GROUP, f"{_api}.list_resource_slice", None)
 OWNER_LISTS = {"ReplicaSet": "replicasets", "Job": "jobs"}
+_UNREAD = object()  # a per-collection cache not yet filled
 
 
 class KubernetesOptions(Options):
     kubeconfig: str | None = Field(None, description="Kubeconfig file (relative to the config file); "
                                    "unset = $KUBECONFIG or ~/.kube/config.")
     context: str | None = Field(None, description="Kubeconfig context; unset = the current context.")
-    in_cluster: bool = Field(False, description="Use the pod's service account (deploy/kubernetes/rbac.yaml)"
+    in_cluster: bool = Field(False, description="Use the pod's service account (deploy/kubernetes/base/rbac.yaml)"
                              " instead of a kubeconfig.")
     host: str | None = Field(None, description="API server URL, e.g. https://10.0.0.1:6443; with `token` "
                              "it replaces kubeconfig/in-cluster settings.")
@@ -69,7 +86,6 @@ class KubernetesOptions(Options):
     ca_file: str | None = Field(None, description="CA bundle to verify the API server with `host`.")
     verify_tls: bool = Field(True, description="Verify the API server certificate; turning it off is "
                              "logged as a warning.")
-    page_size: int = Field(500, ge=1, le=10_000, description="Objects per list page (`limit`).")
     timeout_s: float = Field(30, gt=0, description="Timeout of each API request in seconds.")
     team_label: str = Field("team", description="Pod label naming the team; its value is also stored "
                             "under the `team` label of the allocation.")
@@ -82,8 +98,14 @@ class KubernetesOptions(Options):
     mode: Literal["list", "watch"] = Field("list", description="`list`: a full paged listing every "
                                            "collection; `watch`: list once, then read changes from the "
                                            "last resourceVersion, relisting on 410 Gone.")
-    watch_s: int = Field(5, ge=1, le=300, description="Watch mode: how long one collection waits for "
-                         "changes.")
+    dra_drivers: list[str] = Field(["gpu.nvidia.com"], description="DRA drivers whose allocated devices "
+                                   "are GPUs (ResourceClaim results, resource.k8s.io).")
+    queue_systems: list[Literal["kueue", "kai", "volcano"]] = Field(
+        ["kueue", "kai", "volcano"], description="Batch queueing systems whose GPU quotas and queues are read "
+        "(each skipped quietly where its CRDs are not installed).")
+    dra_device_classes: list[str] = Field(["gpu.nvidia.com", "mig.nvidia.com"], description="DRA device "
+                                          "classes whose devices are GPUs (also for claims not yet "
+                                          "allocated, whose driver is unknown).")
 
     @model_validator(mode="after")
     def _watch_all(self) -> KubernetesOptions:
@@ -99,6 +121,8 @@ class KubernetesAllocations:
 
     Options = KubernetesOptions
     name = "kubernetes"
+    #: objects per list page (:data:`PAGE_SIZE`)
+    page_size = PAGE_SIZE
 
     def __init__(self, context: Context, options: KubernetesOptions) -> None:
         self.context = context
@@ -109,6 +133,10 @@ class KubernetesAllocations:
         self._resource_version: str | None = None
         self._nodes: dict[str, NodeInfo] = {}
         self._owner_lists: dict[str, list[Mapping[str, Any]] | None] = {}  # per collection
+        self._dra_version: str | None = None  # resource.k8s.io version served, from the latest full listing
+        self._dra_index: Any = _UNREAD  # DraIndex | None, per collection
+        self._dra_said = False
+        self._queues = QueueIndex(context.cluster, self.rules.is_gpu, {})  # from the latest full listing
 
     # -- client -----------------------------------------------------------------------------------
     def _client(self) -> client.ApiClient:
@@ -150,6 +178,7 @@ class KubernetesAllocations:
     def _call(self, resource: str, namespace: str | None, **kw: Any) -> Any:
         """One raw request (JSON not decoded into models: ~2.4x faster, far less memory)."""
         group, all_ns, one_ns = LISTS[resource]
+        resource = resource.split(".", 1)[0]  # resourceclaims.v1 -> resourceclaims in messages
         try:
             if namespace and one_ns:
                 return self._method(one_ns)(namespace, _preload_content=False, **kw)
@@ -179,7 +208,7 @@ class KubernetesAllocations:
                                f"(token, client certificate) were rejected or are missing")
         if exc.status == 403:
             return SourceError(SOURCE, f"{prefix} 403 Forbidden: missing permission '{verb}' on "
-                               f"'{resource}' ({api_group}) {where}; apply deploy/kubernetes/rbac.yaml "
+                               f"'{resource}' ({api_group}) {where}; apply deploy/kubernetes/base/rbac.yaml "
                                f"(server said: {detail})")
         from connectors.retry import retry_after
 
@@ -191,7 +220,7 @@ class KubernetesAllocations:
         """Pages of one listing (limit/continue); raises _Gone when a continue token expired."""
         token: str | None = None
         while True:
-            resp = self._call(resource, namespace, limit=self.options.page_size, _continue=token,
+            resp = self._call(resource, namespace, limit=self.page_size, _continue=token,
                               _request_timeout=self.options.timeout_s, **kw)
             try:
                 body = json.loads(resp.data)
@@ -225,6 +254,106 @@ class KubernetesAllocations:
         self._owner_lists[kind] = items
         return items
 
+    # -- Dynamic Resource Allocation ----------------------------------------------------------------
+    def _discover_dra(self) -> None:
+        """Which resource.k8s.io version the cluster serves (v1, else v1beta2, else v1beta1); a cluster without
+        the API (before 1.32, or DRA off) is said once, in one line, and its pods are read as before."""
+        version = None
+        try:
+            resp = client.ResourceApi(self._client()).get_api_group(_preload_content=False,
+                                                            _request_timeout=self.options.timeout_s)
+            served = {str(v.get("version")) for v in json.loads(resp.data).get("versions") or ()}
+            version = next((v for v in DRA_VERSIONS if v in served), None)
+        except ApiException as exc:
+            if exc.status not in (403, 404):
+                raise self._api_error(exc, "get", "resource.k8s.io", DRA_GROUP, None) from None
+        except ValueError:
+            version = None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise SourceError(SOURCE, f"cluster {self.context.cluster}: discovery of resource.k8s.io failed: "
+                              f"{_transport(exc)}", transient=True) from None
+        if version is None and not self._dra_said:
+            log.info("kubernetes[%s]: the API server serves no resource.k8s.io version gpu-audit reads "
+                     "(Kubernetes before 1.32, or DRA off): DRA skipped, GPUs read from extended resources "
+                     "only", self.context.cluster)
+        self._dra_said = version is None
+        self._dra_version = version
+
+    def _dra(self) -> DraIndex | None:
+        """The ResourceClaims and ResourceSlices, listed once per collection the first time a pod names a
+        claim; None when the cluster serves no DRA API or they cannot be read (said in one line)."""
+        if self._dra_index is not _UNREAD:
+            return self._dra_index  # type: ignore[no-any-return]
+        index = None
+        v = self._dra_version
+        if v is not None:
+            try:
+                index = DraIndex(self._list_all(f"resourceclaims.{v}"), self._list_all(f"resourceslices.{v}"),
+                                 self.options.dra_drivers, self.options.dra_device_classes)
+            except (SourceError, _Gone) as exc:
+                note = log_safe(f"DRA claims not read ({exc}); pods holding GPUs through resourceClaims are "
+                                "not counted this collection")
+                log.warning("kubernetes[%s]: %s", self.context.cluster, note)
+                self.notes.append(note)
+        self._dra_index = index
+        return index
+
+    # -- queues and quotas (Kueue, KAI-Scheduler, Volcano) ------------------------------------------------
+    def _list_custom(self, group: str, version: str, plural: str) -> list[dict[str, Any]] | None:
+        """All objects of one CRD (paged); None when the CRD is not installed (404)."""
+        api = client.CustomObjectsApi(self._client())
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            try:
+                resp = api.list_cluster_custom_object(group, version, plural, limit=self.page_size,
+                                                      _continue=token, _preload_content=False,
+                                                      _request_timeout=self.options.timeout_s)
+                body = json.loads(resp.data)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise self._api_error(exc, "list", plural, group, None) from None
+            except ValueError:
+                raise SourceError(SOURCE, f"cluster {self.context.cluster}: list {plural}: answer is not JSON",
+                                  transient=True) from None
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise SourceError(SOURCE, f"cluster {self.context.cluster}: list {plural} failed: "
+                                  f"{_transport(exc)}", transient=True) from None
+            items.extend(body.get("items") or ())
+            token = (body.get("metadata") or {}).get("continue") or None
+            if not token:
+                return items
+
+    def _read_queues(self) -> QueueIndex:
+        """The queues of each configured system whose CRDs the cluster serves; a system whose objects cannot be
+        read (403) is said in the collection's note and left out."""
+        lists: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
+        for system in self.options.queue_systems:
+            got: dict[str, list[Mapping[str, Any]]] = {}
+            try:
+                for key, (group, version, plural) in CRDS[system].items():
+                    items = self._list_custom(group, version, plural)
+                    if items is None:
+                        break  # not installed
+                    got[key] = items
+            except SourceError as exc:
+                note = log_safe(f"{system} queues not read ({exc})")
+                log.warning("kubernetes[%s]: %s", self.context.cluster, note)
+                self.notes.append(note)
+                continue
+            if got:
+                lists[system] = got
+        return QueueIndex(self.context.cluster, self.rules.is_gpu, lists)
+
+    def _claimed_gpus(self, pod: Mapping[str, Any], node: NodeInfo | None) -> list[Any]:
+        dra = self._dra()
+        return dra.pod_gpus(pod, node) if dra is not None else []
+
+    def _claimed_count(self, pod: Mapping[str, Any]) -> float:
+        dra = self._dra()
+        return dra.pod_requested(pod) if dra is not None else 0.0
+
     def _jobs(self, problems: Problems, at: datetime) -> list[KubeJob]:
         """The Jobs whose pods hold GPUs (their failed pods and backoff limit, for the goodput rules); none,
         with the warning :meth:`_owner_items` logged, when the Jobs cannot be listed."""
@@ -250,6 +379,7 @@ class KubernetesAllocations:
     def _collect(self, problems: Problems) -> list[AllocationRecord]:
         self.notes: list[str] = []
         self._owner_lists = {}
+        self._dra_index = _UNREAD
         if self.options.mode == "watch" and self._resource_version is not None:
             try:
                 return self._watch(problems)
@@ -264,15 +394,17 @@ class KubernetesAllocations:
                 log.info("kubernetes[%s]: list continue token expired (410); relisting",
                          self.context.cluster)
         raise SourceError(SOURCE, f"cluster {self.context.cluster}: listing expired (410 Gone) "
-                          f"{MAX_RELISTS} times in a row; lower page_size or raise timeout_s", transient=True)
+                          f"{MAX_RELISTS} times in a row; raise timeout_s", transient=True)
 
     def _full_listing(self, problems: Problems) -> list[AllocationRecord]:
         at = datetime.now(UTC)
         inventory: list[GpuInventory] = []
         events: list[NodeEvent] = []
         nodes: dict[str, NodeInfo] = {}
+        raw_nodes: dict[str, Mapping[str, Any]] = {}
         for node in self._list_all("nodes"):
             name = (node.get("metadata") or {}).get("name", "?")
+            raw_nodes[name] = node
             try:
                 nodes[name] = node_info(node)
                 gpus = node_inventory(node, self.context.cluster, self.rules.is_gpu, at)
@@ -282,6 +414,17 @@ class KubernetesAllocations:
             except (BadObject, ValueError, TypeError, AttributeError) as exc:
                 problems.skip(SOURCE, f"node {name}", f"unreadable node: {exc}")
         self._nodes = nodes
+        self._discover_dra()
+        dra = self._dra() if self._dra_version else None
+        if dra is not None:  # GPUs only DRA publishes (no device plugin on the node): from its ResourceSlices
+            have = {g.host for g in inventory}
+            for host, gpus in dra.inventory(self.context.cluster, at).items():
+                if host in have:
+                    continue
+                inventory.extend(gpus)
+                if host in raw_nodes:
+                    events.extend(node_events(raw_nodes[host], self.context.cluster, at))
+        self._queues = self._read_queues()
         owners = OwnerResolver(self._owner_items)
         pods: dict[str, Allocation] = {}
         waits: dict[str, GpuWait] = {}
@@ -301,8 +444,10 @@ class KubernetesAllocations:
                     self._wait(pod, waits)
         self._resource_version = rv
         self._say_clamped(pods.values(), problems)
+        for w in self._queues.admission_waits(self.rules):
+            waits.setdefault(w.external_id, w)
         out: list[AllocationRecord] = [*inventory, *events, *pods.values(), *waits.values(),
-                                       *self._jobs(problems, at)]
+                                       *self._jobs(problems, at), *self._queues.quotas(at)]
         out.append(RunningSnapshot(self.context.cluster, SOURCE, at=at, accounts=tuple(self.options.namespaces),
                                    event_kinds=NODE_STATE_KINDS, event_source="kubernetes"))
         return out
@@ -331,7 +476,10 @@ class KubernetesAllocations:
             problems.skip(SOURCE, where, f"resource {resource} is not in gpu_resources; not counted")
 
         try:
-            return pod_allocation(pod, self.rules, self._nodes, owners, unknown, now)
+            alloc = pod_allocation(pod, self.rules, self._nodes, owners, unknown, now, self._claimed_gpus)
+            if alloc is not None:
+                alloc.partition = self._queues.queue_of(pod)
+            return alloc
         except BadObject as exc:
             problems.skip(SOURCE, where, str(exc))
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
@@ -341,10 +489,11 @@ class KubernetesAllocations:
     def _wait(self, pod: Mapping[str, Any], waits: dict[str, GpuWait]) -> None:
         """Add the pod's wait, if any (an unreadable pod is quarantined by _convert, not twice here)."""
         try:
-            w = pod_wait(pod, self.rules, lambda _resource: None)
+            w = pod_wait(pod, self.rules, lambda _resource: None, self._claimed_count)
         except (BadObject, ValueError, TypeError, AttributeError, KeyError):
             return
         if w is not None:
+            w.partition = self._queues.queue_of(pod)
             waits[w.external_id] = w
 
     def _watch(self, problems: Problems) -> list[AllocationRecord]:
@@ -354,8 +503,8 @@ class KubernetesAllocations:
         waits: dict[str, GpuWait] = {}
         o = self.options
         resp = self._call("pods", None, watch=True, resource_version=self._resource_version,
-                          timeout_seconds=o.watch_s, allow_watch_bookmarks=True,
-                          _request_timeout=(o.timeout_s, o.watch_s + o.timeout_s))
+                          timeout_seconds=WATCH_S, allow_watch_bookmarks=True,
+                          _request_timeout=(o.timeout_s, WATCH_S + o.timeout_s))
         try:
             for line in resp:
                 if not line.strip():

@@ -5,15 +5,17 @@ Per field and chunk one ``query_range`` whose step is the bucket, evaluated at e
 ``offset 1ms``, so a point covers exactly [start, start + bucket) as in :mod:`connectors.prometheus`.
 Counters become per-second rates over the bucket (``rate``: Prometheus handles counter resets and
 extrapolates to the bucket's edges); a bucket with fewer than two samples of a counter has no rate, so that
-field is not measured there, never 0. Unlike the GPU queries, these aggregate on the server (``sum by``
+field is not measured there, never 0. Copies of one series that only scrape labels tell apart (node_exporter
+scraped by two Prometheus jobs: ``scrape_labels``) are merged first (``max without (job)``), so a core is
+never counted twice. Unlike the GPU queries, these aggregate on the server (``sum by``
 the host label): a node exports one CPU series per core and mode (a 128-core node: 1,024) and one disk
 series per device, and the audit needs the node's total, so the answer is 100-1,000x smaller.
 
 - ``cpus``: cores reporting (``count`` of the idle-mode series); ``samples``: samples per series;
 - ``cpu_busy``, ``cpu_iowait``: cores busy (user, nice, system, irq, softirq) and in I/O wait;
-- ``cpu_pegged``: cores busy at least ``pegged_core_busy`` of the bucket (0 where none is, when cores report);
+- ``cpu_pegged``: cores busy at least ``PEGGED_CORE_BUSY`` of the bucket (0 where none is, when cores report);
 - ``disk_*``: read and written bytes/s summed over devices, the busiest device's busy share (``io_time``);
-  device-mapper, md, loop and the like are left out by ``disk_exclude`` (their I/O is the disks' again);
+  device-mapper, md, loop and the like are left out by ``DISK_EXCLUDE`` (their I/O is the disks' again);
 - ``ib_*``, ``nfs_*``, ``lustre_*``: InfiniBand port, NFS client (mountstats bytes; all-procedure requests)
   and Lustre client (llite) bytes/s, summed over devices, ports and mounts.
 
@@ -30,14 +32,21 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from auditor.errors import SourceError
 from auditor.records import NODE_FIELDS, NodeBucket
 from connectors._api_or_files import ApiOrFiles, ApiOrFilesSource, cell, csv_records
 from connectors.aliases import host_from_instance
 from connectors.base import Problems, Window
-from connectors.prometheus import carried
+from connectors.prometheus import carried, without_scrape
+
+#: A core is pegged in a bucket when it was busy (user, nice, system, irq, softirq) at least this share of it: a
+#: data loader or input thread that cannot keep up (a `node_exporter.` option until issue 45)
+PEGGED_CORE_BUSY = 0.9
+#: Disk devices left out of the disk fields (RE2, whole name): device-mapper, md, loop and the like are volumes
+#: stacked on other disks and would count their I/O twice (a `node_exporter.` option until issue 45)
+DISK_EXCLUDE = "(dm-|md|loop|ram|zram|sr|fd|nbd|drbd).*"
 
 CPU = "node_cpu_seconds_total"
 BUSY_MODES = 'mode!~"idle|iowait|steal"'  # steal: the hypervisor's, not this host's work
@@ -78,23 +87,10 @@ class NodeTelemetry(ApiOrFilesSource):
         strip_domain: bool = Field(False, description="Keep the node name up to its first dot (`gpu-01.example."
                                    "org` -> `gpu-01`) where the scrape targets are FQDNs and the schedulers use "
                                    "short names; IP addresses are kept whole.")
-        pegged_core_busy: float = Field(0.9, gt=0, le=1, description="A core is pegged in a bucket when it was "
-                                        "busy (user, nice, system, irq, softirq) at least this share of it "
-                                        "(`cpu_pegged`; applied when collecting).")
-        disk_exclude: str = Field("(dm-|md|loop|ram|zram|sr|fd|nbd|drbd).*", description="Regex of disk "
-                                  "devices left out of the disk fields (RE2, whole name): volumes stacked on "
-                                  "other disks would count their I/O twice.")
         sample_interval_s: float | None = Field(None, gt=0, description="Scrape interval of node_exporter, "
                                                 "seconds: a bucket's observed seconds are its samples times this. "
                                                 "Unset = estimated per node (median seconds per sample of its "
                                                 "inner buckets).")
-
-        @field_validator("disk_exclude")
-        @classmethod
-        def _regex(cls, v: str) -> str:
-            if '"' in v or "\n" in v:
-                raise ValueError("a regex on one line, without double quotes")
-            return v
 
     name = "node_exporter"
 
@@ -103,7 +99,7 @@ class NodeTelemetry(ApiOrFilesSource):
     # -- queries ----------------------------------------------------------------------------------
 
     def selector(self, name: str, extra: str) -> str:
-        exclude = self.options.disk_exclude.replace("\\", "\\\\")  # inside a PromQL string
+        exclude = DISK_EXCLUDE.replace("\\", "\\\\")  # inside a PromQL string
         parts = [p for p in (extra.replace("{disk}", f'device!~"{exclude}"'),
                              self.options.matchers) if p]
         return f"{name}{{{','.join(parts)}}}"
@@ -112,9 +108,10 @@ class NodeTelemetry(ApiOrFilesSource):
         """The query of one field: per series over exactly the bucket, then the node's total."""
         agg, fn, name, extra = QUERIES[fname]
         by = self.options.host_label
-        inner = f"{fn}({self.selector(name, extra)}[{bucket_s}s] offset 1ms)"
+        inner = without_scrape(f"{fn}({self.selector(name, extra)}[{bucket_s}s] offset 1ms)",
+                               self.options.scrape_labels, by)
         if fname == "cpu_pegged":  # cores, not series: the modes of one core first
-            return f"count by ({by}) (sum by ({by}, cpu) ({inner}) >= {self.options.pegged_core_busy:g})"
+            return f"count by ({by}) (sum by ({by}, cpu) ({inner}) >= {PEGGED_CORE_BUSY:g})"
         return f"{agg} by ({by}) ({inner})"
 
     def present(self, window: Window, problems: Problems) -> set[str]:

@@ -3,7 +3,9 @@
 Buckets are computed server-side: per field one ``query_range`` whose step is the bucket length,
 ``avg_over_time(M[300s] offset 1ms)`` evaluated at each bucket's end, so every point covers exactly the
 bucket's samples [start, start + 300 s); raw 30 s samples are never pulled. ``samples`` comes from
-``count_over_time`` of SM_ACTIVE (GPU_UTIL where a GPU has no profiling fields). Gaps return no points,
+``count_over_time`` of the first activity field a GPU (or MIG instance) reports, in the order of
+:data:`connectors.aliases.ACTIVITY_FIELDS` (SM activity, GR engine, Tensor, DRAM, GPU-Util: a stock GPU
+Operator fleet has no SM activity, a MIG instance no GPU-Util). Gaps return no points,
 so they produce no bucket: the audit calls them unknown.
 
 One row per GPU, bucket and job: dcgm-exporter repeats a GPU's series per ``hpc_job`` and per time-sliced
@@ -15,6 +17,10 @@ what overruns its bucket carried into the series' next bucket (docs/definitions.
 With the recording rules of :mod:`connectors.recording` installed in the TSDB (``recording_rules``), the
 buckets those rules evaluated are read from the recorded series instead (one point per series and bucket,
 not ten raw samples), the others raw; both give the same buckets (values, counts, observed seconds).
+Where a GPU exports DCGM 4.x's SM cycle counters, a bucket's SM activity is ``increase(ACTIVE[300s])`` over
+``increase(ELAPSED[300s])`` (:mod:`connectors._cycles`), read raw like the faults: exact, resets handled by the
+server; Prometheus extrapolates both increases to the bucket's edges by the same factor (one scrape reads both
+counters), so the ratio is that of the cycles between the bucket's first and last scrape.
 That fold is done here, per series, not with ``max by (...)`` in PromQL:
 Prometheus 2.x evaluates an aggregation per step, which made each query ~8x slower on 1,024 GPUs
 (measured, bench/bench_prometheus.py) for answers of the same size. :class:`Merge` folds the answers of one
@@ -46,26 +52,34 @@ from auditor.errors import SourceError
 from auditor.intparse import INT32_MAX, uint_or_none
 from auditor.records import LABEL_FIELDS, METRIC_FIELDS, GpuBucket, NodeEvent
 from connectors import recording
+from connectors._cycles import ratio
 from connectors._faults import Hits, promql, reason, to_events
 from connectors._unstored import MAX_GPU_WARNINGS, UnstoredGpus
 from connectors.aliases import (
+    CYCLE_COUNTERS,
     FAULT_ALIASES,
     JOB_ID_METRICS,
     LABEL_ALIASES,
     METRIC_ALIASES,
     RATIO_FIELDS,
+    SM_CYCLES_ACTIVE,
     BadValue,
     host_from_instance,
     names_for,
     normalise,
     pick_label,
 )
-from connectors.base import Context, Options, Problems, Window
+from connectors.base import Context, Problems, Window
+from connectors.workload import Workload, WorkloadOptions, shared_copy
+
+#: Queries in flight at once: answers are decoded while the next ones are computed; more only loads the server
+#: (a `prometheus.` option until issue 45)
+CONCURRENCY = 2
 
 log = logging.getLogger("gpu_audit.prometheus")
 
 #: Labels kept by the server-side aggregation; ``hostname`` is folded into ``Hostname`` first.
-#: Labels that identify one GPU (or MIG instance): the GPU_UTIL count skips GPUs that have SM_ACTIVE.
+#: Labels that identify one GPU (or MIG instance): each activity field's count skips GPUs that have an earlier one.
 GPU_LABELS: tuple[str, ...] = tuple(name for key in ("host", "gpu", "uuid", "gpu_instance")
                                     for name in LABEL_ALIASES[key])
 COUNT_FIELDS = recording.COUNT_FIELDS
@@ -96,6 +110,31 @@ def check_matchers(v: str) -> str:
     return v.strip().strip(",")
 
 
+#: labels a scrape adds that say which scrape read a series, not which source it is (issue 44): two scrape
+#: jobs reading one exporter give the same series twice, differing only in these
+SCRAPE_LABELS = ("job",)
+SCRAPE_LABELS_HELP = ("Labels that name the scrape, not the source (default `[\"job\"]`): series of one target "
+                      "that differ only in these (node_exporter or an engine scraped by two Prometheus jobs) are "
+                      "one series read twice, merged (the larger reading), never added; add e.g. "
+                      "`\"prometheus_replica\"` or a relabelled scrape label.")
+
+
+def check_label_names(v: list[str]) -> list[str]:
+    """``scrape_labels``: Prometheus label names (``[a-zA-Z_][a-zA-Z0-9_]*``)."""
+    bad = [x for x in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", x)]
+    if bad:
+        raise ValueError(f"{bad[0][:40]!r} is not a label name")
+    return list(dict.fromkeys(v))
+
+
+def without_scrape(inner: str, scrape_labels: Iterable[str], keep: str | None = None) -> str:
+    """``inner`` with the copies of one series that scrape labels alone tell apart merged: ``max without
+    (job, ...)`` (the larger of two readings of one counter or gauge; a copy is never added), ``keep`` (the
+    label naming the node) never dropped."""
+    drop = [x for x in scrape_labels if x != keep]
+    return f"max without ({', '.join(drop)}) ({inner})" if drop else inner
+
+
 def safe_url(url: str) -> str:
     """The URL without user:password, for messages."""
     parts = urlsplit(url)
@@ -106,7 +145,7 @@ def safe_url(url: str) -> str:
 class PrometheusTelemetry:
     """Pulls per-GPU buckets from a Prometheus HTTP API (see module docstring for the queries)."""
 
-    class Options(Options):
+    class Options(WorkloadOptions):
         url: str = Field(description="Base URL of the Prometheus-compatible API, e.g. "
                          "`https://prometheus:9090` (Thanos/Mimir: the querier's prefix).")
         bearer_token: SecretRef | None = Field(None, description="Bearer token: `{env = \"VAR\"}` or "
@@ -125,11 +164,8 @@ class PrometheusTelemetry:
                                    "and response size; 1,024 GPUs x 24 h x 5 min is ~300k points).")
         compression: bool = Field(True, description="Ask for gzip answers (about 5x smaller); turn off "
                                   "on loopback or fast links, where compressing costs more than it saves.")
-        concurrency: int = Field(2, ge=1, le=16, description="Queries in flight at once (answers are "
-                                 "decoded while the next ones are computed).")
         retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed with a "
                              "connection error, timeout, 429 or 5xx.")
-        backoff_s: float = Field(1.0, ge=0, le=60, description="First retry delay; doubles each retry.")
         sample_interval_s: float | None = Field(None, gt=0, description="Scrape interval of the exporter, in "
                                                 "seconds: a bucket's observed seconds are its samples times this, "
                                                 "what overruns a bucket carried into the next (a job that ran 1 "
@@ -141,6 +177,7 @@ class PrometheusTelemetry:
         host_label: str | None = Field(None, description="Take the node name from this label only (e.g. "
                                        "`instance` when Hostname is the exporter pod); unset = Hostname/"
                                        "hostname, node, then instance.")
+        scrape_labels: list[str] = Field(list(SCRAPE_LABELS), description=SCRAPE_LABELS_HELP)
         recording_rules: Literal["auto", "on", "off"] = Field(
             "auto", description="Read the series recorded by deploy/prometheus-recording-rules.yml for the "
             "buckets the rules evaluated (raw series for the rest): auto = when they exist (one name listing "
@@ -159,6 +196,11 @@ class PrometheusTelemetry:
         def _matchers(cls, v: str) -> str:
             return check_matchers(v)
 
+        @field_validator("scrape_labels")
+        @classmethod
+        def _scrape(cls, v: list[str]) -> list[str]:
+            return check_label_names(v)
+
     name = "prometheus"
 
     def __init__(self, context: Context, options: PrometheusTelemetry.Options) -> None:
@@ -166,6 +208,9 @@ class PrometheusTelemetry:
         self.source = f"prometheus:{safe_url(options.url)}"
         self._client: httpx.Client | None = None
         self.index_of: dict[tuple[str, str], int] = {}
+        self.workload = Workload(options)
+        #: namespace/pod of the pods the cluster's allocations source saw holding GPUs (set by collect)
+        self.gpu_holders: frozenset[str] = frozenset()
 
     # -- HTTP -------------------------------------------------------------------------------------
 
@@ -197,8 +242,8 @@ class PrometheusTelemetry:
 
     def request(self, path: str, data: dict[str, Any], method: str = "POST") -> bytes:
         """Call the API (POST form, or GET query) under the shared retry policy (:mod:`connectors.retry`:
-        ``retries`` + 1 attempts, backoff doubling from ``backoff_s`` or the server's Retry-After, within the
-        source's time budget); returns the body of a 200 answer."""
+        ``retries`` + 1 attempts, backoff doubling from :data:`connectors.retry.BACKOFF_S` or the server's
+        Retry-After, within the source's time budget); returns the body of a 200 answer."""
         from connectors import retry
 
         o = self.options
@@ -226,7 +271,7 @@ class PrometheusTelemetry:
             raise SourceError(self.source, f"{path}: HTTP {resp.status_code}: {_error_text(resp)}",
                               transient=transient, retry_after=retry.retry_after(resp.headers.get("Retry-After")))
 
-        return retry.call(once, attempts=o.retries + 1, backoff_s=o.backoff_s, sleep=lambda s: time.sleep(s))
+        return retry.call(once, attempts=o.retries + 1, sleep=lambda s: time.sleep(s))
 
     def api(self, path: str, data: dict[str, Any], problems: Problems, method: str = "POST") -> Any:
         return self.decode(self.request(path, data, method), path, problems)
@@ -268,6 +313,19 @@ class PrometheusTelemetry:
             log.info("%s: cannot list metric names (%s); querying every alias", self.source, exc.reason)
             return set(METRIC_ALIASES)
         return set(names or ())
+
+    def workload_probe(self, at: float, span_s: int = 3600) -> str:
+        """``config check --probe``: the workload labels of the GPU series of the last ``span_s`` seconds
+        before ``at`` (one series listing of the SM_ACTIVE and GPU_UTIL names), in one line."""
+        names = names_for("sm_active") + names_for("gpu_util")
+        data = self.api("/api/v1/series", {"match[]": self.selector(names), "start": f"{at - span_s:.3f}",
+                                           "end": f"{at:.3f}"}, Problems(), "GET")
+        metrics = [m for m in data or () if isinstance(m, dict)]
+        work = Workload(self.options)
+        work.scan(metrics, _gpu_of)
+        labelled = sum(1 for m in metrics if work.labels(m))
+        return work.note() or (f"workload labels: {labelled} of {len(metrics)} GPU series of the last hour name "
+                               "a workload pod" if metrics else "workload labels: no GPU series in the last hour")
 
     def uuid_index(self, window: Window, have: set[str], problems: Problems) -> dict[tuple[str, str], int]:
         """nvidia_gpu_exporter labels its series with uuid only: (host, uuid) -> index from nvidia_smi_index."""
@@ -361,15 +419,17 @@ class PrometheusTelemetry:
         for name in sorted(JOB_ID_METRICS & have):
             for fn in ("min_over_time", "max_over_time"):
                 out.append(("jobid", f"{fn}:{name}", self.query(fn, [name], bucket_s)))
-        # One count per exported name (a GPU exporting two aliases must not count twice). GPU_UTIL is
-        # counted only where SM_ACTIVE is absent (``unless``): a profiled fleet pays for one count query.
-        sm = [n for n in names_for("sm_active") if n in have]
+        # One count per exported name (a GPU exporting two aliases must not count twice). Each activity field
+        # is counted only where no earlier one is (``unless``): a GPU counts the samples of its strongest field.
+        before: list[str] = []
         for fname in COUNT_FIELDS:
-            for name in (n for n in names_for(fname) if n in have):
+            names = [n for n in names_for(fname) if n in have]
+            for name in names:
                 q = self.query("count_over_time", [name], bucket_s)
-                if fname != "sm_active" and sm:
-                    q = f"{q} unless on ({', '.join(GPU_LABELS)}) {self.query('count_over_time', sm, bucket_s)}"
+                for prev in before:  # one name per operand: two names of one GPU would share a labelset
+                    q = f"{q} unless on ({', '.join(GPU_LABELS)}) {self.query('count_over_time', [prev], bucket_s)}"
                 out.append(("count", f"{fname}:{name}", q))
+            before += names
         return out
 
     # -- recorded series (connectors.recording) -------------------------------------------------------------
@@ -448,13 +508,15 @@ class PrometheusTelemetry:
             for fn in ("min", "max"):
                 if present([name], fn):
                     out.append(("jobid", f"{fn}_over_time:{name}", read([name], fn)))
-        sm = present(names_for("sm_active"), "count")
-        for fname in COUNT_FIELDS:
-            for name in sm if fname == "sm_active" else present(names_for(fname), "count"):
+        before: list[str] = []
+        for fname in COUNT_FIELDS:  # as plan(): each activity field where no earlier one is
+            names = present(names_for(fname), "count")
+            for name in names:
                 q = read([name], "count")
-                if fname != "sm_active" and sm:
-                    q = f"{q} unless on ({', '.join(GPU_LABELS)}) {read(sm, 'count')}"
+                for prev in before:
+                    q = f"{q} unless on ({', '.join(GPU_LABELS)}) {read([prev], 'count')}"
                 out.append(("count", f"{fname}:{name}", q))
+            before += names
         if missing:
             refuse(f"{len(missing)} raw metric(s) in the window have no recorded series (e.g. {missing[0]}: "
                    "rules older than this gpu-audit? regenerate them)")
@@ -514,12 +576,15 @@ class PrometheusTelemetry:
                     hits[(gkey[0], gkey[1], spec.kind)][int(t) - merged.bucket_s].add(reason(spec, what, v))
 
     def collect(self, window: Window, problems: Problems) -> Iterable[GpuBucket | NodeEvent]:
+        self.workload = Workload(self.options, self.gpu_holders)  # what this collect's series carry (its note)
         try:
             have = self.existing_names(window, problems)
             todo = self.plan(have, window.bucket_seconds)
             step = max(1, int(self.options.sample_interval_s or 30))
             faults = [(name, what, q) for name, spec in FAULT_ALIASES.items() if name in have
                       for what, q in promql(self.selector([name]), spec, window.bucket_seconds, step)]
+            cycles = [(name, self.query("increase", [name], window.bucket_seconds))
+                      for name in sorted(CYCLE_COUNTERS)] if CYCLE_COUNTERS <= have else []
             self.index_of = self.uuid_index(window, have, problems)
             rec = None if self.options.recording_rules == "off" else \
                 self.recorded_plan(have, self.recorded_names(window, problems), window.bucket_seconds)
@@ -536,7 +601,7 @@ class PrometheusTelemetry:
             self.notes = self.unstored_gpus(window, have, problems,
                                             (chunks[0][0], chunks[-1][1]) if covered else None)
             b = window.bucket_seconds
-            with ThreadPoolExecutor(self.options.concurrency, "prometheus") as pool:
+            with ThreadPoolExecutor(CONCURRENCY, "prometheus") as pool:
                 for first, last, runs in chunks:
                     # points at bucket end with `offset 1ms`: each covers exactly [start, start + b); recorded
                     # series are read READ_SHIFT_S later, where the rules wrote each bucket (connectors.recording)
@@ -545,6 +610,7 @@ class PrometheusTelemetry:
                         back = b + (recording.READ_SHIFT_S if use else 0)
                         jobs += [(kind, what, q, lo, hi, back) for kind, what, q in (rec if use and rec else todo)]
                         self.read_recorded += (hi - lo) // b + 1 if use else 0
+                    jobs += [("cycles", name, q, first, last, b) for name, q in cycles]
                     jobs += [("fault", what, q, first, last, b) for _, what, q in faults]
                     # each query runs in the collector's context: its retries share the source's time budget
                     futures = [pool.submit(contextvars.copy_context().run, self.request, "/api/v1/query_range",
@@ -564,6 +630,10 @@ class PrometheusTelemetry:
                             fut.cancel()
                     yield from merged.buckets()
                     yield from to_events(self.context.cluster, b, hits, "prometheus")
+            note = self.workload.note()
+            if note:
+                log.info("%s: %s", self.source, note)  # the collect output prints it as a note
+                self.notes.append(note)
         finally:
             self.close()
 
@@ -624,12 +694,13 @@ class Merge:
             return None
         return host, int(gpu), pick_label(metric, "gpu_instance") or ""
 
-    @staticmethod
-    def meta(metric: dict[str, str]) -> tuple[str | None, str | None, tuple[tuple[str, str], ...]]:
+    def meta(self, metric: dict[str, str]) -> tuple[str | None, str | None, tuple[tuple[str, str], ...]]:
         model, profile = pick_label(metric, "model"), pick_label(metric, "gpu_profile")
         if profile:
             model = f"{model} MIG {profile}" if model else f"MIG {profile}"
-        labels = tuple((k, v) for k in LABEL_FIELDS if (v := pick_label(metric, k)))
+        work = self.src.workload.labels(metric)  # pod/namespace/container: connectors.workload
+        labels = tuple((k, v) for k in LABEL_FIELDS
+                       if (v := pick_label(metric, k) if k == "hpc_job" else work.get(k)))
         return pick_label(metric, "uuid"), model, labels
 
     def add(self, kind: str, what: str, data: Any, back: int | None = None) -> None:
@@ -641,6 +712,9 @@ class Merge:
         if kind == "jobid":
             self.add_jobs(data, back)
             return
+        if kind == "cycles":
+            self.add_cycles(what, data, back)
+            return
         if kind == "value":
             fname, unit, metric_name = what.split(":")
         else:
@@ -648,14 +722,20 @@ class Merge:
             fname, unit = "_count_" + field, ""
         div = 1.0 / normalise(fname, unit, 1.0)[0] if kind == "value" else 1.0  # type: ignore[arg-type]
         bounded, counting = fname in RATIO_FIELDS, kind == "count"
+        scrape = self.src.options.scrape_labels
+        self.src.workload.scan((s.get("metric") or {} for s in data.get("result") or ()), _gpu_of)
         for series in data.get("result") or ():
             metric = series.get("metric") or {}
             gkey = self.key(metric)
             if gkey is None:
                 continue
+            if not counting and shared_copy(metric, fname):
+                continue  # the whole shared GPU's value on a sharing pod's series: its count still counts
             rows = self.rows.setdefault(gkey, {})
             meta = self.meta(metric)
-            copy = (metric_name, meta[2])
+            # a series read by two scrape jobs is two copies (their counts: the larger, never the sum); a
+            # series split by a relabel within one scrape adds up
+            copy = (metric_name, meta[2], tuple(metric.get(x, "") for x in scrape))
             job = job_of(meta[2])
             for t, text in series.get("values") or ():
                 start = int(t) - back
@@ -700,6 +780,20 @@ class Merge:
                 if job > 0:
                     per_bucket.setdefault(int(t) - back, set()).add(str(job))
 
+    def add_cycles(self, name: str, data: dict[str, Any], back: int) -> None:
+        """A bucket's increase of one SM cycle counter into the rows the value answers made (copies: max)."""
+        key = "_cyc_active" if name == SM_CYCLES_ACTIVE else "_cyc_elapsed"
+        for series in data.get("result") or ():
+            gkey = self.key(series.get("metric") or {})
+            rows = self.rows.get(gkey) if gkey is not None else None
+            if rows is None or (series.get("metric") or {}).get("vgpu"):  # a shared GPU's cycles on a pod
+                continue
+            job = job_of(self.meta(series.get("metric") or {})[2])
+            for t, text in series.get("values") or ():
+                row, v = rows.get((int(t) - back, job)), float(text)
+                if row is not None and v >= 0.0 and v != math.inf and v > row.get(key, -1.0):
+                    row[key] = v
+
     def slow(self, fname: str, unit: str, raw: float, metric_name: str, gkey: tuple[str, int, str],
              start: int) -> float | None:
         """Clamp (counted) or quarantine (one problem per GPU bucket and field) a value off the fast path."""
@@ -739,8 +833,11 @@ class Merge:
         counted = []
         for (start, job), row in sorted(rows.items()):
             uuid, model, labels = row.pop("_meta")
-            counts = row.pop("_count_sm_active", None) or row.pop("_count_gpu_util", None) or {0: 0}
-            row.pop("_count_gpu_util", None)
+            found = [row.pop(f"_count_{f}", None) for f in COUNT_FIELDS]  # the strongest field counted
+            counts = next((c for c in found if c), None) or {0: 0}
+            exact = ratio(row.pop("_cyc_active", None), row.pop("_cyc_elapsed", None))
+            if exact is not None and exact <= 2.0:  # SM activity from the cycle counters, before the sampled mean
+                row["sm_active"], row["sm_exact"] = min(exact, 1.0), True
             counted.append((start, job, row, uuid, model, labels, max(counts.values())))
         observed = carried(seconds, [(start, job, samples) for start, job, _r, _u, _m, _l, samples in counted],
                            interval)
@@ -780,6 +877,12 @@ def carried(seconds: int, rows: list[tuple[int, str, int]],
         if n > 0 and avail > seconds:
             carry[job] = (start + seconds, min(step, avail - seconds))
     return out
+
+
+def _gpu_of(metric: dict[str, str]) -> tuple[str, str] | None:
+    """A series' node and GPU as its labels name them (for grouping one answer's series by node)."""
+    host, gpu = pick_label(metric, "host"), pick_label(metric, "gpu") or pick_label(metric, "uuid")
+    return (host, gpu) if host and gpu else None
 
 
 def job_of(labels: tuple[tuple[str, str], ...]) -> str:

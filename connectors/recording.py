@@ -5,7 +5,8 @@ checks the shipped file is current), so the rules and the Prometheus connector t
 naming convention and one alias table (:mod:`connectors.aliases`).
 
 Per exported metric name ``M`` one rule records ``gpu_audit:M:avg5m`` (``max5m`` for FB_USED), plus
-``gpu_audit:M:count5m`` for the names the observed-seconds rule counts (SM_ACTIVE and GPU_UTIL aliases) and
+``gpu_audit:M:count5m`` for the names the observed-seconds rule counts (the aliases of every activity field,
+:data:`connectors.aliases.ACTIVITY_FIELDS`: SM activity, GR engine, Tensor, DRAM, GPU-Util) and
 ``min5m``/``max5m`` of jobstats' ``nvidia_gpu_jobId``. Each rule's value is the raw connector's own
 expression (``avg_over_time(M[300s] offset 1ms)``) evaluated at the end of one 5-minute bucket, picked
 with a subquery whose points are aligned to multiples of 300 s since the epoch (Prometheus and
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from connectors.aliases import JOB_ID_METRICS, METRIC_ALIASES, names_for
+from connectors.aliases import ACTIVITY_FIELDS, JOB_ID_METRICS, METRIC_ALIASES, names_for
 
 #: Bucket length the rules compute; other ``bucket_seconds`` read raw series.
 BUCKET_S = 300
@@ -38,8 +39,9 @@ VERSION = 1
 PREFIX = "gpu_audit:"
 HEARTBEAT = "gpu_audit:recording_rules:version"
 GROUP = "gpu-audit-5m"
-#: Fields the observed-seconds rule counts samples of (the Prometheus connector's COUNT_FIELDS).
-COUNT_FIELDS = ("sm_active", "gpu_util")
+#: Fields the observed-seconds rule counts samples of (the Prometheus connector's COUNT_FIELDS): every
+#: activity field, strongest evidence first.
+COUNT_FIELDS = ACTIVITY_FIELDS
 
 
 def recorded(name: str, fn: str) -> str:

@@ -7,7 +7,8 @@ normalised and folded into per-GPU buckets aligned to ``window.bucket_seconds``.
 One row per GPU, bucket and job: dcgm-exporter repeats a GPU's series once per ``hpc_job`` and once per
 time-sliced pod; series with different job labels stay separate rows (the audit picks the rows naming the
 allocation). Copies of one job's series are collapsed with ``max`` (never summed) before the bucket mean.
-Observed seconds and spans come from the sample instants (:mod:`connectors._coverage`).
+Observed seconds and spans come from the sample instants (:mod:`connectors._coverage`). Where a GPU's page
+has DCGM 4.x's SM cycle counters, a bucket's SM activity is their increase (:mod:`connectors._cycles`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from auditor.errors import SourceError
 from auditor.intparse import INT32_MAX, parse_uint, uint_or_none
 from auditor.records import LABEL_FIELDS, GpuBucket, NodeEvent
 from connectors._coverage import carried_from, covers, gaps, interval, job_key
+from connectors._cycles import CycleCounters
 from connectors._faults import FaultFolder, to_events
 from connectors._rows import MAX_FILE_BYTES, check_regular, fixed_dir, read_bounded
 from connectors._unstored import UnstoredGpus
 from connectors.aliases import (
+    CYCLE_COUNTERS,
     FAULT_ALIASES,
     JOB_ID_METRICS,
     METRIC_ALIASES,
@@ -40,7 +43,12 @@ from connectors.aliases import (
     normalise,
     pick_label,
 )
-from connectors.base import Context, Options, Problems, Window
+from connectors.base import Context, Problems, Window
+from connectors.workload import Workload, WorkloadOptions, shared_copy
+
+#: Largest scrape file read, in bytes: a larger one fails the source instead of filling memory (the files' own
+#: bound, :data:`connectors._rows.MAX_FILE_BYTES`; a `scrape.` option until issue 45)
+MAX_BYTES = MAX_FILE_BYTES
 
 log = logging.getLogger("gpu_audit.scrape")
 
@@ -169,10 +177,25 @@ class BucketBuilder:
     def __init__(self, cluster: str, bucket_seconds: int, problems: Problems) -> None:
         self.cluster, self.bucket_s, self.problems = cluster, bucket_seconds, problems
         self._accs: dict[tuple[str, int, str, int, str], _Acc] = {}
+        self.cycles = CycleCounters(bucket_seconds)
+
+    def add_counter(self, host: str, gpu: int, instance: str, metric: str, value: float, ts: float,
+                    where: tuple[str, str], labels: dict[str, str], inside: bool) -> None:
+        """A reading of an SM cycle counter; ``inside`` the window it is also a sample of the GPU's bucket."""
+        if not math.isfinite(value) or value < 0:
+            self.problems.skip(where[0], where[1], f"{metric}: {value} is not a counter reading", f"{metric} {value}")
+            return
+        job = job_key(labels)
+        self.cycles.add((host, gpu, instance, job), metric, value, ts)
+        if inside:
+            start = int(ts // self.bucket_s) * self.bucket_s
+            self._accs.setdefault((host, gpu, instance, start, job), _Acc()).instants.add(ts)
 
     def add(self, host: str, gpu: int, instance: str, metric: str, value: float, ts: float,
             where: tuple[str, str], *, uuid: str | None = None, model: str | None = None,
-            labels: dict[str, str] | None = None) -> None:
+            labels: dict[str, str] | None = None, copy: bool = False) -> None:
+        """One sample; ``copy``: the shared GPU's value on a sharing pod's series (a sample of its row, no value
+        of it: :func:`connectors.workload.shared_copy`)."""
         spec = METRIC_ALIASES[metric]
         try:
             v, clamped = normalise(spec.field, spec.unit, value)
@@ -189,6 +212,8 @@ class BucketBuilder:
         acc.uuid = uuid or acc.uuid
         acc.model = model or acc.model
         acc.instants.add(ts)
+        if copy:
+            return
         per_ts = acc.values.setdefault(spec.field, {})
         old = per_ts.get(ts)
         per_ts[ts] = v if old is None else max(old, v)
@@ -224,15 +249,31 @@ class BucketBuilder:
                     continue
                 vals = list(per_ts.values())
                 setattr(b, fname, max(vals) if fname == "fb_used_mib" else math.fsum(vals) / len(vals))
+            if at is None:
+                self.exact(b, (host, gpu, instance, job), start)
             for k, vs in acc.labels.items():
                 setattr(b, k, ",".join(sorted(vs)))
             yield b
+
+    def exact(self, b: GpuBucket, key: tuple[str, int, str, str], start: int) -> None:
+        """SM activity from the cycle counters, before the sampled gauge's mean, where the series has them."""
+        raw = self.cycles.sm_active(key, start)
+        if raw is None:
+            return
+        try:
+            b.sm_active, clamped = normalise("sm_active", "ratio", raw)
+        except BadValue as exc:
+            self.problems.skip("scrape", f"{b.host}/gpu{b.gpu} @ {b.start.isoformat()}", f"SM cycle counters: {exc}")
+            return
+        b.sm_exact = True
+        if clamped:
+            self.problems.clamp("scrape", "sm_active>1")
 
 
 class ScrapeFiles:
     """Reads saved scrapes (``curl .../metrics > file``) and returns normalised per-GPU buckets."""
 
-    class Options(Options):
+    class Options(WorkloadOptions):
         paths: list[str] = Field(description="Scrape files or glob patterns (relative to the config file).")
         format: Literal["auto", "prometheus", "openmetrics"] = Field(
             "auto", description="Exposition format; auto = OpenMetrics when the file ends with `# EOF` "
@@ -243,14 +284,13 @@ class ScrapeFiles:
                                  "(for exporters that carry no host label, or carry a pod name).")
         host_label: str | None = Field(None, description="Take the node name from this label only (e.g. "
                                        "`instance`); unset = Hostname, hostname, node, then instance.")
-        max_bytes: int = Field(MAX_FILE_BYTES, ge=1, le=16 * 1024**3, description="Largest scrape file read, "
-                               "in bytes; a larger one fails the source instead of filling memory. Only "
-                               "regular files are read (a FIFO or a link to a device is an error).")
 
     name = "scrape"
 
     def __init__(self, context: Context, options: ScrapeFiles.Options) -> None:
         self.context, self.options = context, options
+        #: namespace/pod of the pods the cluster's allocations source saw holding GPUs (set by collect)
+        self.gpu_holders: frozenset[str] = frozenset()
 
     def files(self) -> list[Path]:
         out: list[Path] = []
@@ -275,9 +315,10 @@ class ScrapeFiles:
         self.faults = FaultFolder(window.bucket_seconds)
         self.seen: Counter[str] = Counter()
         self.unstored = UnstoredGpus()
+        self.workload = Workload(self.options, self.gpu_holders)
         for path in self.files():
             try:
-                text = read_bounded(path, self.options.max_bytes).decode("utf-8", errors="replace")
+                text = read_bounded(path, MAX_BYTES).decode("utf-8", errors="replace")
             except SourceError as exc:
                 raise SourceError(self.name, f"cannot read {path}: {exc.reason}", transient=exc.transient) from None
             try:
@@ -294,6 +335,10 @@ class ScrapeFiles:
                                  "lists the supported ones)")
             log.warning("%s: %s", self.options.paths[0], self.empty_reason)
         self.notes = self.unstored.report(f"{self.name} {self.options.paths[0]}")
+        note = self.workload.note()
+        if note:
+            log.info("%s: %s", self.options.paths[0], note)  # the collect output prints it as a note
+            self.notes.append(note)
         return out
 
     def _unstored(self, s: Sample, default_ts: float, lo: float, hi: float, index_of: dict[str, int]) -> None:
@@ -353,14 +398,20 @@ class ScrapeFiles:
                 if s.labels.get("name"):
                     model_of[uuid] = s.labels["name"]
         job_of = self._job_ids(samples, default_ts)
+
+        def gpu_of(labels: dict[str, str]) -> tuple[str, str] | None:
+            host, gpu = self._host(labels), pick_label(labels, "gpu") or pick_label(labels, "uuid")
+            return (host, gpu) if host and gpu else None
+
+        self.workload.scan((s.labels for s in samples if s.name in METRIC_ALIASES), gpu_of)
         for s in samples:
-            fault = s.name in FAULT_ALIASES
-            if s.name not in METRIC_ALIASES and not fault:
+            fault, counter = s.name in FAULT_ALIASES, s.name in CYCLE_COUNTERS
+            if s.name not in METRIC_ALIASES and not fault and not counter:
                 self._unstored(s, default_ts, lo, hi, index_of)
                 continue
             where = f"line {s.line}"
             ts = s.ts if s.ts is not None else default_ts
-            if not lo <= ts < hi:
+            if not lo <= ts < hi and not (counter and ts < lo):  # a counter's reading before: the first increase
                 continue
             host = self._host(s.labels)
             uuid = pick_label(s.labels, "uuid")
@@ -390,11 +441,18 @@ class ScrapeFiles:
             profile = pick_label(s.labels, "gpu_profile")
             if profile:
                 model = f"{model} MIG {profile}" if model else f"MIG {profile}"
-            labels = {k: pick_label(s.labels, k) or "" for k in LABEL_FIELDS}
+            work = self.workload.labels(s.labels)  # pod/namespace/container: connectors.workload
+            labels = {k: (pick_label(s.labels, k) if k == "hpc_job" else work.get(k)) or "" for k in LABEL_FIELDS}
             if not labels["hpc_job"] and job_of:
                 labels["hpc_job"] = job_of.get((host, gpu, ts), "")
+            if counter and s.labels.get("vgpu"):
+                continue  # the whole shared GPU's cycles copied onto a pod (dcgm-exporter virtual GPUs)
+            if counter:
+                builder.add_counter(host, gpu, instance, s.name, s.value, ts, (source, where), labels, ts >= lo)
+                continue
             builder.add(host, gpu, instance, s.name, s.value, ts, (source, where),
-                        uuid=uuid, model=model, labels=labels)
+                        uuid=uuid, model=model, labels=labels,
+                        copy=shared_copy(s.labels, METRIC_ALIASES[s.name].field))
 
 
 def common_names(counts: Counter[str], n: int = 5) -> str:

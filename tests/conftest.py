@@ -94,18 +94,18 @@ def slurm_testbed() -> str | None:
     if marker is None:
         return f"no Slurm testbed marker {SLURM_TESTBED_BASE / MARKER_NAME} (run: bash scripts/testbed-slurm.sh up)"
     if not (shutil.which("scontrol") and shutil.which("sbatch")):
-        return "no Slurm client commands on PATH (run: bash scripts/testbed-slurm.sh up)"
+        return "no Slurm testbed: no Slurm client commands on PATH (run: bash scripts/testbed-slurm.sh up)"
     try:
         ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
         conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"scontrol: {exc}"
+        return f"no Slurm testbed: scontrol: {exc}"
     if ping.returncode or "UP" not in ping.stdout or conf.returncode:
-        return "slurmctld does not answer (run: bash scripts/testbed-slurm.sh up)"
+        return "no Slurm testbed: slurmctld does not answer (run: bash scripts/testbed-slurm.sh up)"
     live = {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in conf.stdout.splitlines())}
     got = (live.get("ClusterName"), live.get("StateSaveLocation"))
     if got != (marker.get("cluster"), marker.get("state")):
-        return (f"the Slurm that answers is cluster {got[0]!r} (state {got[1]!r}), not the testbed "
+        return (f"no Slurm testbed: the Slurm that answers is cluster {got[0]!r} (state {got[1]!r}), not the testbed "
                 f"{marker.get('cluster')!r} of {SLURM_TESTBED_BASE}: not touched")
     return None
 
@@ -164,56 +164,6 @@ def pg_testbed(url: str) -> str | None:
     return None
 
 
-PGSHARD_DIR = TSDB_TESTBED_ROOT / "pgshards"  # scripts/testbed-pgshards.sh
-PGSHARD_MARKER = "gpu-audit shard test database (scripts/testbed-pgshards.sh)"
-
-
-def pgshard_testbed_info() -> dict[str, str] | None:
-    return read_marker(PGSHARD_DIR / MARKER_NAME)
-
-
-@_identified
-def pgshard_testbed(number: int) -> str | None:
-    """None when shard cluster ``number`` (1-3) of scripts/testbed-pgshards.sh answers on its port and is the
-    one its marker describes (data directory and database comment), else why it is not used."""
-    marker = pgshard_testbed_info()
-    if marker is None:
-        return f"no shard testbed marker {PGSHARD_DIR / MARKER_NAME} (run: bash scripts/testbed-pgshards.sh up)"
-    try:
-        port = int(marker["ports"].split(",")[number - 1])
-        want = marker["data"].split(",")[number - 1]
-        password = Path(marker["password_file"]).read_text().strip()
-    except (KeyError, IndexError, ValueError, OSError) as exc:
-        return f"shard testbed marker {PGSHARD_DIR / MARKER_NAME} unreadable: {exc}"
-    if not port_open(marker.get("host", "127.0.0.1"), port):
-        return f"shard {number} of the testbed (port {port}) is not running (run: bash scripts/testbed-pgshards.sh up)"
-    try:
-        import psycopg
-    except ImportError:
-        return "psycopg is not installed"
-    try:
-        with psycopg.connect(host=marker.get("host", "127.0.0.1"), port=port, user=marker["user"], password=password,
-                             dbname=marker["database"], connect_timeout=5) as conn:
-            comment = conn.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database "
-                                   "WHERE datname = current_database()").fetchone()
-            data = conn.execute("SHOW data_directory").fetchone()
-    except psycopg.Error as exc:
-        return f"shard {number} on port {port}: {str(exc).strip().splitlines()[0]}"
-    if not comment or comment[0] != PGSHARD_MARKER or not data or data[0] != want:
-        return f"the PostgreSQL on port {port} is not shard {number} of the testbed ({want}): not touched"
-    return None
-
-
-def shard_url(number: int) -> str:
-    """The URL of identified shard cluster ``number`` (skip on a laptop, fail in CI otherwise)."""
-    reason = pgshard_testbed(number)
-    need(reason is None, reason or "")
-    m = pgshard_testbed_info() or {}
-    password = Path(m["password_file"]).read_text().strip()
-    port = m["ports"].split(",")[number - 1]
-    return f"postgresql+psycopg://{m['user']}:{password}@{m.get('host', '127.0.0.1')}:{port}/{m['database']}"
-
-
 def need_slurm() -> None:
     reason = slurm_testbed()
     need(reason is None, reason or "")
@@ -240,9 +190,9 @@ SERVICE_COMMANDS = frozenset({
     "victoria-metrics", "vmalert", "chromium", "chromium-browser", "google-chrome", "chrome", "headless_shell", "psql",
     "mysql", "mariadb"})
 # The testbeds' and the usual services' ports: PostgreSQL, MariaDB, Slurm (ctld, slurmd, dbd, restd, the
-# testbed's slurmd ports), Prometheus/VictoriaMetrics (testbeds and defaults), SMTP, the shard testbed.
+# testbed's slurmd ports), Prometheus/VictoriaMetrics (testbeds and defaults), SMTP.
 SERVICE_PORTS = frozenset({5432, 3306, 6817, 6818, 6819, 6820, 6831, 6832, 19090, 19091, 19092, 19093, 19094,
-                           19095, 9090, 8428, 25, 465, 587, 15441, 15442, 15443})
+                           19095, 9090, 8428, 25, 465, 587})
 SERVICE_SOCKETS = ("/run/munge", "/var/run/munge", "/run/postgresql", "/var/run/postgresql", "/run/mysqld",
                    "/var/run/mysqld", "/tmp/.s.PGSQL")
 _DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]

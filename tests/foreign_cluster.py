@@ -2,8 +2,9 @@
 stand-in Slurm commands first on PATH answer as a healthy cluster ``prod`` (and would obey: sbatch prints a
 job id, ``scontrol update`` succeeds) and record every call. A Slurm testbed marker naming the testbed's
 cluster is there too, so identification, not absence, is what keeps the tests off. PostgreSQL points at a
-scratch database that is not the dedicated test database. Afterwards: no Slurm call that changes anything,
-no table in the scratch database, no SQLite file written outside the temp dirs.
+scratch database that is not the dedicated test database, and HOME at a private directory. Afterwards: no
+Slurm call that changes anything, no table in the scratch database, no SQLite file written outside the temp
+dirs by the suite (in the checkout or its home; what other programs write meanwhile is theirs).
 
     python tests/foreign_cluster.py [--pg] [PYTEST ARGS...]     # e.g. -m "not service", or nothing: all
 
@@ -91,10 +92,12 @@ def _pg_tables(name: str) -> list[str]:
     return out.stdout.split()
 
 
-def _new_sqlite(since: float) -> list[str]:
-    """SQLite files written since ``since`` in the checkout and the home directory (outside the temp dirs)."""
+def _new_sqlite(since: float, home: Path) -> list[str]:
+    """SQLite files written since ``since`` where the suite itself could write outside the temp dirs: the
+    checkout (its working directory) and ``home``, the private home directory it ran with. Never the real home:
+    another program writing a .db there while the suite runs is no finding of the suite (issue 44)."""
     found = []
-    for top in (REPO, Path.home()):
+    for top in (REPO, home):
         for dirpath, dirnames, files in os.walk(top):
             dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "node_modules"]
             for f in files:
@@ -114,7 +117,9 @@ def run(pytest_args: list[str], *, pg: bool, out: Path | None = None) -> dict:
         scratch = _pg_scratch(pg)
         env = {k: v for k, v in os.environ.items() if k not in ("CI", "GPU_AUDIT_TEST_GUARD")}
         guard_free = [p for p in env.get("PATH", "").split(os.pathsep) if "service-guard" not in p]
-        env.update(PATH=os.pathsep.join([str(bin_dir), *guard_free]), SLURM_TESTBED_BASE=str(base),
+        home = Path(tmp) / "home"  # the suite's own home: what it writes under ~ is seen, nobody else's is
+        home.mkdir()
+        env.update(PATH=os.pathsep.join([str(bin_dir), *guard_free]), SLURM_TESTBED_BASE=str(base), HOME=str(home),
                    TESTBED_ROOT=str(Path(tmp) / "no-tsdb-testbed"), PYTHONPATH=str(REPO),
                    GPU_AUDIT_TEST_PG=f"postgresql+psycopg://postgres@127.0.0.1:5432/{scratch}")
         t0 = time.time()
@@ -132,7 +137,7 @@ def run(pytest_args: list[str], *, pg: bool, out: Path | None = None) -> dict:
         return {"pytest_rc": proc.returncode, "summary": (proc.stdout.strip().splitlines() or [""])[-1],
                 "seconds": round(time.time() - t0, 1), "slurm_calls": len(calls),
                 "mutating_calls": [c for c in calls if mutating(c)], "pg_tables": tables,
-                "sqlite_outside_tmp": _new_sqlite(t0)}
+                "sqlite_outside_tmp": _new_sqlite(t0, home)}
 
 
 def main() -> int:

@@ -30,7 +30,29 @@ RESOURCES = {
     "/api/v1/nodes": ("nodes", "", "NodeList", "v1"),
     "/apis/batch/v1/jobs": ("jobs", "batch", "JobList", "batch/v1"),
     "/apis/apps/v1/replicasets": ("replicasets", "apps", "ReplicaSetList", "apps/v1"),
+    **{f"/apis/resource.k8s.io/{v}/{plural}": (plural, "resource.k8s.io", kind, f"resource.k8s.io/{v}")
+       for v in ("v1", "v1beta2", "v1beta1")
+       for plural, kind in (("resourceclaims", "ResourceClaimList"), ("resourceslices", "ResourceSliceList"))},
 }
+#: custom resources of the queueing systems (Kueue, KAI-Scheduler, Volcano); the data key says which system
+RESOURCES.update({
+    "/apis/kueue.x-k8s.io/v1beta1/clusterqueues": ("clusterqueues", "kueue.x-k8s.io", "ClusterQueueList",
+                                                   "kueue.x-k8s.io/v1beta1"),
+    "/apis/kueue.x-k8s.io/v1beta1/localqueues": ("localqueues", "kueue.x-k8s.io", "LocalQueueList",
+                                                 "kueue.x-k8s.io/v1beta1"),
+    "/apis/kueue.x-k8s.io/v1beta1/workloads": ("workloads", "kueue.x-k8s.io", "WorkloadList", "kueue.x-k8s.io/v1beta1"),
+    "/apis/scheduling.run.ai/v2/queues": ("kai-queues", "scheduling.run.ai", "QueueList", "scheduling.run.ai/v2"),
+    "/apis/scheduling.run.ai/v2alpha2/podgroups": ("kai-podgroups", "scheduling.run.ai", "PodGroupList",
+                                                   "scheduling.run.ai/v2alpha2"),
+    "/apis/scheduling.volcano.sh/v1beta1/queues": ("volcano-queues", "scheduling.volcano.sh", "QueueList",
+                                                   "scheduling.volcano.sh/v1beta1"),
+    "/apis/scheduling.volcano.sh/v1beta1/podgroups": ("podgroups", "scheduling.volcano.sh", "PodGroupList",
+                                                      "scheduling.volcano.sh/v1beta1"),
+})
+RECORDED_GROUPS = ("", "batch", "apps")
+#: API groups served beyond the recorded v1.24 ones, answered at /apis/<group> (APIGroup discovery) and their
+#: list paths; a group not here answers 404 as a server without it does. Set per test (``K8sReplay.groups``).
+DRA = "resource.k8s.io"
 FIELD_LABELS = {
     "pods": {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
              "spec.schedulerName", "spec.serviceAccountName", "status.phase", "status.podIP",
@@ -38,8 +60,10 @@ FIELD_LABELS = {
     "nodes": {"metadata.name", "spec.unschedulable"},
     "jobs": {"metadata.name", "metadata.namespace", "status.successful"},
     "replicasets": {"metadata.name", "metadata.namespace", "status.replicas"},
+    "resourceclaims": {"metadata.name", "metadata.namespace"},
+    "resourceslices": {"metadata.name", "spec.driver", "spec.nodeName", "spec.pool.name"},
 }
-_NS_PATH = re.compile(r"^/(api/v1|apis/[a-z.]+/v1)/namespaces/([a-z0-9-]+)/([a-z]+)$")
+_NS_PATH = re.compile(r"^/(api/v1|apis/[a-z.-]+/v[0-9a-z]+)/namespaces/([a-z0-9-]+)/([a-z]+)$")
 _REQ = re.compile(r"^\s*(!?)([A-Za-z0-9_./-]+)\s*"
                   r"(?:(==|=|!=)\s*([A-Za-z0-9_.-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*$")
 
@@ -69,6 +93,8 @@ class K8sReplay:
             "pods": load("pods-all.json")["items"], "nodes": load("nodes-all.json")["items"],
             "jobs": load("jobs-all.json")["items"], "replicasets": load("replicasets-all.json")["items"]}
         self.token = token
+        #: extra API group -> versions served (e.g. {"resource.k8s.io": ["v1"]}); none by default (a v1.24 server)
+        self.groups: dict[str, list[str]] = {}
         self.resource_version = "240"
         self.faults = Faults()
         self.requests: list[str] = []
@@ -166,10 +192,17 @@ class K8sReplay:
             return 200, load("version.json")
         namespace = None
         path = url.path
+        group_path = path.rstrip("/").removeprefix("/apis/")
+        if path.startswith("/apis/") and group_path in self.groups:
+            versions = [{"groupVersion": f"{group_path}/{v}", "version": v} for v in self.groups[group_path]]
+            return 200, {"kind": "APIGroup", "apiVersion": "v1", "name": group_path, "versions": versions,
+                         "preferredVersion": versions[0]}
         m = _NS_PATH.match(path)
         if m:
             namespace, path = m.group(2), f"/{m.group(1)}/{m.group(3)}"
-        if method != "GET" or path not in RESOURCES:
+        served = path in RESOURCES and (RESOURCES[path][1] in RECORDED_GROUPS or
+                                        RESOURCES[path][3].split("/")[1] in self.groups.get(RESOURCES[path][1], ()))
+        if method != "GET" or not served:
             return 404, self.status(404, "NotFound", "the server could not find the requested resource")
         resource, group, kind, api_version = RESOURCES[path]
         if resource in self.faults.forbidden:

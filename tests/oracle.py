@@ -24,13 +24,26 @@ from oracle_rules import findings, price
 from oracle_samples import Sample
 from oracle_samples import rows as sample_rows
 
+from auditor.audit.efficiency import HINT_DRAM_HIGH, HINT_IO_BPS, HINT_UTIL_PULSE_HIGH
+from auditor.audit.waiting import (
+    HOST_DISK_BUSY,
+    HOST_FS_READ_BPS,
+    HOST_IB_BPS,
+    HOST_IOWAIT_SHARE,
+    HOST_NFS_OPS,
+    HOST_PEGGED_PER_GPU,
+    STRAGGLER_LINK_BPS,
+    STRAGGLER_PEER_SM,
+)
 from auditor.config import PriceCard, Thresholds
-from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory, NodeEvent
+from auditor.records import METRIC_FIELDS, AllocatedGpu, Allocation, GpuBucket, GpuInventory, NodeBucket, NodeEvent
 
 EPS = 1e-9  # definitions: "v < t means v < t - 1e-9; v >= t means v >= t - 1e-9"
 HOUR = 3600
 WEEK = 7 * 86400
-CLASSES = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified")
+CLASSES = ("idle", "idle_by_util", "mirage", "low", "working", "busy_unverified", "idle_by_counters",
+           "busy_by_counters", "engine_spin")
+IDLE_VERDICTS = ("idle", "idle_by_util", "mirage", "idle_by_counters")  # their memory is "held while idle"
 WAIT_CLASSES = ("memory", "communication", "starved")  # the classes of "where the waiting goes" kept as sums
 LINKS = ("pcie_tx_bps", "pcie_rx_bps", "nvlink_tx_bps", "nvlink_rx_bps")
 SPARK_BINS = 48
@@ -163,6 +176,15 @@ def verdict(m: dict[str, float | None], th: Thresholds) -> str:
                 (gr is not None and ge(gr, th.mirage_gr_engine))
             return "mirage" if busy else "idle"
         return "working" if ge(sm, th.working_sm) else "low"
+    # evidence tier 2 (definitions "Evidence tiers"): the stock counters, when the GR engine and Tensor or DRAM
+    # were read. Written from the definition, not from auditor/audit/verdict.py.
+    gr, tensor, dram = m["gr_engine"], m["tensor_active"], m["dram_active"]
+    if gr is not None and (tensor is not None or dram is not None):
+        tensor_busy = tensor is not None and ge(tensor, th.idle_tensor)
+        dram_busy = dram is not None and ge(dram, th.idle_dram)
+        if tensor_busy or dram_busy:
+            return "busy_by_counters"
+        return "idle_by_counters" if lt(gr, th.idle_gr_engine) else "engine_spin"
     power = m["power_w"]
     if th.util_fallback and util is not None and lt(util, th.idle_util) and \
             (th.idle_power_w is None or (power is not None and lt(power, th.idle_power_w))):
@@ -185,15 +207,16 @@ def links(apply: list[Row]) -> tuple[float | None, bool]:
 def wait_class(v: str, m: dict[str, float | None], io: float | None, measured: bool, th: Thresholds) -> str:
     """The class of an observed bucket (definitions "Where the waiting goes"), first match wins."""
     sm, dram = m["sm_active"], m["dram_active"]
-    if v in ("idle", "idle_by_util", "mirage"):
+    if v in IDLE_VERDICTS:
         return "idle"
     if sm is None:
         return "not_measured"
     if ge(sm, th.working_sm):
         return "compute"
-    if dram is not None and ge(dram, th.hint_dram_high):
+    if dram is not None and ge(dram, HINT_DRAM_HIGH):
         return "memory"
-    if measured and io is not None and ge(io, th.hint_io_bps):
+    util = m["gpu_util"]  # a GPU-Util duty cycle under hint_util_pulse_high: idle part of the bucket, no link wait
+    if measured and io is not None and ge(io, HINT_IO_BPS) and (util is None or ge(util, HINT_UTIL_PULSE_HIGH)):
         return "communication"
     if dram is not None and measured:
         return "starved"
@@ -243,19 +266,24 @@ class GpuResult:
     #: share x observed seconds per class of "where the waiting goes" that is no verdict (definitions)
     wait: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAIT_CLASSES, 0.0))
     lead: float = 0.0  # share x obs of rows with SM that compute or run the link saturated (stragglers)
+    input_wait: float = 0.0  # share x obs of SM-idle rows its own job's input starved (never idle)
+    host_busy: float = 0.0  # share x obs of SM-idle rows whose shared node's host read the input busy (idle)
     waitable: float = 0.0  # share x obs of rows with SM below straggler_peer_sm
     waits: float = 0.0  # share x obs of rows not busy with idle_sm <= SM < straggler_peer_sm
     #: clock hour (of the bucket's start) -> share x [obs x SM, obs with SM, obs x GPU-Util, obs with GPU-Util]
     hours: dict[int, list[float]] = field(default_factory=dict)
 
     def sums(self) -> dict[str, float]:
-        """The audit's columns: idle includes idle_by_util."""
+        """The audit's columns: idle includes idle_by_util and idle_by_counters."""
         c = self.cls
         return {"reserved": self.reserved, "observed": self.observed,
-                "idle": c["idle"] + c["idle_by_util"], "idle_by_util": c["idle_by_util"],
+                "idle": c["idle"] + c["idle_by_util"] + c["idle_by_counters"], "idle_by_util": c["idle_by_util"],
+                "idle_by_counters": c["idle_by_counters"], "busy_by_counters": c["busy_by_counters"],
+                "engine_spin": c["engine_spin"],
                 "mirage": c["mirage"], "low": c["low"], "working": c["working"],
                 "busy_unverified": c["busy_unverified"], "unknown": self.unknown, "effective": self.effective,
-                "infra": self.infra, **self.wait, "lead": self.lead, "waitable": self.waitable, "waits": self.waits}
+                "infra": self.infra, **self.wait, "lead": self.lead, "waitable": self.waitable, "waits": self.waits,
+                "input_wait": self.input_wait, "host_busy_idle": self.host_busy}
 
 
 @dataclass
@@ -297,10 +325,12 @@ class Oracle:
         self.rows: dict[tuple, Row] = {}
         self.inventory: set[tuple[str, str, int]] = set()
         self.tgpus: set[tuple[str, str, int, str]] = set()
+        self.tuuid: dict[tuple[str, str, str], int] = {}  # (cluster, host, uuid) -> lowest index (whole GPUs)
         self.seen: Counter[str] = Counter()  # which rules this fleet exercised (coverage of the generator)
         self.rolled_before: float | None = None  # cutoff of the latest roll-up
         self.hourly: set[tuple] = set()  # (cluster, host, gpu, instance, hour) holding a rolled-up row
         self.events = Events()
+        self.nodes: dict[tuple[str, str, float], NodeBucket] = {}  # host rows: a re-read replaces
 
     # -- store ------------------------------------------------------------------------------------
     def ingest(self, records: list[Any]) -> None:
@@ -312,6 +342,9 @@ class Oracle:
             if isinstance(r, GpuBucket):
                 row = row_of(r)
                 self.tgpus.add((row.cluster, row.host, row.gpu, row.instance))
+                if r.uuid and row.instance == "":  # the store keeps a GPU's last known UUID; the demo never changes it
+                    key = (row.cluster, row.host, r.uuid)
+                    self.tuuid[key] = min(self.tuuid.get(key, row.gpu), row.gpu)
                 # CHOICE (issue 13 "a backfill after a prune double counts"): a fine row re-collected for a GPU
                 # hour that a roll-up already holds is dropped; the hourly row keeps that hour
                 if row.bucket_s < HOUR and self.rolled_before is not None and row.ts < self.rolled_before and \
@@ -332,6 +365,8 @@ class Oracle:
                 self.inventory.add((r.cluster, r.host, r.gpu))
             elif isinstance(r, NodeEvent):
                 self.events.add(r)
+            elif isinstance(r, NodeBucket):
+                self.nodes[(r.cluster, r.node, r.start.timestamp())] = r
 
     def prune(self, now: float, keep_weeks: float) -> None:
         """Roll fine rows older than the cutoff into hourly rows per (GPU, hour, job): samples and observed
@@ -381,8 +416,35 @@ class Oracle:
         tel = sum(1 for c, h, _, i in self.tgpus if (c, h, i) == (cluster, node, ""))
         return max(inv, tel)
 
+    def input_busy(self, a: Allocation, node: str, ts: float, w: float, th: Thresholds) -> bool | None:
+        """Definitions "A starved GPU is not idle", for an SM-idle bucket [ts, ts + w) of ``a`` on ``node``:
+        None when the node's host row (same start and length) does not read the input busy (storage, else
+        InfiniBand, else pegged cores: input busy is storage or pegged cores); True when the job held the
+        whole node then (every GPU of the node is one of its whole GPUs, no other allocation held a GPU there,
+        its CPUs, where both are known, all the node's cores); False when it shared it."""
+        n = self.nodes.get((a.cluster, node, ts))
+        if n is None or n.seconds != w:
+            return None
+        mine_all = sum(1 for g in a.gpus if g.node == node)
+
+        def ge_(x: float | None, t: float) -> bool:
+            return x is not None and ge(x, t)
+        storage = (n.cpu_iowait is not None and n.cpus and ge(n.cpu_iowait / n.cpus, HOST_IOWAIT_SHARE)) or \
+            ge_(n.disk_busy, HOST_DISK_BUSY) or ge_(n.nfs_read_bps, HOST_FS_READ_BPS) or \
+            ge_(n.lustre_read_bps, HOST_FS_READ_BPS) or ge_(n.nfs_ops, HOST_NFS_OPS)
+        ib = ge((n.ib_rx_bps or 0.0) + (n.ib_tx_bps or 0.0), HOST_IB_BPS)
+        pegged = n.cpu_pegged is not None and mine_all > 0 and ge(n.cpu_pegged / mine_all, HOST_PEGGED_PER_GPU)
+        if not (storage or (not ib and pegged)):
+            return None
+        mine = sum(1 for g in a.gpus if g.node == node and g.share >= 1)
+        others = any(b is not a and b.cluster == a.cluster and b.start is not None
+                     and any(g.node == node for g in b.gpus) and b.start.timestamp() < ts + w
+                     and (b.end is None or b.end.timestamp() > ts) for b in self.allocs.values())
+        cores = a.cpus is None or n.cpus is None or a.cpus >= n.cpus - 0.5
+        return mine >= self._node_gpus(a.cluster, node) and not others and cores
+
     def attribute(self, a: Allocation, a_s: float, a_e: float, by_gpu: dict) -> list[GpuResult]:
-        """Index, whole node, labels, else unattributed (definitions "Attribution")."""
+        """Index, UUID, whole node, labels, else unattributed (definitions "Attribution")."""
         res = [GpuResult(g.node, k, g.share, index=g.index) for g, k in slots(a)]
         gs = [g for g, _ in slots(a)]
         for r, g in zip(res, gs, strict=True):  # 1. index
@@ -390,23 +452,32 @@ class Oracle:
                 r.attribution = "index"
                 t = (a.cluster, g.node, g.index, "")
                 r.tied = t if t in self.tgpus else None
-        for node in {g.node for g in gs}:  # 2. whole node
+        for r, g in zip(res, gs, strict=True):  # 2. UUID (whole GPUs)
+            if g.index is None and g.uuid and g.mig_profile is None and (a.cluster, g.node, g.uuid) in self.tuuid:
+                idx = self.tuuid[(a.cluster, g.node, g.uuid)]
+                r.attribution, r.tied, r.index = "uuid", (a.cluster, g.node, idx, ""), idx
+                self.seen["attributed: uuid"] += 1
+        for node in {g.node for g in gs}:  # 3. whole node
             held = [(r, g) for r, g in zip(res, gs, strict=True)
                     if g.node == node and g.index is None and g.share >= 1]
             if held and len(held) >= self._node_gpus(a.cluster, node):
                 for r, _ in held:
+                    if r.attribution != "unattributed":
+                        continue
                     t = (a.cluster, node, r.slot, "")
                     if t in self.tgpus:
                         r.attribution, r.tied, r.index = "node", t, r.slot
                         self.seen["attributed: whole node"] += 1
-        for node in {g.node for g in gs}:  # 3. labels: slot k takes the k-th GPU (by index) naming the job
-            cands = sorted(t[2] for t in self.tgpus if t[:2] == (a.cluster, node) and t[3] == "" and any(
+        for node in {g.node for g in gs}:  # 4. labels: slot k takes the k-th GPU (by index) naming the job;
+            # a MIG instance whose series name the pod is such a GPU (definitions "Attribution")
+            cands = sorted(t[2:] for t in self.tgpus if t[:2] == (a.cluster, node) and any(
                 overlap(ts, ts + row.bucket_s, a_s, a_e) > 0 and names(row.job, a)
                 for ts, rows in by_gpu.get(t, {}).items() for row in rows))
             for r, g in zip(res, gs, strict=True):
                 if g.node == node and g.index is None and r.attribution == "unattributed" and r.slot < len(cands):
-                    r.attribution, r.tied, r.index = "label", (a.cluster, node, cands[r.slot], ""), cands[r.slot]
-                    self.seen["attributed: label"] += 1
+                    idx, inst = cands[r.slot]
+                    r.attribution, r.tied, r.index = "label", (a.cluster, node, idx, inst), idx
+                    self.seen["attributed: label" + (" (MIG instance)" if inst else "")] += 1
         return res
 
     def judge(self, a: Allocation, r: GpuResult, a_s: float, a_e: float, th: Thresholds,
@@ -444,7 +515,15 @@ class Oracle:
                 if ts + 300 <= a_s:
                     self.seen["hourly bucket starting > 5 min before the reservation"] += 1
             covered.append((ts, ts + w))
-            obs = min(overlap(row.span[0], row.span[1], a_s, a_e), row.observed_s) if row.observed_s > 0 else 0.0
+            inside = overlap(row.span[0], row.span[1], a_s, a_e)
+            if row.observed_s <= 0:
+                obs = 0.0
+            elif labelled:  # the job's own samples: as many as fit in the reserved part of the span
+                obs = min(inside, row.observed_s)
+            else:  # unlabelled: maybe a free GPU's samples before or after the job; count only those that
+                # cannot all lie in the span's part outside the reservation (definitions: clipped edges)
+                outside = (row.span[1] - row.span[0]) - inside
+                obs = min(inside, max(0.0, row.observed_s - outside))
             unobserved += ov - obs
             if 0 < obs < ov:
                 self.seen["partially observed bucket"] += 1
@@ -458,12 +537,12 @@ class Oracle:
             if c in r.wait:
                 r.wait[c] += r.share * obs
             sm, util = row.metrics["sm_active"], row.metrics["gpu_util"]
-            busy = sm is not None and (ge(sm, th.working_sm) or (io is not None and ge(io, th.straggler_link_bps)))
+            busy = sm is not None and (ge(sm, th.working_sm) or (io is not None and ge(io, STRAGGLER_LINK_BPS)))
             if busy:
                 r.lead += r.share * obs
-            if sm is not None and not busy and lt(sm, th.straggler_peer_sm) and ge(sm, th.idle_sm):
+            if sm is not None and not busy and lt(sm, STRAGGLER_PEER_SM) and ge(sm, th.idle_sm):
                 r.waits += r.share * obs
-            if sm is not None and lt(sm, th.straggler_peer_sm):
+            if sm is not None and lt(sm, STRAGGLER_PEER_SM):
                 r.waitable += r.share * obs
             hour = r.hours.setdefault(int(ts // HOUR), [0.0, 0.0, 0.0, 0.0])
             if sm is not None:
@@ -476,8 +555,16 @@ class Oracle:
                     ("sm_active", th.idle_sm), ("sm_active", th.working_sm), ("gpu_util", th.idle_util),
                     ("gpu_util", th.mirage_gpu_util), ("dram_active", th.idle_dram))):
                 self.seen["value a rounding step off a threshold"] += 1
-            r.cls[v] += r.share * obs
             r.observed += r.share * obs
+            own = self.input_busy(a, r.node, ts, w, th) if v == "idle" else None
+            if own:  # definitions "A starved GPU is not idle": input/storage wait
+                self.seen["idle bucket its own input starved: input wait"] += 1
+                r.input_wait += r.share * obs
+            else:
+                if own is False:  # the host activity could be another job's: still idle
+                    self.seen["idle bucket, shared node's host busy: still idle"] += 1
+                    r.host_busy += r.share * obs
+                r.cls[v] += r.share * obs
             if v == "mirage":
                 r.mirage_raw += obs
                 m = row.metrics
@@ -485,13 +572,13 @@ class Oracle:
                 if m["power_w"] is not None:
                     r.mirage_power += r.share * obs * m["power_w"]
                     r.mirage_power_obs += r.share * obs
-            if v in ("idle", "idle_by_util", "mirage") and row.metrics["fb_used_mib"] is not None:
+            if v in IDLE_VERDICTS and row.metrics["fb_used_mib"] is not None:
                 r.held = max(r.held if r.held is not None else -math.inf, row.metrics["fb_used_mib"])
             if row.metrics["sm_active"] is not None:
                 r.effective += r.share * obs * row.metrics["sm_active"]
         untouched = (a_e - a_s) - union_length(covered + mine, a_s, a_e)
         r.unknown = r.share * (unobserved + untouched)
-        parts = sum(r.cls.values()) + r.unknown + r.infra
+        parts = sum(r.cls.values()) + r.input_wait + r.unknown + r.infra
         assert math.isclose(parts, r.reserved, rel_tol=1e-9, abs_tol=1e-6), \
             f"oracle identity broken (overlapping buckets?): {parts} != {r.reserved}"
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from oracle_samples import Sample
 
 from auditor.config import Thresholds
-from auditor.records import AllocatedGpu, Allocation, GpuBucket, GpuInventory
+from auditor.records import AllocatedGpu, Allocation, GpuBucket, GpuInventory, NodeBucket
 
 T0 = int(datetime(2026, 11, 2, tzinfo=UTC).timestamp())
 HOURS = 4
@@ -47,6 +47,12 @@ ALL_FEATURES = {
     "infra": "node events (GPU faults, drained/NotReady nodes) that make reserved time infrastructure-affected",
     "cadence": "raw samples at misaligned cadences (57 s, 15 s, 30 s with dropped scrapes, 60 s with jitter) "
                "made into bucket rows by the scrape connector (coverage carried across bucket edges)",
+    "starved": "node host rows (disk busy, I/O wait, pegged cores, InfiniBand; some buckets without one) and jobs "
+               "with CPU counts: an SM-idle GPU its own job's input starved (whole node) or a shared node's "
+               "busy host",
+    "stock": "a stock GPU Operator fleet: GPUs with the GR engine, Tensor, DRAM and GPU-Util but no SM activity, "
+             "and Kubernetes pods on MIG slices whose instance series carry the pod (no GPU-Util on MIG), judged "
+             "per instance on the evidence tiers",
     "waiting": "high DRAM activity and PCIe/NVLink counters (the classes of where the waiting goes: memory-bound, "
                "communication wait, host/input wait; a saturated link, a straggler candidate)",
 }
@@ -75,6 +81,10 @@ def detect() -> frozenset[str]:
         on.add("infra")
     if "memory_s" in schema.usage_gpu.c:
         on.add("waiting")
+    if "input_wait_s" in schema.usage_gpu.c:
+        on.add("starved")
+    if "engine_spin_s" in schema.usage_gpu.c:
+        on.add("stock")
     if hasattr(importlib.import_module("connectors._coverage"), "covers"):
         on.add("cadence")
     uniq = [c for c in schema.allocations.constraints if c.__class__.__name__ == "UniqueConstraint"]
@@ -102,6 +112,7 @@ class Job:
     shared: bool
     start: int
     end: int  # occupancy end (fleet end while running)
+    instance: str = ""  # the MIG instance it runs on ("" = the whole GPU)
 
     @property
     def key(self) -> str:
@@ -187,6 +198,11 @@ DRAM = [None, 0.0, 0.04, 0.3]
 TENSOR = [None, 0.0, 0.005, 0.2]
 UTIL = [None, 0.0, 0.03, 0.05, 0.6, 1.0]
 GR = [None, 0.0, 0.7]
+#: the stock counters (no SM activity): values at and around the tier's thresholds (idle_gr_engine 0.05,
+#: idle_tensor 0.01, idle_dram 0.05)
+STOCK_GR = [0.0, 0.03, 0.05, 0.7]
+STOCK_TENSOR = [None, 0.0, 0.005, 0.01, 0.2]
+STOCK_DRAM = [None, 0.0, 0.04, 0.05, 0.3]
 POWER = [None, 60.0, 250.0]
 LINK_BPS = [None, 0.0, 2e9, 3e10]  # hint_io_bps 1e9, straggler_link_bps 2e10
 PROFILING = ("sm_active", "dram_active", "tensor_active", "gr_engine")
@@ -194,6 +210,8 @@ PROFILING = ("sm_active", "dram_active", "tensor_active", "gr_engine")
 
 @st.composite
 def profiles(draw: st.DrawFn, features: frozenset[str]) -> dict[str, float | None]:
+    if "stock" in features and draw(st.integers(0, 3)) == 0:
+        return stock_profile(draw)
     if draw(st.integers(0, 2)) == 0:  # an idle job (mirage when GPU-Util or GR engine read busy)
         return {"sm_active": draw(st.sampled_from([0.0, 0.03, None])),
                 "dram_active": draw(st.sampled_from([None, 0.0])),
@@ -213,6 +231,16 @@ def profiles(draw: st.DrawFn, features: frozenset[str]) -> dict[str, float | Non
         if p[k] is not None:
             p[k] = math.nextafter(p[k], 0.0) if p[k] > 0 else p[k]
     return p
+
+
+def stock_profile(draw: st.DrawFn, mig: bool = False) -> dict[str, float | None]:
+    """What the GPU Operator's dcgm-exporter reports by default: GR engine, Tensor, DRAM, GPU-Util (none on a
+    MIG instance), no SM activity."""
+    return {"sm_active": None, "gr_engine": draw(st.sampled_from(STOCK_GR)),
+            "tensor_active": draw(st.sampled_from(STOCK_TENSOR)), "dram_active": draw(st.sampled_from(STOCK_DRAM)),
+            "gpu_util": None if mig else draw(st.sampled_from([None, 0.0, 0.6])),
+            "power_w": None if mig else draw(st.sampled_from(POWER)),
+            "fb_used_mib": draw(st.sampled_from([None, 512.0]))}
 
 
 def compat(p: dict[str, Any], th: Thresholds, features: frozenset[str]) -> dict[str, Any]:
@@ -272,7 +300,13 @@ def jobs(draw: st.DrawFn, nodes: list[dict[str, Any]], features: frozenset[str])
     out: list[Job] = []
     busy: dict[tuple[str, int], list[tuple[int, int, bool]]] = {}
     for i in range(draw(st.integers(2, 8))):
-        kind = draw(st.sampled_from(["index", "index", "shared", "count", "count", "whole", "multi"]))
+        kind = draw(st.sampled_from(["index", "index", "shared", "count", "count", "whole", "multi"]
+                                    + (["mig"] if "stock" in features else [])))
+        if kind == "mig":  # a pod on a MIG slice of a stock fleet (its own instance series, labelled with it)
+            mig_job = mig_slice(draw, nodes, i, out)
+            if mig_job is not None:
+                out.append(mig_job)
+            continue
         node = nodes[0] if kind == "shared" else draw(st.sampled_from(nodes))  # shared GPUs meet more often
         n = node["gpus"]
         start = T0 + draw(st.integers(-1800, HOURS * 3600 - 300))
@@ -325,6 +359,23 @@ def jobs(draw: st.DrawFn, nodes: list[dict[str, Any]], features: frozenset[str])
     return out
 
 
+def mig_slice(draw: st.DrawFn, nodes: list[dict[str, Any]], i: int, out: list[Job]) -> Job | None:
+    """A Kubernetes pod holding one 1g.10gb slice (count-only, share 1/7) on its own MIG instance of a node's
+    GPU; its instance reports the stock counters without GPU-Util. One pod per instance at a time."""
+    node = draw(st.sampled_from(nodes))
+    x = draw(st.integers(0, node["gpus"] - 1))
+    inst = str(draw(st.integers(7, 9)))
+    start = T0 + draw(st.integers(-1800, HOURS * 3600 - 300))
+    end = start + draw(st.integers(600, 3 * 3600))
+    if any(j.instance == inst and (node["cluster"], node["name"], x) in j.place and j.start < end
+           and start < j.end for j in out):
+        return None
+    a = Allocation(node["cluster"], "kubernetes", f"uid-{i}", name=f"job{i}", user=f"u{i % 3}",
+                   account=f"acct{i % 2}", start=dt(start), end=dt(end),
+                   gpus=[AllocatedGpu(node["name"], None, model="a100", share=1 / 7, mig_profile="1g.10gb")])
+    return Job(a, [(node["cluster"], node["name"], x)], stock_profile(draw, mig=True), True, start, end, inst)
+
+
 @st.composite
 def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
     th = draw(thresholds(features))
@@ -336,6 +387,9 @@ def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
                       "labels": draw(st.booleans()), "interval": draw(st.sampled_from([15, 30, 60])),
                       "inventory": draw(st.booleans())})
     js = draw(jobs(nodes, features))
+    if "starved" in features:
+        for j in js:  # the scheduler's CPU count (Slurm AllocTRES cpu), or none said
+            j.alloc.cpus = draw(st.sampled_from([None, None, 8, 64]))
     records: list[Any] = [j.alloc for j in js]
     events = node_events(draw, nodes) if "infra" in features else []
     records += [GpuInventory(nd["cluster"], nd["name"], g) for nd in nodes if nd["inventory"]
@@ -352,6 +406,9 @@ def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
     tele = [r for r in records if not isinstance(r, Allocation)]
     running = [a for a in allocs if a.end is None]
     cutoff = T0 + 3600 * draw(st.integers(1, HOURS - 1)) if "rollup" in features and draw(st.booleans()) else None
+    if "starved" in features and cutoff is None:  # CHOICE: host rows only in fleets not rolled up (the oracle
+        # does not roll node rows up)
+        tele += host_rows(draw, nodes)
 
     def old(rs: list[Any]) -> list[Any]:
         return [r for r in rs if cutoff is None or not isinstance(r, GpuBucket) or (
@@ -390,6 +447,27 @@ def fleets(draw: st.DrawFn, features: frozenset[str]) -> Fleet:
     return Fleet(ops, th, since, until, now, features)
 
 
+def host_rows(draw: st.DrawFn, nodes: list[dict[str, Any]]) -> list[NodeBucket]:
+    """Some nodes' host rows (node_exporter), 5-minute buckets, some missing: each bucket quiet or one cause
+    busy (disk, I/O wait, pegged cores, InfiniBand, or InfiniBand with pegged cores), cores sometimes unknown."""
+    out: list[NodeBucket] = []
+    for nd in nodes:
+        if not draw(st.booleans()):
+            continue
+        cpus = draw(st.sampled_from([None, 8.0, 64.0]))
+        for b in range(NB):
+            if draw(st.integers(0, 5)) == 0:
+                continue
+            cause = draw(st.sampled_from(["quiet", "quiet", "disk", "iowait", "pegged", "ib", "ib_pegged"]))
+            f: dict[str, float | None] = {"cpus": cpus, "disk_busy": 0.9 if cause == "disk" else 0.1}
+            if cpus is not None:
+                f["cpu_iowait"] = cpus / 2 if cause == "iowait" else 0.0
+            f["cpu_pegged"] = 4.0 if cause in ("pegged", "ib_pegged") else 0.0
+            f["ib_rx_bps"] = 2e9 if cause in ("ib", "ib_pegged") else 0.0
+            out.append(NodeBucket(nd["cluster"], nd["name"], dt(T0 + b * B), B, 10, float(B), **f))
+    return out
+
+
 def gpu_rows(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: Thresholds,
              features: frozenset[str]) -> tuple[list[GpuBucket], list[GpuBucket]]:
     """The buckets one GPU's exporter(s) would emit: segments of ok / gap / no-sample / partial buckets; or
@@ -410,7 +488,12 @@ def gpu_rows(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: Thr
     extra: list[GpuBucket] = []
     for b, (mode, own) in enumerate(segs):
         ts = T0 + b * B
-        occ = [j for j in js if (nd["cluster"], host, g) in j.place and j.start < ts + B and ts < j.end]
+        occ = [j for j in js if (nd["cluster"], host, g) in j.place and j.start < ts + B and ts < j.end
+               and not j.instance]
+        for j in (j for j in js if j.instance and (nd["cluster"], host, g) in j.place and j.start < ts + B
+                  and ts < j.end and mode != "gap"):  # its MIG instance's series, labelled with the pod
+            n = B // iv if mode != "zero" else 0
+            rows.append(mk(host, g, ts, samples=n, metrics=j.profile, jobs=[j], instance=j.instance))
         if mode == "gap":
             continue
         if mode == "zero":
@@ -493,7 +576,7 @@ def gpu_samples(draw: st.DrawFn, nd: dict[str, Any], g: int, js: list[Job], th: 
             t = round(t + rng.uniform(-2.0, 2.0), 3)
         if outage[0] <= t < outage[0] + outage[1] or not T0 <= t < END:
             continue
-        occ = [j for j in js if (cl, host, g) in j.place and j.start <= t < j.end]
+        occ = [j for j in js if (cl, host, g) in j.place and j.start <= t < j.end and not j.instance]
         labels: dict[str, str] = {}
         if nd["labels"] and occ:
             if all(j.alloc.source == "slurm" for j in occ):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from auditor.audit.findings import HUNG_GPU_UTIL, HUNG_HELD_MIB, HUNG_MAX_POWER_W
+from auditor.audit.ghosts import GHOST_GPU_UTIL, GHOST_MAX_FB_MIB
 from auditor.config import PriceCard, Thresholds
 from auditor.records import Allocation
 
@@ -73,18 +75,19 @@ def _mirage(tot: dict[str, float], gpus: list[GpuResult], th: Thresholds, c: _Cm
     helds = [g.held for g in gpus if g.held is not None]
     held = max(helds) if helds else None
     # held is a maximum of raw readings (no rounding): compared without the near-threshold guard
-    if c.ge(util, th.ghost_gpu_util) and held is not None and ge(th.ghost_max_fb_mib, held):
+    if c.ge(util, GHOST_GPU_UTIL) and held is not None and ge(GHOST_MAX_FB_MIB, held):
         return "ghost_busy"
     p_obs = sum(g.mirage_power_obs for g in gpus)
     power = sum(g.mirage_power for g in gpus) / p_obs if p_obs > 0 else None
-    if len(gpus) >= 2 and c.ge(util, th.hung_gpu_util) and power is not None and \
-            c.ge(th.hung_max_power_w, power) and held is not None and ge(held, th.hung_held_mib):
+    if len(gpus) >= 2 and c.ge(util, HUNG_GPU_UTIL) and power is not None and \
+            c.ge(HUNG_MAX_POWER_W, power) and held is not None and ge(held, HUNG_HELD_MIB):
         return "hung_collective"
     return "util_mirage"
 
 
 def _judged(t: dict[str, float]) -> float:
-    return t["idle"] + t["mirage"] + t["low"] + t["working"] + t["busy_unverified"]
+    return (t["idle"] + t["mirage"] + t["low"] + t["working"] + t["busy_unverified"] + t.get("input_wait", 0.0)
+            + t["busy_by_counters"] + t["engine_spin"])
 
 
 def _findings(tot: dict[str, float], gpus: list[GpuResult], th: Thresholds, c: _Cmp) -> set[str]:
@@ -115,7 +118,8 @@ def _findings(tot: dict[str, float], gpus: list[GpuResult], th: Thresholds, c: _
                 continue
             if c.ge((s["idle"] + s["mirage"]) / gj, th.idle_gpus_fraction):
                 idle += 1
-            elif c.ge((s["low"] + s["working"] + s["busy_unverified"]) / gj, worked):
+            elif c.ge((s["low"] + s["working"] + s["busy_unverified"] + s.get("input_wait", 0.0) + s["busy_by_counters"]
+                      + s["engine_spin"]) / gj, worked):
                 busy += 1
         if idle and busy:
             out.add("idle_gpus")

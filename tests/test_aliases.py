@@ -19,6 +19,7 @@ from connectors.aliases import (
     normalise,
     pick_label,
 )
+from connectors.workload import WORKLOAD_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +36,8 @@ def test_every_alias_maps_to_a_bucket_field_and_every_field_has_one() -> None:
     for fname in METRIC_FIELDS:
         names = names_for(fname)
         assert names and all(METRIC_ALIASES[n].field == fname for n in names)
-    assert set(LABEL_FIELDS) <= set(LABEL_ALIASES)
+    # every label field has its names: hpc_job in the alias table, the workload labels in connectors.workload
+    assert set(LABEL_FIELDS) <= set(LABEL_ALIASES) | set(WORKLOAD_FIELDS)
 
 
 @pytest.mark.parametrize(("name", "field", "raw", "stored"), [
@@ -72,8 +74,6 @@ def test_label_aliases_prefer_in_order_and_skip_empty() -> None:
     assert pick_label({"Hostname": "a", "hostname": "b"}, "host") == "a"
     assert pick_label({"Hostname": "", "hostname": "b", "instance": "c:9400"}, "host") == "b"
     assert pick_label({"uuid": "GPU-x"}, "uuid") == "GPU-x"
-    assert pick_label({"pod": "", "exported_pod": "p1"}, "pod") == "p1"
-    assert pick_label({"exported_namespace": "ns"}, "namespace") == "ns"
     assert pick_label({"GPU_I_ID": "13", "GPU_I_PROFILE": "1g.5gb"}, "gpu_profile") == "1g.5gb"
     assert pick_label({}, "hpc_job") is None
     assert pick_label({"jobid": "51234567"}, "hpc_job") == "51234567"  # jobstats' dcgm-exporter rename

@@ -65,6 +65,10 @@ def test_bench_smoke_sqlite(tmp_path: Path) -> None:
     (c,) = figures["collect"]
     assert c["allocations"] > 0 and c["buckets"] > 0 and c["sequential_s"] > 0 and c["parallel_s"] > 0
     assert {x["name"].strip() for x in figures["rows"]} == set(rows)
+    # issue 46: the fixed cost of a run and the peer side by side (JDS only where the bench extra is installed)
+    assert rows["CLI start: gpu-audit --help, CPU"][1] == "<= 0.25 s"
+    assert "new SQLite store from the models (process CPU)" in rows
+    assert any(n.startswith("jobstats 100 jobs: gpu-audit CPU") for n in rows)
     # the second run reuses the cached stores (generation is reported, not redone)
     text2, figures2 = _bench(tmp_path, "--gpus", "64", "--only", "audit")
     assert figures2["sqlite"][0]["reused"] is True and "(cached)" in text2

@@ -173,7 +173,7 @@ def test_weekly_nudges_to_channels(store: Any, sink: Sink, tmp_path: Path) -> No
 
 def test_idle_reservation_owners_are_told_once(store: Any, sink: Sink, tmp_path: Path) -> None:
     """A 2-GPU reservation for alice, 3 h old, no job in it: the audit finds it idle; enforcement tells its
-    user (routed channel) once, logs it, and never changes the reservation."""
+    user (routed channel) once per policy window, logs it, and never changes the reservation."""
     from auditor.audit.run import run_audit
     from auditor.enforce.policy import enforce, log_rows
     from auditor.records import Reservation
@@ -192,9 +192,9 @@ def test_idle_reservation_owners_are_told_once(store: Any, sink: Sink, tmp_path:
     assert [(d["target"], d["stage"], d["action"], d["decision"], d["result"]) for d in res["decisions"]] == [
         ("reservation resv-a", "notify", "notify_owners", "done", "channel:alice-dm: sent")]
     (body,) = [r["body"] for r in sink.requests]
-    # 2 GPUs x 3 h reserved so far, nothing ran: 6.0 of 6.0 GPU-hours idle
-    assert body["message"] == ("reservation resv-a on hpc: 6.0 of 6.0 reserved GPU-hours idle. Release it if it "
-                               "is not needed.")
+    # 2 GPUs x the policy's 1 h window (warn_after_hours), nothing ran: 2.0 of 2.0 GPU-hours idle (issue 44)
+    assert body["message"] == ("reservation resv-a on hpc: 2.0 of 2.0 reserved GPU-hours idle in the last 1 h. "
+                               "Release it if it is not needed.")
     again = enforce(store, cfg, apply=True, backends=lambda c, s: None, now=now)
     assert again["decisions"] == [] and len(sink.requests) == 1
     assert [r["stage"] for r in log_rows(store)] == ["notify"]

@@ -57,7 +57,7 @@ def oracle_rows(records: list[Any], c: Config, since: datetime, until: datetime,
 
 def cfg() -> Config:
     return Config(prices=PriceCard(models={"h100": 4.0, "a100": 2.5}, mig={"1g.10gb": 0.75}),
-                  teams=[Team(name="ml", accounts=["physics"], namespaces=["ns-ml"]),
+                  teams=[Team(name="ml", accounts=["physics"], namespaces=["ns-ml"], idle_budget_gpu_hours=10.0),
                          Team(name="bio", users=["dora"])])
 
 
@@ -179,7 +179,7 @@ def test_csv_is_spreadsheet_safe_and_columns_are_the_golden_list(sqlite_store: S
     assert all(r["reserved_gpu_hours"] == "1.000000" and r["unknown_gpu_hours"] == "1.000000" for r in parsed)
     doc = json.loads(cb.to_json(rows, since=W0, until=W1, by="account", period=None, currency="USD"),
                      parse_float=Decimal)
-    assert doc["schema"] == "gpu-audit.chargeback/2" and doc["columns"] == columns
+    assert doc["schema"] == "gpu-audit.chargeback/3" and doc["columns"] == columns
     assert all(list(r) == columns for r in doc["rows"])
     assert sorted([*doc, *(f"totals.{k}" for k in doc["totals"])]) == golden("chargeback_json_keys.txt")
     assert doc["totals"]["reserved_gpu_hours"] == Decimal("7") == sum(r["reserved_gpu_hours"] for r in doc["rows"])

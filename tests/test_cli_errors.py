@@ -77,8 +77,8 @@ def test_config_check_warns_when_no_config_file_was_read(tmp_path: Path) -> None
     assert res.returncode == 0 and "warning" not in res.stderr
 
 
-@pytest.mark.parametrize("url", ["postgres://u@db/gpu", "postgresql://u@db/gpu", "postgresql+psycopg2://u@db/gpu",
-                                 "postgres+psycopg://u@db/gpu"])
+@pytest.mark.parametrize("url", ["postgresql+psycopg2://u@db/gpu", "postgresql+asyncpg://u@db/gpu",
+                                 "postgres+pg8000://u@db/gpu"])  # postgresql:// itself is psycopg 3 (issue 44)
 def test_a_postgres_url_without_psycopg_names_the_form_that_works(tmp_path: Path, url: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[store]\nurl = "{url}"\n')
@@ -94,9 +94,9 @@ def test_an_unsupported_backend_is_one_line(tmp_path: Path, monkeypatch: pytest.
     res = run_cli("-c", str(cfg), "db", "upgrade")
     assert res.returncode == 1 and "mysql:// is not a supported store" in res.stderr and "unexpected" not in res.stderr
     cfg.write_text('[store]\nurl_env = "GA_TEST_URL"\n')  # the same check on a URL from the environment
-    monkeypatch.setenv("GA_TEST_URL", "postgres://u:secret@db/gpu")
+    monkeypatch.setenv("GA_TEST_URL", "postgresql+psycopg2://u:secret@db/gpu")
     res = run_cli("-c", str(cfg), "db", "upgrade")
-    assert res.returncode == 1 and "store.url_env: postgres://" in res.stderr and "secret" not in res.stderr
+    assert res.returncode == 1 and "store.url_env: postgresql+psycopg2://" in res.stderr and "secret" not in res.stderr
     cfg.write_text('[store]\nurl = "postgresql+psycopg://u@127.0.0.1:9/gpu"\n')
     assert run_cli("-c", str(cfg), "config", "check").returncode == 0  # the form it names passes the check
 

@@ -117,3 +117,74 @@ def test_every_connector_option_is_documented() -> None:
 def test_every_setting_has_a_description() -> None:
     assert [p for p, info in walk() if not info.description] == []
     assert [k for k, info in connector_keys() if not info.description] == []
+
+
+# -- retired settings (issue 45): rule constants a site's old config may still set -----------------------------
+
+
+def test_every_retired_key_names_a_constant_and_is_no_setting_any_more() -> None:
+    from auditor.config.retired import RETIRED, constant
+
+    settings = {p for p, _ in walk()} | {k for k, _ in connector_keys()}
+    assert RETIRED and not [k for k in RETIRED if k in settings]
+    for key in RETIRED:
+        name, value = constant(key)  # imports the module: an AttributeError names a constant that went away
+        assert name.rsplit(".", 1)[1].isupper() and value is not None, key
+    docs = (ROOT / "docs" / "configuration.md").read_text()
+    assert not [k for k in RETIRED if f"| {k} | `{constant(k)[0]}` |" not in docs], "regenerate the retired table"
+
+
+def test_a_retired_key_of_another_value_is_an_error_naming_the_constant(tmp_path: Path) -> None:
+    """A site that set lemon_min_faults = 5 meant 5: loading must not silently judge with 3."""
+    from auditor.audit.infra import LEMON_MIN_FAULTS
+
+    assert LEMON_MIN_FAULTS == 3
+    p = write(tmp_path, "[thresholds]\nidle_sm = 0.1\nlemon_min_faults = 5\nhint_dram_high = 0.4\n")
+    with pytest.raises(ConfigError) as exc:
+        config_mod.load(p)
+    assert str(exc.value) == (f"{p}: thresholds.lemon_min_faults: no longer a setting: it is the constant "
+                              "auditor.audit.infra.LEMON_MIN_FAULTS = 3 (the value given, 5, is not used any more): "
+                              "remove the key")
+    from auditor.configdoc import check
+
+    got = check(p)
+    assert got.config is None and len(got.errors) == 1 and "thresholds.lemon_min_faults" in got.errors[0]
+    assert [w.split(": ", 2)[1] for w in got.warnings] == ["thresholds.hint_dram_high"]
+
+
+def test_a_retired_key_of_the_same_value_is_a_warning_and_changes_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    p = write(tmp_path, "[thresholds]\nidle_sm = 0.1\nhint_dram_high = 0.4\ngoodput_infra_events = ['xid', 'ecc_dbe', "
+                        "'row_remap', 'down', 'not_ready']\n")
+    with caplog.at_level("WARNING", logger="gpu_audit.config"):
+        cfg = config_mod.load(p)
+    assert cfg.thresholds == config_mod.Thresholds(idle_sm=0.1)
+    said = [r.getMessage() for r in caplog.records if r.name == "gpu_audit.config"]
+    assert said == [f"{p}: thresholds.hint_dram_high: no longer a setting: it is the constant "
+                    "auditor.audit.efficiency.HINT_DRAM_HIGH = 0.4; the value given is the same, remove the key",
+                    f"{p}: thresholds.goodput_infra_events: no longer a setting: it is the constant "
+                    "auditor.audit.goodput.GOODPUT_INFRA_EVENTS = ('xid', 'ecc_dbe', 'row_remap', 'down', "
+                    "'not_ready'); the value given is the same, remove the key"]
+
+
+def test_a_run_recorded_before_the_constants_reads_back() -> None:
+    """audit_runs.thresholds of an earlier run still holds the retired keys: they are left out, the rest kept."""
+    old = {**config_mod.Thresholds().model_dump(), "idle_sm": 0.1, "hint_dram_high": 0.4, "lemon_min_faults": 3}
+    assert config_mod.Thresholds.of_run(old) == config_mod.Thresholds(idle_sm=0.1)
+    assert config_mod.Thresholds.of_run(None) == config_mod.Thresholds()
+
+
+def test_retired_keys_in_a_list_of_tables_and_in_a_source_name_their_place(tmp_path: Path) -> None:
+    """clusters[].overlap_minutes (a list of tables) and a kubernetes source's watch_s (a connector's option)."""
+    from auditor.configdoc import check
+
+    p = write(tmp_path, '[[clusters]]\nname = "k"\noverlap_minutes = 30\n[[clusters.allocations]]\n'
+                        'kind = "kubernetes"\nin_cluster = true\nwatch_s = 9\n')
+    got = check(p)
+    assert got.errors == [f"{p}: clusters[0].allocations[0].watch_s: no longer a setting: it is the constant "
+                          "connectors.kubernetes.WATCH_S = 5 (the value given, 9, is not used any more): "
+                          "remove the key"]
+    assert got.warnings == [f"{p}: clusters[0].overlap_minutes: no longer a setting: it is the constant "
+                            "auditor.collect.OVERLAP_MINUTES = 30; the value given is the same, remove the key"]
+    with pytest.raises(ConfigError, match=r"clusters\[0\]\.allocations\[0\]\.watch_s: no longer a setting"):
+        config_mod.load(p)

@@ -138,11 +138,10 @@ def test_samples_after_the_job_ended_are_not_its_idle_time(store: Store, tmp_pat
     assert got["observed"] == pytest.approx(1000.0) and got["idle"] == pytest.approx(1000.0)
 
 
-@pytest.mark.xfail(strict=True, reason="not built: a bucket row keeps the hull and the total of its covered "
-                   "seconds, not where its holes are, so a hole in the bucket a reservation ends in is credited "
-                   "from the samples after the end (definitions: exact only without a hole there)")
 def test_a_hole_before_the_job_ended_is_not_filled_by_samples_after_it(store: Store, tmp_path: Path) -> None:
-    """Hand: scrapes at T0+930 and T0+960 dropped: [T0+930, T0+990) uncovered, 940 of the 1,000 s observed."""
+    """Hand: scrapes at T0+930 and T0+960 dropped: [T0+930, T0+990) uncovered, 940 of the 1,000 s observed.
+    The edge bucket [T0+900, T0+1200) covers 240 s over the hull [T0+900, T0+1200); 200 s of it lie after the
+    end, so 240 - 200 = 40 s must lie inside (before the edge clipping: min(100, 240) = 100 s, 1,000 in all)."""
     got, want = _ended_job(store, tmp_path, {T0 + 930, T0 + 960})
     assert want == 940.0
     assert got["observed"] == pytest.approx(940.0) and got["idle"] == pytest.approx(940.0)

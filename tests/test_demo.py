@@ -30,7 +30,8 @@ def _subject(r) -> str:
     if r.subject:
         return r.subject
     if r.kind == "idle_quota":
-        return r.account
+        ev = json.loads(r.evidence) if isinstance(r.evidence, str) else r.evidence
+        return r.account or f"queue {ev['quota']['name']}"
     ev = json.loads(r.evidence) if isinstance(r.evidence, str) else r.evidence
     if r.kind == "lemon_node":
         return ev["node"]
@@ -55,6 +56,12 @@ def test_demo_finds_exactly_the_planted_problems(demo: tuple[dict, Path]) -> Non
         ("hung_collective", "1004"): (24.0, 24.0),          # 2 GPUs x 12 h hung in an all-reduce
         ("idle_gpus", "1003"): (144.0, 108.0),              # 4 GPUs x 36 h, 3 of them idle
         ("idle_allocation", "5b0c-notebook"): (120.0, 120.0),  # notebook: 1 GPU x 120 h idle
+        # the 2026 site's notebook: 1 GPU x 72 h idle, found through its exported_pod label (the series' pod is
+        # the exporter's)
+        ("idle_allocation", "2b7a-notebook"): (72.0, 72.0),
+        # the 2026 site's MIG notebook: a 1g.5gb slice (1/7 of an A100) x 96 h idle by the stock counters, judged
+        # on its own instance
+        ("idle_allocation", "93fa-notebook"): (round(96 / 7, 6), round(96 / 7, 6)),
         ("idle_episode", "1001"): (24.0, 24.0),             # 8 GPUs stalled for 3 h
         ("low_efficiency", "c3e8-features"): (80.0, 0.0),   # 2 GPUs x 40 h, memory-bound
         ("idle_reservation", "team-b-hackathon"): (192.0, 192.0),  # 8 GPUs x 24 h, no job
@@ -66,9 +73,16 @@ def test_demo_finds_exactly_the_planted_problems(demo: tuple[dict, Path]) -> Non
         ("request_hygiene", "carol"): (336.0, 108.0),
         # job 1040 waited for 4 GPUs in partition gpu from hour 58 to 64 while 1003 held 3 GPUs idle: 3 x 6 h
         ("idle_while_queued", "1003"): (18.0, 18.0),
+        # the 2026 site: a Kueue Workload asking 4 GPUs waited in ml-cq from hour 60 to 100 while dana's notebook
+        # (admitted into ml-cq) held 1 GPU idle: 1 x 40 h
+        ("idle_while_queued", "2b7a-notebook"): (40.0, 40.0),
         # team-b's quota of 8 GPUs x 168 h = 1344 GPU-h; in use: 1030's 10 h (unknown counts as in use) + the
         # eval sweep's 6 x 2 x 16 = 192 h working (1002's 96 mirage hours are idle): 1344 - 202 = 1142 unused
         ("idle_quota", "team-b"): (1142.0, 0.0),
+        # the 2026 site's Kueue ClusterQueue ml-cq: 4 GPUs x 168 h = 672 GPU-h; in use: the sft worker's DRA-claimed
+        # 2 GPUs x 48 h working = 96 (dana's notebook, also in ml-cq, is idle): 576 unused (0.6 of 4 GPUs in use;
+        # reclaim: >= 1 and >= 50 %)
+        ("idle_quota", "queue ml-cq"): (576.0, 0.0),
         # gpu-node-a: XID 79, XID 48, a HW power brake (3 faults >= lemon_min_faults): for operations; its GPU-hours
         # are the 3 faulty 5-min buckets under the resnet pod (3 x 5 min = 0.25 GPU-h), no idle
         ("lemon_node", "gpu-node-a"): (0.25, 0.0),
@@ -100,6 +114,8 @@ def test_planted_workloads_never_share_a_gpu_and_the_storage_job_has_its_node_al
     for x, y in combinations(work, 2):
         if x.cluster != y.cluster or not overlap((x.start_h, x.start_h + x.hours), (y.start_h, y.start_h + y.hours)):
             continue
+        if x.mig and y.mig and x.mig != y.mig:
+            continue  # two MIG slices of one GPU: each its own instance
         for node, gpus in x.placement().items():
             shared = set(gpus) & set(y.placement().get(node, []))
             assert not shared, f"{x.id} and {y.id} both hold {node} GPUs {sorted(shared)}"
@@ -136,24 +152,34 @@ def test_demo_headline_numbers(demo: tuple[dict, Path]) -> None:
     data, _ = demo
     # 1001: 8 GPUs x 140 h; 1002: 2 x 48; 1004: 2 x 12; 1003: 4 x 36; 1010_*: 6 x 2 x 16; notebook 120; triton 2 x 168;
     # resnet 4 x 30; feature-extract 2 x 40; 1030: 1 x 10; 1050's three runs 4 x (12 + 10 + 6) = 112;
-    # chat-vllm 1 x 48; 1060: 2 nodes x 4 GPUs x 10 h = 80; 1070 (waiting on storage): 4 x 12 = 48
+    # chat-vllm 1 x 48; 1060: 2 nodes x 4 GPUs x 10 h = 80; 1070 (waiting on storage): 4 x 12 = 48; the 2026
+    # site: the sft worker 2 x 48 = 96, dana's notebook 72, the hung all-reduce 12, and its MIG slices (1/7 of a GPU):
+    # the embedding server 168 / 7, erin's notebook 96 / 7
     assert data["reserved_gpu_hours"] == pytest.approx(1120 + 96 + 24 + 144 + 192 + 120 + 336 + 120 + 80 + 10
-                                                       + 112 + 48 + 80 + 48)
+                                                       + 112 + 48 + 80 + 48 + 96 + 72 + 12 + (168 + 96) / 7)
     assert data["mirage_gpu_hours"] == pytest.approx(96 + 24)
-    # mirage (1002, 1004) + 3 idle GPUs of 1003 + notebook + the 3 h stall of 1001 on 8 GPUs
-    assert data["idle_gpu_hours"] == pytest.approx(96 + 24 + 108 + 120 + 24)
+    # mirage (1002, 1004) + 3 idle GPUs of 1003 + notebook + the 3 h stall of 1001 on 8 GPUs + the 2026 notebooks
+    # (idle by the stock counters; the MIG one 96 h of a 1/7 slice)
+    assert data["idle_gpu_hours"] == pytest.approx(96 + 24 + 108 + 120 + 24 + 72 + 96 / 7)
+    # the 2026 site is judged on the stock counters (no SM activity): the sft worker's 96 and the embedding
+    # slice's 168 / 7 busy, the two notebooks idle, the hung all-reduce's 12 an engine spin (not idle, not work)
+    assert (data["busy_by_counters_gpu_hours"], data["idle_by_counters_gpu_hours"], data["engine_spin_gpu_hours"]) \
+        == pytest.approx((96 + 168 / 7, 72 + 96 / 7, 12))
+    assert data["tier_gpu_hours"]["counters"] == pytest.approx(96 + 168 / 7 + 72 + 96 / 7 + 12)
     # the 6 h gap on 8 GPUs of job 1001, and job 1030 during the exporter outage
     assert data["unknown_gpu_hours"] == pytest.approx(48 + 10)
     # infrastructure-affected: gpu-node-02 drained 4 h under eval task 1010_4 (2 GPUs) = 8, and the 3 faulty
     # buckets of gpu-node-a GPU 1 under the resnet pod (3 x 5 min) = 0.25
     assert data["infra_gpu_hours"] == pytest.approx(8 + 0.25)
-    # everything else was planted as work (low or working), by hand: 2530 reserved - 372 idle - 58 unknown
-    # - 8.25 infra = 2091.75 (not the code's remainder identity: unknown is checked on its own above); 1050's
+    # everything else was planted as work (low or working), by hand: 2698 reserved - 444 idle - 58 unknown
+    # - 8.25 infra = 2187.75 (not the code's remainder identity: unknown is checked on its own above); 1050's
     # failed runs worked until they failed (their 112 GPU-h are lost, a goodput figure, not a verdict),
     # chat-vllm's 48 GPU-h are low or working (memory-bound at batch 1: a batching finding, not idle), and
     # 1060's 80 GPU-h (a straggler: node 03 computes, node 02's GPUs wait at SM ~0.12, low, not idle), and
     # 1070's 48 (SM ~0.08 while it waits on NFS: low, not idle)
-    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(2091.75)
+    # (the 2026 site's 96 + 24 GPU-h of work were judged on the stock counters: busy by counters, not low or
+    # working)
+    assert data["low_gpu_hours"] + data["working_gpu_hours"] == pytest.approx(2187.75 - 96)
     assert data.get("busy_unverified_gpu_hours", 0.0) == 0
     assert data["mean_gpu_util"] > 0.75 and data["mean_sm_active"] < 0.65
 
@@ -163,15 +189,24 @@ def test_demo_inference_service_at_batch_one(demo: tuple[dict, Path]) -> None:
     1 A100 x 48 h = 48 GPU-h x 2.50 = 120.00: 120 / 5.184 = 23.15 per million tokens, 5,184,000 / 48 = 108,000
     tokens per GPU-hour; running 1 request throughout (mean concurrency 1.0 < 2) with DRAM ~55 % >= 40 %."""
     data, out = demo
-    assert data["inference"] == [pytest.approx({
-        "cluster": "k8s", "service": "Deployment/chat-vllm", "team": "platform", "engine": "vllm",
+    # the triton service's batching knee: tests/test_batching_knee.py; chat-vllm's curve has one point (1, 30)
+    assert [s["service"] for s in data["inference"]] == ["Deployment/chat-vllm", "StatefulSet/triton"]
+    chat = dict(data["inference"][0])
+    assert chat.pop("knee") == {"points": [{"running": 1.0, "tokens_per_s": 30.0, "hours": 48.0}], "knee": None,
+                                "left_of_knee": False, "leaves_tokens_per_s": None, "leaves_share": None,
+                                "rising": False}
+    assert [chat] == [pytest.approx({
+        "cluster": "k8s", "namespace": "inference", "service": "Deployment/chat-vllm", "team": "platform",
+        "engine": "vllm",
         "model": "meta-llama/Llama-3.1-8B-Instruct", "pods": 1, "tokens": 5_184_000.0, "gpu_hours": 48.0,
         "cost": 120.0, "cost_per_million": 120 / 5.184, "tokens_per_gpu_hour": 108_000.0, "concurrency": 1.0,
-        "batching_headroom": True})]
+        "batching_headroom": True, "cache_hit_rate": 0.08, "cache_measured": "tokens",
+        "cache_queries": 2000.0 * 48 * 3600, "cache_hits": 160.0 * 48 * 3600, "low_cache_hit_rate": True})]
     text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
-    assert "k8s Deployment/chat-vllm (vllm, meta-llama/Llama-3.1-8B-Instruct): 5,184,000 tokens, 48.0 GPU-h" \
+    assert "k8s inference/Deployment/chat-vllm (vllm, meta-llama/Llama-3.1-8B-Instruct): 5,184,000 tokens, 48.0 GPU-h" \
         in text_report
-    assert "USD 23.15 per million tokens, 108,000 tokens per GPU-hour, mean concurrency 1.0 [BATCHING HEADROOM]" \
+    assert "USD 23.15 per million tokens, 108,000 tokens per GPU-hour, mean concurrency 1.0, prompt-cache hit rate " \
+        "8 % [BATCHING HEADROOM]" \
         in text_report
 
 
@@ -182,14 +217,25 @@ def test_demo_opportunity_cost(demo: tuple[dict, Path]) -> None:
     8.17 GPUs: no reclaim."""
     data, out = demo
     q = data["opportunity"]["idle_while_queued"]
+    # k8s-2026: dana's notebook (team research) idle 1 GPU x 40 h while the Kueue Workload waited for 4 GPUs x 40 h,
+    # at the H100 price of 4.0
     assert q["by_team"] == [pytest.approx({"cluster": "hpc", "team": "llm", "idle_gpu_hours": 18.0,
-                                           "waiting_jobs": 1, "waiting_gpu_hours": 24.0, "idle_cost": 18 * 4.0})]
+                                           "waiting_jobs": 1, "waiting_gpu_hours": 24.0, "idle_cost": 18 * 4.0}),
+                            pytest.approx({"cluster": "k8s-2026", "team": "research", "idle_gpu_hours": 40.0,
+                                           "waiting_jobs": 1, "waiting_gpu_hours": 160.0, "idle_cost": 40 * 4.0})]
     quotas = {r["name"]: r for r in data["opportunity"]["quotas"]}
     assert quotas["team-a"]["in_use_gpus"] == pytest.approx(1372 / 168) and not quotas["team-a"]["reclaim"]
     assert quotas["team-b"]["in_use_gpus"] == pytest.approx(202 / 168) and quotas["team-b"]["reclaim"]
+    # the 2026 site's Kueue ClusterQueue: its pods' partition is the queue; the sft worker's 96 working GPU-h
+    ml = quotas["ml-cq"]
+    assert (ml["cluster"], ml["kind"], ml["quota_gpus"], ml["allocations"]) == ("k8s-2026", "queue", 4.0, 2)
+    # held: the sft worker's 2 x 48 + dana's notebook 1 x 72 = 168 GPU-h / 168 h = 1.0; in use: the 96 working
+    assert ml["held_gpus"] == pytest.approx(1.0) and ml["in_use_gpus"] == pytest.approx(96 / 168) and ml["reclaim"]
     text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
     assert "llm on hpc: 18.0 idle GPU-h while 1 job waited for 24.0 GPU-h" in text_report
+    assert "research on k8s-2026: 40.0 idle GPU-h while 1 job waited for 160.0 GPU-h" in text_report
     assert "quota hpc account team-b (platform)" in text_report and "reclaim candidate" in text_report
+    assert "quota k8s-2026 queue ml-cq: 4.0 GPUs, held 1.0, in use 0.6, unused 3.4 - reclaim candidate" in text_report
 
 
 def test_demo_gap_is_unknown_never_idle(demo: tuple[dict, Path]) -> None:
@@ -240,14 +286,18 @@ def test_demo_util_only_site_is_observed_not_unknown(demo: tuple[dict, Path],
                                     "--telemetry", "util-only"])
     assert res.exit_code == 0, res.output
     u, d = json.loads(res.stdout), demo[0]
-    assert d["util_only_gpu_hours"] == 0 and d["verified_gpu_hours"] == pytest.approx(d["observed_gpu_hours"])
+    assert d["util_only_gpu_hours"] == 0 and d["verified_gpu_hours"] + d["counters_gpu_hours"] == pytest.approx(
+        d["observed_gpu_hours"])
     assert u["verified_gpu_hours"] == 0 and u["effective_gpu_hours"] == 0
+    # the MIG slices report no GPU-Util: from an exporter with GPU-Util, memory and power only, their instances
+    # have memory alone (observed, busy-unverified)
     assert u["util_only_gpu_hours"] == pytest.approx(d["observed_gpu_hours"])
     assert u["util_only_gpu_hours"] == pytest.approx(u["busy_unverified_gpu_hours"] + u["idle_by_util_gpu_hours"])
     assert u["unknown_gpu_hours"] == pytest.approx(d["unknown_gpu_hours"]) and u["coverage"] == pytest.approx(
         d["coverage"])
     assert u["busy_unverified_gpu_hours"] > 0 and u["findings"].get("unmonitored") == d["findings"]["unmonitored"]
-    assert "dcgm-counters.csv" in (u["advice"] or "") and d["advice"] is None
+    # the DCGM week advises the counters file too: the 2026 site runs the stock counters, SM activity off
+    assert "dcgm-counters.csv" in (u["advice"] or "") and "dcgm-counters.csv" in (d["advice"] or "")
     assert "dcgm-counters.csv" in (out / "reports" / f"report-{u['run_id']}.txt").read_text()
 
 
@@ -255,14 +305,18 @@ def test_demo_reports_carbon_with_its_grid_intensity(demo: tuple[dict, Path]) ->
     """The demo configures a grid intensity per cluster (hpc 380, k8s 120 gCO2/kWh), so the report shows carbon.
     Idle energy by hand from the planted power draws (every idle bucket has a power reading, no noise on it):
     hpc: 1002 96 GPU-h x 210 W + 1004 24 x 75 W + 1003's idle GPUs 108 x 62 W + 1001's stall 24 x 62 W =
-    30.144 kWh -> 11.455 kg; k8s: the notebook 120 x 62 W = 7.44 kWh -> 0.893 kg."""
+    30.144 kWh -> 11.455 kg; k8s: the notebook 120 x 62 W = 7.44 kWh -> 0.893 kg; k8s-2026 (120 too): its
+    notebook 72 x 62 W = 4.464 kWh -> 0.536 kg, and the MIG notebook's slice: 96 / 7 GPU-h without a power
+    reading of its own (an instance reports none), estimated at the A100's idle power, 50 W: 0.686 kWh."""
     data, out = demo
     hpc_kwh, k8s_kwh = (96 * 210 + 24 * 75 + 108 * 62 + 24 * 62) / 1000, 120 * 62 / 1000
+    site_kwh = (72 * 62 + 96 / 7 * 50) / 1000
     e = data["energy"]
     by = {c["cluster"]: c for c in e["by_cluster"]}
     assert by["hpc"]["idle_energy_kwh"] == pytest.approx(hpc_kwh) and by["k8s"]["idle_energy_kwh"] == pytest.approx(
         k8s_kwh)
-    assert e["idle_co2_kg"] == pytest.approx(hpc_kwh * 0.380 + k8s_kwh * 0.120)
+    assert by["k8s-2026"]["idle_energy_kwh"] == pytest.approx(site_kwh)
+    assert e["idle_co2_kg"] == pytest.approx(hpc_kwh * 0.380 + (k8s_kwh + site_kwh) * 0.120)
     assert e["co2_kg"] is not None and e["co2_kg"] > e["idle_co2_kg"]
     text_report = (out / "reports" / f"report-{data['run_id']}.txt").read_text()
     assert f"{e['co2_kg']:.1f} kg CO2, {e['idle_co2_kg']:.1f} kg idle" in text_report
@@ -292,3 +346,44 @@ def test_demo_fresh_starts_over(demo: tuple[dict, Path], tmp_path: Path) -> None
     for key in ("reserved_gpu_hours", "idle_gpu_hours", "effective_gpu_hours", "cost_per_effective_gpu_hour"):
         assert new[key] == pytest.approx(data[key]), key
     assert sorted(p.name for p in (again / "reports").glob("report-*.txt")) == ["report-1.txt"]
+
+
+def test_demo_2026_site_is_attributed_by_operator_labels(demo: tuple[dict, Path]) -> None:
+    """The 2026 site's telemetry is what a Prometheus scraping dcgm-exporter through the Operator's ServiceMonitor
+    (honorLabels false) stores: every series' pod is the exporter's, the workload's is exported_pod. By hand:
+    the sft worker's 2 GPUs x 48 h are observed and work (none unknown), the notebook's 72 h idle, both tied to
+    their GPUs by those labels; no bucket is the exporter's pod's."""
+    data, out = demo
+    lines = (out / "k8s-2026-federate.prom").read_text().splitlines()
+    assert all('pod="nvidia-dcgm-exporter-' in ln for ln in lines)  # the exporter's on every series
+    assert any('exported_pod="llm-sft-worker-0"' in ln for ln in lines)
+    s = Store.open(f"sqlite:///{out / 'gpu-audit-demo.db'}")
+    with s.engine.connect() as conn:
+        use = {r.external_id: r for r in conn.execute(text(
+            "SELECT a.external_id, u.reserved_s, u.observed_s, u.unknown_s, u.idle_s, u.idle_by_counters_s, "
+            "u.engine_spin_s, u.low_s + u.working_s + u.busy_by_counters_s AS work_s "
+            "FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :r "
+            "AND a.cluster = 'k8s-2026'"), {"r": data["run_id"]})}
+        attribution = {(r[0], r[1]) for r in conn.execute(text(
+            "SELECT DISTINCT a.external_id, u.attribution FROM usage_gpu u "
+            "JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :r AND a.cluster = 'k8s-2026'"),
+            {"r": data["run_id"]})}
+        jobs = {r[0] for r in conn.execute(text(
+            "SELECT DISTINCT b.job FROM gpu_buckets b JOIN telemetry_gpus g ON g.id = b.gpu_id "
+            "WHERE g.cluster = 'k8s-2026'"))}
+    sft, nb = use["8d1e-sft"], use["2b7a-notebook"]
+    h = 3600
+    assert (sft.reserved_s, sft.observed_s, sft.unknown_s, sft.work_s) == pytest.approx((96 * h, 96 * h, 0, 96 * h))
+    assert (nb.reserved_s, nb.observed_s, nb.unknown_s, nb.idle_s) == pytest.approx((72 * h, 72 * h, 0, 72 * h))
+    assert nb.idle_by_counters_s == pytest.approx(72 * h)  # the stock counters: GR engine, Tensor, DRAM at zero
+    assert use["5e3b-allreduce"].engine_spin_s == pytest.approx(12 * h)
+    # the MIG node: each pod judged on its own 1g.5gb instance (1/7 of the GPU), tied by its exported_pod label
+    embed, mnb = use["61c0-embed"], use["93fa-notebook"]
+    assert (embed.work_s, embed.unknown_s) == pytest.approx((168 * h / 7, 0), abs=1e-6)
+    assert (mnb.idle_by_counters_s, mnb.unknown_s) == pytest.approx((96 * h / 7, 0), abs=1e-6)
+    # the notebooks and pods by their exported_pod labels; the sft worker's DRA-claimed GPUs by their UUIDs (exact,
+    # before labels)
+    assert attribution == {("2b7a-notebook", "label"), ("8d1e-sft", "uuid"), ("5e3b-allreduce", "label"),
+                           ("61c0-embed", "label"), ("93fa-notebook", "label")}
+    assert jobs == {"", "ml-train/llm-sft-worker-0", "research/dana-notebook-0", "ml-train/ddp-eval-0",
+                    "inference/embed-server-0", "research/erin-notebook-0"}

@@ -85,18 +85,20 @@ def test_actions_are_the_planted_problems_by_hand(demo) -> None:  # noqa: ANN001
            for r in a["rows"]]
     # by hand (auditor/demo.py's plan and prices: H100 4.0, A100 2.5 per GPU-hour): the hackathon reservation
     # nobody used, 8 GPUs x 24 h = 192 x 4.0; 1003 uses 1 of 4 GPUs for 36 h: 3 x 36 = 108 x 4.0; 1002 spins
-    # 2 GPUs for 48 h: 96 x 4.0; the notebook pod idles 120 h on one A100: 120 x 2.5; then 96.0, twice: 1004
-    # hangs 2 GPUs for 12 h and 1001 stalls 8 GPUs for 3 h, 24 x 4.0 each
-    assert got[:4] == [("reservation", "team-b-hackathon", "", 768.0, 192.0),
-                       ("allocation", "hpc:1003", "carol", 432.0, 108.0),
-                       ("allocation", "hpc:1002", "bob", 384.0, 96.0),
-                       ("allocation", "k8s:research/notebook-alice-6d5f8b7c9-tx2lq", "alice", 300.0, 120.0)]
-    assert got[4][0] == "allocation" and got[4][1] in ("hpc:1004", "hpc:1001") and got[4][3:] == (96.0, 24.0)
-    assert a["shown"] == 5 and a["total"] == 6 and a["cut"]  # 1001 and 1004 both: six candidates
-    # the week's idle cost: 1308 of allocations (384 + 96 + 432 + 300 + 96) plus the reservation's 768
-    assert a["totals"]["cost"] == pytest.approx(768 + 432 + 384 + 300 + 96)
-    assert a["totals"]["week_idle_cost"] == pytest.approx(1308 + 768)
-    assert a["totals"]["share"] == pytest.approx(1980 / 2076)
+    # 2 GPUs for 48 h: 96 x 4.0; the notebook pod idles 120 h on one A100: 120 x 2.5; dana's notebook on the 2026
+    # site idles 72 h on an H100: 72 x 4.0; cut: 96.0, twice (1004 hangs 2 GPUs for 12 h and 1001 stalls 8 GPUs
+    # for 3 h, 24 x 4.0 each)
+    assert got == [("reservation", "team-b-hackathon", "", 768.0, 192.0),
+                   ("allocation", "hpc:1003", "carol", 432.0, 108.0),
+                   ("allocation", "hpc:1002", "bob", 384.0, 96.0),
+                   ("allocation", "k8s:research/notebook-alice-6d5f8b7c9-tx2lq", "alice", 300.0, 120.0),
+                   ("allocation", "k8s-2026:research/dana-notebook-0", "dana", 288.0, 72.0)]
+    # 1001 and 1004 both, and erin's notebook on a MIG slice of the 2026 site (96 h x 1/7 x 2.5): eight candidates
+    assert a["shown"] == 5 and a["total"] == 8 and a["cut"]
+    # the week's idle cost: 1596 of allocations (384 + 96 + 432 + 300 + 288 + 96) plus the reservation's 768
+    assert a["totals"]["cost"] == pytest.approx(768 + 432 + 384 + 300 + 288)
+    assert a["totals"]["week_idle_cost"] == pytest.approx(1596 + 96 / 7 * 2.5 + 768)
+    assert a["totals"]["share"] == pytest.approx(2172 / (2364 + 96 / 7 * 2.5))
     first = a["rows"][1]
     assert first["command"] == "gpu-audit job hpc:1003" and first["team"] == "llm" and first["kind"] == "idle_gpus"
     assert first["advice"].startswith("Right-size")
@@ -168,10 +170,10 @@ def test_text_report_reads_cleanly(demo) -> None:  # noqa: ANN001
         cols = {ln.index(re.search(r"[#.]{20}", ln).group(0)) for ln in block}
         assert len(cols) == 1, block
     bars = {ln.split()[0]: re.search(r"[#.]{20}", ln).group(0).count("#") for ln in teams + accounts}
-    # llm 156 / 1288 = 12 % -> 2 of 20; platform 96 / 634 = 15 % -> 3; research 120 / 320 = 37.5 % -> 8;
-    # k8s/research 120 / 120 -> 20; k8s/inference 0 / 336 -> 0
+    # llm 156 / 1288 = 12 % -> 2 of 20; platform 96 / 634 = 15 % -> 3; research (120 + 72) / (320 + 168) = 39 %
+    # -> 8; k8s/research 120 / 120 -> 20; k8s-2026/research 72 / 72 -> 20; k8s/inference 0 / 336 -> 0
     assert bars == {"llm": 2, "platform": 3, "research": 8, "hpc/team-a": 2, "hpc/team-b": 6,
-                    "k8s/research": 20, "k8s/inference": 0, "k8s/ml-train": 0}
+                    "k8s/research": 20, "k8s-2026/research": 20, "k8s/inference": 0}
     # one GPU-hour, singular
     assert "at least 1 GPU-hour." in txt and "1 GPU-hours" not in txt
     words = " ".join(judged_in_words({"idle_allocation_min_gpu_hours": 2, "episode_hours": 1,

@@ -218,6 +218,14 @@ def test_exempt_command_records_who_why_until(store: Any, now: datetime) -> None
     # idle by GPU-Util only: 0 SM-verified idle seconds for the act stage
     ({"reserved_s": 7200, "observed_s": 7200, "idle_s": 7200, "idle_by_util_s": 7200}, "blocked",
      "idle 0% < 95% (busy_unverified and GPU-Util-only time do not count as idle)"),
+    # idle on the stock counters (no SM activity): not SM-verified, so the act stage does not count it
+    ({"reserved_s": 7200, "observed_s": 7200, "idle_s": 7200, "idle_by_counters_s": 7200}, "blocked",
+     "idle 0% < 95% (engine-spin time, and for acting idle-by-counters time, judged without SM activity, do not "
+     "count as idle)"),
+    # an engine spin (GR engine busy, Tensor and DRAM idle) is never idle
+    ({"reserved_s": 7200, "observed_s": 7200, "idle_s": 3600, "engine_spin_s": 3600}, "blocked",
+     "idle 50% < 95% (engine-spin time, and for acting idle-by-counters time, judged without SM activity, do not "
+     "count as idle)"),
     # 1.5 h of 2 observed (75 % < 80 %): never judged idle, whatever the rest says
     ({"reserved_s": 7200, "observed_s": 5400, "idle_s": 5400, "unknown_s": 1800}, "blocked",
      "telemetry coverage 75% < min_coverage 80% (unknown 0.50 GPU-h is never idle)"),

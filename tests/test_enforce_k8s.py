@@ -162,9 +162,9 @@ def _rules(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def test_reader_role_stays_read_only_and_actions_role_is_minimal() -> None:
-    reader = _rules(ROOT / "deploy" / "kubernetes" / "rbac.yaml")
+    reader = _rules(ROOT / "deploy" / "kubernetes" / "base" / "rbac.yaml")
     assert {v for r in reader["gpu-audit-reader"] for v in r["verbs"]} == {"get", "list", "watch"}
-    actions_ = _rules(ROOT / "deploy" / "kubernetes" / "rbac-actions.yaml")
+    actions_ = _rules(ROOT / "deploy" / "kubernetes" / "enforcement" / "rbac-actions.yaml")
     assert list(actions_) == ["gpu-audit-actor"]
     granted = {(g, res, v) for r in actions_["gpu-audit-actor"] for g in r["apiGroups"] for res in r["resources"]
                for v in r["verbs"]}

@@ -1,12 +1,13 @@
 """The enforcement rule (docs/enforcement.md, (a)-(e)) as a property, on both engines: over generated
 fleets (Slurm jobs and Kubernetes bare pods, Deployments and Jobs with 1-3 pods; each allocation idle,
 working, unknown, GPU-Util-only, mirage or half covered; GPU faults, recorded exemptions, advance
-reservations, a stale collector) and generated live states (requeued, moved or re-owned jobs, gone or
+reservations, a stale collector) and generated live states (requeued, moved or re-owned jobs, a job
+requeued under the same id, start, nodes and user with only a new Slurm 25.11 SLUID, gone or
 replaced pods, extra replicas the store never saw, forged ownerReferences), ``enforce --apply`` never
 takes an action whose effect reaches a working, unknown, fault-affected, exempt, reserved or never-judged
 allocation, on stale evidence, or on a live object other than the judged one.
 
-The backend is fake but honest: it implements the Actions protocol over a small in-memory scheduler
+The backend is fake but honest: it implements a backend's inspect and execute over a small in-memory scheduler
 (:class:`World`), reports exactly what that scheduler holds (as the real backends report what squeue or
 the API server says) and records every execute call. Which allocations an action really reaches is
 computed by the world from the real ownership (what the Deployment / Job controllers would stop), not
@@ -57,7 +58,8 @@ class Unit:
     fault: bool = False
     exempt: bool = False
     resv: bool = False
-    live: str = "same"  # slurm: same, requeued, moved, user, gone; k8s pods: same, replaced, gone
+    live: str = "same"  # slurm: same, requeued, resluid, moved, user, gone; k8s pods: same, replaced, gone
+    sluid: bool = True  # slurm: the cluster runs 25.11+ (SLUIDs stored and shown live), else older Slurm
 
 
 @dataclass
@@ -93,7 +95,17 @@ def rarely() -> st.SearchStrategy[bool]:
 #: half the allocations idle, the rest spread over the classes that must never be acted on
 classes = st.sampled_from(("idle",) * 5 + CLASSES[1:])
 units = st.builds(Unit, cls=classes, fault=rarely(), exempt=rarely(), resv=rarely(),
-                  live=st.sampled_from(("same",) * 4 + ("requeued", "moved", "user", "gone")))
+                  live=st.sampled_from(("same",) * 4 + ("requeued", "resluid", "moved", "user", "gone")),
+                  sluid=st.sampled_from((True, True, False)))
+
+CB32 = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def sluid_of(cluster_id: int, at: datetime, seq: int = 0) -> str:
+    """A SLUID as Slurm 25.11 makes and prints one (src/common/sluid.c generate_sluid, print_sluid): cluster
+    id << 52 | milliseconds << 10 | sequence, as 's' + 13 characters of Crockford's base 32."""
+    n = (cluster_id << 52) | (int(at.timestamp() * 1000) << 10) | seq
+    return "s" + "".join(CB32[(n >> (5 * (12 - i))) & 31] for i in range(13))
 
 
 @st.composite
@@ -165,7 +177,7 @@ def labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 class HonestBackend:
-    """The Actions protocol over :class:`World`: reports what the world holds, acts and records."""
+    """A backend's inspect and execute over :class:`World`: reports what the world holds, acts and records."""
 
     def __init__(self, world: World, cluster: str) -> None:
         self.world, self.cluster = world, cluster
@@ -178,7 +190,9 @@ class HonestBackend:
             return LiveState(True, state="RUNNING", target=f"slurm job {alloc['external_id']}",
                              action=policy.slurm_action if policy.slurm_action == "requeue" else "cancel",
                              identity={"job_id": str(alloc["external_id"]), "start_ts": job["start_ts"],
-                                       "nodes": sorted(job["nodes"]), "user": job["user"]})
+                                       "nodes": sorted(job["nodes"]), "user": job["user"],
+                                       # squeue %s / step_id.sluid: only a 25.11+ Slurm shows one
+                                       **({"sluid": job["sluid"]} if job["sluid"] else {})})
         ns, name = alloc["account"], alloc["name"]
         pod_uid, pod = next(((u, p) for u, p in self.world.pods.items() if p["name"] == name), (None, None))
         if pod is None:
@@ -245,8 +259,11 @@ def build(store: Any, f: Fleet, now: datetime) -> tuple[World, dict[str, dict[st
     for i, u in enumerate(f.jobs):
         node_no += 1
         node, jid = f"n{node_no}", str(1000 + i)
+        if u.live == "resluid":  # only a 25.11+ Slurm tells this requeue apart
+            u.sluid = True
+        run = sluid_of(77, t0, i) if u.sluid else None
         recs.append(Allocation("hpc", "slurm", jid, user=f"user{i}", account="acct", partition="gpu", start=t0,
-                               reservation="resv-a" if u.resv else "", gpus=[AllocatedGpu(node, 0)]))
+                               reservation="resv-a" if u.resv else "", gpus=[AllocatedGpu(node, 0)], sluid=run))
         gpu_history("hpc", node, u)
         truth[jid] = {"unit": u, "same": u.live == "same"}
         if u.exempt:
@@ -254,7 +271,10 @@ def build(store: Any, f: Fleet, now: datetime) -> tuple[World, dict[str, dict[st
         if u.live != "gone":
             world.jobs[jid] = {"start_ts": int((now - timedelta(seconds=60)).timestamp()) if u.live == "requeued"
                                else int(t0.timestamp()), "nodes": ["elsewhere"] if u.live == "moved" else [node],
-                               "user": "mallory" if u.live == "user" else f"user{i}"}
+                               "user": "mallory" if u.live == "user" else f"user{i}",
+                               # requeued within the judged start second, onto the same node: a new run, and
+                               # only its SLUID says so
+                               "sluid": sluid_of(77, now, i) if u.live == "resluid" else run}
     if any(u.resv for u in f.jobs):
         recs.append(Reservation("hpc", "resv-a", t0, now + timedelta(hours=4), nodes=[], gpu_count=1))
     for gi, g in enumerate(f.groups):
@@ -346,6 +366,8 @@ def clear(store: Any) -> None:
 # inside an otherwise idle Deployment, and a pod whose labels its ReplicaSet does not select (a forged chain)
 @example(f=Fleet(jobs=[], groups=[Group("deployment", [Unit("idle", exempt=True), Unit("idle")])]))
 @example(f=Fleet(jobs=[], groups=[Group("deployment", [Unit("idle"), Unit("idle")], forge="labels")]))
+# Slurm 25.11: an idle job requeued with the same job id, start, nodes and user, a new SLUID (another run)
+@example(f=Fleet(jobs=[Unit("idle", live="resluid"), Unit("idle")], groups=[]))
 def test_no_action_reaches_anything_but_judged_idle_work(store: Any, f: Fleet) -> None:
     clear(store)
     now = floor_to(utcnow(), 300)

@@ -153,9 +153,11 @@ def test_reservation_owners_are_told_when_the_policy_lists_partitions(store: Any
     run_audit(store, cfg, now - timedelta(days=1), now)
     res = enforce(store, cfg, apply=True, backends=lambda c, s: None, now=now)
     assert [(d["target"], d["decision"]) for d in res["decisions"]] == [("reservation resv-a", "done")]
-    # 2 GPUs x 3 h reserved so far, nothing ran: 6.0 of 6.0 GPU-hours idle
+    # 2 GPUs x the policy's 1 h window (warn_after_hours), nothing ran: 2.0 of 2.0 GPU-hours idle (issue 44:
+    # judged over the policy window, not the latest audit's)
     assert [r["body"]["message"] for r in sink.requests] == [
-        "reservation resv-a on hpc: 6.0 of 6.0 reserved GPU-hours idle. Release it if it is not needed."]
+        "reservation resv-a on hpc: 2.0 of 2.0 reserved GPU-hours idle in the last 1 h. Release it if it is not "
+        "needed."]
 
 
 def test_slurm_inspect_reports_the_live_jobs_identity(tmp_path: Path) -> None:
@@ -177,3 +179,39 @@ def test_slurm_inspect_reports_the_live_jobs_identity(tmp_path: Path) -> None:
     assert live.identity == {"job_id": "4242", "start_ts": 1796156007, "nodes": ["gpu-node-01", "gpu-node-02"],
                              "user": "alice"}
     assert (live.running, live.action, live.infra) == (True, "cancel", "")
+
+
+def test_slurm_sluid_decides_only_where_both_sides_know_it(store: Any, now: datetime) -> None:
+    """Slurm 25.11: the live job shows the judged run's SLUID -> act; another SLUID (a requeue under the same
+    id, start, nodes and user) or none from a Slurm that can show one -> no action. A run judged without a
+    SLUID (stored by older Slurm) keeps the proof without it, whatever the live SLUID."""
+    from test_enforce_property import sluid_of
+
+    cases = {"same": (True, None, "done"), "new": (True, sluid_of(77, now, 9), "skipped"),
+             "none": (True, "", "skipped"), "old": (False, sluid_of(77, now, 9), "done")}
+    for name, (stored, live, want) in cases.items():
+        world, _, cfg = build(store, Fleet(jobs=[Unit("idle", sluid=stored)], groups=[]), now)
+        job = world.jobs["1000"]
+        if live is not None:
+            job["sluid"] = live or None
+        if name == "none":  # a 25.11 squeue that printed no SLUID: the key is there, empty
+            backend = HonestBackend(world, "hpc")
+            inspect = backend.inspect
+
+            def shows_none(alloc: dict, policy: Any, inspect: Any = inspect) -> Any:
+                got = inspect(alloc, policy)
+                got.identity["sluid"] = None
+                return got
+
+            backend.inspect = shows_none  # type: ignore[method-assign]
+            res = enforce(store, cfg, backends=lambda cluster, source, b=backend: b if source == "slurm" else None,
+                          now=now)
+        else:
+            res = run(store, world, cfg, now)
+        got = [(d["target"], d["decision"]) for d in res["decisions"] if d["stage"] == "act"]
+        assert got == [("slurm job 1000", want)], (name, res["decisions"])
+        if want == "skipped":
+            assert "sluid" in act_rows(store)[0]["reason"], act_rows(store)[0]
+        from test_enforce_property import clear
+
+        clear(store)

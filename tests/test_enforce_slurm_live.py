@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import need, port_open  # noqa: E402
-from test_slurm_live import CLUSTER, job_state, sbatch, sh, slurm_ready, wait  # noqa: E402
+from conftest import need, need_slurm, port_open  # noqa: E402
+from test_slurm_live import CLUSTER, job_state, sbatch, sh, wait  # noqa: E402
 
 from auditor.store.engine import Store  # noqa: E402
 
@@ -132,7 +132,7 @@ def submitted() -> Iterator[dict[str, dict[str, str]]]:
     ``jobs``: idle, exempt, working, one for slurmrestd, one to requeue (issue 31's policy test).
     ``moving``: issue 31 items 3 and 4, one to be requeued onto the other node, one whose GPU gets an XID
     event. A test's store sees the others' jobs too, without telemetry for them: never judged idle."""
-    need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
+    need_slurm()  # its reason names why (a foreign Slurm: "no Slurm testbed: ...")
     out = Path("/tmp") / f"gpu-audit-enforce-{os.getpid()}"
     out.mkdir(exist_ok=True)
     out.chmod(0o1777)

@@ -71,7 +71,7 @@ def _two_clusters(tmp_path: Path, bad: str) -> Path:
 
 @pytest.mark.parametrize("bad,what", [
     ('[[clusters.telemetry]]\nkind = "file"\npaths = ["missing.csv"]', "no such file"),
-    ('[[clusters.telemetry]]\nkind = "file"\npaths = ["missing-*.csv"]', None),
+    ('[[clusters.telemetry]]\nkind = "file"\npaths = ["missing-*.csv"]', "matches no file"),  # issue 44
     ('[[clusters.allocations]]\nkind = "file"\npaths = ["garbage.json"]', "invalid JSON"),
     ('[[clusters.allocations]]\nkind = "file"\npaths = ["binary.csv"]', None),
     ('[[clusters.allocations]]\nkind = "file"\npaths = ["/proc/self/nonexistent.csv"]', "no such file"),
@@ -85,7 +85,7 @@ def test_broken_file_source_fails_alone_exit_3(tmp_path: Path, bad: str, what: s
     by_cluster = {(r["cluster"], r["source"]): r for r in collect_step["detail"]["sources"]}
     assert all(r["ok"] for (c, _), r in by_cluster.items() if c == "good")
     bad_results = [r for (c, _), r in by_cluster.items() if c == "bad"]
-    if what is None:  # an empty glob / an undecodable CSV: not an error, but nothing read and every line counted
+    if what is None:  # an undecodable CSV: not an error, but nothing read and every line counted
         assert res.returncode == 0 and all(r["ok"] for r in bad_results)
         assert sum(r["skipped"] for r in bad_results) == (0 if "missing" in bad else 1)
         assert all(r["stats"]["allocations"] == r["stats"]["buckets"] == 0 for r in bad_results)

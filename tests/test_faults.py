@@ -210,16 +210,20 @@ class _Busy(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_prometheus_is_retried_once_per_request_never_again_by_the_collector(tmp_path: Path) -> None:
+def test_prometheus_is_retried_once_per_request_never_again_by_the_collector(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A Prometheus answering 503 + Retry-After: 1 to everything, with retries = 2: exactly 3 requests (not
     3 x 3 from a collector retry around a request retry), about 1 s apart as the server asked."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Busy.hits = []
+    from connectors import retry
+
+    monkeypatch.setattr(retry, "BACKOFF_S", 0.0)  # the server's Retry-After alone sets the waits
     try:
         cfg = config_mod.parse({"store": {"url": f"sqlite:///{tmp_path / 's.db'}"}, "clusters": [
             {"name": "c", "telemetry": [{"kind": "prometheus", "url": f"http://127.0.0.1:{server.server_port}",
-                                         "retries": 2, "backoff_s": 0, "timeout_s": 5}]}]})
+                                         "retries": 2, "timeout_s": 5}]}]})
         store = Store.open(cfg.store.url)
         store.upgrade()
         c = cfg.clusters[0]
@@ -257,11 +261,13 @@ def test_fifo_or_dev_zero_is_an_error_not_a_hang(tmp_path: Path, kind: str, conn
     assert time.monotonic() - t0 < 5 and res.attempts == 1
 
 
-def test_scrape_size_cap(tmp_path: Path) -> None:
+def test_scrape_size_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from connectors import scrape
     from connectors.scrape import ScrapeFiles
 
+    monkeypatch.setattr(scrape, "MAX_BYTES", 4096)
     (tmp_path / "big.prom").write_text("# " + "x" * 5000 + "\n")
-    src = ScrapeFiles(Context("c", tmp_path), ScrapeFiles.Options(paths=["big.prom"], max_bytes=4096))
+    src = ScrapeFiles(Context("c", tmp_path), ScrapeFiles.Options(paths=["big.prom"]))
     with pytest.raises(SourceError, match="larger than 4,096 bytes"):
         src.collect(WINDOW, Problems())
 
@@ -377,7 +383,8 @@ def test_config_check_probe_says_which_answer(tmp_path: Path, pg_schema_url: str
         return subprocess.run([sys.executable, "-m", "auditor", "-c", str(cfg), *args], capture_output=True,
                               text=True, cwd=REPO, timeout=120)
 
-    assert cli("config", "check").returncode == 0
+    plain = cli("config", "check")  # a file that is not there: the source would collect nothing (issue 44)
+    assert plain.returncode == 1 and plain.stderr.strip().endswith("missing.csv: no such file"), plain.stderr
     t0 = time.monotonic()
     res = cli("--json", "config", "check", "--probe")
     assert res.returncode == 1 and time.monotonic() - t0 < 30

@@ -24,7 +24,8 @@ W0, W1 = T0 - timedelta(days=1), T0 + timedelta(days=1)
 
 def job(ext: str, gpus: list[AllocatedGpu], hours: float, start: datetime = T0, **kw: Any) -> Allocation:
     kw.setdefault("account", "acct")
-    return Allocation("c", "slurm", ext, user="u", start=start, end=start + timedelta(hours=hours), gpus=gpus,
+    kw.setdefault("user", "u")
+    return Allocation("c", "slurm", ext, start=start, end=start + timedelta(hours=hours), gpus=gpus,
                       **kw)
 
 

@@ -18,7 +18,7 @@ pod with the fields a kubelet and the taint manager write (the Kubernetes API's 
 By hand, 4 GPUs each, price 2.0 per GPU-hour: reserved 4 x (2 + 1 + 3) = 24 GPU-h; lost 4 x 2 = 8
 (infrastructure) + 4 x 1 = 4 (user) = 12 GPU-h, USD 24; useful time 12 / 24 = 50 %. Restarts: the Job
 retried 3 failed pods (status.failed 3, it has not given up; 2 of them seen, each followed by a later pod),
-no container restarted: 3 >= goodput_min_restarts 2, so one failed_restarts finding on the latest pod with
+no container restarted: 3 >= GOODPUT_MIN_RESTARTS 2, so one failed_restarts finding on the latest pod with
 the 12 lost GPU-hours, 1 failed pod the store never held (its GPU time not measured). Beside them the
 recorded ``inference/crashed-eval`` (no Job; its container OOMKilled after 30 min on 2 GPUs: 1 GPU-h, the
 user's, team unmapped) is a lost run of its own.
@@ -42,7 +42,6 @@ from auditor.collect import collect as collect_all
 from auditor.config import Config
 from auditor.report.context import build_context
 from auditor.store.engine import Store
-from connectors.k8s_resources import FAILURE_LABEL
 
 TOKEN_ENV = "GPU_AUDIT_TEST_K8S_TOKEN"
 W0 = datetime(2026, 11, 29, 0, 0, tzinfo=UTC)
@@ -100,16 +99,19 @@ def test_job_backoff_is_lost_gpu_hours_and_restarts(store: Store, store_url: str
     assert all(r.ok for r in collect_all(store, c, base_dir=tmp_path, now=datetime.now(UTC)).results)
     with store.engine.connect() as conn:
         jobs = {r.name: r for r in conn.execute(text("SELECT * FROM kube_jobs"))}
-        labels = {r.name: r.labels for r in conn.execute(text(
-            "SELECT name, labels FROM allocations WHERE name LIKE 'llama-ft%'"))}
+        pods = {r.name: r for r in conn.execute(text(
+            "SELECT name, labels, failure_reason, job_uid FROM allocations WHERE name LIKE 'llama-ft%'"))}
     # both recorded GPU Jobs are stored; llama-ft with the status given above
     assert sorted(jobs) == ["llama-ft", "resnet-sweep-7"]
     lf = jobs["llama-ft"]
     assert (lf.uid, lf.namespace, lf.backoff_limit, lf.failed, lf.active, lf.state) == \
         ("c6317465-fd6a-47f2-a55d-899ca2d14f96", "ml-train", 3, 3, 1, "Running")
-    assert evidence(labels["llama-ft-a1"])[FAILURE_LABEL] == "DeletionByTaintManager"
-    assert evidence(labels["llama-ft-b2"])[FAILURE_LABEL] == "Error"
-    assert FAILURE_LABEL not in evidence(labels["llama-ft-x7k2p"])
+    assert pods["llama-ft-a1"].failure_reason == "DeletionByTaintManager"
+    assert pods["llama-ft-b2"].failure_reason == "Error"
+    assert pods["llama-ft-x7k2p"].failure_reason is None
+    # every pod of the Job carries its uid on the record, none keeps a label of ours
+    assert {p.job_uid for p in pods.values()} == {lf.uid}
+    assert not any("gpu-audit.io/failure-reason" in evidence(p.labels) for p in pods.values())
 
     rid = run_audit(store, c, W0, W1).run_id
     g = build_context(store, c, rid)["goodput"]
@@ -138,11 +140,11 @@ def test_job_backoff_is_lost_gpu_hours_and_restarts(store: Store, store_url: str
 
 
 def test_a_job_that_gave_up_and_the_other_causes(store: Store, store_url: str, server: K8sServer,
-                                                 tmp_path: Path) -> None:
+                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same Job after its last pod failed too, preempted by the scheduler (DisruptionTarget
     PreemptionByScheduler: preempted), and the Job gave up (condition Failed, BackoffLimitExceeded): the last
     failure is no retry, so 3 restarts (status.failed 4, less the one not retried), and the preempted pod's
-    3 h x 4 = 12 GPU-h are lost as preempted. With goodput_min_restarts 4 there is no finding."""
+    3 h x 4 = 12 GPU-h are lost as preempted. With GOODPUT_MIN_RESTARTS 4 there is no finding."""
     backoff(server)
     pods = server.replay.data["pods"]
     last = next(p for p in pods if p["metadata"]["name"] == "llama-ft-x7k2p")
@@ -163,8 +165,36 @@ def test_a_job_that_gave_up_and_the_other_causes(store: Store, store_url: str, s
                                         "'failed_restarts'"), {"r": rid}).scalar_one())
     assert (ev["restarts"], ev["unseen_failed_pods"]) == (3, 1)
     assert ev["kubernetes_job"]["state"] == "Failed" and ev["kubernetes_job"]["reason"] == "BackoffLimitExceeded"
-    c4 = cfg(store_url, server, goodput_min_restarts=4)
-    rid4 = run_audit(store, c4, W0, W1).run_id
+    from auditor.audit import goodput
+
+    monkeypatch.setattr(goodput, "GOODPUT_MIN_RESTARTS", 4)
+    rid4 = run_audit(store, c, W0, W1).run_id
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM findings WHERE run_id = :r AND kind = 'failed_restarts'"),
                             {"r": rid4}).scalar() == 0
+
+
+def test_migration_puts_the_stored_pods_failure_and_job_on_the_record(store_url: str) -> None:
+    """0039_pod_failure: a pod stored before it (the failure reason under our label, the Job's uid under the Job
+    controller's) reads the same after it: its failure reason and Job uid in their columns, our label gone, the
+    user's labels kept; a Slurm job's labels untouched."""
+    s = Store.open(store_url)
+    s.upgrade("0038_prompt_cache")
+    old = {"controller-uid": "u-1", "team": "nlp", "gpu-audit.io/failure-reason": "Evicted"}
+    with s.begin() as conn:
+        for ext, src, labels in (("p1", "kubernetes", old), ("p2", "kubernetes", {"batch.kubernetes.io/controller-uid":
+                                 "u-2", "controller-uid": "u-2"}), ("7", "slurm", {"controller-uid": "x"})):
+            conn.execute(text("INSERT INTO allocations (cluster, source, external_id, instance_ts, name, user_name, "
+                              "account, partition, qos, state, reservation, owner_workload, labels, gpu_count) VALUES "
+                              "('c', :src, :ext, 0, '', '', '', '', '', 'Failed', '', '', :labels, 1)"),
+                         {"src": src, "ext": ext, "labels": json.dumps(labels)})
+    s.upgrade()
+    with s.engine.connect() as conn:
+        rows = {r.external_id: r for r in conn.execute(text(
+            "SELECT external_id, labels, failure_reason, job_uid FROM allocations"))}
+    assert (rows["p1"].failure_reason, rows["p1"].job_uid, evidence(rows["p1"].labels)) == \
+        ("Evicted", "u-1", {"controller-uid": "u-1", "team": "nlp"})
+    assert (rows["p2"].failure_reason, rows["p2"].job_uid) == (None, "u-2")
+    assert (rows["7"].failure_reason, rows["7"].job_uid, evidence(rows["7"].labels)) == \
+        (None, None, {"controller-uid": "x"})
+    s.engine.dispose()

@@ -101,14 +101,19 @@ def test_ghost_busy_on_unallocated_gpus(store: Store) -> None:
     assert s["findings"]["ghost_busy"] == 4
 
 
-def test_ghost_minimum_is_a_setting(store: Store) -> None:
+def test_ghost_minimum_decides(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GHOST_UNALLOCATED_MIN_MINUTES (auditor.audit.ghosts; a setting until issue 45) decides."""
+    from auditor.audit import ghosts
+
     store.ingest(ghost_fleet())
     # 20 min: n1 GPU 2's 25 minutes now count (0.4167 h); 61 min: only n1 GPU 0's 60 min... which is below 61
-    run = run_audit(store, parse({"thresholds": {"ghost_unallocated_min_minutes": 20}}), W0, W1)
+    monkeypatch.setattr(ghosts, "GHOST_UNALLOCATED_MIN_MINUTES", 20)
+    run = run_audit(store, Config(), W0, W1)
     got = sorted((ev(r.evidence)["node"], ev(r.evidence)["gpu_index"], round(r.gpu_hours, 4))
                  for r in rows(store, run.run_id, "ghost_busy") if r.allocation_id is None)
     assert got == [("n1", 0, 1.0), ("n1", 1, 0.5), ("n1", 2, 0.4167), ("n1", 3, 0.5)]
-    run = run_audit(store, parse({"thresholds": {"ghost_unallocated_min_minutes": 61}}), W0, W1)
+    monkeypatch.setattr(ghosts, "GHOST_UNALLOCATED_MIN_MINUTES", 61)
+    run = run_audit(store, Config(), W0, W1)
     assert [r for r in rows(store, run.run_id, "ghost_busy") if r.allocation_id is None] == []
 
 
@@ -269,12 +274,17 @@ def test_request_hygiene_per_team(store: Store) -> None:
     ]
 
 
-def test_request_hygiene_thresholds_are_settings(store: Store) -> None:
+def test_request_hygiene_constants_decide(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule's constants (auditor.audit.hygiene; settings until issue 45) decide."""
+    from auditor.audit import hygiene
+
     store.ingest(hygiene_fleet())
     # runtime ratio 0.3: u1's median 0.25 is now below; unused share 0.6: u3's 50 % no longer; min jobs 4: u4
     # (median 0.1) joins
-    cfg = parse({"thresholds": {"hygiene_runtime_ratio": 0.3, "hygiene_unused_gpus": 0.6, "hygiene_min_jobs": 4}})
-    run = run_audit(store, cfg, W0, W1)
+    monkeypatch.setattr(hygiene, "HYGIENE_RUNTIME_RATIO", 0.3)
+    monkeypatch.setattr(hygiene, "HYGIENE_UNUSED_GPUS", 0.6)
+    monkeypatch.setattr(hygiene, "HYGIENE_MIN_JOBS", 4)
+    run = run_audit(store, Config(), W0, W1)
     assert sorted(r.user_name for r in rows(store, run.run_id, "request_hygiene")) == ["u1", "u2", "u4"]
 
 

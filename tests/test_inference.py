@@ -42,12 +42,14 @@ The scenario (two hours from T0, samples every 30 s, price 2.00 per GPU-hour, so
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from auditor.audit.run import run_audit
@@ -56,7 +58,7 @@ from auditor.records import AllocatedGpu, Allocation, GpuBucket, InferenceBucket
 from auditor.report.chargeback import chargeback, totals
 from connectors.aliases import INFERENCE_ALIASES
 from connectors.base import Context, Problems, Window
-from connectors.inference import InferenceTelemetry, names_read, parse_page
+from connectors.inference import InferenceTelemetry
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "inference"
 NOW = int(time.time())
@@ -78,6 +80,21 @@ EXPECTED = {"Deployment/triton-vllm": (36000, 4.0 / 36000 * 1e6, None, False),
             "StatefulSet/sglang": (216000, 4.0 / 216000 * 1e6, 48.0, False),
             "StatefulSet/tgi": (360000, 4.0 / 360000 * 1e6, 8.0, False)}
 ALL_TOKENS = sum(e[0] for e in EXPECTED.values())  # 828,000
+
+
+def parse_page(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Samples of one metrics page by name (the Prometheus text format, prometheus_client's parser):
+    what a scrape of the engine gives, for checking that its names are the ones the queries read."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[s.name].append((dict(s.labels), float(s.value)))
+    return dict(out)
+
+
+def names_read(engine: str) -> set[str]:
+    """The metric names the queries of ``engine`` read."""
+    return {r.name for reads in INFERENCE_ALIASES[engine].values() for r in reads}
 
 
 def page(name: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -108,3 +108,22 @@ def test_prune_dry_run_and_the_cli_say_the_inference_buckets(store: Store, store
     out = run_cli("-c", str(tmp_path / "c.toml"), "db", "prune", "--keep-weeks", "0", "--now", "2026-11-02T13:00")
     assert out.returncode == 0, out.stderr
     assert "30 inference buckets into 3 hourly ones" in out.stdout, out.stdout
+
+
+def test_a_statefulset_pod_replaced_inside_one_bucket_splits_its_tokens_by_time(store: Store) -> None:
+    """Issue 44: ``serve/sglang-0`` replaced inside the 10:05 bucket: pod A held it 10:00-10:07, pod B
+    10:07:30-10:20. Four buckets of 12,000 tokens: 48,000 generated, 48,000 counted (it read 60,000: the 10:05
+    bucket whole for both). The 10:05 bucket splits by the seconds each held of it: A 120 s, B 150 s of the
+    270 s held, 5,333.3 and 6,666.7; A 12,000 + 5,333.3 = 17,333.3, B 6,666.7 + 24,000 = 30,666.7."""
+    def alloc(uid: str, start: timedelta, end: timedelta) -> Allocation:
+        return Allocation("c", "kubernetes", uid, name="sglang-0", account="serve", user="u", start=T0 + start,
+                          end=T0 + end, owner_workload="StatefulSet/sglang", labels={"team": "t"},
+                          gpus=[AllocatedGpu("n1", 0)])
+
+    store.ingest([alloc("uid-a", 0 * M, 7 * M), alloc("uid-b", 7.5 * M, 20 * M),
+                  *[InferenceBucket("c", "sglang", "serve/sglang-0", T0 + 5 * i * M, 300, generated_tokens=12000.0,
+                                    running_mean=8.0) for i in range(4)]])
+    tokens, _ = audited(store)
+    assert sum(tokens.values()) == pytest.approx(48000.0), tokens
+    assert tokens == {"uid-a": pytest.approx(12000.0 + 12000.0 * 120 / 270),
+                      "uid-b": pytest.approx(12000.0 * 150 / 270 + 24000.0)}

@@ -8,10 +8,12 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from helpers import gpu_usage
 from sqlalchemy import text
 from test_findings_extra import IDLE, T0, W0, W1, WORK, findings, job, run
 
+from auditor.audit import infra
 from auditor.audit.run import run_audit
 from auditor.config import Config, Thresholds
 from auditor.records import AllocatedGpu, NodeEvent
@@ -29,7 +31,7 @@ def fleet() -> list[Any]:
     """Job A holds n1 GPUs 0 and 1 for 4 h. GPU 0 works throughout. GPU 1 works 0-1 h, is idle 1 h-3 h 30
     and works again to 4 h; an XID error hit it from 1 h 02 to 1 h 58, then n1 was drained from 3 h 45
     (ongoing past the job's end, to 4 h 15). Job B holds n2 GPU 0 for 3 h, idle; n2's GPU 0 threw three
-    separate XID errors of 5 min (a lemon at lemon_min_faults = 3)."""
+    separate XID errors of 5 min (a lemon at LEMON_MIN_FAULTS = 3)."""
     recs: list[Any] = [job("A", [AllocatedGpu("n1", 0), AllocatedGpu("n1", 1)], hours=4),
                        job("B", [AllocatedGpu("n2", 0)], hours=3)]
     recs += run("n1", 0, 0, 48, **WORK)
@@ -71,7 +73,7 @@ def test_infra_time_is_its_own_class_and_out_of_user_findings(store: Store) -> N
     assert abs(s["idle_only_gpu_hours"] - (90 + 165) / 60) < 1e-9
 
 
-def test_nodes_that_cost_us_and_the_lemon(store: Store) -> None:
+def test_nodes_that_cost_us_and_the_lemon(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     store.ingest(fleet(), seen_at_ts=0)
     res = run_audit(store, Config(), W0, W1)
     nodes = {n["node"]: n for n in res.summary["infra_nodes"]}
@@ -90,8 +92,10 @@ def test_nodes_that_cost_us_and_the_lemon(store: Store) -> None:
     ev = rows[0].evidence if isinstance(rows[0].evidence, dict) else json.loads(rows[0].evidence)
     assert ev["recipient"] == "operations" and ev["node"] == "n2" and ev["faults_by_kind"] == {"xid": 3}
     assert abs(rows[0].gpu_hours - 0.25) < 1e-9 and abs(rows[0].cost - 0.5) < 1e-9
-    # the threshold is a setting: at 4 faults n2 is no lemon
-    res4 = run_audit(store, Config(thresholds=Thresholds(lemon_min_faults=4)), W0, W1)
+    # the constant decides (auditor.audit.infra.LEMON_MIN_FAULTS, a setting until issue 45): at 4 faults n2 is no
+    # lemon
+    monkeypatch.setattr(infra, "LEMON_MIN_FAULTS", 4)
+    res4 = run_audit(store, Config(), W0, W1)
     assert not findings(store, res4.run_id, "lemon_node")
     assert "lemon_node" not in res4.summary["findings"]
 

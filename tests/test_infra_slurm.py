@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
-from test_slurm_live import CLUSTER, sh, slurm_ready
+from test_slurm_live import CLUSTER, sh
 
 from auditor.records import NodeEvent
 from connectors import build
 from connectors.base import Context, Problems, Window
 from connectors.slurm.events import event_kind, parse_events
-from tests.conftest import need, port_open
+from tests.conftest import need, need_slurm, port_open
 
 FIX = Path(__file__).parent / "fixtures" / "slurm" / "sacctmgr-show-event.txt"
 REST_DRAINED = Path(__file__).parent / "fixtures" / "slurm" / "slurmrestd-v0.0.38-nodes-drained.json"
@@ -110,7 +110,8 @@ def _rest_opts() -> dict:
 def test_live_rest_backend_sees_the_drain_and_a_listing_ends_it(store) -> None:  # noqa: ANN001 - fixture
     """slurmrestd's node list shows the drain (since reason_changed_at, with the reason); after the resume the
     next listing's snapshot ends the stored event at its last sighting."""
-    need(slurm_ready() and port_open("127.0.0.1", 6820), "no running Slurm with slurmrestd on 127.0.0.1:6820")
+    need_slurm()
+    need(port_open("127.0.0.1", 6820), "no slurmrestd of the Slurm testbed on 127.0.0.1:6820")
     node, reason = "gpu-node-01", f"gpu-audit infra rest test {uuid.uuid4().hex[:8]}"
     opts = _rest_opts()
     try:
@@ -141,7 +142,7 @@ def test_live_rest_backend_sees_the_drain_and_a_listing_ends_it(store) -> None: 
 @pytest.mark.service
 @pytest.mark.serial
 def test_live_drained_node_is_collected_with_its_reason(store) -> None:  # noqa: ANN001 - fixture
-    need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
+    need_slurm()  # its reason names why (a foreign Slurm: "no Slurm testbed: ...")
     node, reason = "gpu-node-02", f"gpu-audit infra test {uuid.uuid4().hex[:8]}"
     try:
         sh("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")

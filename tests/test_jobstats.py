@@ -48,18 +48,21 @@ def test_summaries_and_slurm_gpuutil_become_per_gpu_buckets() -> None:
     for b in buckets:
         rows[(b.hpc_job, b.host, b.gpu)].append(b)
     # 101: 08:00-09:00 on gpu-node-01 GPUs 0 and 3 -> 12 five-minute buckets each
-    # 103: no summary; batch step gres/gpuutil=37, gres/gpumem=2048M -> 08:10-08:40 = 6 buckets, slots 0 and 1
+    # 103: no summary; batch step gres/gpuutil=37, gres/gpumem=2048M over its 2 GPUs: since Slurm 24.05.1 a
+    #      SUM over the task's GPUs, not a per-GPU reading -> no buckets (before: 37 % copied onto both GPUs)
+    # 108: 1 GPU, gpuutil=64 -> that GPU's reading, 08:20-08:30 = 2 buckets; 109: 4 GPUs, sum 0 -> each GPU 0
     # 106_2: 08:02:30-08:07:30 touches the 08:00 and 08:05 buckets, one GPU on each node
     # 102 (JS1:Short), 104 (corrupt), 105 (CPU only), 107 (running): nothing
     assert {k: len(v) for k, v in rows.items()} == {
         ("101", "gpu-node-01", 0): 12, ("101", "gpu-node-01", 3): 12,
-        ("103", "gpu-node-02", 0): 6, ("103", "gpu-node-02", 1): 6,
+        ("108", "gpu-node-02", 0): 2, **{("109", "gpu-node-02", k): 2 for k in range(4)},
         ("106_2", "gpu-node-01", 1): 2, ("106_2", "gpu-node-02", 0): 2}
     g0 = rows[("101", "gpu-node-01", 0)]
     assert {(b.gpu_util, b.fb_used_mib) for b in g0} == {(0.985, 40960.0)}  # 98.5 %; 42949672960 B = 40 GiB
     assert sorted(b.start for b in g0) == [T0 + timedelta(minutes=5 * i) for i in range(12)]
     assert {(b.gpu_util, b.fb_used_mib) for b in rows[("101", "gpu-node-01", 3)]} == {(0.0, 1.0)}
-    assert {(b.gpu_util, b.fb_used_mib) for b in rows[("103", "gpu-node-02", 1)]} == {(0.37, 2048.0)}
+    assert {(b.gpu_util, b.fb_used_mib) for b in rows[("108", "gpu-node-02", 0)]} == {(0.64, 4096.0)}
+    assert {(b.gpu_util, b.fb_used_mib) for k in range(4) for b in rows[("109", "gpu-node-02", k)]} == {(0.0, 0.0)}
     assert {b.gpu_util for b in rows[("106_2", "gpu-node-02", 0)]} == {0.55}
     assert all(b.sm_active is None and b.samples == 1 and b.seconds == 300 for b in buckets)
     # the corrupt summary is quarantined with its job, nothing else is
@@ -69,11 +72,11 @@ def test_summaries_and_slurm_gpuutil_become_per_gpu_buckets() -> None:
 def test_window_clips_and_hourly_buckets_and_fallback_off() -> None:
     half = Window(T0 + timedelta(minutes=30), T0 + timedelta(hours=2), 300)
     buckets, _ = read(half)
-    # 101 from 08:30 to 09:00 = 6 buckets x 2 GPUs; 103 from 08:30 to 08:40 = 2 x 2; 106_2 ended before
-    assert len(buckets) == 6 * 2 + 2 * 2
+    # 101 from 08:30 to 09:00 = 6 buckets x 2 GPUs; 103 only a sum; 106_2, 108 and 109 ended before
+    assert len(buckets) == 6 * 2
     hourly, _ = read(bucket_seconds=3600)
-    # 101: one 08:00 bucket per GPU; 103: one; 106_2: one per GPU -> 6 rows of 3600 s
-    assert len(hourly) == 6 and {b.seconds for b in hourly} == {3600}
+    # 101: one 08:00 bucket per GPU; 106_2: one per GPU; 108: one; 109: one per GPU -> 9 rows of 3600 s
+    assert len(hourly) == 9 and {b.seconds for b in hourly} == {3600}
     none, _ = read(fallback="none")
     assert {b.hpc_job for b in none} == {"101", "106_2"}
 
@@ -115,3 +118,16 @@ def test_summary_audited_end_to_end_at_any_row_width(store_url: str, tmp_path: P
                                 "ON a.id = u.allocation_id WHERE u.run_id = :r AND a.external_id = '101'"),
                            {"r": rid}).one()
     assert (row.reserved_s, row.idle_s) == (7200, 3600)
+
+
+def test_slurm_gpuutil_is_a_sum_never_copied_onto_each_gpu() -> None:
+    """Since Slurm 24.05.1 gres/gpuutil and gres/gpumem are sums over a task's GPUs (SchedMD/slurm
+    CHANGELOG/slurm-24.05.md, 24.05.1): on job 103 (2 GPUs, 37 %) no GPU gets 37 % as its reading; the
+    source's note says that only the sum is known, with the job's figure."""
+    src = build("jobstats", "telemetry", {"paths": ["sacct-admincomment-js1.txt"]}, Context("lab", FIX))
+    buckets = list(src.collect(WIN, Problems()))
+    assert not [b for b in buckets if b.hpc_job == "103"]
+    assert src.counts["tres_sum_only"] == 1 and src.counts["tres_fallback"] == 2
+    (note,) = src.notes
+    assert "1 multi-GPU jobs have only Slurm's gres/gpuutil or gres/gpumem, a sum over each task's GPUs" in note
+    assert "job 103: 37 % over 2 GPUs" in note and "unknown, never idle" in note

@@ -14,14 +14,14 @@ from connectors import build
 from connectors.base import Context, Problems, Window
 from connectors.slurm.jobstats import encode_js1
 from connectors.slurm.parse import gpu_items, kv_pairs, scontrol_records
-from tests.conftest import need
-from tests.test_slurm_live import CLUSTER, in_sacct, job_state, sbatch, sh, slurm_ready, wait
+from tests.conftest import need_slurm
+from tests.test_slurm_live import CLUSTER, in_sacct, job_state, sbatch, sh, wait
 
 
 @pytest.mark.service
 @pytest.mark.serial
 def test_summary_in_admin_comment_read_back_with_sacct() -> None:
-    need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
+    need_slurm()  # its reason names why (a foreign Slurm: "no Slurm testbed: ...")
     job = sbatch("-o", "/tmp/gpu-audit-js-%j.out", "--uid=alice", "-A", "team-a", "--gres=gpu:2", "-t", "5",
                  "--wrap", "sleep 8")
     try:

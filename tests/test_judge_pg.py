@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from auditor.audit import run as audit
-from auditor.audit import usage
+from auditor.audit.judging import Judging
 from auditor.config import Config, Thresholds
 from auditor.simulate import FleetSpec, populate
 from auditor.store.engine import Store
@@ -53,10 +53,8 @@ def test_both_engines_judge_alike(pg_schema_url: str, tmp_path: Any) -> None:
         for whole in (True, False):
             rows = []
             for store in stores:
-                with pytest.MonkeyPatch.context() as m:
-                    m.setattr(usage, "WHOLE_HOURS", whole)
-                    rows.append(_usage(store, audit.run_audit(store, Config(), SPEC.start, SPEC.end,
-                                                              thresholds=th).run_id))
+                rows.append(_usage(store, audit.run_audit(store, Config(), SPEC.start, SPEC.end, thresholds=th,
+                                                          judging=Judging(whole_hours=whole)).run_id))
             a, b = rows
             assert len(a) == len(b) > 50
             assert [x for x, y in zip(a, b, strict=True) if not _same(x, y)] == []

@@ -50,3 +50,16 @@ def test_contracts_hold() -> None:
     need(Path(exe).exists(), "import-linter not installed (pip install -e '.[test]')")
     res = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+
+
+#: (importer, imported) pairs kept apart by a ``forbidden`` contract (issue 45): each moved to the layer that owns
+#: it (parse_listen and source_key into config, resource_dir out of the store, a pod's failure and Job on the
+#: record), and kept out by the contract
+FORBIDDEN = {("auditor.audit", "connectors"), ("auditor.web", "auditor.daemon"), ("auditor.report", "auditor.daemon"),
+             ("auditor.web", "auditor.collect"), ("auditor.enforce", "auditor.collect")}
+
+
+def test_forbidden_contracts_keep_the_rooms_apart() -> None:
+    pairs = {(s, f) for c in _contracts() if c["type"] == "forbidden"
+             for s in c["source_modules"] for f in c["forbidden_modules"]}
+    assert FORBIDDEN <= pairs, f"missing forbidden contracts: {sorted(FORBIDDEN - pairs)}"

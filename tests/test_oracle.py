@@ -41,7 +41,8 @@ FEATURES = detect()
 PRICES = PriceCard(default=2.0, models={"h100": 4.0, "a100": 2.5}, mig={"1g.10gb": 0.75})
 TOL_S = 1e-6 * HOUR  # 1e-6 GPU-hours
 SECONDS = ("reserved", "observed", "idle", "idle_by_util", "mirage", "low", "working", "busy_unverified",
-           "unknown", "effective", "infra")
+           "idle_by_counters", "busy_by_counters", "engine_spin", "unknown", "effective", "infra", "input_wait",
+           "host_busy_idle")
 # per allocated GPU also the waiting classes memory, communication, starved and the straggler candidates lead and
 # waitable (usage_gpu columns; GpuResult.sums)
 
@@ -82,10 +83,9 @@ def scraped(records: list[Any]) -> list[Any]:
     return [r for r in records if not isinstance(r, Sample)] + [b for bb in builders.values() for b in bb.buckets()]
 
 
-def run_code(store: Store, fleet: Fleet, empty: Any = None) -> dict[str, Any]:
-    """The real pipeline on one fleet: ingest, prune, audit; then the run's rows keyed like the oracle's.
-    ``empty``: how to empty the store first (default :func:`clear`; a sharded store keeps its layout)."""
-    (empty or clear)(store)
+def run_code(store: Store, fleet: Fleet) -> dict[str, Any]:
+    """The real pipeline on one fleet: ingest, prune, audit; then the run's rows keyed like the oracle's."""
+    clear(store)
     for op in fleet.ops:
         if op[0] == "ingest":
             store.ingest(scraped(op[1]), seen_at_ts=fleet.since)
@@ -215,9 +215,9 @@ def compare(fleet: Fleet, code: dict[str, Any], want: dict) -> list[str]:
 STATS: dict[str, int] = {}
 
 
-def check(store: Store, fleet: Fleet, empty: Any = None) -> None:
+def check(store: Store, fleet: Fleet) -> None:
     want = run_oracle(fleet)
-    got = run_code(store, fleet, empty)
+    got = run_code(store, fleet)
     bad = compare(fleet, got, want)
     assert not bad, "code and oracle differ:\n" + "\n".join(bad[:40]) + f"\non\n{fleet!r}"
     STATS["fleets"] = STATS.get("fleets", 0) + 1

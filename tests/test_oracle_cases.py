@@ -238,3 +238,28 @@ def test_window_cut_and_running_allocation_stop_at_the_horizon() -> None:
     # running job from -1 h; window [0, 2 h), now = 30 min: reserved [0, 1800) only; no telemetry: unknown.
     r = oracle([job("R", [AllocatedGpu("n0", 0)], -3600, None)], since=0, until=7200, now=1800)["R"]
     assert r.totals["reserved"] == 1800 and r.totals["unknown"] == 1800
+
+
+def test_free_gpu_samples_at_the_edges_are_clipped_to_the_allocation(store: Store) -> None:
+    # Issue 44, site trial: free-GPU samples before a job started (or after it ended), in a bucket without a
+    # span (a source that counts samples: Prometheus), were counted as the job's first (last) seconds.
+    # Job 1 holds n0:0 [150, 1650), no job labels. Bucket [0, 300): 150 s observed, SM 0 (the free GPU before
+    # the job), no span: the job holds the bucket's last 150 s, so 150 - 150 = 0 observed seconds must be its
+    # own. Buckets [300, 1500): SM 0.9, whole: 1,200 s working. Bucket [1500, 1800): 200 s observed, SM 0.9, no
+    # span: the job holds its first 150 s, so at least 200 - 150 = 50 s are its own: 50 s working.
+    # Reserved 1,500 s = working 1,250 + idle 0 + unknown 250. (Before the fix: idle 150, working 1,350,
+    # unknown 0.) Job 2 holds n1:0 [150, 450) whose rows carry its label: its own 150 s of [0, 300) count.
+    recs = [job("1", [AllocatedGpu("n0", 0)], 150, 1650),
+            bucket("n0", 0, 0, 10, sm_active=0.0, observed_s=150.0),
+            *(bucket("n0", 0, 300 * k, sm_active=0.9) for k in range(1, 5)),
+            bucket("n0", 0, 1500, 14, sm_active=0.9, observed_s=200.0),
+            job("2", [AllocatedGpu("n1", 0)], 150, 450),
+            bucket("n1", 0, 0, 10, hpc_job="2", job="2", sm_active=0.0, observed_s=150.0),
+            bucket("n1", 0, 300, 10, hpc_job="2", job="2", sm_active=0.0, observed_s=150.0)]
+    want = oracle(recs)
+    assert (want["1"].totals["working"], want["1"].totals["idle"], want["1"].totals["unknown"]) == (1250, 0, 250)
+    # job 2's own labelled rows: 150 s in each bucket inside its reservation, 300 s idle, nothing unknown
+    assert (want["2"].totals["idle"], want["2"].totals["unknown"]) == (300, 0)
+    got = _audit(store, recs, None, 0, 7200)
+    assert (got["1"]["working_s"], got["1"]["idle_s"], got["1"]["unknown_s"]) == (1250, 0, 250), got["1"]
+    assert (got["2"]["idle_s"], got["2"]["unknown_s"]) == (300, 0)

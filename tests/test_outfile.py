@@ -78,25 +78,25 @@ def test_regular_file_replaced_atomically_keeping_its_mode(tmp_path: Path) -> No
     p.chmod(0o640)
     old = os.lstat(p).st_ino
     with pytest.raises(RuntimeError), ExitStack() as stack:
-        open_output(p, stack).write("half")
+        open_output(p, stack, named=True).write("half")
         raise RuntimeError("export failed midway")
     assert p.read_text() == "old\n" and not list(tmp_path.glob(".*.tmp"))  # a failure leaves the old file
-    write_text(p, "new\n")
+    write_text(p, "new\n", named=True)
     assert p.read_text() == "new\n" and os.lstat(p).st_ino != old and stat.S_IMODE(os.lstat(p).st_mode) == 0o640
-    write_text(tmp_path / "fresh.csv", "x")
+    write_text(tmp_path / "fresh.csv", "x", named=True)
     assert (tmp_path / "fresh.csv").read_text() == "x"
 
 
 def test_directory_and_dangling_link(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     with pytest.raises(GpuAuditError, match=r"cannot write .*d: it is a directory$"):
-        write_text(tmp_path / "d", "x")
+        write_text(tmp_path / "d", "x", named=True)
     (tmp_path / "to-d").symlink_to(tmp_path / "d")
     with pytest.raises(GpuAuditError, match=r"a link to .*d\): it is a directory$"):
-        write_text(tmp_path / "to-d", "x")
+        write_text(tmp_path / "to-d", "x", named=True)
     dangling = tmp_path / "new-link"
     dangling.symlink_to(tmp_path / "target.csv")
-    write_text(dangling, "rows\n")
+    write_text(dangling, "rows\n", named=True)
     assert dangling.is_symlink() and (tmp_path / "target.csv").read_text() == "rows\n"
 
 

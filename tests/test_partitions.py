@@ -66,6 +66,12 @@ def test_migration_converts_a_populated_table_and_back(pg_schema_url: str, monke
     # Sunday 2026-11-01 23:00 .. Monday 2026-11-02 01:00: 24 five-minute buckets x 2 GPUs, 12 x 2 each side
     with monkeypatch.context() as m:  # today's ingest into a 0009 store: it has no judged_dirty (0015) to mark
         m.setattr(judged, "mark_rows", lambda conn, rows: 0)
+        from auditor.store import ingest  # nor gpu_buckets.sm_exact (0032)
+
+        row, n = ingest._row, len(ingest.EXACT_FIELDS)
+        m.setattr(ingest, "BUCKET_COLS", ingest.BUCKET_COLS[:-n])
+        m.setattr(ingest, "EXACT_FIELDS", ())
+        m.setattr(ingest, "_row", lambda gid, b: row(gid, b)[:-n])
         store.ingest(_buckets(MON - timedelta(hours=1), 24), seen_at_ts=1)
     before = _rows(store)
     assert len(before) == 48 and _fk_count(store) == 1

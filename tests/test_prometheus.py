@@ -26,6 +26,14 @@ from connectors import build
 from connectors.base import Context, Problems, Window
 from connectors.prometheus import PrometheusTelemetry
 
+
+@pytest.fixture(autouse=True)
+def _short_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries 10 ms apart (connectors.retry.BACKOFF_S, an option until issue 45), so the fault tests run fast."""
+    from connectors import retry
+
+    monkeypatch.setattr(retry, "BACKOFF_S", 0.01)
+
 ROOT = Path(__file__).resolve().parent.parent
 PROM_URL = os.environ.get("GPU_AUDIT_TEST_PROM_URL", "http://127.0.0.1:19090")
 PROM_DIR = Path(os.environ.get("GPU_AUDIT_TEST_PROM_DIR", "/var/lib/gpu-audit-testbed/test"))
@@ -215,7 +223,7 @@ def test_bad_query_is_a_one_line_400(state: dict) -> None:
 
 def test_down_is_a_transient_source_error() -> None:
     src = PrometheusTelemetry(Context("c"), PrometheusTelemetry.Options(
-        url=f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.01))
+        url=f"http://127.0.0.1:{free_port()}", retries=1))
     t0 = time.monotonic()
     with pytest.raises(SourceError, match="cannot connect") as err:
         list(src.collect(Window(datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)),
@@ -278,7 +286,7 @@ def fault() -> Any:
 def fault_pull(srv: Any, mode: str, **opts: Any) -> tuple[list, Problems]:
     srv.mode = mode
     src = PrometheusTelemetry(Context("c"), PrometheusTelemetry.Options(
-        url=f"http://127.0.0.1:{srv.server_port}", backoff_s=0.01, **opts))
+        url=f"http://127.0.0.1:{srv.server_port}", **opts))
     problems = Problems()
     start = datetime.fromtimestamp(1795705200, UTC)
     return list(src.collect(Window(start, start + timedelta(minutes=5)), problems)), problems

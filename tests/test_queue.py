@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
+from auditor.audit import queue
 from auditor.audit.run import run_audit
 from auditor.config import Config, Team, Thresholds
 from auditor.records import AllocatedGpu, Allocation, GpuBucket, GpuQuota, GpuWait
@@ -97,9 +98,11 @@ def test_idle_while_queued_hand_computed(store: Store) -> None:
     assert q["waiting_jobs"] == 3 and q["waiting_gpu_hours"] == pytest.approx(41.0)
 
 
-def test_idle_while_queued_threshold(store: Store) -> None:
-    """4.0 idle GPU-h while queued is below a 4.5 h minimum: no finding; the summary still counts it."""
-    run_id, opp = audited(store, Thresholds(queue_min_idle_gpu_hours=4.5))
+def test_idle_while_queued_threshold(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4.0 idle GPU-h while queued is below a 4.5 h minimum (QUEUE_MIN_IDLE_GPU_HOURS, a setting until issue 45):
+    no finding; the summary still counts it."""
+    monkeypatch.setattr(queue, "QUEUE_MIN_IDLE_GPU_HOURS", 4.5)
+    run_id, opp = audited(store)
     assert findings(store, run_id, "idle_while_queued") == []
     assert opp["idle_while_queued"]["by_cluster"][0]["idle_gpu_hours"] == pytest.approx(4.0)
 
@@ -122,9 +125,10 @@ def test_idle_quota_hand_computed(store: Store) -> None:
     assert f["account"] == "acct-a" and f["gpu_hours"] == pytest.approx(26.0) and f["idle_gpu_hours"] == 0.0
 
 
-def test_idle_quota_thresholds(store: Store) -> None:
-    """Unused 6.5 of 8 is 81 %: an 82 % minimum share leaves no candidate."""
-    run_id, _ = audited(store, Thresholds(idle_quota_fraction=0.82))
+def test_idle_quota_thresholds(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unused 6.5 of 8 is 81 %: an 82 % minimum share (IDLE_QUOTA_FRACTION) leaves no candidate."""
+    monkeypatch.setattr(queue, "IDLE_QUOTA_FRACTION", 0.82)
+    run_id, _ = audited(store)
     assert findings(store, run_id, "idle_quota") == []
 
 

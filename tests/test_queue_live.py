@@ -17,14 +17,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
+from auditor.audit import queue
 from auditor.audit.run import run_audit
 from auditor.config import Config, Thresholds
 from auditor.records import Allocation, GpuBucket, GpuQuota, GpuWait
 from auditor.store.engine import Store
 from connectors import build
 from connectors.base import Context, Problems, Window
-from tests.conftest import need
-from tests.test_slurm_live import CLUSTER, job_state, sbatch, sh, slurm_ready, wait
+from tests.conftest import need, need_slurm
+from tests.test_slurm_live import CLUSTER, job_state, sbatch, sh, wait
 
 
 def _collect() -> tuple[list, int]:
@@ -41,8 +42,8 @@ def _epoch(text_: str) -> int:
 
 @pytest.mark.service
 @pytest.mark.serial
-def test_pending_job_waits_while_another_holds_gpus_idle(store: Store) -> None:
-    need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
+def test_pending_job_waits_while_another_holds_gpus_idle(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    need_slurm()  # its reason names why (a foreign Slurm: "no Slurm testbed: ...")
     qos = f"gpuaudit-q{uuid.uuid4().hex[:6]}"
     jobs: list[str] = []
     o = ["-o", "/tmp/gpuaudit-queue-%j.out", "-t", "10"]
@@ -96,7 +97,8 @@ def test_pending_job_waits_while_another_holds_gpus_idle(store: Store) -> None:
         # infra_kinds=[]: the shared testbed keeps the short drains tests/test_infra_slurm.py makes on these
         # nodes in its node events; one in the holder's 5-minute bucket (before the holder started) would leave
         # that bucket unjudged (infrastructure-affected: no verdict), so no idle time (seen in CI)
-        th = Thresholds(queue_min_idle_gpu_hours=0.0, min_finding_gpu_hours=0.0, infra_kinds=[])
+        monkeypatch.setattr(queue, "QUEUE_MIN_IDLE_GPU_HOURS", 0.0)
+        th = Thresholds(min_finding_gpu_hours=0.0, infra_kinds=[])
         run = run_audit(store, Config(thresholds=th), datetime.fromtimestamp(start - 600, UTC),
                         datetime.fromtimestamp(seen, UTC))
         # the wait is [Eligible, last sighting) = [eligible, seen); the holder's 8 GPUs were idle all of it

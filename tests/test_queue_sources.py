@@ -147,7 +147,7 @@ def test_file_rows_wait_and_quota_bad_ones_quarantined(tmp_path: Path) -> None:
     reasons = [(loc, why) for _src, loc, why, _excerpt in problems.items]
     assert [loc for loc, _ in reasons] == ["item 1", "item 2", "item 4"], reasons  # items count from 0
     assert "eligible: missing" in reasons[0][1] and "before eligible" in reasons[1][1]
-    assert "not qos or account" in reasons[2][1]
+    assert "is not qos, account or queue" in reasons[2][1]
 
 
 def test_guard_refuses_a_wait_that_is_no_gpu_count() -> None:

@@ -92,7 +92,8 @@ def test_rules_cover_every_alias_with_the_raw_bucket_expression() -> None:
     assert sources == set(METRIC_ALIASES) | JOB_ID_METRICS
     counted = {r.split(":")[1] for r in rules if r.endswith(":count5m")}
     assert "DCGM_FI_PROF_SM_ACTIVE" in counted and "nvidia_gpu_duty_cycle" in counted
-    assert "DCGM_FI_DEV_POWER_USAGE" not in counted  # samples come from SM_ACTIVE / GPU_UTIL only
+    assert {"DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"} <= counted
+    assert "DCGM_FI_DEV_POWER_USAGE" not in counted  # samples come from the activity fields only
 
 
 @pytest.mark.service

@@ -339,17 +339,18 @@ def test_cli_report_and_notify_on_the_demo(tmp_path: Path) -> None:
     assert go("audit", "--since", start.isoformat(), "--until", end.isoformat()).exit_code == 0
     res = go("report", "--format", "html", "--format", "md", "--out", str(tmp_path / "r"))
     assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["findings-1.csv", "report-1.html",
-                                                                "report-1.md"]
+    # and the manifest of the files gpu-audit wrote there (auditor/owned.py), so a later run replaces only those
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".gpu-audit-files.json", "findings-1.csv",
+                                                                "report-1.html", "report-1.md"]
     assert "spin-wait" in (tmp_path / "r" / "report-1.html").read_text()
     res = go("--json", "report", "--run", "1", "--format", "json", "--out", str(tmp_path / "j"))
     assert res.exit_code == 0 and json.loads(res.output)["files"][0].endswith("report-1.json")
     res = go("report", "--since", start.isoformat(), "--until", end.isoformat(), "--out", str(tmp_path / "w"))
-    assert res.exit_code == 0 and len(list((tmp_path / "w").iterdir())) == 5
+    assert res.exit_code == 0 and len(list((tmp_path / "w").iterdir())) == 5 + 1  # and the manifest (auditor/owned.py)
     assert go("report", "--run", "99").output.startswith("gpu-audit: error: no audit run 99")
     res = go("notify", "--dry-run", "--out", str(tmp_path / "eml"), "--no-users")
     assert res.exit_code == 0, res.output
-    emls = sorted(p.name for p in (tmp_path / "eml").iterdir())
+    emls = sorted(p.name for p in (tmp_path / "eml").iterdir() if p.suffix == ".eml")  # not the manifest
     assert emls[0].startswith("run1-admin-") and sum(n.startswith("run1-team-") for n in emls) == 3
     assert "wrote admin_report to gpu-platform@example.com" in res.output
     res = go("--json", "notify", "--dry-run", "--out", str(tmp_path / "eml2"), "--no-admin", "--no-teams")

@@ -102,7 +102,7 @@ def test_jobs_fire_on_a_fast_schedule(tmp_path: Path, sqlite_store: Store) -> No
     finally:
         d.shutdown()
     assert {tuple(c or []) for steps, c in rec.calls if steps == ["collect"]} == {("a",), ("b",)}
-    assert d.metrics.job_runs.labels("audit")._value.get() >= 3
+    assert d.metrics.registry.get_sample_value("gpu_audit_job_runs_total", {"job": "audit"}) >= 3
     assert not d.scheduler.running
 
 
@@ -146,7 +146,8 @@ def test_lease_keeps_a_second_daemon_out(tmp_path: Path, sqlite_store: Store) ->
     assert b.collect_job() == []
     t.join()
     assert rec_b.calls == [] and len(rec_a.calls) == 1
-    assert b.metrics.job_skips.labels("collect", "lease_held")._value.get() == 1
+    assert b.metrics.registry.get_sample_value("gpu_audit_job_skips_total",
+                                             {"job": "collect", "reason": "lease_held"}) == 1
     assert len(b.collect_job()) == 1  # released after a's run
 
 
@@ -348,7 +349,8 @@ def test_two_daemons_on_postgresql_send_one_weekly_email(tmp_path: Path, pg_sche
     time.sleep(1.5)
     for d in daemons:
         d.shutdown()
-    assert sum(d.metrics.job_runs.labels("report")._value.get() for d in daemons) >= 6
+    assert sum(d.metrics.registry.get_sample_value("gpu_audit_job_runs_total", {"job": "report"}) or 0
+               for d in daemons) >= 6
     assert sent.read_text().splitlines() == ["audit,report,notify"]
     with store.engine.connect() as c:
         assert c.execute(text("SELECT count(*) FROM notifications WHERE kind = 'weekly_report_run'")).scalar() == 1
@@ -407,7 +409,7 @@ def test_metrics_health_and_weekly_report_on_the_demo_fleet(tmp_path: Path, monk
         assert code == 200
         for c in cfg.clusters:
             for role in ("allocations", "telemetry"):
-                label = f'cluster="{c.name}",source="{role}[0]:file"'
+                label = f'cluster="{c.name}",source="{role}[0]:{getattr(c, role)[0].kind}"'
                 assert f"gpu_audit_last_collect_success_timestamp_seconds{{{label}}}" in body
                 assert f"gpu_audit_collect_lag_seconds{{{label}}}" in body
         assert 'gpu_audit_step_duration_seconds_count{step="collect"}' in body
@@ -428,11 +430,13 @@ def test_metrics_health_and_weekly_report_on_the_demo_fleet(tmp_path: Path, monk
         server.stop()
     ok, detail = health(store, cfg, 900, now=utcnow() + timedelta(hours=1))
     # every source of the demo is stale an hour later: each cluster's allocations, telemetry and node telemetry
-    # files, and the k8s cluster's inference metrics (auditor/demo.py writes seven sources)
+    # files, the k8s cluster's inference metrics, and the 2026 site's pods and saved /federate answer
+    # (auditor/demo.py writes nine sources)
     assert not ok and sorted(detail["stale"]) == ["hpc allocations[0]:file", "hpc telemetry[0]:file",
                                                   "hpc telemetry[1]:node_exporter", "k8s allocations[0]:file",
                                                   "k8s telemetry[0]:file", "k8s telemetry[1]:inference",
-                                                  "k8s telemetry[2]:node_exporter"], detail["stale"]
+                                                  "k8s telemetry[2]:node_exporter", "k8s-2026 allocations[0]:file",
+                                                  "k8s-2026 telemetry[0]:scrape"], detail["stale"]
     # the weekly job through the real steps (audit, report, notify in dry-run: .eml files)
     weekly = Daemon(store, cfg, base_dir=cfg_path.parent, dry_run=True)
     summary = weekly.report_job()
@@ -481,8 +485,8 @@ def test_example_config_is_valid() -> None:
 def test_deploy_files_agree() -> None:
     yaml = pytest.importorskip("yaml")
     kube = ROOT / "deploy" / "kubernetes"
-    dep = [d for d in yaml.safe_load_all((kube / "deployment.yaml").read_text()) if d]
-    cron = [d for d in yaml.safe_load_all((kube / "cronjob.yaml").read_text()) if d]
+    dep = [d for d in yaml.safe_load_all((kube / "daemon" / "deployment.yaml").read_text()) if d]
+    cron = [d for d in yaml.safe_load_all((kube / "cronjob" / "cronjob.yaml").read_text()) if d]
     pod = next(d for d in dep if d["kind"] == "Deployment")["spec"]["template"]["spec"]
     job = next(d for d in cron if d["kind"] == "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == job["serviceAccountName"] == "gpu-audit"

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from sqlalchemy import text
 
 from auditor.audit import run as audit
-from auditor.audit import usage
+from auditor.audit.judging import Judging
 from auditor.config import Config, Thresholds
 from auditor.records import Allocation, GpuBucket
 from auditor.simulate import BLOCK_NODES, FleetSpec, block_jobs, fleet_records, populate
@@ -93,17 +93,16 @@ def _same(x: tuple, y: tuple) -> bool:
 
 @pytest.mark.parametrize("th", [Thresholds(), Thresholds(util_fallback=False),
                                 Thresholds(working_sm=0.03, idle_power_w=100.0)])
-def test_aggregate_path_agrees_with_every_bucket_judged(sim_store: Store, th: Thresholds,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_aggregate_path_agrees_with_every_bucket_judged(sim_store: Store, th: Thresholds) -> None:
     """Multi-node jobs, Kubernetes pods attributed by labels, nodes without profiling fields and telemetry gaps:
     the audit reading whole hours from the judged aggregate (built for ``th``) writes the usage rows of the
-    audit judging every bucket from gpu_buckets (usage.WHOLE_HOURS off), under three threshold sets."""
+    audit judging every bucket from gpu_buckets (``Judging(whole_hours=False)``), under three threshold sets."""
     spec = SIM
     fast = audit.run_audit(sim_store, Config(), spec.start, spec.end, thresholds=th)
     with sim_store.engine.connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM judged_hours")).scalar() > 0
-    monkeypatch.setattr(usage, "WHOLE_HOURS", False)
-    ref = audit.run_audit(sim_store, Config(), spec.start, spec.end, thresholds=th)
+    ref = audit.run_audit(sim_store, Config(), spec.start, spec.end, thresholds=th,
+                          judging=Judging(whole_hours=False))
     a, b = _usage(sim_store, fast.run_id), _usage(sim_store, ref.run_id)
     assert len(a) == len(b) > 100
     assert [x for x, y in zip(a, b, strict=True) if not _same(x, y)] == []

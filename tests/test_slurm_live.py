@@ -23,7 +23,7 @@ from auditor.errors import SourceError
 from auditor.records import Allocation, GpuInventory, Reservation
 from connectors import build
 from connectors.base import Context, Problems, RunningSnapshot, Window
-from tests.conftest import need, port_open, slurm_testbed
+from tests.conftest import need, need_slurm, port_open, slurm_testbed
 
 CLUSTER = "auditlab"
 
@@ -78,7 +78,7 @@ class Workload:
 
 @pytest.fixture(scope="module")
 def workload() -> Iterator[Workload]:
-    need(slurm_ready(), "no running Slurm (run: bash scripts/testbed-slurm.sh up)")
+    need_slurm()  # its reason names why (a foreign Slurm: "no Slurm testbed: ...")
     # job output must be writable by alice/bob/carol: pytest's tmp dirs are 0700, so use /tmp directly
     out = Path(tempfile.mkdtemp(prefix="gpu-audit-slurm-", dir="/tmp"))
     out.chmod(0o1777)

@@ -21,8 +21,8 @@ from auditor.records import Allocation
 from auditor.store.engine import Store
 from connectors import build
 from connectors.base import Context, Problems, Window
-from tests.conftest import need
-from tests.test_slurm_live import CLUSTER, in_sacct, job_state, sbatch, sh, slurm_ready, wait
+from tests.conftest import need, need_slurm
+from tests.test_slurm_live import CLUSTER, in_sacct, job_state, sbatch, sh, wait
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,8 @@ def reconfigure(variant: str) -> None:
 
 @contextmanager
 def variant(name: str) -> Iterator[None]:
-    need(os.geteuid() == 0 and slurm_ready(), "no running Slurm testbed as root (bash scripts/testbed-slurm.sh up)")
+    need(os.geteuid() == 0, "not root (the Slurm testbed's variants run as root)")
+    need_slurm()
     t0 = time.monotonic()
     while sh("squeue", "-h").strip() and time.monotonic() - t0 < 120:  # never reconfigure under others' jobs
         time.sleep(2)

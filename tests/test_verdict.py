@@ -19,6 +19,7 @@ from auditor.store.engine import Store
 ROOT = Path(__file__).resolve().parent.parent
 U, I, F, M, L, W, B = (verdict.UNKNOWN, verdict.IDLE, verdict.IDLE_BY_UTIL, verdict.MIRAGE, verdict.LOW,  # noqa: E741 - verdict initials
                        verdict.WORKING, verdict.BUSY_UNVERIFIED)
+CI, CB, CS = verdict.IDLE_BY_COUNTERS, verdict.BUSY_BY_COUNTERS, verdict.ENGINE_SPIN  # the stock-counter tier
 COLS = ("samples", "sm_active", "dram_active", "tensor_active", "gpu_util", "gr_engine", "power_w")
 
 # (thresholds, samples, sm, dram, tensor, gpu_util, gr_engine, power_w) -> verdict; defaults: idle_sm 0.05,
@@ -46,6 +47,21 @@ CASES = [
     ({"idle_power_w": 100.0}, 10, None, None, None, 0.01, None, 50.0, F),
     ({"idle_power_w": 100.0}, 10, None, None, None, 0.01, None, 100.0, B),  # at the power threshold
     ({"working_sm": 0.03}, 10, 0.04, None, None, None, None, None, I),      # idle test comes first
+    # evidence tier 2, the stock counters (no SM activity; GR engine with Tensor or DRAM): before GPU-Util
+    ({}, 10, None, 0.0, 0.0, 0.9, 0.0, None, CI),      # engine, Tensor, DRAM at zero: idle (GPU-Util aside)
+    ({}, 10, None, 0.0, None, None, 0.04, None, CI),   # MIG: no GPU-Util, no Tensor reading
+    ({}, 10, None, 0.049, 0.0099, None, 0.049, None, CI),
+    ({}, 10, None, 0.0, 0.01, 0.0, 0.3, None, CB),     # Tensor at its threshold: work
+    ({}, 10, None, 0.05, 0.0, 0.0, 0.0, None, CB),     # DRAM at its threshold: work
+    ({}, 10, None, 0.3, None, None, 0.9, None, CB),
+    ({}, 10, None, 0.0, 0.0, 0.0, 0.05, None, CS),     # engine at idle_gr_engine, Tensor and DRAM idle: spin
+    ({}, 10, None, None, 0.0, 1.0, 0.9, None, CS),
+    ({"idle_gr_engine": 0.2}, 10, None, 0.0, 0.0, None, 0.1, None, CI),
+    ({"util_fallback": False}, 10, None, 0.0, 0.0, None, 0.0, None, CI),   # not the GPU-Util fallback
+    ({}, 10, None, None, None, 0.04, 0.0, None, F),    # GR engine without Tensor or DRAM: GPU-Util decides
+    ({}, 10, None, 0.3, 0.2, 0.04, None, None, F),     # Tensor and DRAM without the engine: GPU-Util decides
+    ({}, 10, 0.6, 0.0, 0.0, None, 0.0, None, W),       # SM activity first
+    ({}, 0, None, 0.3, 0.2, None, 0.9, None, U),       # no samples: unknown
 ]
 
 
@@ -63,7 +79,8 @@ def test_verdict_sql_on_both_engines(store: Store, working_first: bool) -> None:
 
 
 #: the verdict's thresholds (Thresholds fields the one definition reads)
-VERDICT_THRESHOLDS = r"(idle_sm|idle_dram|idle_tensor|idle_util|working_sm|mirage_util|mirage_gr|idle_power_w)"
+VERDICT_THRESHOLDS = (r"(idle_sm|idle_dram|idle_tensor|idle_util|working_sm|mirage_util|mirage_gr|idle_gr"
+                      r"|idle_power_w)")
 #: SQL text (anywhere in a module, strings included): a metric compared with a bound parameter or with an
 #: interpolated value, or a verdict threshold bound as a parameter
 SQL_JUDGING = re.compile(r"(sm_active|gpu_util|dram_active|tensor_active|gr_engine)\s*[<>]=?\s*[:{]"

@@ -195,7 +195,7 @@ def test_report_and_notify_default_to_the_run_the_pages_show(weekly, tmp_path: P
     out = tmp_path / "out"
     res = run_cli("-c", str(cfg), "report", "--format", "json", "--out", str(out))
     assert res.returncode == 0, res.stderr
-    assert [f.name for f in out.glob("*.json")] == [f"report-{rid}.json"]
+    assert [f.name for f in out.glob("report-*.json")] == [f"report-{rid}.json"]
     data = json.loads((out / f"report-{rid}.json").read_text())
     assert data["headline"]["reserved_gpu_hours"] == pytest.approx(12.0)
     res = run_cli("-c", str(cfg), "report", "--format", "json", "--out", str(tmp_path / "cb"), "--run", str(cb_run))

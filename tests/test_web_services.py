@@ -24,7 +24,7 @@ from test_inference import EXPECTED, HOURS, PER_BUCKET, T0, _allocations, _gpu_b
 
 from auditor.audit.run import run_audit
 from auditor.config import Config
-from auditor.records import InferenceBucket
+from auditor.records import AllocatedGpu, Allocation, GpuBucket, InferenceBucket
 from auditor.report.context import build_context
 from auditor.web.app import create_app
 
@@ -103,3 +103,59 @@ def test_services_page_fits_a_phone(audited: tuple[Any, int], tmp_path: Path) ->
             assert [c for c in got["cells"] if c["left"] < 0 or c["right"] > got["vw"]] == [], width
             assert got["scrolled"] == [], (width, got["scrolled"])
         assert page.inner_text("#total-per-million") == "USD 24.15"  # 20.00 / 828,000 x 10^6
+
+
+def two_tenants() -> list[Any]:
+    """``Deployment/chat`` in namespaces team-a (user ana, 144,000 tokens) and team-b (user bo, 360,000 tokens),
+    one pod each on its own A100, two hours each: two services, never one row adding both teams' money."""
+    start, end = datetime.fromtimestamp(T0, UTC), datetime.fromtimestamp(T0 + HOURS * 3600, UTC)
+    out: list[Any] = []
+    for ns, user, node, per_bucket in (("team-a", "ana", "n1", 6000.0), ("team-b", "bo", "n2", 15000.0)):
+        out.append(Allocation("c", "kubernetes", f"uid-{ns}", name="chat-7d9f", account=ns, user=user,
+                              start=start, end=end, owner_workload="Deployment/chat", labels={"team": ns},
+                              gpus=[AllocatedGpu(node, 0, model="NVIDIA A100")]))
+        out += [InferenceBucket("c", "vllm", f"{ns}/chat-7d9f", datetime.fromtimestamp(T0 + 300 * i, UTC), 300,
+                                generated_tokens=per_bucket, running_mean=4.0) for i in range(24)]
+        out += [GpuBucket("c", node, 0, datetime.fromtimestamp(T0 + 300 * i, UTC), 300, 10, gpu_util=0.9,
+                          sm_active=0.5) for i in range(24)]
+    return out
+
+
+def test_same_workload_in_two_namespaces_is_two_services_and_no_tenant_sees_the_other(store: Any,
+                                                                                       tmp_path: Path) -> None:
+    """Issue 44 "Tenants": the same Deployment name in two namespaces is two services on the report and the
+    page; behind the auth proxy (web.user_header) each team's user sees only their own service and money,
+    over the API, the HTML page and the real Chromium."""
+    store.ingest(two_tenants())
+    start = datetime.fromtimestamp(T0, UTC)
+    rid = run_audit(store, Config(), start, start + timedelta(hours=HOURS)).run_id
+    every = build_context(store, Config(), rid)["inference"]["rows"]
+    assert len(every) == 2, [(r["service"], r["tokens"]) for r in every]  # was one row of 504,000 tokens
+    assert sorted((r["namespace"], r["service"], r["tokens"], r["cost"]) for r in every) == [
+        ("team-a", "Deployment/chat", 144000.0, 4.0), ("team-b", "Deployment/chat", 360000.0, 4.0)]
+    cfg = Config.model_validate({"web": {"user_header": "X-User"}})
+    client = TestClient(create_app(store, cfg))
+    for user, ns, tokens in (("ana", "team-a", 144000.0), ("bo", "team-b", 360000.0)):
+        api = client.get("/api/services", headers={"X-User": user}).json()
+        assert [(r["namespace"], r["tokens"], r["cost"]) for r in api["rows"]] == [(ns, tokens, 4.0)], user
+        assert api["totals"]["cost"] == pytest.approx(4.0) and api["totals"]["tokens"] == pytest.approx(tokens)
+        html = client.get("/services", headers={"X-User": user}).text
+        other = "team-b" if ns == "team-a" else "team-a"
+        assert f'data-namespace="{ns}"' in html and other not in html and "USD 8.00" not in html, user
+
+
+@pytest.mark.service
+def test_a_tenant_in_the_real_browser_sees_only_their_namespaces_service(store: Any, tmp_path: Path) -> None:
+    """The same two tenants through ``gpu-audit web`` in the real Chromium, the proxy's header on every request."""
+    store.ingest(two_tenants())
+    start = datetime.fromtimestamp(T0, UTC)
+    run_audit(store, Config(), start, start + timedelta(hours=HOURS))
+    cfg = Config.model_validate({"web": {"user_header": "X-User"}})
+    with web_server(store, cfg) as base, browser(tmp_path, extra_http_headers={"X-User": "ana"}) as ctx:
+        page = ctx.new_page()
+        resp = page.goto(f"{base}/services")
+        assert resp is not None and resp.status == 200
+        assert page.locator("#services tr.row").count() == 1
+        assert page.get_attribute("#services tr.row", "data-namespace") == "team-a"
+        assert page.inner_text("#total-per-million") == "USD 27.78"  # 4.00 / 144,000 x 10^6: hers alone
+        assert "team-b" not in page.content()

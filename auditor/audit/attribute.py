@@ -1,6 +1,7 @@
 """Attribution: which telemetry GPU each allocated GPU of the window is, as the temporary table ``_attr``.
 
-One row per allocated GPU, tried in this order: by the scheduler's GPU index on the node; by whole node (an
+One row per allocated GPU, tried in this order: by the scheduler's GPU index on the node; by the GPU's UUID
+(a Kubernetes DRA device's, docs/kubernetes.md) on the node; by whole node (an
 allocation holding every GPU of the node, count-only); by telemetry job labels (``hpc_job``/pod labels that
 name the allocation, for count-only Kubernetes GPUs); else unattributed (its reserved time is unknown).
 Each row carries the reserved interval clipped to the window (``a_s``, ``a_e``), the GPU's share, the
@@ -17,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit.judge import JOB_KEY, LOOKBACK, job_match, list_match
+from auditor.audit.judging import JOB_KEY, LOOKBACK, job_match, list_match
 from auditor.store.ingest_pg import copy_tuples
 from auditor.store.sqlfuncs import sql_names
 
@@ -41,6 +42,35 @@ LEFT JOIN telemetry_gpus tg ON tg.cluster = a.cluster AND tg.host = ag.node AND 
  AND tg.gpu_instance = ''
 WHERE ag.gpu_index IS NOT NULL AND """ + _IN_WINDOW
 
+# a count-only GPU whose UUID the scheduler gave (a DRA device's, from its ResourceSlice): the node's telemetry GPU
+# of that UUID (the lowest id when a GPU was renumbered and is known under two indices); MIG devices (their
+# parent's UUID) are ATTR_BY_MIG's
+ATTR_BY_UUID = """INSERT INTO _attr SELECT ag.id, a.id, tg.id, tg.gpu_index, 'uuid',
+ """ + _CLIP + _TAIL + """, COALESCE(tg.has_jobs, 0) FROM allocations a
+JOIN allocated_gpus ag ON ag.allocation_id = a.id
+JOIN (SELECT cluster, host, uuid, MIN(id) AS id FROM telemetry_gpus WHERE gpu_instance = '' AND uuid IS NOT NULL
+      GROUP BY cluster, host, uuid) u ON u.cluster = a.cluster AND u.host = ag.node AND u.uuid = ag.uuid
+JOIN telemetry_gpus tg ON tg.id = u.id
+WHERE ag.gpu_index IS NULL AND ag.uuid IS NOT NULL AND ag.mig_profile IS NULL AND """ + _IN_WINDOW
+
+# a DRA MIG device (its ResourceSlice's parentUUID and profile): the node's MIG instance telemetry reports under
+# that parent UUID (dcgm-exporter's UUID label on a MIG series is the parent's) whose GPU_I_PROFILE is the device's
+# profile (telemetry_gpus.model ends " MIG <profile>", connectors.prometheus/scrape) when it is the only instance
+# of that profile on the parent; with several of one profile (seven 1g slices) which one is the device's is not
+# in these labels, so they are left to the pod labels (never a guess)
+ATTR_BY_MIG = """INSERT INTO _attr SELECT ag.id, a.id, tg.id, tg.gpu_index, 'uuid',
+ """ + _CLIP + _TAIL + """, COALESCE(tg.has_jobs, 0) FROM allocations a
+JOIN allocated_gpus ag ON ag.allocation_id = a.id
+JOIN (SELECT cluster, host, uuid, model, MIN(id) AS id FROM telemetry_gpus
+      WHERE gpu_instance <> '' AND uuid IS NOT NULL AND model IS NOT NULL
+      GROUP BY cluster, host, uuid, model HAVING COUNT(*) = 1) u
+  ON u.cluster = a.cluster AND u.host = ag.node AND u.uuid = ag.uuid
+  AND (u.model = 'MIG ' || ag.mig_profile
+       OR substr(u.model, length(u.model) - length(ag.mig_profile) - 4) = ' MIG ' || ag.mig_profile)
+JOIN telemetry_gpus tg ON tg.id = u.id
+WHERE ag.gpu_index IS NULL AND ag.uuid IS NOT NULL AND ag.mig_profile IS NOT NULL
+ AND NOT EXISTS (SELECT 1 FROM _attr x WHERE x.allocated_gpu_id = ag.id) AND """ + _IN_WINDOW
+
 ATTR_BY_NODE = """INSERT INTO _attr SELECT ag.id, a.id, tg.id, tg.gpu_index, 'node',
  """ + _CLIP + _TAIL + """, tg.has_jobs FROM allocations a JOIN allocated_gpus ag ON ag.allocation_id = a.id
 JOIN (SELECT allocation_id, node, COUNT(*) AS n FROM allocated_gpus WHERE gpu_index IS NULL AND share >= 1
@@ -52,7 +82,8 @@ JOIN (SELECT cluster, host, MAX(n) AS n FROM (
   ON cap.cluster = a.cluster AND cap.host = ag.node AND held.n >= cap.n
 JOIN telemetry_gpus tg ON tg.cluster = a.cluster AND tg.host = ag.node AND tg.gpu_instance = ''
  AND tg.gpu_index = ag.slot
-WHERE ag.gpu_index IS NULL AND ag.share >= 1 AND """ + _IN_WINDOW
+WHERE ag.gpu_index IS NULL AND ag.share >= 1
+ AND NOT EXISTS (SELECT 1 FROM _attr x WHERE x.allocated_gpu_id = ag.id) AND """ + _IN_WINDOW
 
 # telemetry GPUs of the node with a row that overlaps the reserved interval and names the allocation exactly,
 # once per (allocation, node) still unresolved (not once per count-only GPU). Two steps: the job labels each
@@ -150,6 +181,8 @@ def attribute(conn: Connection, fn: dict[str, str], p: dict[str, Any], cluster_f
     conn.execute(text(ATTR_DDL))
     with step("attribute by index and node"):
         conn.execute(text(ATTR_BY_INDEX.format(**fn)), p)
+        conn.execute(text(ATTR_BY_UUID.format(**fn)), p)
+        conn.execute(text(ATTR_BY_MIG.format(**fn)), p)
         conn.execute(text(ATTR_BY_NODE.format(**fn)), p)
         if conn.dialect.name == "postgresql":
             conn.execute(text("ANALYZE _attr"))  # a temporary table has no statistics: plans go wrong

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import infra, judge, verdict
+from auditor.audit import infra, judging, starved, verdict, waiting
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import greatest_least
 from auditor.timeutil import H
@@ -24,13 +24,16 @@ _IDLE = verdict.in_codes("j.v", verdict.IDLE_CODES)
 def episodes_sql(dialect: str, th: Thresholds, ids: str, skip: str = "") -> str:
     """Gaps and islands over the idle buckets (idle, idle-by-util or mirage, :mod:`auditor.audit.verdict`) of the
     candidate GPUs: a new island starts where the previous idle bucket of the same GPU ended before this
-    one began (a working or missing bucket in between). Seconds are observed seconds. ``skip``: buckets of
+    one began (a working or missing bucket in between); a bucket its own job's input starved is no idle
+    bucket (:mod:`auditor.audit.starved`). Seconds are observed seconds. ``skip``: buckets of
     infrastructure-affected time are left out (:mod:`auditor.audit.infra`): never a user's idle episode."""
     g, le = greatest_least(dialect)
-    rows = judge.rows_of(dialect, th, "c", "cc", ["gid", "aid", "gpu_index", "share"], skip)
+    rows = judging.rows_of(dialect, th, "c", "cc", ["gid", "aid", "gpu_index", "share", *starved.CANDIDATE_NAMES],
+                         skip)
     return f"""WITH c AS (
   SELECT u.allocated_gpu_id AS gid, u.allocation_id AS aid, u.gpu_id, u.gpu_index, ag.share,
-   {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey,
+   {starved.candidates_cols(dialect)},
+   {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judging.JOB_KEY} AS jkey,
    tg.has_jobs AS lab
   FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN telemetry_gpus tg ON tg.id = u.gpu_id
   JOIN allocations a ON a.id = u.allocation_id
@@ -40,7 +43,8 @@ def episodes_sql(dialect: str, th: Thresholds, ids: str, skip: str = "") -> str:
  i AS (
   SELECT j.gid, j.aid, j.gpu_index, j.share, j.a_s, j.a_e, j.bucket_ts AS t0, j.bucket_ts + j.bucket_s AS t1,
    j.obs AS ov, CASE WHEN j.v = {verdict.MIRAGE} THEN 1 ELSE 0 END AS m
-  FROM {rows} WHERE {_IDLE}),
+  FROM {rows}{waiting.node_join("j", "j.cluster", "j.node", "n")}
+  WHERE {_IDLE} AND {starved.is_starved(dialect, th)} = 0),
  f AS (SELECT i.*, CASE WHEN LAG(i.t1) OVER (PARTITION BY i.gid ORDER BY i.t0) >= i.t0 THEN 0 ELSE 1 END
         AS brk FROM i),
  g AS (SELECT f.*, SUM(f.brk) OVER (PARTITION BY f.gid ORDER BY f.t0 ROWS UNBOUNDED PRECEDING) AS isl

@@ -18,18 +18,34 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def judged(r: dict[str, Any]) -> float:
-    """Observed seconds with a verdict: idle (incl. idle-by-util), mirage, low, working, busy-unverified."""
-    return r["idle_s"] + r["mirage_s"] + r["low_s"] + r["working_s"] + r["busy_unverified_s"]
+    """Observed seconds with a verdict: idle (incl. idle-by-util and idle-by-counters), mirage, low, working,
+    busy-unverified, busy-by-counters, engine spin, and the SM-idle seconds its own input starved
+    (input/storage wait, :mod:`auditor.audit.starved`: not idle)."""
+    return (r["idle_s"] + r["mirage_s"] + r["low_s"] + r["working_s"] + r["busy_unverified_s"]
+            + r.get("busy_by_counters_s", 0.0) + r.get("engine_spin_s", 0.0) + (r.get("input_wait_s") or 0.0))
 
 
 def verified(r: dict[str, Any]) -> float:
-    """Observed seconds verified by SM activity (idle + mirage + low + working, idle-by-util excluded)."""
-    return r["idle_s"] - r["idle_by_util_s"] + r["mirage_s"] + r["low_s"] + r["working_s"]
+    """Observed seconds verified by SM activity (idle + mirage + low + working + input wait, idle-by-util and
+    idle-by-counters excluded)."""
+    return (r["idle_s"] - r["idle_by_util_s"] - r.get("idle_by_counters_s", 0.0) + r["mirage_s"] + r["low_s"]
+            + r["working_s"] + (r.get("input_wait_s") or 0.0))
+
+
+def counters(r: dict[str, Any]) -> float:
+    """Observed seconds judged on the stock counters (no SM activity; GR engine with Tensor or DRAM):
+    idle-by-counters + busy-by-counters + engine spin."""
+    return r.get("idle_by_counters_s", 0.0) + r.get("busy_by_counters_s", 0.0) + r.get("engine_spin_s", 0.0)
 
 
 def util_only(r: dict[str, Any]) -> float:
     """Observed seconds judged by GPU-Util alone (no profiling fields): idle-by-util + busy-unverified."""
     return r["idle_by_util_s"] + r["busy_unverified_s"]
+
+
+def tiers(r: dict[str, Any]) -> dict[str, float]:
+    """GPU-hours judged on each evidence tier (docs/definitions.md "Evidence tiers"), strongest first."""
+    return {"sm_active": verified(r) / H, "counters": counters(r) / H, "gpu_util": util_only(r) / H}
 
 
 def accountable(r: dict[str, Any]) -> float:
@@ -40,7 +56,7 @@ def accountable(r: dict[str, Any]) -> float:
 
 def effective(r: dict[str, Any]) -> float:
     """Effective seconds (SM-verified observed seconds x SM activity) of a per-allocation row: the SM sum by
-    definition (:func:`auditor.audit.judge.usage_columns`), which the audit's rows carry alone
+    definition (:func:`auditor.audit.judging.usage_columns`), which the audit's rows carry alone
     (:class:`auditor.audit.totals.AllocationRows`)."""
     return r["sm_s"]
 
@@ -55,15 +71,21 @@ def metrics(r: dict[str, Any]) -> dict[str, Any]:
             "working_gpu_hours": r["working_s"] / H, "busy_unverified_gpu_hours": r["busy_unverified_s"] / H,
             "unknown_gpu_hours": r["unknown_s"] / H, "verified_gpu_hours": verified(r) / H,
             "util_only_gpu_hours": util_only(r) / H, "effective_gpu_hours": effective(r) / H,
+            "counters_gpu_hours": counters(r) / H,
+            "idle_by_counters_gpu_hours": r.get("idle_by_counters_s", 0.0) / H,
+            "busy_by_counters_gpu_hours": r.get("busy_by_counters_s", 0.0) / H,
+            "engine_spin_gpu_hours": r.get("engine_spin_s", 0.0) / H,
             "mean_gpu_util": _ratio(r["gpu_util_s"], r["util_observed_s"]),
             "mean_sm_active": _ratio(r["sm_s"], r["sm_observed_s"]),
+            # the share of it read from DCGM 4.x's SM cycle counters (exact), the rest from sampled SM_ACTIVE
+            "sm_exact_share": _ratio(r.get("sm_exact_s") or 0.0, r["sm_observed_s"]),
             "mean_tensor_active": _ratio(r["tensor_s"], r["sm_observed_s"]),
             "mean_dram_active": _ratio(r["dram_s"], r["sm_observed_s"]),
             "peak_fb_mib": r["peak_fb_mib"], "held_while_idle_mib": r.get("idle_peak_fb_mib"),
             "mirage_mean_gpu_util": _ratio(r.get("mirage_util_s") or 0.0, r["mirage_s"]),
             "mirage_mean_power_w": _ratio(r.get("mirage_power_s") or 0.0, r.get("mirage_power_observed_s") or 0.0),
             "gpus": r["gpus"], "gpu_count": r["gpu_count"],
-            "low_confidence": r["idle_by_util_s"] > 0 and r["sm_observed_s"] == 0}
+            "low_confidence": r["idle_by_util_s"] > 0 and r["sm_observed_s"] == 0 and counters(r) == 0}
 
 
 def whole_allocation_finding(r: dict[str, Any], th: Thresholds) -> tuple[str, str] | None:

@@ -22,6 +22,11 @@ from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.timeutil import parse_time, to_epoch
 
+#: The pod annotations an owner exempts a pod with: its expiry (ISO time) and its reason; gpu-audit's own names
+#: (settings under `[enforce]` until issue 45)
+EXEMPT_ANNOTATION = "gpu-audit.io/exempt-until"
+EXEMPT_REASON_ANNOTATION = "gpu-audit.io/exempt-reason"
+
 log = logging.getLogger("gpu_audit.exempt")
 #: a Slurm job id: ``JOB``, array task ``JOB_TASK``, heterogeneous component ``JOB+N``; ``JOB`` covers them all
 _SLURM_ID = re.compile(rf"(?P<job>{UINT})(?:_{UINT})?(?:\+{UINT})?")
@@ -110,7 +115,7 @@ def find(store: Store, cfg: Config, a: dict[str, Any], now: int,
         if rule_matches(rule, a, now):
             return {"by": f"config exemptions[{i}]", "reason": rule.reason, "until_ts": _until_ts(rule)}
     ann = annotations or {}
-    key = cfg.enforce.exempt_annotation
+    key = EXEMPT_ANNOTATION
     raw = str(ann.get(key) or "")
     if raw:
         try:
@@ -126,7 +131,7 @@ def find(store: Store, cfg: Config, a: dict[str, Any], now: int,
                     "until_ts": None}
         if until is not None and until > now:
             return {"by": f"pod annotation {key}",
-                    "reason": _annotation(ann, cfg.enforce.exempt_reason_annotation, a) or "(no reason given)",
+                    "reason": _annotation(ann, EXEMPT_REASON_ANNOTATION, a) or "(no reason given)",
                     "until_ts": until}
     return None
 
@@ -238,11 +243,17 @@ def active(store: Store, cfg: Config, now: int) -> list[dict[str, Any]]:
 
 
 def report_section(store: Store, cfg: Config, since_ts: int, now_ts: int, when: Any) -> dict[str, Any]:
-    """For reports: exemptions standing now, and the enforcement log since the window start, newest first."""
+    """For reports: exemptions standing now, and the enforcement log since the window start, newest first: at
+    most ``report.top_n`` rows, those that did something first; ``log_total`` says how many there were (the
+    reports say how many they left out and where to see them: ``gpu-audit enforce-log``)."""
     t = schema.enforcement_log
     with store.engine.connect() as conn:
+        # the rows that did something (warnings, actions, dry runs, failures) before the decisions not to act,
+        # so a cut never drops the warning that led to a cancel (issue 44); shown newest first
+        acted = (t.c.decision != "skipped").desc()
         log = [dict(r) for r in conn.execute(select(t).where(t.c.decided_ts >= since_ts)
-                                             .order_by(t.c.id.desc()).limit(cfg.report.top_n)).mappings()]
+                                             .order_by(acted, t.c.id.desc()).limit(cfg.report.top_n)).mappings()]
+        log.sort(key=lambda r: -r["id"])
         total = conn.execute(select(func.count()).select_from(t).where(t.c.decided_ts >= since_ts)).scalar()
     ex = active(store, cfg, now_ts)
     return {"exemptions": [{**e, "until": when(e["until_ts"]) or "no expiry"} for e in ex],

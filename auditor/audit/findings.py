@@ -21,14 +21,16 @@ from auditor.audit.evidence import (
     _finding,
     _ratio,
     accountable,
+    counters,
     judged,
     util_only,
     verified,
     whole_allocation_finding,
     whole_idle,
 )
-from auditor.audit.ghosts import unallocated_ghosts
+from auditor.audit.ghosts import GHOST_GPU_UTIL, GHOST_MAX_FB_MIB, unallocated_ghosts
 from auditor.audit.hygiene import request_hygiene, team_rows
+from auditor.audit.judging import DEFAULT, Judging
 from auditor.audit.money import Pricing
 from auditor.audit.reservations import idle_reservations
 from auditor.audit.sparklines import sparkline_texts
@@ -39,6 +41,15 @@ from auditor.config import Config, Thresholds
 from auditor.store import schema
 from auditor.store.ingest_pg import copy_dicts
 from auditor.timeutil import H
+
+# hung_collective's rule constants (docs/definitions.md): what a stuck NCCL collective looks like on any GPU, not
+# a site's policy (they were `[thresholds]` settings until issue 45).
+#: mean GPU-Util (0-1) over the mirage time at least this (a collective spins the launch queue)...
+HUNG_GPU_UTIL = 0.9
+#: ...mean power over the mirage time at most this (W: near idle, the SMs do nothing; no power reading: not hung)...
+HUNG_MAX_POWER_W = 150.0
+#: ...memory held while idle or mirage at least this (MiB: a process with a model loaded), on 2 or more GPUs
+HUNG_HELD_MIB = 1024.0
 
 
 def _held(r: dict[str, Any]) -> str:
@@ -55,11 +66,11 @@ def mirage_kind(r: dict[str, Any], th: Thresholds) -> tuple[str, str]:
     eps = EPS
     util = (r.get("mirage_util_s") or 0.0) / r["mirage_s"] if r["mirage_s"] > 0 else 0.0
     fb = r.get("idle_peak_fb_mib")
-    if util >= th.ghost_gpu_util - eps and fb is not None and fb <= th.ghost_max_fb_mib + eps:
+    if util >= GHOST_GPU_UTIL - eps and fb is not None and fb <= GHOST_MAX_FB_MIB + eps:
         return "ghost_busy", f"GPU-Util {util:.0%} with {fb:.0f} MiB used: no process holds the GPU"
     power = _ratio(r.get("mirage_power_s") or 0.0, r.get("mirage_power_observed_s") or 0.0)
-    if (r["gpus"] >= 2 and util >= th.hung_gpu_util - eps and power is not None
-            and power <= th.hung_max_power_w + eps and fb is not None and fb >= th.hung_held_mib - eps):
+    if (r["gpus"] >= 2 and util >= HUNG_GPU_UTIL - eps and power is not None
+            and power <= HUNG_MAX_POWER_W + eps and fb is not None and fb >= HUNG_HELD_MIB - eps):
         return "hung_collective", (f"GPU-Util {util:.0%} at {power:.0f} W holding {fb / 1024:.1f} GiB on "
                                    f"{r['gpus']} GPUs: stuck, not slow")
     return "util_mirage", ""
@@ -104,7 +115,8 @@ def classify(r: dict[str, Any], th: Thresholds, per_gpu: list[dict[str, Any]]) -
                 continue
             if (g["idle_s"] + g["mirage_s"]) / gj >= th.idle_gpus_fraction:
                 idle.append(g)
-            elif (g["low_s"] + g["working_s"] + g["busy_unverified_s"]) / gj >= th.idle_gpus_worked_fraction:
+            elif (g["low_s"] + g["working_s"] + g["busy_unverified_s"] + g["input_wait_s"] + g["busy_by_counters_s"]
+                  + g["engine_spin_s"]) / gj >= th.idle_gpus_worked_fraction:
                 busy.append(g)
         if idle and busy:
             named = [f"{_gpu_name(g)} idle {(g['idle_s'] + g['mirage_s']) / judged(g):.0%}{_held(g)}" for g in idle]
@@ -125,7 +137,8 @@ def per_gpu_rows(conn: Connection, run_id: int, lo: int, hi: int) -> dict[int, l
     """Per-GPU seconds of the multi-GPU allocations of a run with ids in [lo, hi] (only the columns the
     idle_gpus rule reads, one batch of allocations at a time: a fleet has hundreds of thousands of these rows)."""
     cols = ("gpu_index", "reserved_s", "observed_s", "idle_s", "mirage_s", "low_s", "working_s",
-            "busy_unverified_s", "infra_s", "idle_peak_fb_mib", "node")
+            "busy_unverified_s", "idle_by_counters_s", "busy_by_counters_s", "engine_spin_s", "infra_s",
+            "input_wait_s", "idle_peak_fb_mib", "node")
     sql = (f"SELECT u.allocation_id, {', '.join('u.' + c for c in cols[:-1])}, ag.node FROM usage_gpu u JOIN "
            "(SELECT allocation_id FROM usage_gpu WHERE run_id = :run AND allocation_id BETWEEN :lo AND :hi "
            "GROUP BY allocation_id HAVING COUNT(*) >= 2) m "
@@ -154,20 +167,14 @@ class Part:
     kinds: dict[str, int]
 
 
-def find_all(conn: Connection, rows: AllocationRows, th: Thresholds, cfg: Config, *, since: int, until: int,
-             horizon: int, clusters: list[str] | None = None) -> dict[str, Any]:
-    """Store the findings of one run (all of it, or ``clusters``); return the run's headline summary."""
-    return finish(conn, [find_clusters(conn, rows, th, cfg, since=since, until=until, horizon=horizon,
-                                       clusters=clusters)], cfg, since=since, until=until, horizon=horizon)
-
-
 def find_clusters(conn: Connection, rows: AllocationRows, th: Thresholds, cfg: Config, *, since: int, until: int,
-                  horizon: int, clusters: list[str] | None = None) -> Part:
+                  horizon: int, clusters: list[str] | None = None, judging: Judging = DEFAULT) -> Part:
     """Store the findings of the run's allocations in ``rows`` (those of ``clusters``, or all) and return
     their part of the summary. The per-allocation rows stream by once in batches (:class:`AllocationRows`):
     every rule that needs one allocation's totals runs as its row passes and keeps only what it flags;
     rules reading the store (episodes, queues, inference, stragglers) get the rows of the allocations they
-    name (``rows.get``). So memory follows the findings, not the fleet."""
+    name (``rows.get``). So memory follows the findings, not the fleet. ``judging``: what the sparklines'
+    judging reads (:class:`auditor.audit.judging.Judging`)."""
     run_id = rows.run_id
     p = {"since": since, "until": until, "horizon": horizon, "run": run_id}
     pricing = Pricing(cfg)
@@ -192,7 +199,8 @@ def find_clusters(conn: Connection, rows: AllocationRows, th: Thresholds, cfg: C
                 if whole_idle(r, th):  # reported as a whole: no episode, no low efficiency, no right-sizing
                     continue
                 sizing.add(r)
-                if r["low_s"] + r["working_s"] + r["busy_unverified_s"] > 0 and r["idle_s"] + r["mirage_s"] > 0:
+                if (r["low_s"] + r["working_s"] + r["busy_unverified_s"] + r["busy_by_counters_s"]
+                        + r["engine_spin_s"] > 0 and r["idle_s"] + r["mirage_s"] > 0):
                     cands.append(r["allocation_id"])
                 if not mine:  # idle GPUs explain a low mean: no low_efficiency
                     low += low_efficiency(run_id, [r], th, since, horizon)
@@ -221,12 +229,13 @@ def find_clusters(conn: Connection, rows: AllocationRows, th: Thresholds, cfg: C
     kinds_found: dict[str, int] = defaultdict(int)
     for f in found:
         kinds_found[f["kind"]] += 1
-    write_findings(conn, rows, found, th, cfg, models, since=since, horizon=horizon)
+    write_findings(conn, rows, found, th, cfg, models, since=since, horizon=horizon, judging=judging)
     return Part(summary, head, tally, sizing, summary.pop("request_hygiene_tally"), dict(kinds_found))
 
 
 def write_findings(conn: Connection, rows: AllocationRows, found: list[dict[str, Any]], th: Thresholds, cfg: Config,
-                   models: dict[str, list[rightsize.Option]], *, since: int, horizon: int) -> None:
+                   models: dict[str, list[rightsize.Option]], *, since: int, horizon: int,
+                   judging: Judging = DEFAULT) -> None:
     """Write findings in allocation order, 5,000 at a time, each with its allocation's right-sizing hint and
     sparkline (read per chunk: never every sparkline in memory at once). The thresholds are the run's
     (audit_runs.thresholds), stored once, not in every finding's evidence."""
@@ -236,7 +245,7 @@ def write_findings(conn: Connection, rows: AllocationRows, found: list[dict[str,
         chunk = found[i:i + 5000]
         ids = sorted({f["allocation_id"] for f in chunk if f["allocation_id"] is not None})
         with step("sparklines"):
-            spark = sparkline_texts(conn, run_id, ids, since, horizon)
+            spark = sparkline_texts(conn, run_id, ids, since, horizon, judging)
         by_id = rows.get(ids)
         with step("write findings"):
             for f in chunk:
@@ -316,30 +325,34 @@ def node_group(node: str) -> str:
 
 
 def verification(conn: Connection, run_id: int) -> list[dict[str, Any]]:
-    """Per cluster and node group: reserved GPU-hours verified by SM activity, judged by GPU-Util only, and
-    unknown; advice where GPU-Util-only time shows the profiling fields are missing."""
+    """Per cluster and node group: reserved GPU-hours verified by SM activity, judged on the stock counters,
+    by GPU-Util only, and unknown; advice where counters or GPU-Util-only time show SM activity is missing."""
     sql = ("SELECT a.cluster, ag.node, SUM(u.reserved_s) AS reserved_s, SUM(u.sm_observed_s) AS verified_s, "
+           "SUM(u.idle_by_counters_s + u.busy_by_counters_s + u.engine_spin_s) AS counters_s, "
            "SUM(u.idle_by_util_s + u.busy_unverified_s) AS util_only_s, SUM(u.unknown_s) AS unknown_s "
            "FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id "
            "JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run GROUP BY a.cluster, ag.node")
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for r in conn.execute(text(sql), {"run": run_id}):
         g = groups.setdefault((r.cluster, node_group(r.node)), {"nodes": 0, "reserved_s": 0.0, "verified_s": 0.0,
-                                                                 "util_only_s": 0.0, "unknown_s": 0.0})
+                                                                 "counters_s": 0.0, "util_only_s": 0.0,
+                                                                 "unknown_s": 0.0})
         g["nodes"] += 1
-        for k in ("reserved_s", "verified_s", "util_only_s", "unknown_s"):
+        for k in ("reserved_s", "verified_s", "counters_s", "util_only_s", "unknown_s"):
             g[k] += float(getattr(r, k) or 0.0)
     out = []
     for (cluster, group), g in sorted(groups.items()):
         out.append({"cluster": cluster, "node_group": group, "nodes": g["nodes"],
                     "reserved_gpu_hours": g["reserved_s"] / H, "verified_gpu_hours": g["verified_s"] / H,
+                    "counters_gpu_hours": g["counters_s"] / H,
                     "util_only_gpu_hours": g["util_only_s"] / H, "unknown_gpu_hours": g["unknown_s"] / H,
-                    "advice": COUNTERS_ADVICE if g["util_only_s"] > 0 else None})
+                    "advice": COUNTERS_ADVICE if g["util_only_s"] + g["counters_s"] > 0 else None})
     return out
 
 
 _TOTALS = ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
-           "busy_unverified_s", "unknown_s", "infra_s", "gpu_util_s", "util_observed_s", "sm_s", "sm_observed_s")
+           "busy_unverified_s", "idle_by_counters_s", "busy_by_counters_s", "engine_spin_s", "unknown_s", "infra_s",
+           "gpu_util_s", "util_observed_s", "sm_s", "sm_observed_s", "input_wait_s", "host_busy_idle_s")
 
 
 class Headline:
@@ -361,11 +374,13 @@ class Headline:
             k = self.clusters[r["cluster"]] = defaultdict(float)
         k["reserved_s"] += r["reserved_s"]
         k["verified_s"] += verified(r)
+        k["counters_s"] += counters(r)
         k["util_only_s"] += util_only(r)
         k["unknown_s"] += r["unknown_s"]
         tot["reserved_cost"] += r["reserved_s"] / H * r["price"]
         tot["idle_cost"] += (r["idle_s"] + r["mirage_s"]) / H * r["price"]
         tot["infra_cost"] += r["infra_s"] / H * r["price"]
+        tot["input_wait_cost"] += r["input_wait_s"] / H * r["price"]  # reserved time that did no math, not idle
 
     def merge(self, other: Headline) -> None:
         self.n += other.n
@@ -388,10 +403,17 @@ class Headline:
         tot, clusters = self.tot, self.clusters
         eff_h = tot["sm_s"] / H  # effective seconds are the SM sum (evidence.effective)
         util_only_h = (tot["idle_by_util_s"] + tot["busy_unverified_s"]) / H
+        counters_h = counters(tot) / H
         return {"allocations": self.n, "currency": cfg.prices.currency,
                 "reserved_gpu_hours": tot["reserved_s"] / H, "observed_gpu_hours": tot["observed_s"] / H,
                 "coverage": _ratio(tot["observed_s"], tot["reserved_s"] - tot["infra_s"]),
                 "verified_gpu_hours": tot["sm_observed_s"] / H, "util_only_gpu_hours": util_only_h,
+                "counters_gpu_hours": counters_h,
+                "tier_gpu_hours": {"sm_active": tot["sm_observed_s"] / H, "counters": counters_h,
+                                   "gpu_util": util_only_h},
+                "idle_by_counters_gpu_hours": tot["idle_by_counters_s"] / H,
+                "busy_by_counters_gpu_hours": tot["busy_by_counters_s"] / H,
+                "engine_spin_gpu_hours": tot["engine_spin_s"] / H,
                 "effective_gpu_hours": eff_h, "idle_gpu_hours": (tot["idle_s"] + tot["mirage_s"]) / H,
                 "idle_only_gpu_hours": tot["idle_s"] / H, "idle_by_util_gpu_hours": tot["idle_by_util_s"] / H,
                 "mirage_gpu_hours": tot["mirage_s"] / H, "low_gpu_hours": tot["low_s"] / H,
@@ -399,16 +421,20 @@ class Headline:
                 "busy_unverified_gpu_hours": tot["busy_unverified_s"] / H,
                 "unknown_gpu_hours": tot["unknown_s"] / H, "infra_gpu_hours": tot["infra_s"] / H,
                 "infra_cost": tot["infra_cost"],
+                # a GPU starved by its own job's input (auditor.audit.starved): not idle, priced apart
+                "input_wait_gpu_hours": tot["input_wait_s"] / H, "input_wait_cost": tot["input_wait_cost"],
+                "host_busy_idle_gpu_hours": tot["host_busy_idle_s"] / H,
                 "mean_gpu_util": _ratio(tot["gpu_util_s"], tot["util_observed_s"]),
                 "mean_sm_active": _ratio(tot["sm_s"], tot["sm_observed_s"]),
                 "reserved_cost": tot["reserved_cost"], "idle_cost": tot["idle_cost"],
                 "cost_per_effective_gpu_hour": tot["reserved_cost"] / eff_h if eff_h > 0 else None,
                 "verification_by_cluster": [
                     {"cluster": c, "reserved_gpu_hours": k["reserved_s"] / H,
-                     "verified_gpu_hours": k["verified_s"] / H, "util_only_gpu_hours": k["util_only_s"] / H,
-                     "unknown_gpu_hours": k["unknown_s"] / H,
-                     "advice": COUNTERS_ADVICE if k["util_only_s"] > 0 else None} for c, k in sorted(clusters.items())],
-                "advice": COUNTERS_ADVICE if util_only_h > 0 else None,
+                     "verified_gpu_hours": k["verified_s"] / H, "counters_gpu_hours": k["counters_s"] / H,
+                     "util_only_gpu_hours": k["util_only_s"] / H, "unknown_gpu_hours": k["unknown_s"] / H,
+                     "advice": COUNTERS_ADVICE if k["util_only_s"] + k["counters_s"] > 0 else None}
+                    for c, k in sorted(clusters.items())],
+                "advice": COUNTERS_ADVICE if util_only_h + counters_h > 0 else None,
                 "findings": dict(sorted(kinds_found.items()))}
 
 
@@ -480,8 +506,10 @@ def merge(parts: list[Part]) -> Part:
 def inference_services_merge(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Services of disjoint clusters (a service is per cluster), in :func:`auditor.audit.inference.services`'
     order."""
+    from auditor.audit.inference import order
+
     out = a + b
-    out.sort(key=lambda s: (s["cost_per_million"] is None, -(s["cost_per_million"] or 0.0), s["service"]))
+    out.sort(key=order)
     return out
 
 

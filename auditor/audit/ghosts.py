@@ -4,13 +4,13 @@ A GPU that no job or pod held reads GPU-Util busy: no user's job can be the caus
 hardware state (or a process outside the scheduler) for operations. Unallocated time is not reserved: these
 findings carry 0 idle GPU-hours and no cost, and change no reserved, idle or chargeback total.
 
-A bucket counts when it is observed (samples > 0), GPU-Util >= ``thresholds.ghost_gpu_util``, no telemetry
+A bucket counts when it is observed (samples > 0), GPU-Util >= ``GHOST_GPU_UTIL``, no telemetry
 row of that bucket names a job, and it lies wholly in time no allocation held the GPU: by scheduler index,
 by the audit run's attribution (``usage_gpu.gpu_id``), or an allocation on the node whose GPU the audit could
 not tie to a telemetry GPU (count-only, unattributed: it may have been this one). Set-based: the held
 intervals per GPU, the holes between them (gaps and islands, a window function), and a range scan of the
 bucket key per hole, so allocated time is never read bucket by bucket. Buckets of one GPU are summed;
-a GPU is reported when those seconds reach ``thresholds.ghost_unallocated_min_minutes``. A GPU without
+a GPU is reported when those seconds reach ``GHOST_UNALLOCATED_MIN_MINUTES``. A GPU without
 samples is never a ghost (unknown is not busy).
 """
 
@@ -25,6 +25,16 @@ from auditor.audit.evidence import _fn
 from auditor.audit.verdict import EPS
 from auditor.config import Thresholds
 from auditor.timeutil import H
+
+# ghost_busy's rule constants (docs/definitions.md): a GPU that reads busy with no process on it, a driver or
+# hardware state on any site (they were `[thresholds]` settings until issue 45).
+#: mean GPU-Util over the mirage time (or a bucket's, on a GPU nobody held) at least this...
+GHOST_GPU_UTIL = 0.9
+#: ...while at most this much memory (MiB) was used: no process holds the GPU (a CUDA context takes more)
+GHOST_MAX_FB_MIB = 16.0
+#: a GPU nobody held is reported after this many minutes of such buckets in the window (one 30-minute spell is
+#: not a passing reading)
+GHOST_UNALLOCATED_MIN_MINUTES = 30
 
 # Time each telemetry GPU was held in [since, horizon), in a temporary table (with statistics: a plan that
 # guesses them paired every telemetry GPU with every allocation of its cluster): the run's attribution
@@ -87,7 +97,7 @@ def ghost_sql(conn: Connection, th: Thresholds, clusters: list[str] | None) -> s
     fn = _fn(conn)
     obs = f"{fn['L']}(b.observed_s, b.bucket_s)"
     cf = (" AND tg.cluster IN (" + ", ".join(f":gc{i}" for i in range(len(clusters))) + ")") if clusters else ""
-    sql = GHOSTS.format(obs=obs, busy=verdict.at_least("b.gpu_util", th.ghost_gpu_util), cluster_filter=cf, **fn)
+    sql = GHOSTS.format(obs=obs, busy=verdict.at_least("b.gpu_util", GHOST_GPU_UTIL), cluster_filter=cf, **fn)
     if conn.dialect.name == "postgresql":
         assert _RANGE_JOIN in sql
         sql = sql.replace(_RANGE_JOIN, _RANGE_LATERAL)
@@ -114,13 +124,13 @@ def unallocated_ghosts(conn: Connection, run_id: int, th: Thresholds, p: dict[st
     conn.execute(text("DROP TABLE _held"))
     for r in rows:
         ghost_s = float(r.ghost_s or 0.0)
-        if ghost_s <= 0 or ghost_s < th.ghost_unallocated_min_minutes * 60 - EPS:
+        if ghost_s <= 0 or ghost_s < GHOST_UNALLOCATED_MIN_MINUTES * 60 - EPS:
             continue
         util = _ratio(r.util_s, ghost_s) or 0.0
         fb = float(r.peak_fb) if r.peak_fb is not None else None
         where = f"{r.host} GPU {r.gpu_index}"
         held = (f"{fb:.0f} MiB used: a process outside the scheduler" if fb is not None and
-                fb > th.ghost_max_fb_mib + EPS else "no process: a driver or hardware state")
+                fb > GHOST_MAX_FB_MIB + EPS else "no process: a driver or hardware state")
         ev = {"rule": f"{where} read GPU-Util {util:.0%} for {ghost_s / H:.1f} h with no allocation; {held}",
               "recipient": "operations", "unallocated": True, "node": r.host, "gpu_index": r.gpu_index,
               "uuid": r.uuid, "gpu_model": r.model, "ghost_gpu_hours": ghost_s / H, "buckets": int(r.buckets),

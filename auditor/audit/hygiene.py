@@ -28,6 +28,15 @@ from auditor.audit.verdict import EPS
 from auditor.config import Thresholds
 from auditor.timeutil import H
 
+# request_hygiene's constants (docs/definitions.md; `[thresholds]` settings until issue 45).
+#: a user is judged on at least this many ended Slurm GPU jobs in the window, per cluster (fewer: no pattern)
+HYGIENE_MIN_JOBS = 5
+#: flagged when the median of runtime / time limit over the user's jobs is below this (a quarter: limits 4x
+#: too long keep the backfill scheduler from placing other jobs)...
+HYGIENE_RUNTIME_RATIO = 0.25
+#: ...or when at least this share of the GPUs the user's jobs requested (and telemetry saw) never worked
+HYGIENE_UNUSED_GPUS = 0.25
+
 JOBS = """SELECT a.cluster, a.user_name, a.account, ua.team, a.id, a.start_ts, a.end_ts, a.time_limit_s,
  COUNT(*) AS gpus, SUM(CASE WHEN {seen} THEN 1 ELSE 0 END) AS seen,
  SUM(CASE WHEN {unused} THEN 1 ELSE 0 END) AS unused,
@@ -44,7 +53,7 @@ ORDER BY a.cluster, a.user_name, a.id"""
 
 def jobs_sql(th: Thresholds) -> str:
     seen = f"u.reserved_s > 0 AND u.observed_s >= {th.unmonitored_coverage!r} * u.reserved_s - {EPS!r}"
-    unused = f"{seen} AND u.low_s + u.working_s + u.busy_unverified_s <= 0"
+    unused = f"{seen} AND u.low_s + u.working_s + u.busy_unverified_s + u.input_wait_s <= 0"
     return JOBS.format(seen=seen, unused=unused)
 
 
@@ -76,12 +85,12 @@ def user_stats(jobs: list[dict[str, Any]]) -> dict[str, Any]:
 def verdicts(st: dict[str, Any], th: Thresholds) -> list[str]:
     """Why a user is flagged: "time_limit", "unused_gpus", both or none."""
     out = []
-    if st["jobs"] < th.hygiene_min_jobs:
+    if st["jobs"] < HYGIENE_MIN_JOBS:
         return out
-    if (st["jobs_with_limit"] >= th.hygiene_min_jobs and st["median_runtime_ratio"] is not None
-            and st["median_runtime_ratio"] < th.hygiene_runtime_ratio - EPS):
+    if (st["jobs_with_limit"] >= HYGIENE_MIN_JOBS and st["median_runtime_ratio"] is not None
+            and st["median_runtime_ratio"] < HYGIENE_RUNTIME_RATIO - EPS):
         out.append("time_limit")
-    if st["unused_share"] is not None and st["unused_share"] >= th.hygiene_unused_gpus - EPS:
+    if st["unused_share"] is not None and st["unused_share"] >= HYGIENE_UNUSED_GPUS - EPS:
         out.append("unused_gpus")
     return out
 
@@ -170,11 +179,11 @@ def request_hygiene(conn: Connection, run_id: int, th: Thresholds, p: dict[str, 
         parts = []
         if "time_limit" in why:
             parts.append(f"median runtime {st['median_runtime_ratio']:.0%} of the time limit over "
-                         f"{st['jobs_with_limit']} jobs (< {th.hygiene_runtime_ratio:.0%}): ask for shorter limits, "
+                         f"{st['jobs_with_limit']} jobs (< {HYGIENE_RUNTIME_RATIO:.0%}): ask for shorter limits, "
                          "they start sooner (backfill)")
         if "unused_gpus" in why:
             parts.append(f"{st['gpus_unused']} of {st['gpus_seen']} requested GPUs never worked "
-                         f"(>= {th.hygiene_unused_gpus:.0%}): request fewer GPUs")
+                         f"(>= {HYGIENE_UNUSED_GPUS:.0%}): request fewer GPUs")
         ev = {"rule": "; ".join(parts), "recipient": "user", "flags": why,
               **{k: v for k, v in st.items() if k not in ("first_ts", "last_ts")}}
         out.append({"run_id": run_id, "kind": "request_hygiene", "cluster": cluster, "allocation_id": None,

@@ -24,6 +24,10 @@ from auditor.config import Thresholds
 from auditor.store.sqlfuncs import sql_names
 from auditor.timeutil import H
 
+#: lemon_node: a node with at least this many infrastructure events (distinct intervals, any of its GPUs) in the
+#: audit window: three faults in a week is a pattern, not bad luck (a `[thresholds]` setting until issue 45)
+LEMON_MIN_FAULTS = 3
+
 WHOLE_NODE = -1
 #: Bucket condition (``b`` = gpu_buckets, ``{a}`` the allocated interval a_s, a_e): the part of the bucket
 #: inside the reserved interval overlaps no infrastructure interval of its GPU. An event outside the
@@ -181,7 +185,7 @@ def nodes_that_cost(conn: Connection, run_id: int, th: Thresholds, since: int, h
                     "gpus": sorted(gpus), "reasons": list(reasons[(cluster, node)]), "start_ts": first,
                     "end_ts": max(last, first), "allocations": int(c.allocations) if c else 0,
                     "infra_gpu_hours": float(c.infra_s or 0) / H if c else 0.0,
-                    "cost": float(c.cost_s or 0) / H if c else 0.0, "lemon": n >= th.lemon_min_faults})
+                    "cost": float(c.cost_s or 0) / H if c else 0.0, "lemon": n >= LEMON_MIN_FAULTS})
     return sort_nodes(out)
 
 
@@ -217,5 +221,5 @@ def lemon_findings(run_id: int, nodes: list[dict[str, Any]], th: Thresholds) -> 
                                  "faults_by_kind": n["faults_by_kind"], "gpus": n["gpus"], "reasons": n["reasons"],
                                  "infra_gpu_hours": n["infra_gpu_hours"], "allocations": n["allocations"],
                                  "why": f"{n['faults']} infrastructure events >= lemon_min_faults "
-                                        f"{th.lemon_min_faults}"}})
+                                        f"{LEMON_MIN_FAULTS}"}})
     return out

@@ -67,6 +67,24 @@ BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}
 NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
 NUDGED: tuple[str, ...] = tuple(k.name for k in KINDS if k.nudged)
 ADDS_TO_IDLE: frozenset[str] = frozenset(k.name for k in KINDS if k.adds_to_idle)
+#: what a finding's ``cost`` holds where it is no idle cost (a kind that does not add to idle totals): the web
+#: findings page names it so, in its own column, and never adds it to the idle cost (issue 44)
+MONEY: dict[str, str] = {
+    "failed_restarts": "lost to failed runs",
+    "request_hygiene": "restates its jobs' idle cost",
+    "idle_while_queued": "part of its job's idle cost",
+    "idle_quota": "unused quota",
+    "lemon_node": "infrastructure time",
+    "batching_headroom": "the pod's reserved cost",
+    "straggler": "the job's reserved cost",
+    "unmonitored": "reserved, not monitored",
+}
+
+
+def money_of(name: str) -> str:
+    """What a finding's cost column holds: "idle cost" for a kind whose hours add to idle totals, else
+    :data:`MONEY`'s words (never idle money)."""
+    return "idle cost" if name in ADDS_TO_IDLE else MONEY.get(name, "not idle")
 
 
 def of_section(section: str) -> tuple[str, ...]:

@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, text, update
 
 from auditor.audit import timing
+from auditor.audit.judging import DEFAULT, Judging
 from auditor.config import Config, Thresholds
 from auditor.errors import GpuAuditError
 from auditor.store import schema
@@ -88,7 +89,7 @@ def _cpu() -> float:
 
 
 def _phase(url: str, batch_rows: int, cfg: Config, th: Thresholds, part_id: int, window: tuple[int, int, int, int],
-           clusters: list[str], judge: bool) -> dict[str, Any]:
+           clusters: list[str], judge: bool, judging: Judging) -> dict[str, Any]:
     """One process's phase for its clusters, in one committed transaction under its part's run id: judging
     (``judge``), else totals and findings (with that part of the run summary)."""
     from auditor.audit import clusters as scope
@@ -102,11 +103,12 @@ def _phase(url: str, batch_rows: int, cfg: Config, th: Thresholds, part_id: int,
     try:
         with store.begin() as conn:
             if judge:
-                scope.judge_clusters(conn, th, part_id, window, clusters, steps)
+                scope.judge_clusters(conn, th, part_id, window, clusters, steps, judging)
             else:
                 setup_pg(conn)
                 infra.prepare(conn, th, window[0], window[2], allocated=False)  # _infra, for the rules
-                out["part"], out["refused"] = scope.find_in_clusters(conn, cfg, th, part_id, window, clusters)
+                out["part"], out["refused"] = scope.find_in_clusters(conn, cfg, th, part_id, window, clusters,
+                                                                          judging)
             infra.finish(conn)
     finally:
         store.engine.dispose()
@@ -139,7 +141,8 @@ def relabel(conn: Connection, run_id: int, parts: list[int]) -> None:
 
 
 def run(store: Store, cfg: Config, th: Thresholds, run_id: int, window: tuple[int, int, int, int],
-        cluster_groups: list[list[str]], steps: timing.Steps) -> tuple[list[Any], int, list[dict[str, Any]], list[int]]:
+        cluster_groups: list[list[str]], steps: timing.Steps, judging: Judging = DEFAULT
+        ) -> tuple[list[Any], int, list[dict[str, Any]], list[int]]:
     """Audit each group of clusters in its own process, all at once, under a part run id each (see the
     module); returns their summary parts (in group order), the allocations they refused, per process its
     clusters, wall and CPU seconds and peak RSS, and the part ids (:func:`relabel` them into the run, or
@@ -154,12 +157,12 @@ def run(store: Store, cfg: Config, th: Thresholds, run_id: int, window: tuple[in
     try:
         with ctx.Pool(len(cluster_groups)) as pool:
             judged = _all(pool, store, cfg, th, part_ids, window, cluster_groups, True, stats, steps,
-                          "clusters: judging wall")
+                          "clusters: judging wall", judging)
             with steps.step("clusters: statistics"), \
                     store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
                 c.execute(text("ANALYZE usage_gpu"))  # committed parts: every process's plans see them
             found = _all(pool, store, cfg, th, part_ids, window, cluster_groups, False, stats, steps,
-                         "clusters: totals and findings wall")
+                         "clusters: totals and findings wall", judging)
     except BaseException:
         with store.begin() as conn:
             drop_parts(conn, part_ids)
@@ -170,10 +173,10 @@ def run(store: Store, cfg: Config, th: Thresholds, run_id: int, window: tuple[in
 
 def _all(pool: Any, store: Store, cfg: Config, th: Thresholds, part_ids: list[int], window: tuple[int, int, int, int],
          cluster_groups: list[list[str]], judge: bool, stats: list[dict[str, Any]], steps: timing.Steps,
-         name: str) -> list[dict[str, Any]]:
+         name: str, judging: Judging) -> list[dict[str, Any]]:
     with steps.step(f"{name} ({len(cluster_groups)} processes)"):
         pending = [pool.apply_async(_phase, (store.engine.url.render_as_string(hide_password=False),
-                                             store.batch_rows, cfg, th, pid, window, g, judge))
+                                             store.batch_rows, cfg, th, pid, window, g, judge, judging))
                    for pid, g in zip(part_ids, cluster_groups, strict=True)]
         results, failed = [], []
         for g, res in zip(cluster_groups, pending, strict=True):

@@ -6,7 +6,8 @@ queue, and GPU quotas held but not used.
   Kubernetes pods wait in partition "", the cluster): a bucket's idle seconds count in the share of the
   bucket (clipped to the allocation) that the union of the waits covers. Unknown time is never idle, so it
   never counts.
-* ``idle_quota``: per quota (Slurm QOS or account GrpTRES gres/gpu), GPUs held on average by its allocations
+* ``idle_quota``: per quota (Slurm QOS or account GrpTRES gres/gpu; a Kubernetes queue's GPU quota, matched on
+  the allocations' partition, where the connector puts the pod's queue), GPUs held on average by its allocations
   versus GPUs in use (held minus idle; unknown counts as in use): quota - in use is the reclaim candidate.
 
 How it stays set-based at fleet scale: the union of the waits of each queue is cut into cells of
@@ -23,12 +24,21 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import judge, verdict
+from auditor.audit import judging, verdict
 from auditor.audit.evidence import _finding
 from auditor.audit.verdict import EPS
 from auditor.config import Config, Thresholds
 from auditor.store.sqlfuncs import greatest_least
 from auditor.timeutil import H
+
+# The queue rules' constants (docs/definitions.md; `[thresholds]` settings until issue 45): sizes below which a
+# finding would be noise on any site, not a site's policy.
+#: idle_while_queued: minimum idle GPU-hours of an allocation while GPU jobs of its partition waited
+QUEUE_MIN_IDLE_GPU_HOURS = 1.0
+#: idle_quota: minimum unused GPUs of a quota (quota - average GPUs in use): less than one GPU frees no job...
+IDLE_QUOTA_MIN_GPUS = 1.0
+#: ...and minimum unused share of the quota (half of it: a quota mostly unused, not a busy one's slack)
+IDLE_QUOTA_FRACTION = 0.5
 
 CELL = 300
 _IDLE = verdict.in_codes("j.v", verdict.IDLE_CODES)
@@ -70,10 +80,10 @@ def overlap_sql(dialect: str, th: Thresholds) -> str:
     the allocation, the bucket clipped to the allocation [t0, t1), its idle observed seconds x share, and the
     seconds of [t0, t1) the piece covers (pieces are disjoint: their sum is the union's cover)."""
     g, le = greatest_least(dialect)
-    rows = judge.rows_of(dialect, th, "c", "cc", ["aid", "gid", "share", "cluster", "part"])
+    rows = judging.rows_of(dialect, th, "c", "cc", ["aid", "gid", "share", "cluster", "part"])
     return f"""WITH c AS (
   SELECT u.allocated_gpu_id AS gid, u.allocation_id AS aid, u.gpu_id, ag.share, a.cluster, a.partition AS part,
-   {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey,
+   {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judging.JOB_KEY} AS jkey,
    tg.has_jobs AS lab
   FROM usage_gpu u JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN telemetry_gpus tg ON tg.id = u.gpu_id
   JOIN allocations a ON a.id = u.allocation_id
@@ -171,11 +181,11 @@ def idle_while_queued(conn: Connection, run_id: int, rows_of: Callable[[Iterable
         for key in (("cluster", r["cluster"]), ("team", r["cluster"], r["team"])):
             sums[key][0] += s
             sums[key][1] += h * r["price"]
-        if h + EPS < th.queue_min_idle_gpu_hours:
+        if h + EPS < QUEUE_MIN_IDLE_GPU_HOURS:
             continue
         n, m = waited["aid"].get((aid,), (0, 0.0))
         ev = {"rule": f"{h:.1f} idle GPU-hours while {n} GPU job(s) waited for {m:.1f} GPU-hours in partition "
-                      f"{part or '(cluster)'} (>= {th.queue_min_idle_gpu_hours:g} h)",
+                      f"{part or '(cluster)'} (>= {QUEUE_MIN_IDLE_GPU_HOURS:g} h)",
               "idle_while_queued_gpu_hours": h, "waiting_jobs": n, "waiting_gpu_hours": m, "partition": part}
         f = _finding(run_id, "idle_while_queued", r, ev, h, p["since"], p["horizon"])
         f["gpu_hours"] = h
@@ -189,21 +199,24 @@ def idle_while_queued(conn: Connection, run_id: int, rows_of: Callable[[Iterable
     return findings, summary
 
 
-QUOTA_USE = """SELECT q.cluster, q.kind, q.name, q.gpus, SUM(x.reserved_s) AS held_s,
+QUOTA_USE = """SELECT q.cluster, q.kind, q.name, q.gpus, q.reserved_gpus, SUM(x.reserved_s) AS held_s,
  SUM(x.idle_s + x.mirage_s) AS idle_s, SUM(x.unknown_s) AS unknown_s, COUNT(x.cluster) AS allocations
 FROM gpu_quotas q LEFT JOIN (
-  SELECT a.cluster, a.qos, a.account, u.reserved_s, u.idle_s, u.mirage_s, u.unknown_s
+  SELECT a.cluster, a.qos, a.account, a.partition, u.reserved_s, u.idle_s, u.mirage_s, u.unknown_s
   FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id WHERE u.run_id = :run) x
- ON x.cluster = q.cluster AND ((q.kind = 'qos' AND x.qos = q.name) OR (q.kind = 'account' AND x.account = q.name))
+ ON x.cluster = q.cluster AND ((q.kind = 'qos' AND x.qos = q.name) OR (q.kind = 'account' AND x.account = q.name)
+  OR (q.kind = 'queue' AND x.partition = q.name))
 WHERE q.last_seen_ts >= :since
-GROUP BY q.cluster, q.kind, q.name, q.gpus ORDER BY q.cluster, q.kind, q.name"""
+GROUP BY q.cluster, q.kind, q.name, q.gpus, q.reserved_gpus ORDER BY q.cluster, q.kind, q.name"""
 
 
 def idle_quota(conn: Connection, run_id: int, th: Thresholds, cfg: Config, p: dict[str, Any],
                team_of: Any, clusters: list[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(findings, table): per GPU quota seen in the window, the average GPUs held, idle and in use over
     [since, horizon); a quota whose unused part (quota - in use) is at least ``idle_quota_min_gpus`` and
-    ``idle_quota_fraction`` of the quota is a reclaim candidate."""
+    ``idle_quota_fraction`` of the quota is a reclaim candidate. Where the queueing system says what it reserved
+    for admitted workloads (Kueue ``flavorsUsage``, latest sighting), the reserved part not in use is shown
+    beside it: quota others cannot have (borrowed from the cohort included) that does no work."""
     span = max(1, p["horizon"] - p["since"])
     table, findings = [], []
     for r in conn.execute(text(QUOTA_USE), p):
@@ -212,18 +225,23 @@ def idle_quota(conn: Connection, run_id: int, th: Thresholds, cfg: Config, p: di
         held, idle = float(r.held_s or 0) / span, float(r.idle_s or 0) / span
         in_use = max(0.0, held - idle)  # unknown time counts as in use: never reclaimed on no evidence
         unused = max(0.0, float(r.gpus) - in_use)
+        reserved = None if r.reserved_gpus is None else float(r.reserved_gpus)
+        reserved_unused = None if reserved is None else max(0.0, reserved - in_use)
         team = team_of({"account": r.name, "source": "slurm"}) if r.kind == "account" else ""
         row = {"cluster": r.cluster, "kind": r.kind, "name": r.name, "team": team, "quota_gpus": float(r.gpus),
                "held_gpus": held, "idle_gpus": idle, "in_use_gpus": in_use,
                "unknown_gpus": float(r.unknown_s or 0) / span,
-               "unused_gpus": unused, "allocations": int(r.allocations or 0),
-               "reclaim": unused + EPS >= th.idle_quota_min_gpus
-               and unused + EPS >= th.idle_quota_fraction * float(r.gpus)}
+               "unused_gpus": unused, "reserved_gpus": reserved, "reserved_unused_gpus": reserved_unused,
+               "allocations": int(r.allocations or 0),
+               "reclaim": unused + EPS >= IDLE_QUOTA_MIN_GPUS
+               and unused + EPS >= IDLE_QUOTA_FRACTION * float(r.gpus)}
         table.append(row)
         if row["reclaim"]:
             ev = {"rule": f"{r.kind} {r.name}: quota {float(r.gpus):g} GPUs, {in_use:.1f} in use on average "
                           f"({held:.1f} held, {idle:.1f} idle): {unused:.1f} GPUs unused "
-                          f"(>= {th.idle_quota_min_gpus:g} and >= {th.idle_quota_fraction:.0%} of the quota)",
+                          f"(>= {IDLE_QUOTA_MIN_GPUS:g} and >= {IDLE_QUOTA_FRACTION:.0%} of the quota)"
+                          + ("" if reserved is None else f"; {reserved:g} reserved for admitted workloads when last "
+                             f"seen, {reserved_unused:.1f} of them reserved but unused"),
                   "quota": row, "recipient": "operations"}
             findings.append({"run_id": run_id, "kind": "idle_quota", "cluster": r.cluster, "allocation_id": None,
                              "reservation_id": None, "account": r.name if r.kind == "account" else "",

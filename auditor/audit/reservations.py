@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
 
-from auditor.audit import infra, judge
+from auditor.audit import infra, judging
 from auditor.audit.episodes import _IDLE
 from auditor.audit.evidence import _fn
 from auditor.audit.money import UNMAPPED, Pricing
@@ -39,11 +39,11 @@ def resv_idle_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     fn = sql_names(dialect)
     x = ("""SELECT r.id AS rid, u.allocated_gpu_id AS gid, u.gpu_id, ag.share, {G}(a.start_ts, r.start_ts, :since)
        AS a_s, {L}(COALESCE(a.end_ts, :horizon), r.end_ts, :horizon) AS a_e, tg.has_jobs AS lab, """
-         + judge.JOB_KEY + " AS jkey "
+         + judging.JOB_KEY + " AS jkey "
          + _RESV_JOBS.replace("WHERE", """JOIN usage_gpu u ON u.allocation_id = a.id AND u.run_id = :run
        AND u.gpu_id IS NOT NULL JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id
        JOIN telemetry_gpus tg ON tg.id = u.gpu_id WHERE""")).format(**fn)
-    rows = judge.rows_of(dialect, th, f"({x})", "x", ["rid", "gid", "share"], skip)
+    rows = judging.rows_of(dialect, th, f"({x})", "x", ["rid", "gid", "share"], skip)
     return f"SELECT j.rid, SUM(j.share * j.obs) AS idle_s FROM {rows} WHERE {_IDLE} GROUP BY j.rid"
 
 

@@ -9,7 +9,7 @@ unknown size: no MIG or model hint; a model without MIG (``mig`` False in the ta
 
 A smaller model from the site's inventory: the GPU models present in the allocation's cluster
 (``gpu_inventory`` and ``telemetry_gpus``), priced by the price card; an allocation of whole GPUs whose mean
-SM activity is at most ``thresholds.rightsize_model_max_sm`` and whose peak memory fits a model cheaper than
+SM activity is at most ``RIGHTSIZE_MODEL_MAX_SM`` and whose peak memory fits a model cheaper than
 its own -> the cheapest such model, saving its GPU-hours x the price difference. :func:`by_team` rolls the
 best option of every allocation that did work up per team (the report's right-sizing table).
 """
@@ -29,6 +29,11 @@ from auditor.audit.money import Pricing
 from auditor.audit.verdict import EPS
 from auditor.config import PriceCard, Thresholds
 from auditor.timeutil import H
+
+#: Right-sizing to a smaller model: an allocation whose mean SM activity is at most this (half: it would still
+#: fit a GPU with half the SMs) and whose peak memory fits would have fit the cheapest such model in its cluster
+#: (docs/definitions.md; a `[thresholds]` setting until issue 45)
+RIGHTSIZE_MODEL_MAX_SM = 0.5
 
 #: MIG profiles of the A100/H100 families: compute slices of 7, share of the GPU's memory
 PROFILES = ((1, 1 / 8), (2, 1 / 4), (3, 1 / 2), (4, 1 / 2))
@@ -122,7 +127,7 @@ def hint(r: dict[str, Any], th: Thresholds, prices: PriceCard,
             out["fewer_gpus_saving"] = cost * (n - need) / n
             options.append((out["fewer_gpus_saving"], "fewer_gpus", f"{need} of {n} GPUs", hours * (n - need) / n))
     whole = (r.get("gpu_count") or 0) >= n - EPS
-    if models and whole and sm <= th.rightsize_model_max_sm + EPS:
+    if models and whole and sm <= RIGHTSIZE_MODEL_MAX_SM + EPS:
         fit = [m for m in models if peak <= m[1] + EPS and m[2] < r["price"] - EPS]
         if fit:
             name, _mib, price = fit[0]  # cheapest first

@@ -3,10 +3,11 @@
 Flow: allocations overlapping the window -> ``_attr`` (one row per allocated GPU: which telemetry GPU it
 is, by scheduler index, whole node, or telemetry labels; else unattributed) -> one grouped join with
 ``gpu_buckets`` that takes each bucket's applicable rows, its observed seconds and its verdict
-(:mod:`auditor.audit.judge`, :mod:`auditor.audit.verdict`) and sums seconds per allocated GPU into ``usage_gpu`` -> per
-allocation totals and money into ``usage_allocation`` -> findings (:mod:`auditor.audit.findings`). Unknown is never
-idle: reserved time without samples, or on a GPU no telemetry can be tied to, counts as unknown; observed
-time without profiling fields is judged by GPU-Util (idle-by-util or busy-unverified), never unknown.
+(:mod:`auditor.audit.judging`, :mod:`auditor.audit.verdict`) and sums seconds per allocated GPU into
+``usage_gpu`` -> per allocation totals and money into ``usage_allocation`` -> findings
+(:mod:`auditor.audit.findings`). Unknown is never idle: reserved time without samples, or on a GPU no
+telemetry can be tied to, counts as unknown; observed time without profiling fields is judged by
+GPU-Util (idle-by-util or busy-unverified), never unknown.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from auditor.audit import timing
+from auditor.audit.judging import DEFAULT, Judging
 from auditor.audit.usage import refresh_aggregate
 from auditor.config import Config, Thresholds
 from auditor.store import cascade, schema
@@ -45,10 +47,11 @@ class AuditResult:
 
 def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
               thresholds: Thresholds | None = None, clusters: list[str] | None = None,
-              what_if: bool = False, purpose: str | None = None) -> AuditResult:
+              what_if: bool = False, purpose: str | None = None, judging: Judging = DEFAULT) -> AuditResult:
     """Judge [since, until) and store usage and findings under a new audit run. ``purpose`` (e.g.
     ``"chargeback"``) goes into the run's summary: the web UI shows the newest weekly audit, not a run made
-    for another purpose (:func:`auditor.web.data.pick_run`)."""
+    for another purpose (:func:`auditor.web.data.pick_run`). ``judging``: what the judging statement reads
+    (:class:`auditor.audit.judging.Judging`; the figures are the same either way)."""
     th = thresholds or cfg.thresholds
     s, u = to_epoch(since), to_epoch(until)
     assert s is not None and u is not None
@@ -70,7 +73,8 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
     groups: list[list[str]] = []
     parts: list[int] = []
     try:
-        if not what_if:  # the judged aggregate of this run's thresholds, up to date (what-ifs read it only as is)
+        # the judged aggregate of this run's thresholds, up to date (what-ifs read it only as is)
+        if not what_if and judging.whole_hours:
             with steps.step("judged aggregate upkeep"):
                 refresh_aggregate(store, th, s)
         from auditor.audit import processes
@@ -81,13 +85,14 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
         if len(groups) > 1:
             # every cluster group in its own process and connection, under a part run id each; the parts'
             # rows become the run's below, in the transaction that marks it ok
-            found, refused, workers, parts = processes.run(store, cfg, th, run_id, window, groups, steps)
+            found, refused, workers, parts = processes.run(store, cfg, th, run_id, window, groups, steps,
+                                                           judging)
         with store.begin() as conn:
             if parts:
                 with steps.step("clusters: rows to the run"):
                     processes.relabel(conn, run_id, parts)
             else:
-                part, refused = audit_clusters(conn, cfg, th, run_id, window, clusters, steps)
+                part, refused = audit_clusters(conn, cfg, th, run_id, window, clusters, steps, judging)
                 found = [part]
             summary = finish(conn, found, cfg, since=s, until=u, horizon=horizon)
             with steps.step("rows of GPUs deleted meanwhile"):
@@ -95,7 +100,7 @@ def run_audit(store: Store, cfg: Config, since: datetime, until: datetime, *,
             if swept:
                 log.warning("audit run %d: %d row(s) dropped: their GPU or reservation was deleted by an ingest "
                             "while the audit ran", run_id, swept)
-            log.info("audit run %d steps: %s", run_id,
+            log.debug("audit run %d steps: %s", run_id,  # timings: --debug, never above a headline
                      ", ".join(f"{k} {v:.2f} s" for k, v in steps.seconds.items()))
             if refused:
                 summary["refused_allocations"] = refused

@@ -5,7 +5,7 @@ Each bin is ``bin_hours`` clock hours (as many as it takes to fit the allocation
 one may be cut by the allocation's end). Its values are the means the audit itself takes: SM activity and
 GPU-Util weighted by observed seconds (and share), over the applicable rows of the allocation's GPUs inside
 the reserved interval, infrastructure-affected buckets left out. They come from the judging's per-hour sums
-(:func:`auditor.audit.aggregate.sums_sql`, hourly): whole hours from the judged aggregate, the partial hours
+(:func:`auditor.audit.judging.sums_sql`, hourly): whole hours from the judged aggregate, the partial hours
 at the edges from the buckets. Read set-wise for a block of allocations (one packed string per allocation from
 the store) and kept as JSON text: formatting ~100 floats per finding was most of the time it took to write
 the findings.
@@ -17,10 +17,9 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import aggregate, infra
-from auditor.audit.judge import JOB_KEY
+from auditor.audit import infra
+from auditor.audit.judging import DEFAULT, JOB_KEY, Judging, aggregate_set, plan, sums_sql
 from auditor.config import Thresholds
-from auditor.store import shards
 from auditor.store.sqlfuncs import greatest_least
 
 SPARK_BINS = 48
@@ -73,8 +72,7 @@ JOIN telemetry_gpus tg ON tg.id = u.gpu_id
 WHERE u.run_id = :run AND u.gpu_id IS NOT NULL AND u.allocation_id IN ({ids})"""
 
 
-#: Per (allocation, bin): the sums whose ratios are the bin's means; on a sharded store each shard writes its
-#: own GPUs' and the coordinator adds them up (a bin's GPUs may live on several shards)
+#: Per (allocation, bin): the sums whose ratios are the bin's means
 _PARTS = ("aid", "bin", "sm_n", "sm_d", "util_n", "util_d")
 _KEYS = ("sm", "sm_observed", "gpu_util", "util_observed")
 
@@ -85,22 +83,19 @@ def _parts_table(conn: Connection) -> None:
                       "util_n FLOAT, util_d FLOAT)"))
 
 
-def parts_here(conn: Connection, th: Thresholds, since: int, skip: str) -> None:
-    """The per-bin sums of the targets in ``_spark_t`` over this connection's own tables, into
-    ``_spark_parts``: whole hours from its judged aggregate where it holds the run's thresholds, the edges
-    from its buckets."""
-    from auditor.audit.usage import aggregate_set
-
+def parts_here(conn: Connection, th: Thresholds, since: int, skip: str, judging: Judging = DEFAULT) -> None:
+    """The per-bin sums of the targets in ``_spark_t`` into ``_spark_parts``: whole hours from the judged
+    aggregate where it holds the run's thresholds (and ``judging`` reads it), the edges from the buckets."""
     dialect = conn.dialect.name
-    ths = aggregate_set(conn, th, since)
-    hourly = aggregate.sums_sql(dialect, th, "_spark_t", "id", skip, hourly=True, keys=_KEYS)
+    ths = aggregate_set(conn, th, since, judging)
+    hourly = sums_sql(dialect, th, "_spark_t", "id", skip, hourly=True, keys=_KEYS)
     big, _le = greatest_least(dialect)
     # the bin of an hour: (hour - the allocation's first hour) / hours per bin (bin_hours); an edge bucket that
     # started in the hour before (one crossing its hour's end) goes to the first bin
     k = f"(((t.a_e - 1) / {H} - t.a_s / {H} + {SPARK_BINS}) / {SPARK_BINS})"
     b = f"{big}(0, (x.hour - t.a_s / {H}) / {k})"
     _parts_table(conn)
-    aggregate.plan(conn, "_spark_t", "id", skip, ths)
+    plan(conn, "_spark_t", "id", skip, ths)
     conn.execute(text(f"""INSERT INTO _spark_parts ({", ".join(_PARTS)})
 SELECT t.aid, {b}, SUM(t.share * x.sm), SUM(t.share * x.sm_observed), SUM(t.share * x.gpu_util),
  SUM(t.share * x.util_observed)
@@ -108,13 +103,14 @@ FROM ({hourly}) x JOIN _spark_t t ON t.id = x.id GROUP BY t.aid, {b}"""), {"ths"
     conn.execute(text("DROP TABLE _agg"))
 
 
-def sparkline_texts(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int) -> dict[int, str]:
+def sparkline_texts(conn: Connection, run_id: int, ids: list[int], since: int, horizon: int,
+                    judging: Judging = DEFAULT) -> dict[int, str]:
     """Per allocation: mean SM activity and GPU-Util per bin of whole hours, as JSON text
     (:func:`sparkline_json`); an allocation without an observed reading gets none. The bins of one allocation
     come back as one packed string (one row per allocation, not per bin). Whole hours come from the judged
-    aggregate of the run's thresholds where it holds them (:func:`auditor.audit.usage.aggregate_set`); on a
-    sharded store each shard sums its own GPUs' (:func:`parts_here`, :func:`auditor.store.shards.run_shipped`)."""
-    from auditor.audit.usage import run_thresholds, setup_pg
+    aggregate of the run's thresholds where it holds them and ``judging`` reads it
+    (:func:`auditor.audit.judging.aggregate_set`)."""
+    from auditor.audit.usage import run_thresholds
 
     out: dict[int, str] = {}
     dialect = conn.dialect.name
@@ -129,7 +125,6 @@ def sparkline_texts(conn: Connection, run_id: int, ids: list[int], since: int, h
  SELECT aid, bin, SUM(sm_n) / NULLIF(SUM(sm_d), 0) AS sm, SUM(util_n) / NULLIF(SUM(util_d), 0) AS util
  FROM _spark_parts GROUP BY aid, bin) bins
 WHERE sm IS NOT NULL OR util IS NOT NULL GROUP BY aid"""
-    lay = shards.layout(conn)
     windows: dict[int, tuple[int, int]] = {}
 
     def block(c: Connection, marks: str) -> list[Any]:
@@ -140,16 +135,7 @@ WHERE sm IS NOT NULL OR util IS NOT NULL GROUP BY aid"""
         c.execute(text(_TARGETS.format(G=g, L=le, ids=marks)), {"since": since, "horizon": horizon, "run": run_id})
         if pg:
             c.execute(text("ANALYZE _spark_t"))
-        if lay is None:
-            parts_here(c, th, since, skip)
-        else:  # each shard its own GPUs' sums, added up here
-            def here(sconn: Connection) -> None:
-                setup_pg(sconn)
-                parts_here(sconn, th, since, skip)
-
-            _parts_table(c)
-            shards.run_shipped(c, lay, {"_spark_t": "gpu_id", "_infra": "gpu_id"}, here, "_spark_parts", _PARTS,
-                               "TRUE")
+        parts_here(c, th, since, skip, judging)
         rows = c.execute(text(sql)).fetchall()
         for aid, s0, e0 in c.execute(text("SELECT aid, MIN(a_s), MAX(a_e) FROM _spark_t GROUP BY aid")):
             windows[aid] = (int(s0), int(e0))

@@ -12,11 +12,17 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import infra, judge, verdict
+from auditor.audit import infra, judging, verdict
 from auditor.audit.waiting import busy, waits
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import greatest_least
 from auditor.timeutil import H
+
+# straggler's reporting constants (docs/definitions.md; `[thresholds]` settings until issue 45).
+#: reported when a node (or GPU) held its peers up for at least this share of its observed time...
+STRAGGLER_MIN_SHARE = 0.5
+#: ...and its peers waited at least this many GPU-hours on it
+STRAGGLER_MIN_GPU_HOURS = 1.0
 
 #: Allocations whose units can lead and wait at all (2+ GPUs). A unit leads a bucket only where one of its GPUs
 #: is busy there (the judging's ``lead_s``: a mean reaches a threshold only where a member does), and another
@@ -33,13 +39,13 @@ GROUP BY u.allocation_id HAVING COUNT(*) >= 2 AND SUM(u.lead_s) > 0 AND (SUM(u.w
 
 def rows_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
     """Per (allocated GPU of a candidate allocation (``_strag``, :data:`CANDIDATES`), bucket): the judged row
-    of its applicable rows (:func:`auditor.audit.judge.rows_of`: observed seconds inside the reserved
+    of its applicable rows (:func:`auditor.audit.judging.rows_of`: observed seconds inside the reserved
     interval, SM activity, PCIe + NVLink bytes/s), with the GPU's share, node and index."""
     g, le = greatest_least(dialect)
-    rows = judge.rows_of(dialect, th, "c", "cc", ["aid", "gid", "share", "node", "gpu_index"], skip)
+    rows = judging.rows_of(dialect, th, "c", "cc", ["aid", "gid", "share", "node", "gpu_index"], skip)
     return f"""WITH c AS (
   SELECT u.allocation_id AS aid, u.allocated_gpu_id AS gid, u.gpu_id, ag.share, ag.node, u.gpu_index,
-   {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judge.JOB_KEY} AS jkey,
+   {g}(a.start_ts, :since) AS a_s, {le}(COALESCE(a.end_ts, :horizon), :horizon) AS a_e, {judging.JOB_KEY} AS jkey,
    tg.has_jobs AS lab
   FROM _strag x JOIN usage_gpu u ON u.run_id = :run AND u.allocation_id = x.aid
   JOIN allocated_gpus ag ON ag.id = u.allocated_gpu_id JOIN telemetry_gpus tg ON tg.id = u.gpu_id
@@ -113,9 +119,9 @@ def stragglers(conn: Connection, run_id: int, rows_of: Callable[[Iterable[int]],
         for x in units:
             unit_obs, lead = float(x.unit_obs or 0.0), float(x.lead_obs or 0.0)
             held_h = float(x.held_obs or 0.0) / H
-            if unit_obs <= 0 or lead / unit_obs < th.straggler_min_share - verdict.EPS:
+            if unit_obs <= 0 or lead / unit_obs < STRAGGLER_MIN_SHARE - verdict.EPS:
                 continue
-            if held_h < th.straggler_min_gpu_hours - verdict.EPS:
+            if held_h < STRAGGLER_MIN_GPU_HOURS - verdict.EPS:
                 continue
             node, _, gpu = str(x.unit).partition(":")
             mine = [(n, i) for n, i in gpus[aid] if n == node and (not gpu or str(i) == gpu)]

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, text
 
-from auditor.audit.judge import SUMS, usage_columns
+from auditor.audit.judging import SUMS, usage_columns
 from auditor.audit.money import COST_KEYS, COST_SQL, Pricing
 from auditor.store import schema
 

@@ -1,10 +1,8 @@
-"""Judging: the attributed GPUs of ``_attr`` -> one ``usage_gpu`` row each (seconds idle, working, unknown...).
-
-One set-based statement (:func:`auditor.audit.aggregate.sums_sql`): each attributed GPU's whole clock hours
-read from the judged aggregate where it holds them, every other bucket's applicable rows combined and judged
-(:mod:`auditor.audit.judge`, :mod:`auditor.audit.verdict`), summed per allocated GPU. On PostgreSQL an audit's
-clusters can be judged in several processes at once (:mod:`auditor.audit.processes`); on a sharded store each
-shard judges its own GPUs with the same statement (:mod:`auditor.store.shards`).
+"""Judging an audit's allocated GPUs: attribution (``_attr``), the infrastructure intervals, then the one
+judging statement (:mod:`auditor.audit.judging`) into ``usage_gpu``; and the judged aggregate brought up to
+date before an official audit judges (:mod:`auditor.audit.aggregate`). On PostgreSQL an audit's clusters can
+be judged in several processes at once (:mod:`auditor.audit.processes`). Past one server the store is
+partitioned by cluster, shared-nothing (docs/scale-out.md): no judging crosses stores.
 """
 
 from __future__ import annotations
@@ -16,58 +14,17 @@ from sqlalchemy import Connection, text
 
 from auditor.audit import aggregate, infra, timing
 from auditor.audit.attribute import attribute
-from auditor.audit.judge import EXTRA, SUMS, usage_columns
+from auditor.audit.judging import DEFAULT, Judging, judge
 from auditor.config import Thresholds
-from auditor.store import shards
 from auditor.store.engine import Store
-
-USAGE_COLS = ("signal", "reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
-              "busy_unverified_s", "unknown_s", "infra_s", "effective_s", "gpu_util_s", "util_observed_s", "sm_s",
-              "sm_observed_s", "tensor_s", "dram_s", "io_bps_s", "max_gpu_mirage_s", *(f"{k}_s" for k in EXTRA))
-_INSERT = ("INSERT INTO usage_gpu (run_id, allocated_gpu_id, allocation_id, attribution, gpu_index, gpu_id, "
-           + ", ".join(USAGE_COLS) + ", peak_fb_mib, idle_peak_fb_mib)\nSELECT :run_id, at.allocated_gpu_id, "
-           "at.allocation_id, at.attribution, at.gpu_index, at.gpu_id, ")
-_RESERVED = "(at.a_e - at.a_s)"
-_INFRA = "COALESCE(ai.infra, 0)"
-_JOIN_INFRA = " LEFT JOIN _attr_infra ai ON ai.allocated_gpu_id = at.allocated_gpu_id"
-
-
-def judge_sql(dialect: str, th: Thresholds, skip: str = "") -> str:
-    """The INSERT of usage_gpu for every allocated GPU of ``_attr`` (planned into ``_agg`` by
-    :func:`auditor.audit.aggregate.plan`): the sums of :func:`auditor.audit.aggregate.sums_sql` (``:ths``, the
-    aggregate's set) made usage columns; ``skip`` leaves out buckets of infrastructure-affected intervals
-    (:func:`auditor.audit.infra.skip`), whose seconds come from ``_attr_infra``."""
-    get = {k: f"COALESCE(j.{k}, 0)" for k in SUMS}
-    cols = usage_columns(get, "at.share", _RESERVED, _INFRA)
-    return (_INSERT + ", ".join(cols[c] for c in USAGE_COLS) + ", j.peak_fb, j.idle_fb\nFROM _attr at LEFT JOIN ("
-            + aggregate.sums_sql(dialect, th, "_attr", "allocated_gpu_id", skip)
-            + ") j ON j.id = at.allocated_gpu_id" + _JOIN_INFRA)
-
-
-#: Whole hours from the judged aggregate (False: every bucket judged afresh, the reference the tests and
-#: bench/audit.py compare with)
-WHOLE_HOURS = True
 
 
 def refresh_aggregate(store: Store, th: Thresholds, since: int) -> dict[str, Any]:
     """Re-judge the hours written since the last audit (:func:`auditor.audit.aggregate.refresh`), committed
     before the audit judges, so every per-cluster process reads the same fresh aggregate."""
-    if not WHOLE_HOURS:
-        return {}
-
-    def refresh(conn: Connection) -> dict[str, Any]:
+    with store.begin() as conn:
         setup_pg(conn)
         return aggregate.refresh(conn, th, since)
-
-    done = shards.on_each(store, refresh)  # a sharded store: each shard its own GPUs' hours, at once
-    return done[0] if len(done) == 1 else {"ths": done[0]["ths"], "shards": done,
-                                             "rejudged_hours": sum(d["rejudged_hours"] for d in done)}
-
-
-def aggregate_set(conn: Connection, th: Thresholds, since: int) -> str | None:
-    """The judged aggregate's set that an audit of ``th`` from ``since`` reads whole hours from: None when
-    :data:`WHOLE_HOURS` is off or the aggregate does not hold these thresholds from that hour on."""
-    return aggregate.usable(conn, th, since) if WHOLE_HOURS else None
 
 
 def run_thresholds(conn: Connection, run_id: int) -> Thresholds:
@@ -80,42 +37,7 @@ def run_thresholds(conn: Connection, run_id: int) -> Thresholds:
 
     t = schema.audit_runs
     got = conn.execute(select(t.c.thresholds).where(t.c.id == run_id)).scalar()
-    return Thresholds(**(json.loads(got) if isinstance(got, str) else got or {}))
-
-
-def whole_hour_gpus(conn: Connection, params: dict[str, Any], th: Thresholds, skip: str) -> int:
-    """Plan which allocated GPUs of ``_attr`` read whole hours from the judged aggregate (``_agg``,
-    :func:`auditor.audit.aggregate.plan`); returns how many (none with :data:`WHOLE_HOURS` off, or when the
-    aggregate does not hold this run's thresholds from its window's first hour on)."""
-    ths = aggregate_set(conn, th, params["since"])
-    params["ths"] = ths or ""
-    return aggregate.plan(conn, "_attr", "allocated_gpu_id", skip, ths)
-
-
-def judge(conn: Connection, fn: dict[str, str], params: dict[str, Any], th: Thresholds) -> None:
-    """Judge every bucket of ``_attr`` into usage_gpu: whole hours from the judged aggregate where it is fresh
-    (:data:`WHOLE_HOURS`), every other bucket from gpu_buckets, in one statement; buckets of
-    infrastructure-affected time are left out (:mod:`auditor.audit.infra`)."""
-    skip = infra.skip(conn)
-    lay = shards.layout(conn)
-    if lay is not None:  # each shard judges its own GPUs with these same statements (docs/scale-out.md)
-        def here(sconn: Connection) -> None:
-            setup_pg(sconn)
-            judge_here(sconn, params, th, skip)
-
-        shards.run_shipped(conn, lay, {"_attr": "gpu_id", "_infra": "gpu_id", "_attr_infra": None}, here, "usage_gpu",
-                           ["run_id", "allocated_gpu_id", "allocation_id", "attribution", "gpu_index", "gpu_id",
-                            *USAGE_COLS, "peak_fb_mib", "idle_peak_fb_mib"], f"run_id = {int(params['run_id'])}")
-        return
-    judge_here(conn, params, th, skip)
-
-
-def judge_here(conn: Connection, params: dict[str, Any], th: Thresholds, skip: str) -> None:
-    """:func:`judge` on this connection's own tables."""
-    p = dict(params)
-    whole_hour_gpus(conn, p, th, skip)
-    conn.execute(text(judge_sql(conn.dialect.name, th, skip)), p)
-    conn.execute(text("DROP TABLE _agg"))
+    return Thresholds.of_run(json.loads(got) if isinstance(got, str) else got)
 
 
 def setup_pg(conn: Connection) -> None:
@@ -127,9 +49,11 @@ def setup_pg(conn: Connection) -> None:
 
 
 def attribute_and_judge(conn: Connection, th: Thresholds, fn: dict[str, str], p: dict[str, Any], run_id: int,
-                        since: int, horizon: int, share: int, shares: int, steps: timing.Steps | None) -> None:
+                        since: int, horizon: int, share: int, shares: int, steps: timing.Steps | None,
+                        judging: Judging = DEFAULT) -> None:
     """Attribute and judge share ``share`` of ``shares`` of the audit's allocations (by allocation id) into
-    usage_gpu; the infrastructure intervals (``_infra``) stay for the finding rules of this connection."""
+    usage_gpu (``judging``: what the judging statement reads); the infrastructure intervals (``_infra``) stay for the
+    finding rules of this connection."""
     step = steps.step if steps is not None else (lambda _name: nullcontext())
     cf = fn["cluster_filter"] + (f" AND MOD(a.id, {shares}) = {share}" if shares > 1 else "")
     fn = {**fn, "cluster_filter": cf}
@@ -137,5 +61,5 @@ def attribute_and_judge(conn: Connection, th: Thresholds, fn: dict[str, str], p:
     with step("infrastructure intervals"):
         infra.prepare(conn, th, since, horizon)
     with step("judge buckets"):
-        judge(conn, fn, {**p, "run_id": run_id}, th)
+        judge(conn, {**p, "run_id": run_id}, th, judging)
         conn.execute(text("DROP TABLE _attr"))

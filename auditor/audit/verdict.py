@@ -18,7 +18,15 @@ code  verdict            rule
 4     low                SM-verified, idle_sm <= SM < working_sm
 5     working            SM-verified, SM >= working_sm
 6     busy_unverified   no SM activity and not idle by GPU-Util: observed, work not verifiable
+7     idle_by_counters   no SM activity, stock counters (GR engine with Tensor or DRAM): all below idle
+8     busy_by_counters   no SM activity, stock counters: Tensor >= idle_tensor or DRAM >= idle_dram (work)
+9     engine_spin        no SM activity, stock counters: GR engine >= idle_gr_engine, Tensor and DRAM
+                         below theirs: a spin or a wait, never verified work
 ====  =================  ==============================================================================
+
+Evidence tiers (docs/definitions.md "Evidence tiers"), in order: SM activity (verified: codes 1, 3, 4, 5);
+else the profiling fields a stock GPU Operator fleet exports (:func:`counters_measured`: codes 7, 8, 9);
+else GPU-Util (low confidence: codes 2, 6). Codes are only ever appended (stored rows keep their meaning).
 """
 
 from __future__ import annotations
@@ -29,13 +37,22 @@ from collections.abc import Callable
 from auditor.config import Thresholds
 
 EPS = 1e-9
-UNKNOWN, IDLE, IDLE_BY_UTIL, MIRAGE, LOW, WORKING, BUSY_UNVERIFIED = range(7)
+(UNKNOWN, IDLE, IDLE_BY_UTIL, MIRAGE, LOW, WORKING, BUSY_UNVERIFIED, IDLE_BY_COUNTERS, BUSY_BY_COUNTERS,
+ ENGINE_SPIN) = range(10)
 NAMES = {UNKNOWN: "unknown", IDLE: "idle", IDLE_BY_UTIL: "idle_by_util", MIRAGE: "mirage", LOW: "low",
-         WORKING: "working", BUSY_UNVERIFIED: "busy_unverified"}
-#: verdicts whose seconds count as idle (idle_s includes idle-by-util; mirage is billed as idle too)
-IDLE_CODES = (IDLE, IDLE_BY_UTIL, MIRAGE)
+         WORKING: "working", BUSY_UNVERIFIED: "busy_unverified", IDLE_BY_COUNTERS: "idle_by_counters",
+         BUSY_BY_COUNTERS: "busy_by_counters", ENGINE_SPIN: "engine_spin"}
+#: verdicts whose seconds count as idle (idle_s includes idle-by-util and idle-by-counters; mirage is billed
+#: as idle too)
+IDLE_CODES = (IDLE, IDLE_BY_UTIL, MIRAGE, IDLE_BY_COUNTERS)
 #: SM-verified verdicts (the GPU reported SM activity)
 VERIFIED_CODES = (IDLE, MIRAGE, LOW, WORKING)
+#: verdicts of the stock-counter tier (no SM activity; GR engine with Tensor or DRAM)
+COUNTER_CODES = (IDLE_BY_COUNTERS, BUSY_BY_COUNTERS, ENGINE_SPIN)
+#: verdicts of the GPU-Util tier (low confidence)
+UTIL_CODES = (IDLE_BY_UTIL, BUSY_UNVERIFIED)
+#: evidence tier -> its verdicts, strongest first (docs/definitions.md "Evidence tiers")
+TIERS = {"sm_active": VERIFIED_CODES, "counters": COUNTER_CODES, "gpu_util": UTIL_CODES}
 
 Col = Callable[[str], str]
 
@@ -81,6 +98,26 @@ def mirage_reading(th: Thresholds, c: Col) -> str:
             f" OR {at_least(c('gr_engine'), th.mirage_gr_engine)})")
 
 
+def counters_measured(c: Col) -> str:
+    """The stock-counter tier applies: the GR engine and Tensor or DRAM activity were read (what the GPU
+    Operator's dcgm-exporter ships on, SM activity off; MIG instances report them per instance)."""
+    return (f"{c('gr_engine')} IS NOT NULL AND ({c('tensor_active')} IS NOT NULL"
+            f" OR {c('dram_active')} IS NOT NULL)")
+
+
+def counters_busy(th: Thresholds, c: Col) -> str:
+    """Tensor or DRAM activity at or above its idle threshold: work (a missing reading is not busy; only
+    used as a WHEN condition)."""
+    return (f"({at_least(c('tensor_active'), th.idle_tensor)}"
+            f" OR {at_least(c('dram_active'), th.idle_dram)})")
+
+
+def counters_case(th: Thresholds, c: Col) -> str:
+    """The stock-counter tier's verdict (inside :func:`counters_measured`): work, idle, or an engine spin."""
+    return (f"CASE WHEN {counters_busy(th, c)} THEN {BUSY_BY_COUNTERS}"
+            f" WHEN {below(c('gr_engine'), th.idle_gr_engine)} THEN {IDLE_BY_COUNTERS} ELSE {ENGINE_SPIN} END")
+
+
 def idle_by_util(th: Thresholds, c: Col) -> str:
     """The low-confidence fallback for buckets without SM activity ("0 = 1" when it is switched off)."""
     if not th.util_fallback:
@@ -104,6 +141,7 @@ def case(th: Thresholds, c: Col, *, observed: str | None = None, working_first: 
             f" WHEN {sm} IS NOT NULL THEN"
             f" CASE WHEN {idle_ish(th, c)} THEN CASE WHEN {mirage_reading(th, c)} THEN {MIRAGE} ELSE {IDLE} END"
             f" WHEN {at_least(sm, th.working_sm)} THEN {WORKING} ELSE {LOW} END"
+            f" WHEN {counters_measured(c)} THEN {counters_case(th, c)}"
             f" WHEN {idle_by_util(th, c)} THEN {IDLE_BY_UTIL} ELSE {BUSY_UNVERIFIED} END")
 
 

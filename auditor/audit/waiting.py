@@ -7,7 +7,8 @@ The classes of one observed bucket, first match wins (the verdict is :mod:`audit
 - ``idle``: idle, idle by GPU-Util or mirage;
 - ``compute``: compute-bound, SM activity >= working_sm (the verdict "working");
 - ``memory``: memory-bound, SM below working_sm and DRAM activity >= hint_dram_high;
-- ``communication``: SM below working_sm, DRAM not high, PCIe + NVLink bytes/s >= hint_io_bps;
+- ``communication``: SM below working_sm, DRAM not high, PCIe + NVLink bytes/s >= hint_io_bps, GPU-Util (where
+  measured) >= hint_util_pulse_high (a lower duty cycle: the GPU was idle part of the bucket);
 - then, SM below working_sm with DRAM and the links measured and quiet, the GPU waits on its host
   (:func:`class_case` says ``starved``), and the node's host bucket (node telemetry, :func:`node_join`,
   :func:`host_case`) says on what: ``storage`` (input/storage wait: I/O wait, a saturated disk, NFS or Lustre
@@ -33,8 +34,31 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from auditor.audit import verdict
+from auditor.audit.efficiency import HINT_DRAM_HIGH, HINT_IO_BPS, HINT_UTIL_PULSE_HIGH
 from auditor.config import Thresholds
 from auditor.timeutil import H
+
+# Where the waiting goes: the rule constants (docs/definitions.md; `[thresholds]` settings until issue 45), fixed
+# by what the counters mean on any node, not by a site's policy.
+#: straggler: the other nodes (or GPUs) of a lockstep job count as waiting when their SM activity is below this
+#: (and not idle) while one computes (SM at least working_sm)
+STRAGGLER_PEER_SM = 0.25
+#: straggler: a node (or GPU) whose PCIe + NVLink bytes/s per GPU reach this (20 GB/s) runs its link
+#: saturated: busy, like one that computes, while its peers wait
+STRAGGLER_LINK_BPS = 2e10
+#: input/storage wait: a quiet GPU's node has at least this share of its cores in I/O wait...
+HOST_IOWAIT_SHARE = 0.05
+#: ...or its busiest local disk had I/O in flight at least this share of the bucket...
+HOST_DISK_BUSY = 0.8
+#: ...or it read at least this many bytes/s from NFS or Lustre (100 MB/s)...
+HOST_FS_READ_BPS = 1e8
+#: ...or made at least this many NFS requests/s
+HOST_NFS_OPS = 1000.0
+#: communication wait: the node's InfiniBand ports move at least this many bytes/s (received + transmitted)
+HOST_IB_BPS = 1e9
+#: host-bound: the node has at least this many pegged CPU cores per GPU the allocation holds there (a data
+#: loader core per GPU, all busy)
+HOST_PEGGED_PER_GPU = 1.0
 
 #: The classes in report order, with the report's column words (docs/definitions.md says each rule).
 CLASSES: dict[str, str] = {
@@ -52,28 +76,32 @@ CLASSES: dict[str, str] = {
 WAIT_CLASSES = ("memory", "communication", "storage", "host", "starved")
 #: Allocations listed in the summary (the most waiting hours first, then the most non-compute hours)
 TOP_ALLOCATIONS = 20
+#: A waiting class of a job at least this many GPU-hours names it among the jobs that waited most
+WAIT_LISTED = 0.05
 
 #: The classes kept as sums of the judged aggregate and columns ``<class>_s`` of usage_gpu (migration
 #: 0023_judged_classes); idle and compute are verdict sums (idle + idle-by-util + mirage, working) and
 #: not_measured is what is left of the reserved time.
 SUMMED = ("memory", "communication", "starved")
-#: What the host side tells a starved second apart into (:mod:`auditor.audit.hostwait`)
-HOST_CLASSES = ("storage", "communication", "host")
 
 
 def class_case(th: Thresholds, c: verdict.Col, *, observed: str, io: str, io_measured: str) -> str:
     """The class of one judged row (the table in the module docstring) as an SQL CASE: ``c`` names its
     columns, ``observed`` is true when it has observed seconds, ``io`` is its PCIe + NVLink bytes/s and
-    ``io_measured`` is 1 when it read any link counter. The judging (:func:`auditor.audit.judge._judged_cols`)
+    ``io_measured`` is 1 when it read any link counter. The judging (:func:`auditor.audit.judging._judged_cols`)
     gives every row judged its class, and the classes of :data:`SUMMED` are summed with the verdict sums."""
     v = verdict.case(th, c, observed=observed)
-    sm, dram = c("sm_active"), c("dram_active")
+    sm, dram, util = c("sm_active"), c("dram_active"), c("gpu_util")
+    # a bucket whose GPU-Util duty cycle is under hint_util_pulse_high was idle part of the time: its mean
+    # link traffic is the working part's, never a communication wait (issue 44: a half-idle, half-working
+    # bucket read as one); it waits on its host (starved) when DRAM and the links are measured
     return (f"CASE WHEN NOT ({observed}) THEN 'not_measured'"
             f" WHEN {verdict.in_codes(f'({v})', verdict.IDLE_CODES)} THEN 'idle'"
             f" WHEN {sm} IS NULL THEN 'not_measured'"
             f" WHEN {verdict.at_least(sm, th.working_sm)} THEN 'compute'"
-            f" WHEN {dram} IS NOT NULL AND {verdict.at_least(dram, th.hint_dram_high)} THEN 'memory'"
-            f" WHEN {io_measured} = 1 AND {verdict.at_least(io, th.hint_io_bps)} THEN 'communication'"
+            f" WHEN {dram} IS NOT NULL AND {verdict.at_least(dram, HINT_DRAM_HIGH)} THEN 'memory'"
+            f" WHEN {io_measured} = 1 AND {verdict.at_least(io, HINT_IO_BPS)} AND ({util} IS NULL"
+            f" OR {verdict.at_least(util, HINT_UTIL_PULSE_HIGH)}) THEN 'communication'"
             f" WHEN {dram} IS NOT NULL AND {io_measured} = 1 THEN 'starved'"
             " ELSE 'not_measured' END")
 
@@ -83,13 +111,13 @@ def host_case(th: Thresholds, n: str = "n", node_gpus: str = "c.node_gpus") -> s
     that cause is never concluded): 'storage', 'communication' (InfiniBand), 'host', else 'starved'.
     ``node_gpus``: the GPUs the allocation holds on the node (the host-bound rule's per-GPU cores)."""
     storage = " OR ".join([
-        verdict.at_least(f"{n}.cpu_iowait / NULLIF({n}.cpus, 0)", th.host_iowait_share),
-        verdict.at_least(f"{n}.disk_busy", th.host_disk_busy),
-        verdict.at_least(f"{n}.nfs_read_bps", th.host_fs_read_bps),
-        verdict.at_least(f"{n}.lustre_read_bps", th.host_fs_read_bps),
-        verdict.at_least(f"{n}.nfs_ops", th.host_nfs_ops)])
-    ib = verdict.at_least(f"(COALESCE({n}.ib_rx_bps, 0) + COALESCE({n}.ib_tx_bps, 0))", th.host_ib_bps)
-    pegged = verdict.at_least(f"{n}.cpu_pegged / NULLIF({node_gpus}, 0)", th.host_pegged_per_gpu)
+        verdict.at_least(f"{n}.cpu_iowait / NULLIF({n}.cpus, 0)", HOST_IOWAIT_SHARE),
+        verdict.at_least(f"{n}.disk_busy", HOST_DISK_BUSY),
+        verdict.at_least(f"{n}.nfs_read_bps", HOST_FS_READ_BPS),
+        verdict.at_least(f"{n}.lustre_read_bps", HOST_FS_READ_BPS),
+        verdict.at_least(f"{n}.nfs_ops", HOST_NFS_OPS)])
+    ib = verdict.at_least(f"(COALESCE({n}.ib_rx_bps, 0) + COALESCE({n}.ib_tx_bps, 0))", HOST_IB_BPS)
+    pegged = verdict.at_least(f"{n}.cpu_pegged / NULLIF({node_gpus}, 0)", HOST_PEGGED_PER_GPU)
     return (f"CASE WHEN {storage} THEN 'storage' WHEN {ib} THEN 'communication' WHEN {pegged} THEN 'host'"
             " ELSE 'starved' END")
 
@@ -105,12 +133,12 @@ def node_join(b: str = "b", cluster: str = "c.cluster", node: str = "c.node", n:
 def busy(th: Thresholds, sm: str, io: str) -> str:
     """A straggler's unit (or one GPU's row) is busy: it computes (SM activity >= working_sm, the verdict's
     "working") or runs its link saturated (PCIe + NVLink bytes/s >= straggler_link_bps)."""
-    return f"({verdict.at_least(sm, th.working_sm)} OR {verdict.at_least(io, th.straggler_link_bps)})"
+    return f"({verdict.at_least(sm, th.working_sm)} OR {verdict.at_least(io, STRAGGLER_LINK_BPS)})"
 
 
 def waitable(th: Thresholds, sm: str) -> str:
     """SM activity below straggler_peer_sm: a node waits only where one of its GPUs reads so."""
-    return verdict.below(sm, th.straggler_peer_sm)
+    return verdict.below(sm, STRAGGLER_PEER_SM)
 
 
 def waits(th: Thresholds, sm: str, io: str) -> str:
@@ -136,6 +164,9 @@ def breakdown(per_alloc: Iterable[dict[str, Any]], seconds: dict[int, dict[str, 
     not-measured hours are its reserved time less infrastructure time less its classified seconds (never
     below 0)."""
     total, by_cluster, by_team = _blank(), defaultdict(_blank), defaultdict(_blank)
+    # the jobs that waited (a class of WAIT_CLASSES at the report's 0.05 GPU-h or more): how many and their
+    # waiting GPU-hours, so a report listing the TOP_ALLOCATIONS kept can say how many it leaves out
+    waited = {"jobs": 0, "gpu_hours": 0.0}
 
     def each() -> Iterator[dict[str, Any]]:  # one allocation's classes, summed as they pass
         for r in per_alloc:
@@ -149,6 +180,10 @@ def breakdown(per_alloc: Iterable[dict[str, Any]], seconds: dict[int, dict[str, 
             for acc in (total, by_cluster[r["cluster"]], by_team[(r["cluster"], r["team"])]):
                 for k, v in h.items():
                     acc[k] += v
+            waits = [h[k] for k in WAIT_CLASSES if h[k] >= WAIT_LISTED]
+            if waits:
+                waited["jobs"] += 1
+                waited["gpu_hours"] += sum(waits)
             yield {"allocation_id": r["allocation_id"], "cluster": r["cluster"], "team": r["team"],
                    "job_id": r["external_id"], "name": r["name"], "reserved_gpu_hours": r["reserved_s"] / H,
                    "gpu_hours": h}
@@ -157,18 +192,22 @@ def breakdown(per_alloc: Iterable[dict[str, Any]], seconds: dict[int, dict[str, 
     return {"classes": list(CLASSES), "total": total,
             "by_cluster": [{"cluster": c, "gpu_hours": v} for c, v in sorted(by_cluster.items())],
             "by_team": [{"cluster": c, "team": t, "gpu_hours": v} for (c, t), v in sorted(by_team.items())],
-            "allocations": allocs}
+            "allocations": allocs, "waited_jobs": waited["jobs"], "waited_gpu_hours": waited["gpu_hours"]}
 
 
-def class_seconds(conn: Connection, run_id: int) -> dict[int, dict[str, float]]:
+def class_seconds(conn: Connection, run_id: int, allocation_id: int | None = None) -> dict[int, dict[str, float]]:
     """allocation id -> class -> seconds (times share), as the judging summed them into usage_gpu (every
-    class but not_measured, which :func:`breakdown` computes)."""
+    class but not_measured, which :func:`breakdown` computes; ``storage`` holds only the starved GPUs'
+    input wait so far, :func:`auditor.audit.hostwait.refine` adds the quiet GPUs' to it)."""
     cols = ", ".join(f"SUM(u.{k}_s)" for k in SUMMED)
-    sql = (f"SELECT u.allocation_id, SUM(u.idle_s + u.mirage_s), SUM(u.working_s), {cols} FROM usage_gpu u "
-           "WHERE u.run_id = :run GROUP BY u.allocation_id")
-    names = ("idle", "compute", *SUMMED)
+    one = " AND u.allocation_id = :aid" if allocation_id is not None else ""  # one job (its view)
+    sql = (f"SELECT u.allocation_id, SUM(u.idle_s + u.mirage_s), SUM(u.working_s), {cols}, SUM(u.input_wait_s) "
+           f"FROM usage_gpu u WHERE u.run_id = :run{one} GROUP BY u.allocation_id")
+    # a GPU its own job's input starved (auditor.audit.starved: SM ~0, the job's storage or input cores busy
+    # on a node it held whole) is input/storage wait, never idle
+    names = ("idle", "compute", *SUMMED, "storage")
     return {r[0]: {k: float(v or 0.0) for k, v in zip(names, r[1:], strict=True)}
-            for r in conn.execute(text(sql), {"run": run_id})}
+            for r in conn.execute(text(sql), {"run": run_id, "aid": allocation_id})}
 
 
 def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -184,4 +223,6 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"classes": list(CLASSES), "total": add(a["total"], b["total"]),
             "by_cluster": sorted(a["by_cluster"] + b["by_cluster"], key=lambda c: c["cluster"]),
             "by_team": [{"cluster": c, "team": t, "gpu_hours": v} for (c, t), v in sorted(teams.items())],
-            "allocations": heapq.nsmallest(TOP_ALLOCATIONS, a["allocations"] + b["allocations"], key=_most_waiting)}
+            "allocations": heapq.nsmallest(TOP_ALLOCATIONS, a["allocations"] + b["allocations"], key=_most_waiting),
+            "waited_jobs": a.get("waited_jobs", 0) + b.get("waited_jobs", 0),
+            "waited_gpu_hours": a.get("waited_gpu_hours", 0.0) + b.get("waited_gpu_hours", 0.0)}

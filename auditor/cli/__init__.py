@@ -13,9 +13,8 @@ from typing import Any
 
 import click
 
-from auditor import config as config_mod
 from auditor.cli import core, db, deploy, enforce, jobs, money, report, serve, web
-from auditor.cli.app import App, pass_app, time_option, window  # noqa: F401
+from auditor.cli.app import CONFIG_ENV, App, pass_app, time_option, window  # noqa: F401
 from auditor.errors import EXIT_ERROR, GpuAuditError
 from auditor.logs import log_safe
 
@@ -72,6 +71,9 @@ class Cli(click.Group):
                 import traceback
 
                 click.echo(scrub("".join(traceback.format_exception(exc))), err=True, nl=False)
+            named = _store_failure(ctx, exc)
+            if named is not None:
+                exc = named
             text = scrub(str(exc).strip())
             first = log_safe(text.splitlines()[0]) if text else ""
             if isinstance(exc, GpuAuditError):
@@ -82,13 +84,31 @@ class Cli(click.Group):
             ctx.exit(EXIT_ERROR)
 
 
+def _store_failure(ctx: click.Context, exc: Exception) -> GpuAuditError | None:
+    """The database driver's answer when the store cannot be reached or used (a PostgreSQL database that does
+    not exist, a refused password, a server that is down) as a named one-line error naming the store, not
+    "unexpected OperationalError"."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    if not isinstance(exc, (OperationalError, InterfaceError)):
+        return None
+    from auditor.errors import StoreError
+
+    app = ctx.find_object(App)
+    where = "the store"
+    if app is not None and app._store is not None:
+        where = f"store {app._store.redacted_url()}"
+    reason = " ".join(str(getattr(exc, "orig", None) or exc).split())
+    return StoreError(f"cannot use {where}: {reason or type(exc).__name__}")
+
+
 def _debug(ctx: click.Context) -> bool:
     app = ctx.find_object(App)
     return bool(app and app.debug) or "--debug" in sys.argv
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "-c", "config_path", envvar=config_mod.ENV_VAR, type=click.Path(dir_okay=False),
+@click.option("--config", "-c", "config_path", envvar=CONFIG_ENV, type=click.Path(dir_okay=False),
               help="TOML config file (default: $GPU_AUDIT_CONFIG, else built-in defaults).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
@@ -117,7 +137,7 @@ def config_check(app: App, probe: bool) -> None:
     key or connector kind with the nearest known one; else a summary. Warns when no config file was read."""
     from auditor.configdoc import check
 
-    checked = check(app.config_path)
+    checked = check(app.config_path, files=not probe)  # --probe: a source naming no file is its FAIL line
     if checked.config is None:
         if app.as_json:
             app.emit({"ok": False, "errors": checked.errors, "warnings": checked.warnings}, "")
@@ -162,3 +182,26 @@ def _redacted(url: str) -> str:
 
 for _module in COMMAND_MODULES:
     _module.register(main)
+
+
+def _late_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """``-c FILE`` given after the command: the same as before it (the later one wins)."""
+    app = ctx.find_object(App)
+    if value is not None and app is not None:
+        app.config_path, app._cfg, app._store = value, None, None
+    return value
+
+
+def _accept_config_after(cmd: click.Command) -> None:
+    """Every command takes -c/--config after its name too (`gpu-audit report -c site.toml`), as users type it."""
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _accept_config_after(sub)
+        return
+    if not any(o in ("-c", "--config") for p in cmd.params for o in getattr(p, "opts", ())):
+        cmd.params.insert(0, click.Option(["--config", "-c", "late_config"], type=click.Path(dir_okay=False),
+                                          expose_value=False, is_eager=True, callback=_late_config,
+                                          help="TOML config file, as the global -c/--config (given here too)."))
+
+
+_accept_config_after(main)

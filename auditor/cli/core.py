@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from auditor.cli.app import App, check_time, pass_app, time_option, window
+from auditor.cli.app import App, check_time, long_window_option, pass_app, time_option, window
 from auditor.cli.progress import audit_progress, collect_progress
 from auditor.errors import EXIT_ERROR, EXIT_PARTIAL, GpuAuditError
 
@@ -56,7 +55,11 @@ def headline(summary: dict[str, Any]) -> str:
         f"Unknown GPU-hours:    {_hours(summary['unknown_gpu_hours'])}  (no telemetry: never counted as idle)",
         *([f"Infrastructure GPU-hours: {_hours(summary['infra_gpu_hours'])}  (faulty or drained nodes: never idle, "
            f"cost {summary.get('infra_cost', 0.0):,.2f} {cur})"] if summary.get("infra_gpu_hours") else []),
-        f"Verified by SM activity: {_hours(summary.get('verified_gpu_hours'))} GPU-h; GPU-Util only: "
+        f"Verified by SM activity: {_hours(summary.get('verified_gpu_hours'))} GPU-h; stock counters: "
+        f"{_hours(summary.get('counters_gpu_hours'))} GPU-h (busy-by-counters "
+        f"{_hours(summary.get('busy_by_counters_gpu_hours'))}, engine spin "
+        f"{_hours(summary.get('engine_spin_gpu_hours'))}, idle-by-counters "
+        f"{_hours(summary.get('idle_by_counters_gpu_hours'))}); GPU-Util only: "
         f"{_hours(summary.get('util_only_gpu_hours'))} GPU-h (busy-unverified "
         f"{_hours(summary.get('busy_unverified_gpu_hours'))}, idle-by-util "
         f"{_hours(summary.get('idle_by_util_gpu_hours'))}); coverage {_pct(summary.get('coverage'))}",
@@ -123,10 +126,11 @@ def register(main: click.Group) -> None:
     @time_option("--since", "Audit window start (default: report.days ago).")
     @time_option("--until", "Audit window end (default: now).")
     @click.option("--cluster", "clusters", multiple=True, help="Only this cluster (repeatable).")
+    @long_window_option
     @pass_app
-    def audit(app: App, since: str | None, until: str | None, clusters: tuple[str, ...]) -> None:
+    def audit(app: App, since: str | None, until: str | None, clusters: tuple[str, ...], long_window: bool) -> None:
         """Judge every reserved GPU-interval in the window and store usage and findings."""
-        s, u = window(app, since, until)
+        s, u = window(app, since, until, long_window=long_window)
         from auditor.audit.run import run_audit
 
         store = app.store()
@@ -136,7 +140,7 @@ def register(main: click.Group) -> None:
                  lambda: f"audit run {result.run_id}: {s:%Y-%m-%d %H:%M} .. {u:%Y-%m-%d %H:%M} UTC\n"
                  + headline(result.summary))
 
-    from auditor.daemon.pipeline import STEPS
+    from auditor.daemon.steps import STEPS
 
     @main.command()
     @click.option("--steps", default="collect,audit,report", show_default=True,
@@ -145,13 +149,15 @@ def register(main: click.Group) -> None:
     @time_option("--until", "Audit window end (default: now).")
     @click.option("--dry-run", is_flag=True, help="notify writes .eml files instead of sending.")
     @click.option("--out", type=click.Path(file_okay=False), help="Output directory (default report.out_dir).")
+    @long_window_option
     @pass_app
-    def run(app: App, steps: str, since: str | None, until: str | None, dry_run: bool, out: str | None) -> None:
+    def run(app: App, steps: str, since: str | None, until: str | None, dry_run: bool, out: str | None,
+            long_window: bool) -> None:
         """Run the steps once (for system cron or a Kubernetes CronJob). Exit 0 ok, 1 a step failed,
         3 partial (some cluster sources failed)."""
         from auditor.daemon.pipeline import parse_steps, run_steps
 
-        s, u = window(app, since, until)
+        s, u = window(app, since, until, long_window=long_window)
         summary = run_steps(app.store(), app.cfg, parse_steps(steps), base_dir=app.base_dir, since=s, until=u,
                             dry_run=dry_run, out_dir=Path(out) if out else None)
         app.emit(summary.as_dict(), lambda: "\n".join(
@@ -174,42 +180,20 @@ def register(main: click.Group) -> None:
     def demo(app: App, out: str, store_url: str | None, now: str | None, seed: int, telemetry: str,
              fresh: bool) -> None:
         """Simulate a week of a small mixed fleet, collect it through the file connectors, audit, report."""
-        import connectors
-        from auditor.audit.run import run_audit
-        from auditor.collect import collect as do_collect
-        from auditor.demo import clear_or_refuse, generate
-        from auditor.store.engine import Store
+        from auditor.demo import fleet_line
+        from auditor.demo_run import run_demo
         from auditor.timeutil import parse_time
 
-        t0 = time.monotonic()
-        out_dir = Path(out)
         try:
             when = check_time(parse_time(now), "--now") if now else None
         except ValueError as exc:
             raise GpuAuditError(str(exc)) from None
-        clear_or_refuse(out_dir, store_url, fresh)
-        cfg_path, start, end = generate(out_dir, now=when, seed=seed, store_url=store_url, telemetry=telemetry)
-        cfg = connectors.load_config(cfg_path)
-        store = Store.open(cfg.store.resolved_url(), cfg.store.batch_rows)
-        store.upgrade()
-        with collect_progress(app.as_json, _sources(cfg.clusters)) as progress:
-            cs = do_collect(store, cfg, base_dir=cfg_path.parent, until=end, progress=progress)
-        if not cs.ok:
-            raise GpuAuditError("demo collection failed: " + "; ".join(r.error for r in cs.failed))
-        with audit_progress(app.as_json):
-            result = run_audit(store, cfg, start, end)
-        files: list[str] = []
-        try:
-            from auditor.report.render import write_reports
-
-            files = [str(p) for p in write_reports(store, cfg, result.run_id, out_dir / "reports",
-                                                   ["html", "text", "md", "json"])]
-        except ImportError:
-            files = []
-        seconds = time.monotonic() - t0
-        data = {"config": str(cfg_path), "since": start.isoformat(), "until": end.isoformat(),
-                "run_id": result.run_id, "seconds": round(seconds, 2), "reports": files, **result.summary}
+        run = run_demo(Path(out), now=when, seed=seed, store_url=store_url, telemetry=telemetry, fresh=fresh,
+                       collecting=lambda cfg: collect_progress(app.as_json, _sources(cfg.clusters)),
+                       auditing=lambda: audit_progress(app.as_json))
+        data, start, end, files, cfg_path, seconds = (run.as_dict(), run.start, run.end, run.reports, run.config,
+                                                      run.seconds)
         app.emit(data, lambda: f"gpu-audit demo: a simulated week ({start:%Y-%m-%d} .. {end:%Y-%m-%d}) of "
-                 "3 Slurm + 2 Kubernetes nodes x 8 GPUs, 1 Kubernetes node x 4 L40S\n\n" + headline(result.summary)
+                 f"{fleet_line()}\n\n" + headline(run.summary)
                  + ("\n\nReports: " + ", ".join(files) if files else "")
                  + f"\nConfig for further commands: gpu-audit -c {cfg_path} report ...   ({seconds:.1f}s)")

@@ -11,6 +11,8 @@ WHAT = {"dcgm-counters": "dcgm-exporter's counters file with the DCGM profiling 
                          "(SM activity, tensor and DRAM activity) on: pass it to dcgm-exporter with -f "
                          "(docs/telemetry.md).",
         "example-config": "A complete, commented example config (docs/configuration.md)."}
+#: the DCGM 4.x cumulative SM cycle counters `dcgm-counters --cycle-counters` appends
+CYCLE_COUNTERS = "dcgm-cycle-counters.csv"
 
 
 def register(main: click.Group) -> None:
@@ -21,9 +23,26 @@ def register(main: click.Group) -> None:
     def add(name: str) -> None:
         @deploy.command(name, help=f"Print deploy/{FILES[name]}. {WHAT[name]}")
         def show() -> None:
-            from auditor.store.engine import resource_dir
-
-            click.echo((resource_dir("deploy") / FILES[name]).read_text(encoding="utf-8"), nl=False)
+            click.echo(shipped(FILES[name]), nl=False)
 
     for name in FILES:
-        add(name)
+        if name != "dcgm-counters":
+            add(name)
+
+    @deploy.command("dcgm-counters", help=f"Print deploy/{FILES['dcgm-counters']}. {WHAT['dcgm-counters']}")
+    @click.option("--cycle-counters", is_flag=True,
+                  help=f"Append deploy/{CYCLE_COUNTERS}: DCGM 4.x's cumulative SM cycle counters "
+                       "(DCGM_FI_PROF_SM_CYCLES_ACTIVE_TOTAL, _ELAPSED_TOTAL), from which SM activity is exact. "
+                       "Needs a dcgm-exporter built with DCGM 4.6 field names; older releases refuse the file.")
+    def dcgm_counters(cycle_counters: bool) -> None:
+        text = shipped(FILES["dcgm-counters"])
+        if cycle_counters:
+            text += "\n" + shipped(CYCLE_COUNTERS)
+        click.echo(text, nl=False)
+
+
+def shipped(name: str) -> str:
+    """A file under deploy/ (the checkout's, or the installed package's)."""
+    from auditor.resources import resource_dir
+
+    return (resource_dir("deploy") / name).read_text(encoding="utf-8")

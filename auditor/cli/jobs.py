@@ -9,10 +9,33 @@ import click
 
 from auditor.cli.app import App, pass_app, time_option, window
 from auditor.logs import log_safe
-from auditor.report.render import fmt_hours, fmt_money, fmt_pct, shorten
 
-METRIC_NAMES = {"sm_active": "SM activity", "tensor_active": "Tensor activity", "dram_active": "DRAM activity",
-                "gpu_util": "GPU-Util", "fb_used_mib": "Memory used", "power_w": "Power"}
+
+# the report's formatting, imported on first use: `gpu-audit --help` imports this module, not the report
+def shorten(value: Any, limit: int = 48) -> str:
+    from auditor.report.render import shorten as f
+
+    return f(value, limit)
+
+
+def fmt_hours(v: float | None) -> str:
+    from auditor.report.render import fmt_hours as f
+
+    return f(v)
+
+
+def fmt_pct(v: float | None) -> str:
+    from auditor.report.render import fmt_pct as f
+
+    return f(v)
+
+
+def fmt_money(v: float | None, currency: str = "") -> str:
+    from auditor.report.render import fmt_money as f
+
+    return f(v, currency)
+
+
 LEGEND = ("\u2588 working  \u2584 low  _ idle  ! mirage (GPU-Util busy, SMs idle)  f idle by GPU-Util  "
           "? no data")
 SPARK_SCALE = "\u2581 0% to \u2588 100%, ? no data"
@@ -22,16 +45,6 @@ def _s(value: Any, limit: int = 48) -> str:
     """User text for the terminal: escaped by the one function for that (:func:`auditor.logs.log_safe`),
     then shortened to fit the layout."""
     return shorten(None if value is None else log_safe(value), limit)
-
-
-def _metric(name: str, v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    if name == "fb_used_mib":
-        return f"{v / 1024:,.1f} GiB"
-    if name == "power_w":
-        return f"{v:,.0f} W"
-    return fmt_pct(v)
 
 
 def stopped_text(x: dict[str, Any]) -> str:
@@ -124,6 +137,17 @@ def format_job(v: dict[str, Any]) -> str:
                      f"({fmt_money(v['idle_cost'], cur)}), effective {fmt_hours(u['effective_gpu_hours'])} GPU-h, "
                      f"unknown {fmt_hours(u['unknown_gpu_hours'])} GPU-h; coverage {fmt_pct(u['coverage'])}; "
                      f"audit run {v['run_id']} ({v['run']['since']} to {v['run']['until']})")
+    w = v.get("waiting")
+    if w:  # where the waiting goes (docs/definitions.md): the class it waited on most, then every class
+        parts = [f"{w['labels'][k]} {fmt_hours(h)}" for k, h in w["gpu_hours"].items() if h > 5e-7]
+        lines.append("  waiting class: " + (f"mostly {w['main']['label'].lower()}" if w["main"] else "none (it did not "
+                     "wait)") + (f"; GPU-h: {', '.join(parts)}" if parts else ""))
+    r = v.get("run")
+    if r:
+        lines.append(f"  figures from audit run {r['id']} ({r['kind']}, {r['since']} to {r['until']}): "
+                     f"{r['why']}{'' if u else '; it was not judged in that run'}")
+    else:
+        lines.append("  no audit run has judged it yet")
     if v["running"]:
         lines.append("  STILL RUNNING: it holds its GPUs now.")
     for x in v.get("actions") or []:
@@ -139,6 +163,15 @@ def format_job(v: dict[str, Any]) -> str:
                   f"{fmt_money(f['cost'], cur)}",
                   f"    why: {f['rule']}" + (f"; {f['hint']}" if f["hint"] else ""),
                   f"    what to do: {f['advice']}"]
+    runs = v.get("job_runs") or []
+    if len(runs) > 1:  # a requeued job: every run, this one marked (``gpu-audit job`` shows the newest)
+        lines += ["", f"RUNS of this job ({len(runs)}, each a requeue or restart under the same id), oldest first:"]
+        for i, r in enumerate(runs, 1):
+            figs = (f"{fmt_hours(r['reserved_gpu_hours'])} GPU-h reserved, {fmt_hours(r['idle_gpu_hours'])} idle"
+                    if r["judged"] else "not judged in this audit run")
+            lines.append(f"  {'*' if r['shown'] else ' '}{i}. {r['start'] or 'not started'} to {r['end'] or 'now'} "
+                         f"{_s(r['state'] or '?', 16)}: {figs} (allocation {r['allocation_id']}; web "
+                         f"/allocation/{r['allocation_id']})")
     if v["other_matches"]:
         lines += ["", f"({len(v['other_matches'])} older allocations match the same name; this is the newest)"]
     return "\n".join(lines)
@@ -164,7 +197,8 @@ def register(main: click.Group) -> None:
     @main.command()
     @click.argument("ref")
     @click.option("--run", "run_id", type=int, default=None, help="Audit run to take hours and cost from "
-                  "[default: the newest official run that judged the allocation].")
+                  "[default: the run the report and the web pages show (the latest weekly audit) among those "
+                  "that judged the allocation].")
     @pass_app
     def job(app: App, ref: str, run_id: int | None) -> None:
         """One allocation. REF is a bare job id (1234, an array task 1234_5) or pod UID where one cluster has

@@ -46,7 +46,8 @@ def register(main: click.Group) -> None:
         SIGTERM/SIGINT; serve /healthz and /metrics. Exits 0 after a clean shutdown."""
         from apscheduler.triggers.interval import IntervalTrigger
 
-        from auditor.daemon.health import HealthServer, health, parse_listen
+        from auditor.config.base import parse_listen
+        from auditor.daemon.health import HealthServer, health
         from auditor.daemon.schedule import Daemon, zone
         from auditor.timeutil import utcnow
 
@@ -55,9 +56,7 @@ def register(main: click.Group) -> None:
         except ValueError as exc:
             raise GpuAuditError(str(exc)) from None
         if upgrade_db:
-            from auditor.store import sharding
-
-            sharding.upgrade(app.store(migrate_check=False, create=True))
+            app.store(migrate_check=False, create=True).upgrade()
         store, cfg = app.store(), app.cfg
         ours = logging.getLogger("gpu_audit")
         aps = logging.getLogger("apscheduler")  # its warnings (e.g. a skipped overlapping run) in our format

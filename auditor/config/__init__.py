@@ -8,7 +8,9 @@ here, so this layer needs no connector.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import tomllib
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +23,7 @@ from auditor.config.base import (
     Strict,
     check_store_url,
     check_timezone,
+    store_url,
 )
 from auditor.config.thresholds import Thresholds
 from auditor.energy import EnergyConfig
@@ -66,14 +69,14 @@ class StoreConfig(Strict):
                 check_store_url(value, "store.url_env")
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-            return value
+            return store_url(value)
         return self.url
 
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
         check_store_url(v)  # the error's location names store.url
-        return v.strip()
+        return store_url(v)
 
 
 class SourceConfig(BaseModel):
@@ -86,6 +89,12 @@ class SourceConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
+def source_key(role: str, index: int, src: SourceConfig) -> str:
+    """A configured source's key (``telemetry[0]:prometheus``): its watermark's and its health's name, read by
+    collect, the daemon's health and enforcement's staleness rule."""
+    return f"{role}[{index}]:{src.kind}"
+
+
 class ClusterConfig(Strict):
     name: str = Field(description="Cluster name, as stored and reported.", pattern=r"^[A-Za-z0-9_.-]+$",
                       max_length=128)
@@ -93,8 +102,6 @@ class ClusterConfig(Strict):
                                             description="Allocation sources (Slurm, Kubernetes, files).")
     telemetry: list[SourceConfig] = Field(default_factory=list,
                                           description="Telemetry sources (Prometheus, files).")
-    overlap_minutes: int = Field(30, ge=0, le=MAX_DAYS * 1440, description="Each collection re-reads this "
-                                 "much before the watermark, so late data is picked up; ingest is idempotent.")
     initial_days: float = Field(7, gt=0, le=MAX_DAYS, description="How far back the first collection reads.")
 
 
@@ -128,6 +135,10 @@ class Team(Strict):
     users: list[str] = Field(default_factory=list, description="Users of the team (when no account "
                              "matches).")
     emails: list[str] = Field(default_factory=list, description="Where team nudges go.")
+    idle_budget_gpu_hours: float | None = Field(None, ge=0, description="Idle (and mirage) GPU-hours the team "
+                                                "may leave idle per 7 days, prorated to the audit window; the "
+                                                "report and the alert GpuAuditTeamOverIdleBudget say when it is "
+                                                "passed. Unset: no budget.")
 
 
 def http_url(v: str | None, key: str) -> str | None:
@@ -151,7 +162,6 @@ class EmailConfig(Strict):
     username: str | None = Field(None, description="SMTP user (password from `email.password`).")
     password: SecretRef = Field(default_factory=SecretRef, description="SMTP password: "
                                 "`{env = \"VAR\"}` or `{file = \"/path\"}`.")
-    timeout_s: float = Field(30, gt=0, le=3600, description="SMTP timeout in seconds.")
     sender: str = Field("gpu-audit@localhost", description="From address.")
     reply_to: str | None = Field(None, description="Reply-To address.")
     admin_to: list[str] = Field(default_factory=list, description="Recipients of the weekly admin report.")
@@ -176,7 +186,6 @@ class ScheduleConfig(Strict):
     audit: str = Field("7 * * * *", description="Cron: audit the last days.")
     report: str = Field("0 8 * * mon", description="Cron: weekly report and nudges.")
     chargeback: str = Field("0 6 1 * *", description="Cron: monthly chargeback files.")
-    misfire_grace_s: int = Field(600, ge=1, le=86_400 * 31, description="A job this late still runs (once).")
 
     @field_validator("timezone")
     @classmethod
@@ -229,7 +238,6 @@ class WebConfig(Strict):
     admins: list[str] = Field(default_factory=list, description="Users who see every allocation.")
     admin_groups: list[str] = Field(default_factory=list, description="Groups whose members see every "
                                     "allocation.")
-    page_rows: int = Field(100, ge=1, le=10000, description="Rows per page in the web UI's lists.")
     base_url: str | None = Field(None, description="Address readers reach the web UI at, e.g. "
                                  "https://gpu-audit.example.org (behind your proxy). Set: the weekly email's "
                                  "actions and the nudges link to each job's page there; unset: they name the "
@@ -266,8 +274,9 @@ class Policy(Strict):
                                  "unknown and busy_unverified time never count as idle.")
     min_coverage: float = Field(0.8, ge=0, le=1, description="Never act (or warn) when telemetry covers "
                                 "less than this share of the window's reserved time.")
-    act_on_util_only: bool = Field(False, description="Let idle-by-util time (GPU-Util fallback, no SM "
-                                   "activity) count as idle for the act stage; off = only SM-verified idle.")
+    act_on_util_only: bool = Field(False, description="Let idle time judged without SM activity (idle-by-util, "
+                                   "the GPU-Util fallback, and idle-by-counters, the stock counters) count as "
+                                   "idle for the act stage; off = only SM-verified idle.")
     act_on_mirage: bool = Field(False, description="Let mirage time (GPU-Util busy while SM activity is idle) "
                                 "count as idle for the act stage, once a GPU's mirage lasted "
                                 "`thresholds.mirage_min_minutes`; off = mirage warns and escalates, never acts "
@@ -305,14 +314,6 @@ class EnforceConfig(Strict):
     max_actions_per_run: int = Field(10, ge=0, description="At most this many acts per run; the rest are "
                                      "logged as skipped (cap reached).")
     scancel: str = Field("scancel", description="Path or name of scancel (Slurm cli backend).")
-    exempt_annotation: str = Field("gpu-audit.io/exempt-until", description="Pod annotation holding an "
-                                   "exemption expiry (ISO time), read when deciding.")
-    exempt_reason_annotation: str = Field("gpu-audit.io/exempt-reason", description="Pod annotation "
-                                          "holding the exemption's reason.")
-    infra_node_states: list[str] = Field(
-        ["DOWN", "DRAIN", "DRAINING", "DRAINED", "FAIL", "FAILING", "MAINT", "NOT_RESPONDING", "REBOOT",
-         "POWER_DOWN", "POWERING_DOWN"], description="Slurm node states that mark infrastructure trouble: "
-        "an allocation on such a node is never acted on.")
 
 
 class Channel(Strict):
@@ -327,7 +328,6 @@ class Channel(Strict):
     kinds: list[Literal["warn", "escalate", "action", "nudge"]] = Field(
         ["warn", "escalate", "action", "nudge"], description="Which messages: enforcement warn / escalate "
         "/ action notices and weekly nudges.")
-    timeout_s: float = Field(10, gt=0, description="HTTP timeout in seconds.")
 
 
 class Config(Strict):
@@ -396,12 +396,30 @@ def keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(current.model_fields) if current is not None else []
 
 
-def suggest(word: str, choices: list[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a mistyped ``word``, else ""."""
+def _tokens(word: str) -> list[str]:
+    return [t for t in re.split(r"[_\-.\s]+", word.lower()) if t]
+
+
+def closeness(word: str, choice: str) -> float:
+    """How near ``choice`` is to a mistyped ``word``, 0..1: the better of difflib's character ratio (a typo
+    inside a word: ``idle_smm``) and the share of words the two names have in common, a word counting when
+    difflib finds it 80 % alike (a key with a word added or dropped: ``idle_sm_activity`` is ``idle_sm``, not
+    ``idle_gpus_fraction``, whose letters happen to line up more)."""
     import difflib
 
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    chars = difflib.SequenceMatcher(None, word.lower(), choice.lower()).ratio()
+    a, b = _tokens(word), _tokens(choice)
+    if not a or not b:
+        return chars
+    same = sum(1 for t in a if any(t == u or difflib.SequenceMatcher(None, t, u).ratio() >= 0.8 for u in b))
+    return max(chars, 2 * same / (len(a) + len(b)))
+
+
+def suggest(word: str, choices: list[str], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a mistyped ``word`` (:func:`closeness`, at
+    least ``cutoff``), else ""."""
+    best = max(choices, key=lambda c: (closeness(word, c), -abs(len(c) - len(word))), default=None)
+    return f" (did you mean {best!r}?)" if best is not None and closeness(word, best) >= cutoff else ""
 
 
 def errors(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> list[str]:
@@ -428,6 +446,17 @@ def one_line(exc: ValidationError, prefix: str = "", model: type[BaseModel] | No
 
 
 def parse(data: dict[str, Any], origin: str = "config") -> Config:
+    """``data`` validated; a retired key (:mod:`auditor.config.retired`) is an error naming its constant when its
+    value differs from it, else a warning."""
+    from auditor.config.retired import retire
+
+    data, retired_errors, retired_warnings = retire(data)
+    if retired_errors:
+        more = (f" (and {len(retired_errors) - 1} more: `gpu-audit config check` lists them)"
+                if len(retired_errors) > 1 else "")
+        raise ConfigError(f"{origin}: {retired_errors[0]}{more}")
+    for line in retired_warnings:
+        logging.getLogger("gpu_audit.config").warning("%s: %s", origin, line)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:

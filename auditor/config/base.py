@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import warnings
 from pathlib import Path
@@ -11,6 +12,20 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from auditor.errors import ConfigError
+from auditor.intparse import uint_or_none
+
+
+def parse_listen(text: str) -> tuple[str, int] | None:
+    """A listen address (``web.listen``, ``--listen`` of the health and web servers): ``127.0.0.1:9464`` /
+    ``:9464`` / ``[::1]:9464``; ``off`` or empty disables the server."""
+    text = text.strip()
+    if text.lower() in ("", "off", "none"):
+        return None
+    host, sep, port = text.rpartition(":")
+    number = uint_or_none(port, hi=65535)
+    if not sep or number is None:
+        raise ValueError(f"--listen {text!r}: want HOST:PORT, e.g. 127.0.0.1:9464, or 'off'")
+    return host.strip("[]") or "0.0.0.0", number  # noqa: S104 (":9464" asks for all interfaces)
 
 
 def check_timezone(name: str) -> str:
@@ -37,6 +52,15 @@ def check_url(value: str, what: str) -> None:
         raise ConfigError(f"{what}: bad port in URL (a number from 1 to 65535)")
 
 
+def store_url(value: str) -> str:
+    """``value`` in the form the store opens: ``postgresql://`` (SQLAlchemy's default spelling) and libpq's
+    ``postgres://`` mean psycopg 3 here, the one PostgreSQL driver gpu-audit uses (issue 44); another explicit
+    driver stays as given (and is refused by :func:`check_store_url`)."""
+    v = value.strip()
+    m = re.match(r"(?i)(postgres|postgresql)(\+psycopg)?://", v)
+    return "postgresql+psycopg://" + v[m.end():] if m else v
+
+
 def check_store_url(value: str, what: str | None = None) -> None:
     """A SQLAlchemy URL that parses, with a valid port, of a store gpu-audit can use; never echoes the URL (it
     may hold a password). ``what`` names the setting where the error's location does not (an environment
@@ -46,7 +70,7 @@ def check_store_url(value: str, what: str | None = None) -> None:
 
     where = f"{what}: " if what else ""
     try:
-        u = make_url(value.strip())
+        u = make_url(store_url(value))
     except (ArgumentError, ValueError):
         raise ValueError(f"{where}not a valid SQLAlchemy URL (value not shown)") from None
     if u.port is not None and not 1 <= u.port <= 65535:
@@ -63,8 +87,8 @@ PG_FORM = "postgresql+psycopg://USER@HOST/DB"
 
 def store_url_hint(backend: str, driver: str | None) -> str:
     """Why a store URL of this backend and driver cannot work, naming the form that does ("" when it can):
-    gpu-audit stores in SQLite (any driver) or PostgreSQL through psycopg 3; ``postgres://`` (Heroku's and
-    libpq's spelling) is no SQLAlchemy dialect, and a bare ``postgresql://`` means psycopg2."""
+    gpu-audit stores in SQLite (any driver) or PostgreSQL through psycopg 3 (``postgresql://`` and
+    ``postgres://`` are read as psycopg 3 by :func:`store_url`; another PostgreSQL driver is refused)."""
     if backend == "sqlite" or (backend == "postgresql" and driver == "psycopg"):
         return ""
     if backend in ("postgres", "postgresql"):

@@ -25,15 +25,15 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
-from sqlalchemy import func, select
+from sqlalchemy import select
 
-from auditor.collect import source_key
-from auditor.config import Config
+from auditor.config import Config, source_key
 from auditor.daemon.pipeline import RunSummary
-from auditor.intparse import uint_or_none
+from auditor.report.budgets import budget_gpu_hours
+from auditor.report.context import usage_group_rows
 from auditor.store import schema
 from auditor.store.engine import Store
-from auditor.timeutil import utcnow
+from auditor.timeutil import H, utcnow
 
 log = logging.getLogger("gpu_audit.health")
 
@@ -115,24 +115,37 @@ class StoreCollector:
         yield up
 
     def _audit(self) -> Iterator[GaugeMetricFamily]:
-        runs, ua = schema.audit_runs, schema.usage_allocation
+        """The latest official audit's figures: the report's own team rows (one computation for the report's
+        team table, its idle budgets and these gauges), its headline ratios and its findings per kind."""
+        runs = schema.audit_runs
         cur = self.cfg.prices.currency
         with self.store.engine.connect() as conn:
-            run = conn.execute(select(runs.c.id, runs.c.finished_ts, runs.c.since_ts, runs.c.until_ts)
+            run = conn.execute(select(runs.c.id, runs.c.finished_ts, runs.c.since_ts, runs.c.until_ts,
+                                      runs.c.summary)
                                .where(runs.c.status == "ok", runs.c.what_if.is_(False))
                                .order_by(runs.c.id.desc()).limit(1)).first()
-            rows = [] if run is None else conn.execute(
-                select(ua.c.team, func.sum(ua.c.reserved_s), func.sum(ua.c.idle_s + ua.c.mirage_s),
-                       func.sum(ua.c.effective_s), func.sum(ua.c.reserved_cost), func.sum(ua.c.idle_cost))
-                .where(ua.c.run_id == run.id).group_by(ua.c.team).order_by(ua.c.team)).all()
+            rows = [] if run is None else usage_group_rows(conn, run.id, ["u.team"])
+        summary = dict((run.summary if run is not None else None) or {})
         info = GaugeMetricFamily(f"{PREFIX}_latest_audit_run_id", "Id of the latest successful audit run.")
         finished = GaugeMetricFamily(f"{PREFIX}_latest_audit_timestamp_seconds",
                                      "When the latest successful audit finished (UTC epoch).")
         window = GaugeMetricFamily(f"{PREFIX}_latest_audit_window_seconds", "Length of its audit window.")
+        util = GaugeMetricFamily(f"{PREFIX}_latest_audit_gpu_util_ratio",
+                                 "Mean GPU-Util of the reserved GPUs in the latest audit, 0-1: what a dashboard "
+                                 "shows as busy.")
+        sm = GaugeMetricFamily(f"{PREFIX}_latest_audit_sm_active_ratio",
+                               "Mean SM activity of the reserved GPUs in the latest audit, 0-1: the work done.")
+        found = GaugeMetricFamily(f"{PREFIX}_findings", "Findings of the latest audit per kind "
+                                  "(docs/definitions.md, Finding kinds).", labels=["kind"])
         if run is not None:
             info.add_metric([], run.id)
             finished.add_metric([], run.finished_ts or 0)
             window.add_metric([], run.until_ts - run.since_ts)
+            for fam, key in ((util, "mean_gpu_util"), (sm, "mean_sm_active")):
+                if summary.get(key) is not None:
+                    fam.add_metric([], float(summary[key]))
+            for kind, n in sorted((summary.get("findings") or {}).items()):
+                found.add_metric([kind], n)
         fams = {
             "reserved": GaugeMetricFamily(f"{PREFIX}_team_reserved_gpu_seconds",
                                           "Reserved GPU time per team in the latest audit (GPU-seconds).",
@@ -140,6 +153,13 @@ class StoreCollector:
             "idle": GaugeMetricFamily(f"{PREFIX}_team_idle_gpu_seconds",
                                       "Idle (incl. mirage) GPU time per team in the latest audit (GPU-seconds).",
                                       labels=["team"]),
+            "mirage": GaugeMetricFamily(f"{PREFIX}_team_mirage_gpu_seconds",
+                                        "Mirage GPU time per team (idle by SM activity while GPU-Util read busy; "
+                                        "part of the idle time) in the latest audit (GPU-seconds).",
+                                        labels=["team"]),
+            "unknown": GaugeMetricFamily(f"{PREFIX}_team_unknown_gpu_seconds",
+                                         "Reserved GPU time no telemetry covered per team in the latest audit "
+                                         "(GPU-seconds; never counted as idle).", labels=["team"]),
             "effective": GaugeMetricFamily(f"{PREFIX}_team_effective_gpu_seconds",
                                            "Effective GPU time (overlap x SM activity) per team (GPU-seconds).",
                                            labels=["team"]),
@@ -147,17 +167,26 @@ class StoreCollector:
                                        labels=["team", "currency"]),
             "icost": GaugeMetricFamily(f"{PREFIX}_team_idle_cost", "Cost of idle GPU time per team.",
                                        labels=["team", "currency"]),
+            "budget": GaugeMetricFamily(f"{PREFIX}_team_idle_budget_gpu_seconds",
+                                        "A team's idle budget from the config, per 7 days, prorated to the "
+                                        "latest audit's window (GPU-seconds); teams without one are absent.",
+                                        labels=["team"]),
         }
-        for team, reserved, idle, eff, rcost, icost in rows:
-            name = team or "(none)"
-            fams["reserved"].add_metric([name], reserved or 0)
-            fams["idle"].add_metric([name], idle or 0)
-            fams["effective"].add_metric([name], eff or 0)
-            fams["rcost"].add_metric([name, cur], rcost or 0)
-            fams["icost"].add_metric([name, cur], icost or 0)
-        yield info
-        yield finished
-        yield window
+        for r in rows:
+            name = r["team"] or "(none)"
+            fams["reserved"].add_metric([name], r["reserved_gpu_hours"] * H)
+            fams["idle"].add_metric([name], r["idle_gpu_hours"] * H)
+            fams["mirage"].add_metric([name], r["mirage_gpu_hours"] * H)
+            fams["unknown"].add_metric([name], r["unknown_gpu_hours"] * H)
+            fams["effective"].add_metric([name], r["effective_gpu_hours"] * H)
+            fams["rcost"].add_metric([name, cur], r["reserved_cost"])
+            fams["icost"].add_metric([name, cur], r["idle_cost"])
+        if run is not None:
+            for team in self.cfg.teams:
+                budget = budget_gpu_hours(team, run.until_ts - run.since_ts)
+                if budget is not None:
+                    fams["budget"].add_metric([team.name], budget * H)
+        yield from (info, finished, window, util, sm, found)
         yield from fams.values()
 
 
@@ -253,15 +282,3 @@ class HealthServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=5)
-
-
-def parse_listen(text: str) -> tuple[str, int] | None:
-    """``127.0.0.1:9464`` / ``:9464`` / ``[::1]:9464``; ``off`` or empty disables the server."""
-    text = text.strip()
-    if text.lower() in ("", "off", "none"):
-        return None
-    host, sep, port = text.rpartition(":")
-    number = uint_or_none(port, hi=65535)
-    if not sep or number is None:
-        raise ValueError(f"--listen {text!r}: want HOST:PORT, e.g. 127.0.0.1:9464, or 'off'")
-    return host.strip("[]") or "0.0.0.0", number  # noqa: S104 (":9464" asks for all interfaces)

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from auditor.config import Config
+from auditor.daemon.steps import STEPS
 from auditor.errors import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, GpuAuditError
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
 
 log = logging.getLogger("gpu_audit.run")
-
-STEPS = ("collect", "audit", "report", "notify", "enforce", "chargeback")
 
 
 @dataclass

@@ -5,7 +5,7 @@ Guarantees, and how:
 
 - one instance of each job at a time: ``max_instances=1`` in this process, and a lease in the store's
   ``locks`` table across processes (a second daemon on the same store skips the job while it is held);
-- misfires: ``coalesce=True`` and ``misfire_grace_time = schedule.misfire_grace_s`` (a late job runs once);
+- misfires: ``coalesce=True`` and ``misfire_grace_time = MISFIRE_GRACE_S`` (a late job runs once);
 - a restart neither loses nor repeats a weekly report or a monthly chargeback: each completed one leaves a
   marker row in ``notifications`` (kind ``weekly_report_run`` / ``chargeback_run``, ``period_key`` such as
   ``2026-W48`` / ``2026-10``); the job checks it under the lease before doing anything, and at start-up a
@@ -47,6 +47,10 @@ from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.store.locks import Lease, default_holder
 from auditor.timeutil import utcnow
+
+#: A scheduled job this late (seconds: the daemon was busy or paused) still runs, once; later it waits for its
+#: next time (a `schedule` setting until issue 45)
+MISFIRE_GRACE_S = 600
 
 log = logging.getLogger("gpu_audit.schedule")
 
@@ -281,7 +285,7 @@ class Daemon:
 
     # -- scheduler ----------------------------------------------------------------------------------
     def build(self) -> BackgroundScheduler:
-        defaults = {"max_instances": 1, "coalesce": True, "misfire_grace_time": self.cfg.schedule.misfire_grace_s}
+        defaults = {"max_instances": 1, "coalesce": True, "misfire_grace_time": MISFIRE_GRACE_S}
         sched = BackgroundScheduler(timezone=self.tz, executors={"default": ThreadPoolExecutor(self.workers)},
                                     job_defaults=defaults)
         if self.per_cluster:

@@ -9,6 +9,8 @@ How a decision is taken, for each allocation the store says is running and a pol
    its reserved time and idle + mirage time is at least ``idle_fraction`` of the RESERVED time: unknown,
    infrastructure and busy_unverified time never count as idle (for acting: idle-by-util only with
    ``act_on_util_only``, mirage only with ``act_on_mirage`` and once the audit itself calls it a mirage).
+   A GPU its own job's input starved (input/storage wait, :mod:`auditor.audit.starved`) is never a target
+   of any stage, nor one idle while a shared node's host read busy (it could be another job's input).
 2. The highest firing stage is taken; then exemptions, the live check (still running? nodes healthy?), and
    for acting :meth:`Run.proof`, the ONE place that proves the rule (a)-(e) of docs/enforcement.md before
    any scheduler write, then the per-run cap and the dry-run switch.
@@ -41,7 +43,7 @@ from auditor.timeutil import H, floor_to, utcnow
 
 log = logging.getLogger("gpu_audit.enforce")
 STAGES = ("act", "escalate", "warn")
-Backends = Callable[[str, str], Any]  # (cluster, source) -> Actions or None
+Backends = Callable[[str, str], Any]  # (cluster, source) -> a backend (inspect, execute) or None
 
 
 def policy_for(cfg: Config, a: dict[str, Any], *, any_partition: bool = False) -> Policy | None:
@@ -76,7 +78,8 @@ def judge_window(store: Store, cfg: Config, hours: float, now: datetime, cluster
     res = run_audit(store, cfg, now - timedelta(hours=hours), now, clusters=clusters, what_if=True)
     ua = schema.usage_allocation
     cols = [c for c in ("reserved_s", "observed_s", "idle_s", "idle_by_util_s", "mirage_s", "low_s", "working_s",
-                        "unknown_s", "busy_unverified_s", "infra_s", "max_gpu_mirage_s") if c in ua.c]
+                        "unknown_s", "busy_unverified_s", "infra_s", "max_gpu_mirage_s", "input_wait_s",
+                        "host_busy_idle_s", "idle_by_counters_s", "busy_by_counters_s", "engine_spin_s") if c in ua.c]
     with store.engine.connect() as conn:
         rows = {r.allocation_id: {c: float(getattr(r, c) or 0) for c in cols}
                 for r in conn.execute(select(ua.c.allocation_id, *[ua.c[c] for c in cols])
@@ -99,18 +102,24 @@ def evaluate(u: dict[str, float] | None, a: dict[str, Any], p: Policy, stage: st
     reserved = u.get("reserved_s", 0.0)
     busy_unverified = u.get("busy_unverified_s", 0.0)  # column of the verdict change; absent = 0
     util_only = u.get("idle_by_util_s", 0.0)
+    by_counters = u.get("idle_by_counters_s", 0.0)  # idle on the stock counters: not SM-verified either
+    spin = u.get("engine_spin_s", 0.0)
     mirage = u.get("mirage_s", 0.0)
     infra = u.get("infra_s", 0.0)
+    starved = u.get("input_wait_s", 0.0)  # GPU starved by its own job's input (auditor.audit.starved)
+    host_busy = u.get("host_busy_idle_s", 0.0)  # idle while a shared node's host read busy
     act = stage == "act"
     mirage_counts = not act or (p.act_on_mirage and u.get("max_gpu_mirage_s", 0.0) >= mirage_min_s - EPS)
     idle = u.get("idle_s", 0.0) + (mirage if mirage_counts else 0.0)
     if act and not p.act_on_util_only:
-        idle -= util_only  # only SM-verified idle time may lead to an action
+        idle -= util_only + by_counters  # only SM-verified idle time may lead to an action
     ev = {"stage": stage, "window_hours": hours, "reserved_gpu_hours": reserved / H,
           "idle_gpu_hours": idle / H, "idle_by_util_gpu_hours": util_only / H, "mirage_gpu_hours": mirage / H,
           "working_gpu_hours": u.get("working_s", 0.0) / H, "low_gpu_hours": u.get("low_s", 0.0) / H,
           "unknown_gpu_hours": u.get("unknown_s", 0.0) / H, "busy_unverified_gpu_hours": busy_unverified / H,
-          "infra_gpu_hours": infra / H,
+          "infra_gpu_hours": infra / H, "input_wait_gpu_hours": starved / H,
+          "host_busy_idle_gpu_hours": host_busy / H, "idle_by_counters_gpu_hours": by_counters / H,
+          "busy_by_counters_gpu_hours": u.get("busy_by_counters_s", 0.0) / H, "engine_spin_gpu_hours": spin / H,
           "coverage": (u.get("observed_s", 0.0) / reserved) if reserved > 0 else None,
           "idle_share": (idle / reserved) if reserved > 0 else None,
           "idle_fraction": p.idle_fraction, "min_coverage": p.min_coverage}
@@ -124,16 +133,33 @@ def evaluate(u: dict[str, float] | None, a: dict[str, Any], p: Policy, stage: st
     if act and infra > 0:
         return "blocked", (f"{infra / H:.2f} GPU-h of the window inside an infrastructure event (never idle; "
                            "acting waits for a window without one)"), ev
+    if starved > 0:  # never an enforcement target, never told to release its GPU (issue 44)
+        return "blocked", (f"{starved / H:.2f} GPU-h of the window the GPU waited on the job's own input "
+                           "(input/storage wait, GPU starved: SM ~0 while its storage or input cores were busy "
+                           "on a node it held whole): working, not idle"), ev
+    if host_busy > 0 and ev["idle_share"] >= p.idle_fraction - EPS:
+        return "blocked", (f"idle {ev['idle_share']:.0%} of reserved time, but {host_busy / H:.2f} GPU-h of it "
+                           "while the node's host read busy on a node the job shares: the I/O or cores could be "
+                           "this job's input or another job's, so gpu-audit does not act"), ev
+    # a mirage is named as one (issue 44: a mirage's warning said "idle 100 %", its outlook "idle 1 % < 95 %")
+    ev["mirage_share"] = mirage / reserved
+    mirage_words = (f" (of it a mirage {ev['mirage_share']:.0%}: GPU-Util read busy while the SM did no work)"
+                    if mirage > 0 and mirage_counts else "")
     if ev["idle_share"] >= p.idle_fraction - EPS:
         return "idle", (f"idle {ev['idle_share']:.0%} of reserved time in the last {hours:g} h >= "
-                        f"{p.idle_fraction:.0%}"), ev
-    why = f"idle {ev['idle_share']:.0%} < {p.idle_fraction:.0%}"
+                        f"{p.idle_fraction:.0%}{mirage_words}"), ev
+    why = f"idle {ev['idle_share']:.0%} < {p.idle_fraction:.0%}{mirage_words}"
     if act and mirage > 0 and not mirage_counts:
-        why += (" (mirage time, GPU-Util busy while SM idle, acts only with act_on_mirage and after "
-                f"{mirage_min_s / 60:g} min of mirage: warn instead)")
+        why = (f"mirage {ev['mirage_share']:.0%} of reserved time (GPU-Util busy while SM idle) acts only with "
+               f"act_on_mirage and after {mirage_min_s / 60:g} min of mirage: warn instead; idle without the "
+               f"mirage {ev['idle_share']:.0%} < {p.idle_fraction:.0%}")
         return "blocked", why, ev
     if busy_unverified > 0 or (act and util_only > 0 and not p.act_on_util_only):
         why += " (busy_unverified and GPU-Util-only time do not count as idle)"
+        return "blocked", why, ev
+    if spin > 0 or (act and by_counters > 0 and not p.act_on_util_only):
+        why += (" (engine-spin time, and for acting idle-by-counters time, judged without SM activity, do not "
+                "count as idle)")
         return "blocked", why, ev
     return "not_idle", why, ev
 
@@ -320,7 +346,7 @@ class Run:
     def stale(self, cluster: str) -> str:
         """Rule (d): '' when every source of the cluster was collected up to the judged window's end (to
         within one bucket), else why the evidence is too old to act on."""
-        from auditor.collect import source_key
+        from auditor.config import source_key
 
         t = schema.watermarks
         with self.store.engine.connect() as conn:
@@ -483,6 +509,11 @@ class Run:
             want = {"uid": str(a["external_id"]), "namespace": a["account"], "name": a["name"]}
         else:
             return f"no identity check for source {a['source']}"
+        if a["source"] == "slurm" and a.get("sluid") and "sluid" in got:
+            # Slurm 25.11+: the SLUID names the run; a requeue keeps the job id and gives a new one. A judged
+            # run without one (older Slurm, or collected before) keeps the proof above; a live Slurm that
+            # can show one but showed none is doubt: no action
+            want["sluid"] = a["sluid"]
         diff = [f"{k} {got.get(k)!r} live, {v!r} judged" for k, v in want.items() if got.get(k) != v]
         if diff:
             return "; ".join(diff) + (" (requeued or moved?)" if a["source"] == "slurm" else "")
@@ -574,8 +605,9 @@ class Run:
             emails = [x for x in p.escalate_to if x not in names and "@" in x]
             emails += [e for t in self.cfg.teams if t.name == a["team"] for e in t.emails]
         stops = stage != "action" and not outlook
-        what = {"warn": "is idle and will be stopped" if stops else "is idle",
-                "escalate": "is idle (escalated)", "action": "was stopped"}[stage]
+        idle = "is a mirage (reads busy, does no work)" if ev.get("mirage_share", 0.0) >= 0.5 else "is idle"
+        what = {"warn": f"{idle} and will be stopped" if stops else idle,
+                "escalate": f"{idle} (escalated)", "action": "was stopped"}[stage]
         who = safe_header(f"{target} (user {a['user_name'] or '?'}, team {a['team']})", 300)  # user-controlled
         resv = f" It runs in advance reservation {a['reservation']}." if a.get("reservation") else ""
         faults = f" Infrastructure events in the window: {'; '.join(ev['faults'][:3])}." if ev.get("faults") else ""
@@ -612,37 +644,70 @@ class Run:
 
     # -- reservations ---------------------------------------------------------------------------------
     def reservations(self) -> None:
-        """Tell owners of reservations the latest audit found idle and that are still active."""
-        from auditor.audit.run import latest_run
-
-        run_id = latest_run(self.store)
-        if run_id is None or not any(p.notify_reservations for p in self.cfg.policies):
+        """Tell owners of active reservations that sat idle over a policy window (issue 44: a notice fired 50 s
+        after a reservation started, "0.1 of 0.1 GPU-h idle", and never again while 4.5 of 4.9 GPU-h went
+        unused). Each policy's window is its ``warn_after_hours`` (1 h when it has none): the trailing window is
+        judged by the audit itself (a what-if run, removed afterwards), a reservation must have existed for the
+        whole window and the audit must call it idle there (``idle_reservation``); the owner is told again in
+        each later window while it stays idle, at most once per window (the throttle key names the window)."""
+        pols = [p for p in self.cfg.policies if p.notify_reservations]
+        if not pols:
             return
-        f, r = schema.findings, schema.reservations
+        judged: dict[float, list[dict[str, Any]]] = {}
+        r = schema.reservations
         with self.store.engine.connect() as conn:
-            rows = conn.execute(select(f.c.cluster, f.c.idle_gpu_hours, f.c.gpu_hours, r.c.id, r.c.name, r.c.users,
-                                       r.c.accounts, r.c.end_ts).join(r, r.c.id == f.c.reservation_id)
-                                .where(f.c.run_id == run_id, f.c.kind == "idle_reservation",
-                                       r.c.end_ts > self.now_ts)).mappings().all()
-        for row in rows:
-            a = {"cluster": row["cluster"], "source": "slurm", "partition": "", "account":
-                 (row["accounts"] or [""])[0], "id": None, "reservation_id": row["id"]}
+            active = conn.execute(select(r.c.id, r.c.cluster, r.c.accounts).where(
+                r.c.end_ts > self.now_ts, r.c.start_ts < self.now_ts)).mappings().all()
+        for res in active:
+            a = {"cluster": res["cluster"], "source": "slurm", "partition": "", "account":
+                 (res["accounts"] or [""])[0], "id": None, "reservation_id": res["id"]}
             p = policy_for(self.cfg, a, any_partition=True)  # a reservation has no partition of its own
             if p is None or not p.notify_reservations:
                 continue
+            hours = p.warn_after_hours or 1.0
+            if hours not in judged:
+                judged[hours] = idle_reservations(self.store, self.cfg, hours, self.now_ts)
+            row = next((x for x in judged[hours] if x["id"] == res["id"]), None)
+            if row is None or row["start_ts"] > self.now_ts - hours * H:
+                continue  # not idle over the window, or not reserved for the whole of it yet
             target = f"reservation {row['name']}"
-            reason = f"{row['idle_gpu_hours']:.1f} of {row['gpu_hours']:.1f} reserved GPU-hours idle"
-            ev = {"idle_gpu_hours": row["idle_gpu_hours"], "reserved_gpu_hours": row["gpu_hours"]}
+            reason = (f"{row['idle_gpu_hours']:.1f} of {row['gpu_hours']:.1f} reserved GPU-hours idle in the last "
+                      f"{hours:g} h")
+            ev = {"idle_gpu_hours": row["idle_gpu_hours"], "reserved_gpu_hours": row["gpu_hours"],
+                  "window_hours": hours}
+            slot = int(self.now_ts // (hours * H))  # one notice per window while it stays idle
             sent: list[dict[str, Any]] = []
             for user in row["users"] or [""]:
                 msg = Message(kind="notify_owners", subject=f"[gpu-audit] {target} is idle", body=
                               f"{target} on {row['cluster']}: {reason}. Release it if it is not needed.",
-                              user=user, period_key=f"resv:{row['id']}")
+                              user=user, period_key=f"resv:{row['id']}:{slot}")
                 sent += self.notifier.send(msg)
             fresh = [s for s in sent if s["status"] != "throttled"]
             if fresh:
                 self.log(a, p.name, "notify", "notify_owners", "dry_run" if self.dry_run else "done", reason, ev,
                          target, "; ".join(f"{s['to']}: {s['status']}" for s in fresh))
+
+
+def idle_reservations(store: Store, cfg: Config, hours: float, now_ts: int) -> list[dict[str, Any]]:
+    """The reservations the audit calls idle (``idle_reservation``) over [now - hours, now): a what-if run,
+    deleted afterwards, as :func:`judge_window`'s."""
+    from datetime import timedelta
+
+    from auditor.audit.run import run_audit
+
+    now = datetime.fromtimestamp(now_ts, UTC)
+    res = run_audit(store, cfg, now - timedelta(hours=hours), now, what_if=True)
+    f, r = schema.findings, schema.reservations
+    with store.engine.connect() as conn:
+        rows = [dict(x) for x in conn.execute(select(
+            f.c.cluster, f.c.idle_gpu_hours, f.c.gpu_hours, r.c.id, r.c.name, r.c.users, r.c.start_ts).join(
+            r, r.c.id == f.c.reservation_id).where(f.c.run_id == res.run_id, f.c.kind == "idle_reservation"))
+                .mappings()]
+    with store.begin() as conn:
+        for t in (schema.findings, schema.usage_gpu, schema.usage_allocation):
+            conn.execute(delete(t).where(t.c.run_id == res.run_id))
+        conn.execute(delete(schema.audit_runs).where(schema.audit_runs.c.id == res.run_id))
+    return rows
 
 
 def enforce(store: Store, cfg: Config, *, apply: bool = False, base_dir: Path = Path("."),

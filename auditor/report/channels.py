@@ -28,6 +28,9 @@ from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
 
+#: HTTP timeout (connect and read, seconds) of a chat or webhook channel (a `channels[]` setting until issue 45)
+CHANNEL_TIMEOUT_S = 10
+
 log = logging.getLogger("gpu_audit.channels")
 logging.getLogger("apprise").propagate = False  # its lines could carry URLs (webhook secrets)
 logging.getLogger("apprise").addHandler(logging.NullHandler())
@@ -129,7 +132,7 @@ def send_channel(ch: Channel, subject: str, body: str) -> None:
         raise GpuAuditError(str(exc)) from None
     sep = "&" if "?" in url else "?"
     ap = apprise.Apprise()
-    if not url or not ap.add(f"{url}{sep}cto={ch.timeout_s:g}&rto={ch.timeout_s:g}"):
+    if not url or not ap.add(f"{url}{sep}cto={CHANNEL_TIMEOUT_S:g}&rto={CHANNEL_TIMEOUT_S:g}"):
         raise GpuAuditError(f"channel {ch.name}: the URL is not one apprise understands")
     markup = MARKUP.get(type(ap[0]).__name__, "text")
     fmt = apprise.NotifyFormat.MARKDOWN if markup == "markdown" else apprise.NotifyFormat.TEXT

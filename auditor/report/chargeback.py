@@ -2,9 +2,11 @@
 
 The schema is stable and documented in docs/chargeback.md (``SCHEMA`` names its version). Hours are
 rounded to 6 decimals and costs to 4 with decimal arithmetic; unknown GPU-hours take the rounding residue,
-so ``reserved = idle + mirage + low + working + busy_unverified + unknown + infra`` holds exactly in every
-row and in the totals (``infra``: infrastructure-affected GPU-hours, a drained node or a GPU fault: its own
-column, never idle).
+so ``reserved = idle + mirage + low + working + busy_unverified + busy_by_counters + engine_spin + unknown +
+infra + input_wait`` holds exactly in every row and in the totals (``infra``: infrastructure-affected GPU-hours,
+a drained node or a GPU fault: its own column, never idle; ``input_wait``: a GPU its own job's input starved,
+never idle either). The evidence-tier columns (docs/definitions.md "Evidence tiers") split the observed hours
+exactly: ``verified + counters + util_only = reserved - unknown - infra``.
 Reservation GPU-hours no job used are not charged here (they belong to no allocation); the audit reports
 them as ``idle_reservation`` findings.
 """
@@ -30,13 +32,18 @@ from auditor.errors import GpuAuditError
 from auditor.report.outfile import write_text
 from auditor.store.engine import Store
 
-SCHEMA = "gpu-audit.chargeback/2"
+SCHEMA = "gpu-audit.chargeback/3"
 BY = ("account", "namespace", "team", "user", "cluster", "qos", "state")
+#: the stock-counter verdicts' GPU-hours (schema 3; docs/definitions.md "Evidence tiers")
+COUNTER_HOURS = ("idle_by_counters", "busy_by_counters", "engine_spin")
 HOURS = ("reserved", "effective", "idle", "idle_by_util", "mirage", "low", "working", "busy_unverified",
-         "unknown", "infra")
+         "unknown", "infra", "input_wait", *COUNTER_HOURS)
+#: GPU-hours judged on each evidence tier: SM activity, the stock counters, GPU-Util (derived from HOURS)
+TIERS = ("verified", "counters", "util_only")
 COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "allocations",
-           *(f"{h}_gpu_hours" for h in HOURS), "reserved_cost", "idle_cost", "cost_per_effective_gpu_hour",
-           "currency", *energy.KEYS, "audit_run_id", "lost_gpu_hours", "tokens")
+           *(f"{h}_gpu_hours" for h in HOURS[:-len(COUNTER_HOURS)]), "reserved_cost", "idle_cost",
+           "cost_per_effective_gpu_hour", "currency", *energy.KEYS, "audit_run_id", "lost_gpu_hours", "tokens",
+           *(f"{h}_gpu_hours" for h in COUNTER_HOURS), *(f"{t}_gpu_hours" for t in TIERS))
 TEXT_COLUMNS = ("period", "period_start", "period_end", "cluster", "owner_type", "owner", "currency")
 _OWNER = {"account": "a.account", "namespace": "a.account", "team": "u.team", "user": "a.user_name",
           "cluster": "a.cluster", "qos": "a.qos", "state": "a.state"}
@@ -110,7 +117,10 @@ def chargeback(store: Store, cfg: Config, since: datetime, until: datetime, by: 
         for r in conn.execute(text(sql), {"run": run_id}):
             hours = {h: _q(getattr(r, f"{h}_s") / 3600.0, H6) for h in HOURS}
             hours["unknown"] = hours["reserved"] - (hours["idle"] + hours["mirage"] + hours["low"]
-                                                    + hours["working"] + hours["busy_unverified"] + hours["infra"])
+                                                    + hours["working"] + hours["busy_unverified"]
+                                                    + hours["busy_by_counters"] + hours["engine_spin"]
+                                                    + hours["infra"] + hours["input_wait"])
+            hours.update(tiers(hours))
             rows.append(_row(label, since, until, r.cluster, by, r.owner or "", int(r.allocations), hours,
                              _q(r.reserved_cost, C4), _q(r.idle_cost, C4), cfg.prices.currency, run_id))
             e = kwh.get((r.cluster, r.owner or ""), {})
@@ -163,6 +173,17 @@ def add_tokens(conn: Any, rows: list[dict[str, Any]], run_id: int, owner: str) -
         row["tokens"] = got.get((row["cluster"], row["owner"]))
 
 
+def tiers(hours: dict[str, Decimal]) -> dict[str, Decimal]:
+    """The evidence-tier hours of a row's rounded hours (docs/definitions.md "Evidence tiers"): the stock
+    counters (idle-by-counters + busy-by-counters + engine spin), GPU-Util only (idle-by-util +
+    busy-unverified), and verified by SM activity (the rest of the observed hours), so the three add up to
+    reserved - unknown - infra exactly."""
+    counters = hours["idle_by_counters"] + hours["busy_by_counters"] + hours["engine_spin"]
+    util_only = hours["idle_by_util"] + hours["busy_unverified"]
+    observed = hours["reserved"] - hours["unknown"] - hours["infra"]
+    return {"verified": observed - counters - util_only, "counters": counters, "util_only": util_only}
+
+
 def _row(period: str, since: datetime, until: datetime, cluster: str, by: str, owner: str, n: int,
          hours: dict[str, Decimal], reserved_cost: Decimal, idle_cost: Decimal, currency: str,
          run_id: int | None) -> dict[str, Any]:
@@ -170,7 +191,7 @@ def _row(period: str, since: datetime, until: datetime, cluster: str, by: str, o
     cpe = (reserved_cost / eff).quantize(C4) if eff > 0 else None
     return {"period": period, "period_start": since.astimezone(UTC).isoformat(),
             "period_end": until.astimezone(UTC).isoformat(), "cluster": cluster, "owner_type": by,
-            "owner": owner, "allocations": n, **{f"{h}_gpu_hours": hours[h] for h in HOURS},
+            "owner": owner, "allocations": n, **{f"{h}_gpu_hours": hours[h] for h in (*HOURS, *TIERS)},
             "reserved_cost": reserved_cost, "idle_cost": idle_cost, "cost_per_effective_gpu_hour": cpe,
             "currency": currency, "audit_run_id": run_id}
 
@@ -178,7 +199,7 @@ def _row(period: str, since: datetime, until: datetime, cluster: str, by: str, o
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Column sums of ``rows`` (exact: Decimal); cost per effective GPU-hour recomputed from them."""
     out: dict[str, Any] = {"allocations": sum(r["allocations"] for r in rows)}
-    for h in HOURS:
+    for h in (*HOURS, *TIERS):
         out[f"{h}_gpu_hours"] = sum((r[f"{h}_gpu_hours"] for r in rows), Decimal(0))
     out["lost_gpu_hours"] = sum((r["lost_gpu_hours"] for r in rows), Decimal(0))
     for c in ("reserved_cost", "idle_cost"):
@@ -225,14 +246,15 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
 
 
 def write(rows: list[dict[str, Any]], path: Path, fmt: str, *, since: datetime, until: datetime, by: str,
-          period: str | None, currency: str) -> Path:
+          period: str | None, currency: str, named: bool = True) -> Path:
     """Write through :mod:`auditor.report.outfile`: a regular file is replaced atomically (finance never picks
-    up half a file); a device, FIFO or symlink target is written, never replaced."""
+    up half a file); a device, FIFO or symlink target is written, never replaced. ``named=False``: a name
+    gpu-audit chose in a directory (the monthly job), written only where no file or its own one is."""
     body = to_csv(rows) if fmt == "csv" else to_json(rows, since=since, until=until, by=by, period=period,
                                                       currency=currency)
     if not os.path.lexists(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-    return write_text(path, body)
+    return write_text(path, body, named=named)
 
 
 def write_previous_month(store: Store, cfg: Config, out_dir: Path, now: datetime,
@@ -249,5 +271,5 @@ def write_previous_month(store: Store, cfg: Config, out_dir: Path, now: datetime
         rows = chargeback(store, cfg, since, until, b, period=period, run_id=run_id)
         for fmt in ("csv", "json"):
             files.append(str(write(rows, out_dir / f"chargeback-{period}-by-{b}.{fmt}", fmt, since=since,
-                                   until=until, by=b, period=period, currency=cfg.prices.currency)))
+                                   until=until, by=b, period=period, currency=cfg.prices.currency, named=False)))
     return {"period": period, "audit_run_id": run_id, "files": files}

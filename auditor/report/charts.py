@@ -168,3 +168,47 @@ def text_bar(value: float | None, maximum: float | None, *, width: int = 20) -> 
     """The same bar for plain text and Markdown."""
     n = round(bar_width(value, maximum, full=width))
     return "#" * n + "." * (width - n)
+
+
+def knee_svg(k: dict | None, concurrency: float | None = None, *, width: int = 240, height: int = 96
+             ) -> markupsafe.Markup:
+    """A service's batching curve (auditor/audit/inference.py ``knee``) as a small inline SVG: tokens/s (up)
+    against requests running (across, log 2), its knee marked, the service's mean concurrency a dashed line.
+    Static markup, no script or external reference; a mail client that drops SVG keeps the text beside it
+    (the curve's points in words, :func:`knee_text`). Empty without at least two points."""
+    pts = (k or {}).get("points") or []
+    if len(pts) < 2:
+        return markupsafe.Markup("")
+    pad = 6
+    lo, hi = math.log2(pts[0]["running"]), math.log2(pts[-1]["running"])
+    top = max(p["tokens_per_s"] for p in pts) or 1.0
+
+    def xy(c: float, t: float) -> tuple[float, float]:
+        x = pad + (width - 2 * pad) * ((math.log2(max(c, 1e-9)) - lo) / (hi - lo) if hi > lo else 0.5)
+        return round(x, 1), round(height - pad - (height - 2 * pad) * t / top, 1)
+
+    line = " ".join(f"{x},{y}" for x, y in (xy(p["running"], p["tokens_per_s"]) for p in pts))
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+             f'height="{height}" style="max-width:100%;height:auto" role="img" class="knee">'
+             f'<title>{markupsafe.escape(knee_text(k))}</title>',
+             f'<polyline points="{line}" fill="none" stroke="#2563eb" stroke-width="2"/>']
+    if concurrency is not None and pts[0]["running"] <= concurrency <= pts[-1]["running"]:
+        x, _ = xy(concurrency, 0)
+        parts.append(f'<line x1="{x}" y1="{pad}" x2="{x}" y2="{height - pad}" stroke="#64748b" '
+                     'stroke-dasharray="3,3"/>')
+    if k and k.get("knee"):
+        x, y = xy(k["knee"]["running"], k["knee"]["tokens_per_s"])
+        parts.append(f'<circle cx="{x}" cy="{y}" r="4" fill="#ea580c"/>')
+    return markupsafe.Markup("".join(parts) + "</svg>")
+
+
+def knee_text(k: dict | None) -> str:
+    """The batching curve in words: "1 running 100 tokens/s; 2: 200; 4: 400 (knee); ..."."""
+    pts = (k or {}).get("points") or []
+    kn = (k or {}).get("knee")
+    out = []
+    for i, p in enumerate(pts):
+        mark = " (knee)" if kn and abs(p["running"] - kn["running"]) < 1e-9 else ""
+        out.append(f"{p['running']:.1f}{' running' if i == 0 else ''}: {p['tokens_per_s']:,.0f}"
+                   f"{' tokens/s' if i == 0 else ''}{mark}")
+    return "; ".join(out)

@@ -21,6 +21,7 @@ from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.intparse import INT32_MAX, parse_uint
 from auditor.report import sizing
+from auditor.report.budgets import team_budgets
 from auditor.report.inference import inference_section
 from auditor.report.nodes import nodes_section
 from auditor.report.words import ADVICE, DEFINITIONS, judged_in_words
@@ -74,7 +75,8 @@ USAGE_SUMS = ("COUNT(*) AS allocations, SUM(u.reserved_s) AS reserved_s, SUM(u.o
               "SUM(u.effective_s) AS effective_s, SUM(u.unknown_s) AS unknown_s, "
               "SUM(u.gpu_util_s) AS gpu_util_s, SUM(u.util_observed_s) AS util_observed_s, "
               "SUM(u.sm_s) AS sm_s, SUM(u.sm_observed_s) AS sm_observed_s, "
-              "SUM(u.reserved_cost) AS reserved_cost, SUM(u.idle_cost) AS idle_cost")
+              "SUM(u.reserved_cost) AS reserved_cost, SUM(u.idle_cost) AS idle_cost, "
+              "SUM(u.input_wait_s) AS input_wait_s")
 
 
 def _usage_row(r: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +91,8 @@ def _usage_row(r: dict[str, Any]) -> dict[str, Any]:
             "mean_gpu_util": _ratio(r.get("gpu_util_s"), r.get("util_observed_s")),
             "mean_sm_active": _ratio(r.get("sm_s"), r.get("sm_observed_s")),
             "reserved_cost": reserved_cost, "idle_cost": r.get("idle_cost") or 0.0,
+            # a GPU its own job's input starved (auditor.audit.starved): not idle
+            "input_wait_gpu_hours": (r.get("input_wait_s") or 0.0) / H,
             "cost_per_effective_gpu_hour": reserved_cost / effective if effective > 0 else None}
 
 
@@ -185,6 +189,9 @@ def _about(m: dict[str, Any], ev: dict[str, Any]) -> str:
     if ev.get("node"):
         return f"node {ev['node']}" + (f" GPU {ev['gpu_index']}" if ev.get("gpu_index") is not None else "")
     if m["kind"] == "idle_quota":
+        quota = ev.get("quota") or {}
+        if quota.get("kind") == "queue":
+            return f"quota of queue {quota.get('name', '')}"
         return f"quota of {m['account'] or ''}"
     return f"user {m['user_name'] or ''}"
 
@@ -389,34 +396,58 @@ def runs(conn: Connection, cfg: Config, limit: int = RUNS_LISTED) -> list[dict[s
              "kind": run_kind(r.since_ts, r.until_ts, r.purpose, cfg)} for r in conn.execute(q)]
 
 
-def shown_run(store: Store, cfg: Config, run: str | int | None = None) -> dict[str, Any]:
-    """Which run the report, the nudges and the web pages show: ``run`` (``--run``, ``?run=``) when given,
-    else the weekly audit run of the latest window (a chargeback run or an audit of another window never
-    silently replaces it), else the latest audit that is no chargeback run, else the latest run. Returns
-    ``{"id", "chosen", "why", "runs"}``; a bad ``run`` is a one-line error."""
+def shown_run(store: Store, cfg: Config, run: str | int | None = None, *,
+              allocation_id: int | None = None) -> dict[str, Any]:
+    """Which run every page and command shows (the one rule: the report, the nudges, the web pages, the
+    overview, the findings, ``gpu-audit job`` and the allocation page): ``run`` (``--run``, ``?run=``) when
+    given, else the weekly audit run of the latest window (a chargeback run or an ad-hoc audit of another
+    window never silently replaces it), else the latest audit that is no chargeback run, else the latest run.
+    With ``allocation_id`` (one allocation's view) the same order over the runs that judged it, so its page
+    shows the report's figures. Returns ``{"id", "chosen", "why", "runs"}`` (``id`` None: no run judged the
+    allocation yet); a bad or unknown ``run`` is a one-line error (the web answers 404)."""
     if run not in (None, ""):
         try:
             rid = parse_uint(run, hi=INT32_MAX, what="run")
         except ValueError:
             raise GpuAuditError(f"run {str(run)[:20]!r} is not a run id") from None
         with store.engine.connect() as conn:
+            load_run(conn, rid)  # no such run, or not ok: one line
             listed = runs(conn, cfg)
         return {"id": rid, "chosen": True, "why": "chosen", "runs": listed}
+    of = ""
     with store.engine.connect() as conn:
         listed = runs(conn, cfg)
         pool = listed
-        if len(listed) == RUNS_LISTED and not any(r["kind"] == "weekly audit" for r in listed):
+        if allocation_id is not None:
+            judged = {int(r[0]) for r in conn.execute(text(
+                "SELECT run_id FROM usage_allocation WHERE allocation_id = :a"), {"a": allocation_id})}
+            pool = [r for r in runs(conn, cfg, limit=100_000) if r["id"] in judged]
+            of = " that judged this allocation"
+            if not pool:
+                return {"id": None, "chosen": False, "why": "no audit run judged it yet", "runs": listed}
+        elif len(listed) == RUNS_LISTED and not any(r["kind"] == "weekly audit" for r in listed):
             pool = runs(conn, cfg, limit=100_000)  # a long tail of other runs: look further back
-    for want, why in (("weekly audit", "the latest weekly audit"),
-                      (None, f"the latest audit that is no chargeback run: none covers report.days "
+    for want, why in (("weekly audit", f"the latest weekly audit{of}"),
+                      (None, f"the latest audit{of} that is no chargeback run: none covers report.days "
                              f"({cfg.report.days:g} days)")):
         for r in pool:
             if r["kind"] == want or (want is None and r["kind"] != "chargeback"):
                 return {"id": r["id"], "chosen": False, "why": why, "runs": listed}
     if pool:
-        return {"id": pool[0]["id"], "chosen": False, "why": "the latest run (only chargeback runs are stored)",
+        return {"id": pool[0]["id"], "chosen": False, "why": f"the latest run{of} (only chargeback runs are stored)",
                 "runs": listed}
     return {"id": latest_ok_run(store), "chosen": False, "why": "the latest run", "runs": listed}
+
+
+def run_rank(conn: Connection, cfg: Config) -> dict[int, int]:
+    """Every official ok run's place in :func:`shown_run`'s order (0 first): weekly audits, the latest window
+    first; then other audits that are no chargeback run; then chargeback runs. A list of allocations
+    (``gpu-audit jobs``) takes for each the best-placed run that judged it: the one rule, per allocation."""
+    listed = runs(conn, cfg, limit=100_000)
+    order = ([r for r in listed if r["kind"] == "weekly audit"]
+             + [r for r in listed if r["kind"] not in ("weekly audit", "chargeback")]
+             + [r for r in listed if r["kind"] == "chargeback"])
+    return {r["id"]: i for i, r in enumerate(order)}
 
 
 def latest_ok_run(store: Store) -> int:
@@ -583,6 +614,7 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
             "headline": headline(summary),
             "actions": actions_section(conn, cfg, run_id, tz, headline(summary)),
             "teams": group_table(groups["teams"], totals, full=full, top_n=n),
+            "budgets": team_budgets(cfg, groups["teams"], run["until_ts"] - run["since_ts"]),
             "accounts": group_table(groups["accounts"], totals, full=full, top_n=n),
             "top_idle": findings_table(conn, run_id, IDLE_KINDS, tz, full=full, top_n=n,
                                        where=" AND f.allocation_id IS NOT NULL"),
@@ -624,7 +656,10 @@ def summary_sections(conn: Connection, run_id: int, summary: dict[str, Any], th:
                      full: bool, top_n: int) -> dict[str, Any]:
     """The sections made from the run summary (and small per-user reads), cut at top_n unless ``full``: the
     streamed JSON export (:mod:`auditor.report.export`) rebuilds exactly these uncut."""
-    return {"right_sizing": sizing.right_sizing(summary, full=full, top_n=top_n),
+    from auditor.audit import fabric
+
+    return {"fabric": fabric.section(conn, run_id, full=full, top_n=top_n),
+            "right_sizing": sizing.right_sizing(summary, full=full, top_n=top_n),
             "request_hygiene": sizing.request_hygiene(conn, run_id, full=full, top_n=top_n,
                                                       teams=summary.get("request_hygiene_by_team")),
             "nodes": nodes_section(summary, th, lambda ts: _when(ts, tz), full=full, top_n=top_n),
@@ -642,6 +677,7 @@ def opportunity_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[st
         return None
     teams = sorted(q.get("by_team") or [], key=lambda r: -r["idle_gpu_hours"])
     return {"by_cluster": list(q.get("by_cluster") or []), "by_team": teams if full else teams[:top_n],
+            "teams_more": 0 if full else max(0, len(teams) - top_n),
             "waiting_jobs": q.get("waiting_jobs", 0), "waiting_gpu_hours": q.get("waiting_gpu_hours", 0.0),
             "quotas": sorted(quotas, key=lambda r: (not r["reclaim"], -r["unused_gpus"]))}
 
@@ -650,7 +686,7 @@ def verification_section(s: dict[str, Any]) -> dict[str, Any]:
     """Reserved time verified by SM activity vs judged by GPU-Util only, per cluster and node group, with
     the advice to enable the profiling fields where only GPU-Util was there (issue 14)."""
     groups = list(s.get("verification_by_node_group") or [])
-    missing = [g for g in groups if g.get("util_only_gpu_hours")]
+    missing = [g for g in groups if g.get("util_only_gpu_hours") or g.get("counters_gpu_hours")]
     return {"clusters": list(s.get("verification_by_cluster") or []), "node_groups": groups,
             "missing": missing, "advice": s.get("advice")}
 
@@ -670,6 +706,11 @@ def headline(s: dict[str, Any]) -> dict[str, Any]:
             "verified_gpu_hours": s.get("verified_gpu_hours") or 0.0,
             "util_only_gpu_hours": s.get("util_only_gpu_hours") or 0.0,
             "busy_unverified_gpu_hours": s.get("busy_unverified_gpu_hours") or 0.0,
+            # the stock-counter tier (docs/definitions.md "Evidence tiers"); 0 on runs from before it
+            "counters_gpu_hours": s.get("counters_gpu_hours") or 0.0,
+            "idle_by_counters_gpu_hours": s.get("idle_by_counters_gpu_hours") or 0.0,
+            "busy_by_counters_gpu_hours": s.get("busy_by_counters_gpu_hours") or 0.0,
+            "engine_spin_gpu_hours": s.get("engine_spin_gpu_hours") or 0.0,
             "reserved_cost": s.get("reserved_cost") or 0.0, "idle_cost": s.get("idle_cost") or 0.0,
             "cost_per_effective_gpu_hour": s.get("cost_per_effective_gpu_hour"),
             "dashboard_busy": s.get("mean_gpu_util"), "sm_active": s.get("mean_sm_active"),
@@ -690,7 +731,7 @@ def waiting_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[str, A
     """Where the reserved time went (auditor/audit/waiting.py), as the audit summed it: fleet, clusters,
     teams, and the jobs that waited most (``jobs``: those with waiting hours, each with its waiting classes,
     largest first). None on runs from before it was kept."""
-    from auditor.audit.waiting import CLASSES, WAIT_CLASSES
+    from auditor.audit.waiting import CLASSES, TOP_ALLOCATIONS, WAIT_CLASSES, WAIT_LISTED
 
     w = s.get("waiting")
     if not w:
@@ -701,13 +742,20 @@ def waiting_section(s: dict[str, Any], *, full: bool, top_n: int) -> dict[str, A
     jobs = []
     for a in allocs:
         h = a.get("gpu_hours") or {}
-        waits = sorted(((k, float(h.get(k) or 0.0)) for k in WAIT_CLASSES if (h.get(k) or 0.0) >= 0.05),
+        waits = sorted(((k, float(h.get(k) or 0.0)) for k in WAIT_CLASSES if (h.get(k) or 0.0) >= WAIT_LISTED),
                        key=lambda kv: -kv[1])
         if waits:
             jobs.append({**{k: a.get(k) for k in ("cluster", "team", "job_id", "name", "reserved_gpu_hours")},
                          "wait_gpu_hours": sum(v for _, v in waits),
                          "waits": [{"key": k, "label": CLASSES.get(k, k), "gpu_hours": v} for k, v in waits]})
     jobs.sort(key=lambda j: -j["wait_gpu_hours"])
+    shown = jobs if full else jobs[:top_n]
+    # every job that waited (the audit counts them; it keeps the TOP_ALLOCATIONS that waited most), less those
+    # listed: "N more" names what was left out, by the report or by the audit (runs from before it counted: 0)
+    waited = max(int(w.get("waited_jobs") or 0), len(jobs))
+    more_h = max(0.0, float(w.get("waited_gpu_hours") or 0.0) - sum(j["wait_gpu_hours"] for j in shown))
     return {"classes": classes, "total": w.get("total") or {}, "by_cluster": list(w.get("by_cluster") or []),
-            "by_team": teams if full else teams[:top_n], "allocations": allocs if full else allocs[:top_n],
-            "jobs": jobs if full else jobs[:top_n]}
+            "by_team": teams if full else teams[:top_n], "teams_more": 0 if full else max(0, len(teams) - top_n),
+            "allocations": allocs if full else allocs[:top_n], "jobs": shown, "jobs_total": waited,
+            "jobs_more": waited - len(shown), "jobs_more_gpu_hours": more_h,
+            "jobs_more_in_json": len(jobs) - len(shown), "jobs_kept": TOP_ALLOCATIONS}

@@ -176,7 +176,7 @@ def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *
     with ExitStack() as files, store.engine.connect() as conn:
         spools = ({key: _Spool(files) for key in ("top_idle", "ghosts", *report.SECTION_KINDS)} if json_path
                   else {})
-        out = _CsvOut(open_output(csv_path, files), cell)
+        out = _CsvOut(open_output(csv_path, files, named=False), cell)
         for m in _findings(conn, names, run_id):
             spark = m.pop("sparkline_json", None)
             row = report.finding_row(m, tz)
@@ -209,7 +209,7 @@ def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *
         for key, sp in spools.items():
             doc[key] = sp.done(ctx[key])
         doc["coverage"] = dict(ctx["coverage"], silent=_silent(conn, ctx, files))
-        _write_doc(doc, open_output(json_path, files))
+        _write_doc(doc, open_output(json_path, files, named=False))
 
 
 def _silent(conn: Connection, ctx: dict[str, Any], stack: ExitStack) -> Spooled:

@@ -24,6 +24,10 @@ from auditor.store import schema
 from auditor.store.engine import Store
 from auditor.timeutil import utcnow
 
+#: SMTP timeout in seconds: a mail server that has not answered in 30 s is down (an `[email]` setting until
+#: issue 45)
+SMTP_TIMEOUT_S = 30
+
 
 class MailPolicy(EmailPolicy):
     """The SMTP policy (CRLF, folded at 78), except that a header is never folded right after its name.
@@ -179,9 +183,9 @@ def smtp_connect(cfg: Config) -> smtplib.SMTP:
     where = f"SMTP {e.smtp_host}:{e.smtp_port}"
     try:
         if e.security == "ssl":
-            smtp: smtplib.SMTP = smtplib.SMTP_SSL(e.smtp_host, e.smtp_port, timeout=e.timeout_s, context=ctx)
+            smtp: smtplib.SMTP = smtplib.SMTP_SSL(e.smtp_host, e.smtp_port, timeout=SMTP_TIMEOUT_S, context=ctx)
         else:
-            smtp = smtplib.SMTP(e.smtp_host, e.smtp_port, timeout=e.timeout_s)
+            smtp = smtplib.SMTP(e.smtp_host, e.smtp_port, timeout=SMTP_TIMEOUT_S)
             smtp.ehlo()
             if e.security == "starttls":
                 smtp.starttls(context=ctx)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from auditor.audit.infra import LEMON_MIN_FAULTS
+
 KIND_WORDS = {"xid": "XID error", "throttle": "fault throttling", "ecc_dbe": "ECC double-bit error",
               "row_remap": "row remapping", "drain": "drained", "down": "down", "not_ready": "NotReady",
               "cordoned": "cordoned"}
@@ -23,4 +25,4 @@ def nodes_section(summary: dict[str, Any], th: dict[str, Any], when: Callable[[i
     totals = {"faults": sum(r["faults"] for r in every), "lemons": sum(1 for r in every if r["lemon"]),
               "infra_gpu_hours": sum(r["infra_gpu_hours"] for r in every), "cost": sum(r["cost"] for r in every)}
     return {"rows": rows, "total": len(every), "shown": len(rows), "cut": len(every) > len(rows), "totals": totals,
-            "lemon_min_faults": th.get("lemon_min_faults")}
+            "lemon_min_faults": LEMON_MIN_FAULTS}

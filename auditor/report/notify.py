@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import insert, select, text
 
+from auditor import owned
 from auditor.audit import kinds
 from auditor.config import Config
 from auditor.errors import GpuAuditError
@@ -236,6 +237,8 @@ def notify(store: Store, cfg: Config, run_id: int, *, dry_run: bool = False, out
     outdir = Path(out_dir or cfg.report.out_dir)
     smtp = None
     if dry_run:
+        # only over .eml files an earlier dry run wrote, checked before the first is written (auditor.owned)
+        owned.check(outdir, [outdir / _file_name(o, run_id) for o in messages])
         try:
             outdir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -249,6 +252,7 @@ def notify(store: Store, cfg: Config, run_id: int, *, dry_run: bool = False, out
             if dry_run:
                 path = outdir / _file_name(o, run_id)
                 path.write_bytes(o.message.as_bytes(policy=SMTP_POLICY))
+                owned.record(outdir, [path])
                 entry["file"] = str(path)
             else:
                 assert smtp is not None

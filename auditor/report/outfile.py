@@ -5,7 +5,11 @@ A regular file (or a path not there yet) is replaced atomically: written beside 
 finance never reads half a file; the old file's permission bits are kept. A symbolic link is followed to
 its final target and that target is treated the same way, so the link stays a link (a share mounted
 through it gets the file). A character or block device or a FIFO (``--out /dev/null``, a pipe) is written
-through, never replaced. A directory or a socket is refused with one line."""
+through, never replaced. A directory or a socket is refused with one line.
+
+That is for an output path the user named (``chargeback --out FILE``). A file gpu-audit names itself in a
+directory (``report-<run>.html`` in report.out_dir, the findings CSV) is written only where no file is, or over
+one gpu-audit recorded writing there (:mod:`auditor.owned`), and recorded when done: ``named=False``."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from auditor import owned
 from auditor.errors import GpuAuditError
 
 
@@ -50,10 +55,13 @@ def target(path: Path) -> tuple[Path, str, os.stat_result | None]:
     return real, kind, st
 
 
-def open_output(path: Path, stack: ExitStack) -> IO[str]:
+def open_output(path: Path, stack: ExitStack, *, named: bool) -> IO[str]:
     """A text handle for ``path``, finished when ``stack`` closes: renamed over a regular (or absent) target
     when the block ended without error (the temporary removed otherwise), written straight into a device or
-    FIFO."""
+    FIFO. ``named``: the user named ``path``; otherwise it must be absent or gpu-audit's own (refused in one
+    line before anything is written), and is recorded as gpu-audit's once written."""
+    if not named:
+        owned.check(path.parent, [path])
     real, kind, st = target(path)
     if kind == "through":
         try:
@@ -72,6 +80,8 @@ def open_output(path: Path, stack: ExitStack) -> IO[str]:
         fh.close()
         if exc_type is None:
             os.replace(tmp, real)
+            if not named:
+                owned.record(path.parent, [path])
         else:
             tmp.unlink(missing_ok=True)
 
@@ -80,14 +90,14 @@ def open_output(path: Path, stack: ExitStack) -> IO[str]:
 
 
 @contextmanager
-def output(path: Path) -> Iterator[IO[str]]:
+def output(path: Path, *, named: bool) -> Iterator[IO[str]]:
     """:func:`open_output` as a ``with`` block of its own."""
     with ExitStack() as stack:
-        yield open_output(path, stack)
+        yield open_output(path, stack, named=named)
 
 
-def write_text(path: Path, body: str) -> Path:
+def write_text(path: Path, body: str, *, named: bool) -> Path:
     """Write ``body`` to ``path`` by the rules above; returns ``path``."""
-    with output(path) as fh:
+    with output(path, named=named) as fh:
         fh.write(body)
     return path

@@ -17,16 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 import markupsafe
 
-from auditor import jsonsafe
+from auditor import jsonsafe, owned
 from auditor.audit import kinds
 from auditor.config import Config
 from auditor.errors import GpuAuditError
 from auditor.report import charts
 from auditor.report.context import build_context
 from auditor.report.outfile import write_text
-from auditor.store.engine import Store, resource_dir
+from auditor.resources import resource_dir
+from auditor.store.engine import Store
 
 FORMATS = ("html", "text", "md", "json")
 EXT = {"html": "html", "text": "txt", "md": "md", "json": "json"}
@@ -125,7 +127,17 @@ def _filters(env: jinja2.Environment) -> None:
                        pct=fmt_pct, money=fmt_money, signed=fmt_signed, plain=plain, raw=Raw,
                        mdbar=lambda v, w=12: Raw("`" + charts.text_bar(v, 1.0, width=w) + "`"),
                        textbar=lambda v, w=20: charts.text_bar(v, 1.0, width=w),
-                       barpct=lambda v: charts.bar_width(v, 1.0), kind_label=kinds.label, wrapcss=wrap_css)
+                       barpct=lambda v: charts.bar_width(v, 1.0), kind_label=kinds.label, wrapcss=wrap_css,
+                       kneesvg=charts.knee_svg, kneetext=charts.knee_text)
+
+
+class SiteSandbox(jinja2.sandbox.SandboxedEnvironment):
+    """Jinja's sandbox, where an unsafe attribute stops the render at once (the sandbox's own answer, an
+    undefined value, would print as nothing through the text and Markdown finalizers)."""
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        raise jinja2.sandbox.SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object "
+                                           "is unsafe")
 
 
 @lru_cache(maxsize=8)
@@ -136,19 +148,30 @@ def environment(kind: str, template_dir: str | None = None) -> jinja2.Environmen
     shipped = jinja2.FileSystemLoader(str(resource_dir("templates")))
     loader: jinja2.BaseLoader = shipped if not template_dir else jinja2.ChoiceLoader(
         [jinja2.FileSystemLoader(template_dir), shipped])
+    # a site's templates are code gpu-audit did not ship: Jinja's sandbox (no attribute of an underscore, no
+    # unsafe method: no way to the process's environment, files or commands) with only the documented context
+    # and the globals the shipped templates use (issue 44)
+    make = SiteSandbox if template_dir else jinja2.Environment
     if kind == "html":
-        env = jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
-                                 trim_blocks=True, lstrip_blocks=True, finalize=cap_shown)
+        env = make(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
+                   trim_blocks=True, lstrip_blocks=True, finalize=cap_shown)
     elif kind == "md":
-        env = jinja2.Environment(loader=loader, autoescape=False, finalize=md, trim_blocks=True,
-                                 lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        env = make(loader=loader, autoescape=False, finalize=md, trim_blocks=True,
+                   lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     elif kind == "text":
-        env = jinja2.Environment(loader=loader, autoescape=False, finalize=plain, trim_blocks=True,
-                                 lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        env = make(loader=loader, autoescape=False, finalize=plain, trim_blocks=True,
+                   lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     else:
         raise ValueError(f"no template environment for {kind!r}")
+    if template_dir:
+        env.globals = {k: env.globals[k] for k in SITE_GLOBALS}
     _filters(env)
     return env
+
+
+#: The globals a site template has besides the documented context (Jinja's lipsum, cycler and joiner are not
+#: offered: the path to Python's globals an unsandboxed template took)
+SITE_GLOBALS = ("range", "dict", "namespace")
 
 
 def attach_images(ctx: dict[str, Any], *, mode: str) -> tuple[dict[str, Any], list[charts.Image]]:
@@ -200,6 +223,9 @@ def _render(t: jinja2.Template, values: dict[str, Any]) -> str:
     """A site template that names a value the report has not is one line, not a traceback."""
     try:
         return t.render(**values)
+    except jinja2.sandbox.SecurityError as exc:
+        raise GpuAuditError(f"template {t.filename or t.name}: refused by the sandbox site templates run in: "
+                            f"{exc}") from None
     except jinja2.UndefinedError as exc:
         raise GpuAuditError(f"template {t.filename or t.name}: {exc.message}") from None
 
@@ -283,11 +309,13 @@ def write_reports(store: Store, cfg: Config, run_id: int, out_dir: Path | str,
     groups: dict[str, Any] = {}
     site = site_templates(cfg)
     ctx = build_context(store, cfg, run_id, now=now, keep=groups)
+    # every file this writes is absent or gpu-audit's own, checked before the first is written (auditor.owned)
+    owned.check(out, [*(out / f"report-{run_id}.{EXT[f]}" for f in fmts), out / ctx["files"]["csv"]])
     paths = []
     for f in fmts:
         p = out / f"report-{run_id}.{EXT[f]}"
         if f != "json":
-            write_text(p, render(ctx, f, templates=site))
+            write_text(p, render(ctx, f, templates=site), named=False)
         paths.append(p)
     csv_path = out / ctx["files"]["csv"]
     write_exports(store, cfg, run_id, ctx, csv_path=csv_path, cell=csv_cell, groups=groups,

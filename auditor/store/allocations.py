@@ -43,7 +43,8 @@ ALLOC_MERGE: dict[str, Merge | None] = {
                                   "owner_workload", "state")},
     "state": _state,
     **{c: keep_known(c) for c in ("submit_ts", "start_ts", "end_ts", "time_limit_s", "labels", "exit_code",
-                                  "cpus", "cpu_time_s", "restarts")},
+                                  "cpus", "cpu_time_s", "restarts", "sluid", "failure_reason",
+                                  "job_uid")},
     "first_seen_ts": lambda t, ex: least(t.c.first_seen_ts, ex.first_seen_ts),
     "last_seen_ts": lambda t, ex: greatest(t.c.last_seen_ts, ex.last_seen_ts),
     "gpu_count": None,
@@ -57,7 +58,8 @@ def _alloc_row(a: Allocation, seen: int) -> dict[str, Any]:
             "end_ts": to_epoch(a.end), "reservation": a.reservation, "owner_workload": a.owner_workload,
             "time_limit_s": a.time_limit_s, "labels": dict(a.labels) or None, "gpu_count": a.gpu_count,
             "first_seen_ts": seen, "last_seen_ts": seen, "exit_code": a.exit_code, "cpus": a.cpus,
-            "cpu_time_s": a.cpu_time_s, "restarts": a.restarts}
+            "cpu_time_s": a.cpu_time_s, "restarts": a.restarts, "sluid": a.sluid,
+            "failure_reason": a.failure_reason or None, "job_uid": a.job_uid or None}
 
 
 def _gpu_rows(a: Allocation) -> list[dict[str, Any]]:

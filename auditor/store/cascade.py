@@ -45,6 +45,8 @@ def delete_allocated_gpus(conn: Connection, ids: Collection[int]) -> None:
         return
     ug, g = schema.usage_gpu, schema.allocated_gpus
     conn.execute(delete(ug).where(ug.c.allocated_gpu_id.in_(list(ids))))
+    je = schema.judged_edges  # their kept edges (auditor.audit.judging.keep_edges)
+    conn.execute(delete(je).where(je.c.allocated_gpu_id.in_(list(ids))))
     conn.execute(delete(g).where(g.c.id.in_(list(ids))))
     meta.put(conn, DELETED, uuid.uuid4().hex)
 

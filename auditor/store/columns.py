@@ -20,12 +20,20 @@ METRIC_COMMENTS = {
     "nvlink_rx_bps": "NVLink receive, bytes/s.",
 }
 
+#: gpu_buckets columns beside the metrics: how a metric was measured
+EXACT_COMMENTS = {
+    "sm_exact": "Share of the row's SM activity taken from DCGM 4.x's SM cycle counters (exact: their increase over "
+                "the bucket) instead of sampled SM_ACTIVE readings: 1 or 0 as collected, the observed-seconds "
+                "weighted share in a rolled-up hour; NULL without SM activity.",
+}
+
 #: Per-GPU and per-allocation sums of an audit run (usage_gpu, usage_allocation)
 HOURS = {
     "reserved_s": "Reserved GPU-seconds in the window (times share).",
     "observed_s": "Reserved GPU-seconds covered by samples (coverage = observed/reserved); SM-verified "
-                  "(sm_observed_s) plus GPU-Util-only (idle_by_util_s + busy_unverified_s).",
-    "idle_s": "GPU-seconds judged idle (idle-by-util included).",
+                  "(sm_observed_s) plus stock counters (idle_by_counters_s + busy_by_counters_s + engine_spin_s) "
+                  "plus GPU-Util-only (idle_by_util_s + busy_unverified_s).",
+    "idle_s": "GPU-seconds judged idle (idle-by-util and idle-by-counters included).",
     "idle_by_util_s": "Of idle_s, judged by the low-confidence GPU-Util fallback.",
     "mirage_s": "GPU-seconds judged mirage: GPU-Util busy, SM activity idle.",
     "low_s": "GPU-seconds judged low (idle_sm <= SM activity < working_sm).",
@@ -38,6 +46,8 @@ HOURS = {
     "util_observed_s": "Observed seconds of buckets that had GPU-Util.",
     "sm_s": "Sum of observed seconds x SM activity over buckets that had it.",
     "sm_observed_s": "Observed seconds verified by SM activity (idle + mirage + low + working).",
+    "sm_exact_s": "Of sm_observed_s, the seconds whose SM activity is exact: taken from DCGM 4.x's SM cycle "
+                  "counters, not sampled (times share).",
     "tensor_s": "Sum of observed seconds x Tensor activity.",
     "dram_s": "Sum of observed seconds x DRAM activity.",
     "io_bps_s": "Sum of observed seconds x (PCIe + NVLink bytes/s), for the input/communication-wait hint.",
@@ -51,12 +61,37 @@ HOURS = {
                         "from the model's idle power).",
     "idle_energy_s": "Sum over idle, idle-by-util and mirage buckets of observed seconds x power: joules.",
     "idle_power_observed_s": "Idle, idle-by-util and mirage seconds that had a power reading.",
+    "idle_by_counters_s": "Of idle_s, judged on the stock counters (no SM activity): GR engine, Tensor and DRAM "
+                          "activity all below their idle thresholds.",
+    "busy_by_counters_s": "GPU-seconds judged busy on the stock counters (no SM activity): Tensor or DRAM "
+                          "activity at or above its idle threshold.",
+    "engine_spin_s": "GPU-seconds judged an engine spin on the stock counters (no SM activity): GR engine busy, "
+                     "Tensor and DRAM idle; a spin or a wait, never verified work, not billed as idle.",
     "infra_s": "Infrastructure-affected GPU-seconds: reserved time inside a node event (XID error, fault "
                "throttling, ECC/row-remap fault, drained/down/NotReady/cordoned node); judged by no other "
                "class, never idle, billed in its own column.",
 }
 
-#: The verdict sums of one judged_hours row (auditor.audit.judge.SUMS; seconds are not yet times share)
+#: The HOURS columns a migration added to usage_gpu and usage_allocation after 0001 (0005, 0007, 0008, 0033,
+#: 0036): they carry the server default 0 the migration gave them (for the rows already there), so a store
+#: created from the models is the same as one built by the migrations (tests/test_store_create.py)
+HOURS_ADDED = frozenset({
+    "busy_unverified_s", "mirage_util_s", "mirage_power_s", "mirage_power_observed_s", "energy_s",
+    "power_observed_s", "idle_energy_s", "idle_power_observed_s", "infra_s", "sm_exact_s", "idle_by_counters_s",
+    "busy_by_counters_s", "engine_spin_s"})
+
+#: usage_gpu and usage_allocation columns of the starved-GPU pass (auditor.audit.starved, migration
+#: 0035_starved_gpus): written after the judging, so the INSERT of the judging leaves them at their server default
+STARVED = {
+    "input_wait_s": "GPU-seconds SM-idle while the job's own input was busy (input/storage wait, GPU starved): "
+                    "the node's host read storage busy or pegged cores and the evidence is the job's own (it held "
+                    "the whole node). Reserved time that did no math, never idle: taken out of idle_s (times share).",
+    "host_busy_idle_s": "Of idle_s, GPU-seconds SM-idle while the node's host read its input busy on a node the "
+                        "job shared (the activity could be another job's): still idle, never acted on (times "
+                        "share).",
+}
+
+#: The verdict sums of one judged_hours row (auditor.audit.judging.SUMS; seconds are not yet times share)
 JUDGED_SUMS = {
     "idle": "Observed seconds judged idle (SM-verified).",
     "idle_by_util": "Observed seconds judged idle by the GPU-Util fallback.",
@@ -64,10 +99,15 @@ JUDGED_SUMS = {
     "low": "Observed seconds judged low.",
     "working": "Observed seconds judged working.",
     "busy_unverified": "Observed seconds judged busy-unverified (no SM activity, not idle by GPU-Util).",
+    "idle_by_counters": "Observed seconds judged idle on the stock counters (GR engine, Tensor, DRAM idle).",
+    "busy_by_counters": "Observed seconds judged busy on the stock counters (Tensor or DRAM active).",
+    "engine_spin": "Observed seconds judged an engine spin on the stock counters (GR engine busy, Tensor and DRAM "
+                   "idle).",
     "gpu_util": "Sum of observed seconds x GPU-Util.",
     "util_observed": "Observed seconds of rows that had GPU-Util.",
     "sm": "Sum of observed seconds x SM activity.",
     "sm_observed": "Observed seconds of rows that had SM activity.",
+    "sm_exact": "Of sm_observed, the seconds whose SM activity came from DCGM 4.x's SM cycle counters (exact).",
     "tensor": "Sum of observed seconds x Tensor activity.",
     "dram": "Sum of observed seconds x DRAM activity.",
     "io_bps": "Sum of observed seconds x (PCIe + NVLink bytes/s).",

@@ -6,8 +6,10 @@ SQLite (WAL, foreign keys, busy timeout) is the embedded default; PostgreSQL is 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from auditor import jsonsafe
 from auditor.errors import StoreError
 from auditor.records import Record
+from auditor.resources import resource_dir
 from auditor.store import schema
 from auditor.store.messages import first_line as _first_line
 from auditor.store.sqlfuncs import greatest
@@ -27,16 +30,6 @@ from auditor.timeutil import utcnow
 log = logging.getLogger("gpu_audit.store")
 
 SQLITE_BUSY_MS = 120_000  # a writer waits this long for another (an audit of a large fleet holds the lock)
-
-
-def resource_dir(name: str) -> Path:
-    """Directory of a shipped resource (templates, migrations, deploy): the wheel puts them under
-    ``auditor/<name>``; a source checkout has them at the top level."""
-    here = Path(__file__).resolve().parent.parent  # auditor/ (this file is auditor/store/engine.py)
-    for candidate in (here / name, here.parent / name):
-        if candidate.is_dir():
-            return candidate
-    raise StoreError(f"resource directory {name!r} not found next to {here}")
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -58,10 +51,11 @@ def _sqlite_begin(conn: Connection) -> None:
 
 
 def make_engine(url: str) -> Engine:
+    from auditor.config.base import store_url
     from auditor.logs import SECRET_PARAM, register_secret
 
     try:
-        u = make_url(url)
+        u = make_url(store_url(url))
     except (ArgumentError, ValueError):
         raise StoreError("store.url is not a valid SQLAlchemy URL (value not shown)") from None
     register_secret(u.password if isinstance(u.password, str) else None)
@@ -86,6 +80,38 @@ def make_engine(url: str) -> Engine:
     except ModuleNotFoundError as exc:
         extra = " (pip install 'gpu-audit[postgres]')" if u.get_backend_name() == "postgresql" else ""
         raise StoreError(f"store.url needs the database driver {exc.name!r}, which is not installed{extra}") from None
+
+
+#: Alembic's own version table, as alembic creates it (MigrationContext: version_num VARCHAR(32), primary key
+#: alembic_version_pkc): a store created from the models gets the same table, so later migrations see it
+def _version_table() -> Any:
+    from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table
+
+    return Table("alembic_version", MetaData(), Column("version_num", String(32), nullable=False),
+                 PrimaryKeyConstraint("version_num", name="alembic_version_pkc"))
+
+
+VERSION_TABLE = _version_table()
+_REVISION = re.compile(r"""^(down_revision|revision)\s*=\s*(?:['"]([^'"]+)['"]|None)""", re.M)
+
+
+@lru_cache(maxsize=1)
+def head_revision() -> str:
+    """The newest migration's revision, read from the files of migrations/versions (the revision no other
+    names as its down_revision) without importing them (alembic's ScriptDirectory imports each one:
+    tests/test_store_create.py checks both agree). More than one head is an error, as for alembic."""
+    revs, downs = set(), set()
+    for path in (resource_dir("migrations") / "versions").glob("*.py"):
+        found = dict((m.group(1), m.group(2)) for m in _REVISION.finditer(path.read_text(encoding="utf-8")))
+        if "revision" in found:
+            revs.add(found["revision"])
+            if found.get("down_revision"):
+                downs.add(found["down_revision"])
+    heads = revs - downs
+    if len(heads) != 1:
+        raise StoreError(f"migrations/versions has {len(heads)} head revisions ({', '.join(sorted(heads))}), "
+                         "not one")
+    return heads.pop()
 
 
 #: pool connections beyond the pool's 5 (an audit's own; the web UI's readers; the daemon's jobs). An audit's
@@ -137,27 +163,52 @@ class Store:
         cfg.attributes["engine"] = self.engine
         return cfg
 
-    def upgrade(self, revision: str = "head") -> None:
+    def upgrade(self, revision: str = "head", *, via_migrations: bool = False) -> None:
+        """Bring the store to ``revision``. A NEW store (no table yet) asked for the head is created from the
+        models (:func:`create`): every table in one transaction, stamped at the head revision, without running
+        the migrations one by one; an existing store is upgraded by the migrations. ``via_migrations``
+        builds a new store by the migrations too (tests/test_store_create.py compares the two)."""
         from alembic import command
 
+        if not via_migrations and revision in ("head", head_revision()) and self.create():
+            return
         try:
             command.upgrade(self.alembic_config(), revision)
         except SQLAlchemyError as exc:
             raise StoreError(f"store {self.redacted_url()}: migration failed: {_first_line(exc)}") from None
 
+    def create(self) -> bool:
+        """Create a new store's tables from the models and stamp it at the head revision, in one transaction;
+        False (nothing done) when the store already has an ``alembic_version`` table or any model table."""
+        from sqlalchemy import inspect
+
+        try:
+            with self.begin() as conn:
+                have = set(inspect(conn).get_table_names())
+                if VERSION_TABLE.name in have or have & set(schema.metadata.tables):
+                    return False
+                schema.metadata.create_all(conn)
+                VERSION_TABLE.create(conn)
+                conn.execute(VERSION_TABLE.insert().values(version_num=head_revision()))
+        except SQLAlchemyError as exc:
+            raise StoreError(f"store {self.redacted_url()}: creating the tables failed: {_first_line(exc)}") from None
+        log.debug("created the store's tables from the models at revision %s", head_revision())
+        return True
+
     def current(self) -> str | None:
-        from alembic.runtime.migration import MigrationContext
+        """The store's revision (its ``alembic_version`` row), None for a store without one."""
+        from sqlalchemy import inspect
 
         try:
             with self.engine.connect() as conn:
-                return MigrationContext.configure(conn).get_current_revision()
+                if not inspect(conn).has_table(VERSION_TABLE.name):
+                    return None
+                return conn.execute(select(VERSION_TABLE.c.version_num)).scalar()
         except SQLAlchemyError as exc:
             raise StoreError(f"store {self.redacted_url()}: {_first_line(exc)}") from None
 
     def head(self) -> str | None:
-        from alembic.script import ScriptDirectory
-
-        return ScriptDirectory.from_config(self.alembic_config()).get_current_head()
+        return head_revision()
 
     def require_current(self) -> None:
         cur = self.current()

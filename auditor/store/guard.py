@@ -114,6 +114,9 @@ def clean(rec: Any) -> Any:
         _int(rec.cpus, "cpus", optional=True)
         rec.cpu_time_s = _float(rec.cpu_time_s, "cpu_time_s", optional=True)
         _int(rec.restarts, "restarts", optional=True)
+        rec.sluid = _text(rec.sluid, "sluid", optional=True)
+        rec.failure_reason = _text(rec.failure_reason, "failure_reason")
+        rec.job_uid = _text(rec.job_uid, "job_uid")
         rec.labels = _labels(rec.labels)
         gpus = []
         for g in rec.gpus:
@@ -173,6 +176,9 @@ def clean(rec: Any) -> Any:
         _float(rec.gpus, "gpus")
         if not 0 <= rec.gpus <= MAX_QUEUE_GPUS:
             raise Unstorable(f"gpus: quota of {rec.gpus:g} GPUs is not a GPU count")
+        _float(rec.reserved, "reserved", optional=True)
+        if rec.reserved is not None and not 0 <= rec.reserved <= MAX_QUEUE_GPUS:
+            raise Unstorable(f"reserved: {rec.reserved:g} reserved GPUs is not a GPU count")
     elif isinstance(rec, NodeEvent):
         rec.node = _text(rec.node, "node", key=True)
         if rec.kind not in NODE_EVENT_KINDS:

@@ -40,8 +40,10 @@ if TYPE_CHECKING:
     from auditor.store.stats import IngestStats
 
 log = logging.getLogger("gpu_audit.ingest")
+#: how a metric was measured (auditor.store.columns.EXACT_COMMENTS), merged like the metrics
+EXACT_FIELDS = ("sm_exact",)
 BUCKET_COLS = ("gpu_id", "bucket_ts", "job", "bucket_s", "samples", "observed_s", "span_start", "span_end",
-               *METRIC_FIELDS, *LABEL_FIELDS)
+               *METRIC_FIELDS, *LABEL_FIELDS, *EXACT_FIELDS)
 _BUCKET_KEY = attrgetter("cluster", "host", "gpu", "gpu_instance")  # C-level getters: the per-row cost
 _BUCKET_VALUES = attrgetter(*METRIC_FIELDS, *LABEL_FIELDS)
 _UUID_MODEL = attrgetter("uuid", "model")
@@ -61,7 +63,8 @@ def bucket_sets(dialect: str) -> list[str]:
             *(f"{c} = CASE WHEN {more} THEN excluded.{c} ELSE gpu_buckets.{c} END" for c in ("span_start",
                                                                                              "span_end")),
             *(f"{c} = CASE WHEN excluded.{c} IS NULL THEN gpu_buckets.{c} WHEN gpu_buckets.{c} IS NULL OR {more} "
-              f"THEN excluded.{c} ELSE gpu_buckets.{c} END" for c in (*METRIC_FIELDS, *LABEL_FIELDS))]
+              f"THEN excluded.{c} ELSE gpu_buckets.{c} END" for c in (*METRIC_FIELDS, *LABEL_FIELDS,
+                                                                       *EXACT_FIELDS))]
 
 
 def _bucket_sql(dialect: str) -> str:
@@ -140,7 +143,8 @@ def _row(gid: int, b: GpuBucket) -> tuple:
         sp_e = max(sp_e, sp_s)
     job = b.job
     # a tuple concatenated, not one built by unpacking (a list, then a tuple): 15 % of the row's cost
-    return (gid, ts, job if job is not None else b.job_key(), seconds, samples, obs, sp_s, sp_e) + _BUCKET_VALUES(b)
+    return (gid, ts, job if job is not None else b.job_key(), seconds, samples, obs, sp_s, sp_e) + _BUCKET_VALUES(b) \
+        + ((None if b.sm_active is None else 1.0 if b.sm_exact else 0.0),)
 
 
 def _drop_rolled_up(conn: Connection, rows: list[tuple], before: int | None) -> list[tuple]:
@@ -168,27 +172,12 @@ def _drop_rolled_up(conn: Connection, rows: list[tuple], before: int | None) -> 
 
 def ingest_buckets(conn: Connection, buckets: list[GpuBucket], cache: dict[tuple, int],
                    rolled_up_before: int | None = None) -> int:
-    """The hot path: row tuples (no ORM objects), merged by :func:`write_bucket_rows`. On a sharded store
-    (:mod:`auditor.store.shards`) new GPUs are committed on the coordinator first and each shard's part of
-    the batch takes this same path on the shard."""
-    from auditor.store import shards
-
+    """The hot path: row tuples (no ORM objects), merged by :func:`write_bucket_rows`."""
     keys = list(map(_BUCKET_KEY, buckets))
     gids = list(map(cache.get, keys))
-    lay = shards.layout(conn)
     if None in gids:
-        if lay is None:
-            telemetry_gpu_ids(conn, buckets, cache, keys)
-        else:  # committed before any shard stores a row of them
-            with shards.committed(conn) as ids:
-                telemetry_gpu_ids(ids, buckets, cache, keys)
+        telemetry_gpu_ids(conn, buckets, cache, keys)
         gids = list(map(cache.__getitem__, keys))
-    if lay is not None:
-        from auditor.store import meta
-
-        meta.check_width(conn, {int(w) for w in set(map(attrgetter("seconds"), buckets))})
-        return shards.write_buckets(conn, lay, buckets, gids, lambda c, bs, gs: store_rows(c, bs, gs,
-                                                                                           rolled_up_before))
     return len(store_rows(conn, buckets, gids, rolled_up_before))
 
 

@@ -19,10 +19,10 @@ from datetime import datetime
 from types import TracebackType
 
 from sqlalchemy import delete, or_, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from auditor.store import schema
 from auditor.store.engine import Store
+from auditor.store.sqlfuncs import dialect_insert
 from auditor.timeutil import utcnow
 
 log = logging.getLogger("gpu_audit.locks")
@@ -49,7 +49,7 @@ def acquire(store: Store, name: str, holder: str, ttl_s: int, clock: Clock = utc
                              .values(**values).returning(t.c.name)).first()
         if taken is not None:
             return True
-        ins = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(t)
+        ins = dialect_insert(conn)(t)
         # RETURNING, not rowcount: psycopg reports -1 for INSERT ... ON CONFLICT DO NOTHING
         return conn.execute(ins.values(name=name, **values).on_conflict_do_nothing(index_elements=["name"])
                             .returning(t.c.name)).first() is not None

@@ -33,9 +33,7 @@ def name(lo: int) -> str:
 
 
 def partitioned(conn: Connection) -> bool:
-    """Whether this store's gpu_buckets is partitioned by week (PostgreSQL at or past 0010_partitions; not the
-    coordinator of a sharded store, whose gpu_buckets is partitioned by GPU over the shards, each of which
-    holds weekly partitions of its own: :mod:`auditor.store.shards`)."""
+    """Whether this store's gpu_buckets is partitioned by week (PostgreSQL at or past 0010_partitions)."""
     if conn.dialect.name != "postgresql":
         return False
     info = conn.connection.info

@@ -38,11 +38,12 @@ from sqlalchemy import Connection, text
 from auditor.records import LABEL_FIELDS, METRIC_FIELDS
 from auditor.store import judged, meta, node
 from auditor.store.engine import Store
+from auditor.store.ingest import EXACT_FIELDS
 
 HOUR = 3600
 DAY = 86400
 WEEK = 7 * DAY
-_MEANS = [m for m in METRIC_FIELDS if m != "fb_used_mib"]
+_MEANS = [m for m in (*METRIC_FIELDS, *EXACT_FIELDS) if m != "fb_used_mib"]
 
 _W = "b.observed_s"
 ROLLUP = ("INSERT INTO _rollup SELECT b.gpu_id, (b.bucket_ts / 3600) * 3600, b.job, SUM(b.samples), "
@@ -74,15 +75,17 @@ _INF_KEY = "ib.cluster, ib.engine, ib.job, (ib.start_ts / 3600) * 3600"
 _INF_MEAN = "SUM(CASE WHEN ib.{f} IS NOT NULL THEN ib.{f} * ib.seconds END) / " \
             "NULLIF(SUM(CASE WHEN ib.{f} IS NOT NULL THEN ib.seconds END), 0)"
 _INF_COLS = ("cluster, engine, job, start_ts, seconds, observed_s, span_start, span_end, instance, model, "
-             "generated_tokens, running_mean, waiting_mean, batch_mean")
+             "generated_tokens, running_mean, waiting_mean, batch_mean, cache_queries, cache_hits, cache_hit_rate")
 INF_ROLLUP_DDL = ("CREATE TEMPORARY TABLE _inf_rollup (cluster VARCHAR(128) NOT NULL, engine VARCHAR(16) NOT NULL, "
                   "job VARCHAR(255) NOT NULL, start_ts INTEGER NOT NULL, seconds INTEGER NOT NULL, observed_s FLOAT, "
                   "span_start INTEGER, span_end INTEGER, instance TEXT NOT NULL, model TEXT NOT NULL, "
-                  "generated_tokens FLOAT, running_mean FLOAT, waiting_mean FLOAT, batch_mean FLOAT)")
+                  "generated_tokens FLOAT, running_mean FLOAT, waiting_mean FLOAT, batch_mean FLOAT, "
+                  "cache_queries FLOAT, cache_hits FLOAT, cache_hit_rate FLOAT)")
 ROLL_INFERENCE = (f"INSERT INTO _inf_rollup ({_INF_COLS}) "
                   f"SELECT {_INF_KEY}, 3600, SUM(ib.seconds), MIN(ib.start_ts), MAX(ib.start_ts + ib.seconds), "
                   "MAX(ib.instance), MAX(ib.model), SUM(ib.generated_tokens), "
                   + ", ".join(_INF_MEAN.format(f=f) for f in ("running_mean", "waiting_mean", "batch_mean"))
+                  + ", SUM(ib.cache_queries), SUM(ib.cache_hits), " + _INF_MEAN.format(f="cache_hit_rate")
                   + " FROM inference_buckets ib WHERE ib.cluster = :cluster AND ib.span_start IS NULL "
                     "AND ib.seconds < 3600 AND ib.start_ts >= :lo AND ib.start_ts < :hi "
                     "AND NOT EXISTS (SELECT 1 FROM inference_buckets r "
@@ -125,16 +128,11 @@ def _old_runs(conn: Connection, before: int) -> list[int]:
 def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: float = 42,
           dry_run: bool = False) -> PruneResult:
     """Roll fine buckets older than ``keep_weeks`` up to hourly ones; delete runs older than
-    ``keep_runs_days``. ``dry_run`` only counts. On a sharded store (:mod:`auditor.store.shards`) each
-    shard rolls up its own GPU buckets, one after another, and the coordinator records how far all are rolled
-    up; node and inference buckets stay on the coordinator and are rolled up there."""
-    from auditor.store import shards
-
+    ``keep_runs_days``. ``dry_run`` only counts."""
     cutoff = int(now - keep_weeks * WEEK) // HOUR * HOUR
     res = PruneResult(cutoff_ts=cutoff, dry_run=dry_run)
     with store.engine.connect() as conn:
         runs = _old_runs(conn, int(now - keep_runs_days * DAY))
-        lay = shards.layout(conn)
         inf_oldest = conn.execute(text("SELECT MIN(start_ts) " + _INF_FINE), {"lo": 0, "hi": cutoff}).scalar()
         if dry_run:
             res.inference_rows_rolled = int(conn.execute(text("SELECT COUNT(*) " + _INF_FINE),
@@ -142,25 +140,13 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
             res.node_rows_rolled = node.count_fine(conn, cutoff)
     if dry_run:
         res.runs_deleted = len(runs)
-        res.fine_rows_rolled = sum(shards.on_each(store, lambda c: int(c.execute(text(
-            "SELECT COUNT(*) FROM gpu_buckets WHERE bucket_s < 3600 AND bucket_ts < :c"), {"c": cutoff}).scalar()
-            or 0)))
+        with store.engine.connect() as conn:
+            res.fine_rows_rolled = int(conn.execute(text(
+                "SELECT COUNT(*) FROM gpu_buckets WHERE bucket_s < 3600 AND bucket_ts < :c"), {"c": cutoff}).scalar()
+                or 0)
         return res
     _roll_nodes(store, cutoff, res)
-    if lay is None:
-        _roll_up(store, cutoff, res)
-    else:
-        parts = shards.each_shard(lay, lambda s: _roll_up(Store(s.engine), cutoff, PruneResult(cutoff)))
-        for part in parts:
-            res.fine_rows_rolled += part.fine_rows_rolled
-            res.hourly_rows_written += part.hourly_rows_written
-        # what ingest reads before a batch: telemetry before it may have hourly rows on some shard
-        befores = [b for b in shards.on_each(store, meta.rolled_up_before) if b is not None]
-        if befores:
-            with store.begin() as conn:
-                before = meta.rolled_up_before(conn)
-                if before is None or max(befores) > before:
-                    meta.put(conn, "rolled_up_before", str(max(befores)))
+    _roll_up(store, cutoff, res)
     if inf_oldest is not None:
         lo = int(inf_oldest) // DAY * DAY
         while lo < cutoff:
@@ -182,7 +168,7 @@ def prune(store: Store, *, now: int, keep_weeks: float = 8, keep_runs_days: floa
 
 
 def _roll_up(store: Store, cutoff: int, res: PruneResult) -> PruneResult:
-    """The GPU buckets of one server (the store, or one shard) older than ``cutoff`` rolled up to hourly ones."""
+    """The GPU buckets older than ``cutoff`` rolled up to hourly ones."""
     with store.engine.connect() as conn:
         oldest = _oldest_fine(conn, cutoff)
     if oldest is not None:

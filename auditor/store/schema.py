@@ -18,9 +18,11 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from auditor.store.columns import GPU_ONLY, JUDGED_SUMS, METRIC_COMMENTS
+from auditor.store.columns import EXACT_COMMENTS, GPU_ONLY, JUDGED_SUMS, METRIC_COMMENTS
 from auditor.store.columns import HOURS as _HOURS
-from auditor.store.schema_base import _ts, metadata
+from auditor.store.columns import HOURS_ADDED as _HOURS_ADDED
+from auditor.store.columns import STARVED as _STARVED
+from auditor.store.metadata import _ts, metadata
 
 clusters = Table(
     "clusters", metadata,
@@ -29,6 +31,18 @@ clusters = Table(
     _ts("last_seen_ts", "Latest collection that mentioned the cluster"),
     comment="Every cluster the store has data for.",
 )
+
+#: allocations.failure_reason and job_uid (migration 0039_pod_failure)
+FAILURE_REASON_COMMENT = ("Kubernetes: why a Failed pod failed, in the API's words (its DisruptionTarget condition's "
+                          "reason, else status.reason, else a container's, e.g. OOMKilled); NULL when it did not "
+                          "fail, nothing says, or the source is not Kubernetes.")
+JOB_UID_COMMENT = ("Kubernetes: the uid of the Job that owns the pod (its label batch.kubernetes.io/controller-uid "
+                   "or controller-uid, kube_jobs.uid); NULL for a pod of no Job and other sources.")
+#: allocations.sluid (migration 0032_sluid)
+SLUID_COMMENT = ("Slurm 25.11+ SLUID of this run of the job (s + 13 base-32 characters; squeue/scontrol SLUID, "
+                 "sacct OriginalSLUID, else SLUID): a requeue gives the same job id a new SLUID, and enforcement "
+                 "acts only on the run with the judged SLUID; NULL where the source or Slurm release does not "
+                 "say (older Slurm, Kubernetes).")
 
 allocations = Table(
     "allocations", metadata,
@@ -73,6 +87,9 @@ allocations = Table(
     Column("restarts", Integer, comment="Times the scheduler restarted the job (Slurm Restarts, squeue --json "
            "restart_cnt: requeues, each a new run with its own submit time; Kubernetes: the pod's container "
            "restarts, the sum of restartCount); NULL when the source does not say."),
+    Column("sluid", Text, comment=SLUID_COMMENT),
+    Column("failure_reason", Text, comment=FAILURE_REASON_COMMENT),
+    Column("job_uid", String(64), comment=JOB_UID_COMMENT),
     UniqueConstraint("cluster", "source", "external_id", "instance_ts"),
     Index(None, "cluster", "start_ts", "end_ts"),
     comment="Jobs and pods that held GPUs (the ledger: kept after the scheduler forgets them).",
@@ -168,6 +185,7 @@ gpu_buckets = Table(
     Column("span_start", Integer, comment="Start of the covered seconds; NULL = the whole bucket."),
     Column("span_end", Integer, comment="End of the covered seconds; NULL = the whole bucket."),
     *[Column(name, Float, comment=text) for name, text in METRIC_COMMENTS.items()],
+    *[Column(name, Float, comment=text) for name, text in EXACT_COMMENTS.items()],
     Column("hpc_job", Text, comment="dcgm-exporter hpc_job label(s), comma-joined."),
     Column("pod", Text, comment="Pod label from telemetry."),
     Column("namespace", Text, comment="Namespace label from telemetry."),
@@ -177,6 +195,10 @@ gpu_buckets = Table(
     comment="Normalised per-GPU telemetry buckets (never raw samples), one row per GPU, bucket and job. "
             "PostgreSQL: partitioned by week on bucket_ts (gpu_buckets_wYYYYMMDD, Monday 00:00 UTC).",
 )
+
+# the foreign key is SQLite's only: PostgreSQL's partitioned table has none (migration 0010_partitions), so a
+# store created from the models has none there either
+next(iter(gpu_buckets.c.gpu_id.foreign_keys)).constraint.ddl_if(dialect="sqlite")
 
 judged_hours = Table(
     "judged_hours", metadata,
@@ -197,6 +219,34 @@ judged_hours = Table(
             "buckets, each bucket seen whole (an allocation holding the whole hour). The audit reads an "
             "allocation's whole hours here and judges only its partial edge hours from gpu_buckets; hours "
             "listed in judged_dirty are judged from gpu_buckets until re-judged.",
+)
+
+judged_edges = Table(
+    "judged_edges", metadata,
+    Column("ths", String(16), primary_key=True, comment="Threshold-set hash (judged_hours.ths) the edge was judged "
+           "under."),
+    Column("allocated_gpu_id", Integer, primary_key=True, autoincrement=False,
+           comment="allocated_gpus.id (no foreign key: a row is read only while every column it was judged for "
+           "still matches)."),
+    Column("side", Integer, primary_key=True, autoincrement=False,
+           comment="0: the head (buckets before the first whole hour), 1: the tail (after the last)."),
+    Column("gpu_id", Integer, nullable=False, comment="telemetry_gpus.id the edge was judged on."),
+    Column("edge_ts", Integer, nullable=False,
+           comment="The reserved interval's start (head) or end (tail) inside the audit window, UTC epoch seconds, "
+           "that the edge was judged for."),
+    Column("lo_hour", Integer, nullable=False,
+           comment="First clock hour of the buckets read (a mark on any hour in [lo_hour, hi_hour] deletes the "
+           "row)."),
+    Column("hi_hour", Integer, nullable=False, comment="Last clock hour of the buckets read."),
+    Column("jkey", Text, comment="The allocation's job key in telemetry labels."),
+    Column("lab", Integer, nullable=False,
+           comment="1 when the telemetry GPU had carried job labels (telemetry_gpus.has_jobs)."),
+    *[Column(name, Float, comment=text) for name, text in JUDGED_SUMS.items()],
+    Index("ix_judged_edges_gpu_hour", "gpu_id", "lo_hour"),  # the name migration 0040_judged_edges gave it
+    sqlite_with_rowid=False,
+    comment="Edges judged once: per allocated GPU and edge the verdict sums of the buckets of its partial clock "
+            "hours, read by later audits while the GPU, edge time, job key and thresholds match and no write "
+            "marked those hours.",
 )
 
 judged_dirty = Table(
@@ -228,20 +278,6 @@ store_meta = Table(
            "parents_deleted: a fresh token at each delete of an allocated GPU or reservation (auditor.store.cascade)."),
     Column("value", String(255), nullable=False, comment="Its value."),
     comment="Facts about the stored data: the bucket width it was collected at, how far it is rolled up.",
-)
-
-store_shards = Table(
-    "store_shards", metadata,
-    Column("shard", Integer, primary_key=True, autoincrement=False,
-           comment="Shard number, 1..n: hash partition (MODULUS n, REMAINDER shard - 1) of gpu_id."),
-    Column("server", String(63), nullable=False,
-           comment="postgres_fdw foreign server of the shard (gpu_audit_shard<n>_<store id>), with its user mapping."),
-    Column("location", String(255), nullable=False,
-           comment="host:port/database and schema of the shard, as printed (never a password)."),
-    Column("schema_name", String(63), nullable=False, comment="Schema of the shard's tables on its server."),
-    _ts("added_ts", "When `gpu-audit db shard` set the shard up", nullable=False),
-    comment="PostgreSQL sharded store (`gpu-audit db shard`, docs/scale-out.md): the shards that hold the per-GPU "
-            "tables (gpu_buckets, judged_hours, judged_dirty) as foreign partitions; empty on a single server.",
 )
 
 watermarks = Table(
@@ -306,6 +342,12 @@ _NO_PG_FK = (" (a foreign key on SQLite; none on PostgreSQL: the audit takes the
              "auditor.store.cascade deletes these rows with their parent).")
 
 
+def _hours_columns() -> list[Column]:
+    """The HOURS sums of usage_gpu and usage_allocation; the ones a migration added keep its server default."""
+    return [Column(name, Float, nullable=False, default=0.0, comment=text,
+                   **({"server_default": "0"} if name in _HOURS_ADDED else {})) for name, text in _HOURS.items()]
+
+
 usage_gpu = Table(
     "usage_gpu", metadata,
     Column("run_id", Integer, ForeignKey("audit_runs.id", ondelete="CASCADE"), primary_key=True,
@@ -314,15 +356,18 @@ usage_gpu = Table(
            primary_key=True, comment="allocated_gpus.id" + _NO_PG_FK),
     Column("allocation_id", Integer, nullable=False, comment="allocations.id."),
     Column("attribution", String(16), nullable=False,
-           comment="index (node+GPU from the scheduler), label (telemetry labels), node (whole node) or "
-           "unattributed."),
+           comment="index (node+GPU from the scheduler), uuid (the GPU's UUID from the scheduler, e.g. a DRA "
+           "device), label (telemetry labels), node (whole node) or unattributed."),
     Column("gpu_index", Integer, comment="GPU index used for the join (attributed)."),
     Column("gpu_id", Integer, comment="telemetry_gpus.id the GPU was attributed to; NULL if unattributed."),
-    Column("signal", String(16), comment="What judged it: sm_active, gpu_util (low confidence) or none."),
-    *[Column(name, Float, nullable=False, default=0.0, comment=text) for name, text in _HOURS.items()],
+    Column("signal", String(16), comment="The strongest evidence tier that judged it: sm_active (verified), "
+           "counters (the stock GR engine, Tensor and DRAM counters), gpu_util (low confidence) or none."),
+    *_hours_columns(),
     Column("peak_fb_mib", Float, comment="Peak frame buffer used, MiB."),
     Column("idle_peak_fb_mib", Float, comment="Peak frame buffer held in idle or mirage buckets, MiB (a live "
            "process holding the GPU while idle)."),
+    *[Column(name, Float, nullable=False, default=0.0, server_default="0", comment=text)
+      for name, text in _STARVED.items()],
     *[Column(name, Float, nullable=False, default=0.0, server_default="0", comment=text)
       for name, text in GPU_ONLY.items()],
     Index(None, "run_id", "allocation_id"),
@@ -338,10 +383,12 @@ usage_allocation = Table(
     Column("team", Text, nullable=False, default="", comment="Team from the mapping."),
     Column("gpu_model", Text, comment="GPU model (first GPU)."),
     Column("price_per_gpu_hour", Float, nullable=False, default=0.0, comment="Price card rate applied."),
-    *[Column(name, Float, nullable=False, default=0.0, comment=text) for name, text in _HOURS.items()],
+    *_hours_columns(),
     Column("peak_fb_mib", Float, comment="Peak frame buffer used on any of its GPUs, MiB."),
     Column("idle_peak_fb_mib", Float, comment="Peak frame buffer held on any of its GPUs while idle or mirage, "
            "MiB."),
+    *[Column(name, Float, nullable=False, default=0.0, server_default="0", comment=text)
+      for name, text in _STARVED.items()],
     Column("gpus", Integer, nullable=False, default=0, comment="Allocated GPU rows."),
     Column("reserved_cost", Float, nullable=False, default=0.0, comment="Reserved GPU-hours x price."),
     Column("idle_cost", Float, nullable=False, default=0.0, comment="(idle + mirage) GPU-hours x price."),
@@ -374,6 +421,12 @@ findings = Table(
     Index(None, "run_id", "kind"),
     comment="What the audit flagged, each with its evidence.",
 )
+
+# the audit output tables' foreign keys are SQLite's only (_NO_PG_FK): a store created from the models on
+# PostgreSQL has none either
+for _t in (usage_gpu, usage_allocation, findings):
+    for _fk in _t.foreign_key_constraints:
+        _fk.ddl_if(dialect="sqlite")
 
 notifications = Table(
     "notifications", metadata,
@@ -449,9 +502,9 @@ enforcement_log = Table(
 # the queue side's tables (after the rest, so docs/schema.md lists them last)
 # and the inference side's table (issue 36), the host side's (node_exporter, issue 36) and the Kubernetes Jobs
 # the goodput rules read (issue 36)
-from auditor.store.schema_inference import inference_buckets  # noqa: E402, I001
-from auditor.store.schema_jobs import kube_jobs  # noqa: E402
-from auditor.store.schema_node import node_buckets  # noqa: E402
-from auditor.store.schema_queue import gpu_quotas, gpu_waits  # noqa: E402
+from auditor.store.inference import inference_buckets  # noqa: E402, I001
+from auditor.store.kube_jobs import kube_jobs  # noqa: E402
+from auditor.store.node import node_buckets  # noqa: E402
+from auditor.store.queue import gpu_quotas, gpu_waits  # noqa: E402
 
 __all__ = ["gpu_quotas", "gpu_waits", "inference_buckets", "kube_jobs", "metadata", "node_buckets"]

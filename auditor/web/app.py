@@ -34,7 +34,8 @@ from auditor.intparse import INT32_MAX, parse_uint
 from auditor.report import jobview
 from auditor.report.chargeback import BY, to_csv
 from auditor.report.render import _filters, plain
-from auditor.store.engine import Store, resource_dir
+from auditor.resources import resource_dir
+from auditor.store.engine import Store
 from auditor.web import data as webdata
 from auditor.web import svg
 
@@ -162,7 +163,7 @@ def create_app(store: Store, cfg: Config) -> Any:
         q = request.query_params
         if page == "allocation":
             aid = request.path_params["aid"]
-            return jobview.job_view(store, cfg, int(aid), user=v.scope)
+            return jobview.job_view(store, cfg, int(aid), user=v.scope, run_id=q.get("run"))
         choice = webdata.pick_run(store, cfg, q.get("run"))
         run_id = choice["id"]
         if page == "overview":
@@ -278,11 +279,11 @@ def start_in_thread(store: Store, cfg: Config, listen: str) -> Any:
 
 
 def listen_address(listen: str, cfg: Config) -> tuple[str, int]:
-    """HOST:PORT to serve on, or a one-line error (health.parse_listen rules; 'off' is refused here).
+    """HOST:PORT to serve on, or a one-line error (config.base.parse_listen rules; 'off' is refused here).
 
     Every user's jobs and costs are on these pages: beyond loopback they are served only behind a proxy
     that authenticates (``web.user_header``) or where ``web.allow_unauthenticated`` says so."""
-    from auditor.daemon.health import parse_listen
+    from auditor.config.base import parse_listen
 
     try:
         addr = parse_listen(listen)

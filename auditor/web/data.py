@@ -23,6 +23,9 @@ from auditor.report.inference import inference_section
 from auditor.report.words import ADVICE
 from auditor.store.engine import Store
 
+#: Rows per page in the web UI's lists (the CSV takes all; a `web` setting until issue 45)
+PAGE_ROWS = 100
+
 GROUPS = {"teams": ("u.team", "Team"), "users": ("a.user_name", "User"), "clusters": ("a.cluster", "Cluster"),
           "accounts": ("a.account", "Account / namespace")}
 SORTS = {"cost": "f.cost", "idle": "f.idle_gpu_hours", "gpu_hours": "f.gpu_hours", "start": "f.start_ts",
@@ -111,14 +114,19 @@ def overview(store: Store, cfg: Config, run_id: int, user: str | None, *, mine: 
         else:
             who = top_who(conn, cfg, run_id, user, tz)
         me = user if user is not None else ((mine or "").strip() or None)
-        jobs = allocation_rows(conn, run_id, tz, user=me, limit=cfg.web.page_rows) if me is not None else None
+        jobs = allocation_rows(conn, run_id, tz, user=me, limit=PAGE_ROWS) if me is not None else None
+        # this week's actions: the email's and the report's own computation (one function ranks them), a
+        # scoped viewer's own among them
+        acts = report.actions_section(conn, cfg, run_id, tz, report.headline(dict(run["summary"] or {})))
+        if user is not None:
+            acts = {**acts, "rows": [r for r in acts["rows"] if r["user"] == user and r["scope"] != "reservation"]}
     head["findings"] = kinds
     # where the waiting goes: the run summary's one computation, as the report shows it (the fleet's only: the
     # summary is not kept per user)
     waiting = report.waiting_section(dict(run["summary"] or {}), full=False, top_n=TOP) if user is None else None
     return {"schema": "gpu-audit.web.overview/2", "run": info, "scope": user, "currency": cfg.prices.currency,
             "headline": head, "who": who, "trend": trend, "earlier": earlier_window(info, len(trend)),
-            "coverage": clusters, "mine": jobs, "waiting": waiting}
+            "coverage": clusters, "mine": jobs, "waiting": waiting, "actions": acts}
 
 
 def top_who(conn: Connection, cfg: Config, run_id: int, user: str | None, tz: Any) -> dict[str, Any]:
@@ -202,52 +210,70 @@ RAW = ("allocations", "reserved_s", "observed_s", "idle_s", "mirage_s", "effecti
 
 def groups(store: Store, cfg: Config, run_id: int, kind: str, user: str | None, *, page: int = 1
            ) -> dict[str, Any]:
-    """Usage by team, user, cluster or account, worst idle cost first, paged by ``web.page_rows``.
+    """Usage by team, user, cluster or account, worst idle cost first, paged by ``PAGE_ROWS``.
 
     One grouped scan: rows, their count and the totals all come from it (groups are few next to rows)."""
     col, label = GROUPS[kind]
     w, p = _scoped(user)
-    n = cfg.web.page_rows
+    n = PAGE_ROWS
     off = max(0, page - 1) * n
     with store.engine.connect() as conn:
         info, _ = run_info(conn, run_id, cfg)
         raw = [dict(r._mapping) for r in conn.execute(text(
             f"SELECT {col} AS name, {USAGE_SUMS} FROM usage_allocation u JOIN allocations a ON a.id = "
             f"u.allocation_id WHERE u.run_id = :run{w} GROUP BY {col}"), {"run": run_id, **p})]
+        back = recovery(conn, cfg, run_id) if kind == "teams" and user is None else None
     raw.sort(key=lambda r: (-(r["idle_cost"] or 0.0), -(r["reserved_s"] or 0.0), r["name"] or ""))
     tot = {k: sum((r[k] or 0) for r in raw) for k in RAW}
     rows = [{"name": r["name"] or "", **_usage_row(r)} for r in raw[off:off + n]]
     return {"schema": "gpu-audit.web.groups/1", "run": info, "scope": user, "currency": cfg.prices.currency,
             "kind": kind, "label": label, "rows": rows, "total": len(raw), "page": page, "page_rows": n,
-            "totals": _usage_row(tot)}
+            "totals": _usage_row(tot), "recovery": back}
+
+
+def recovery(conn: Connection, cfg: Config, run_id: int) -> dict[str, Any]:
+    """How fast training comes back, per team and job (the teams page, unscoped): the report's computation
+    (:func:`auditor.audit.goodput.recovery` beside :func:`auditor.audit.goodput.by_team`'s useful-time
+    share), under the run's thresholds."""
+    from auditor.audit import goodput
+
+    run = conn.execute(text("SELECT since_ts, until_ts, thresholds FROM audit_runs WHERE id = :run"),
+                       {"run": run_id}).one()
+    stored = run.thresholds if isinstance(run.thresholds, dict) else goodput.json_object(run.thresholds)
+    th = goodput.run_thresholds(stored or {}, cfg.thresholds)
+    teams = goodput.by_team(conn, run_id, goodput.lost_runs(conn, run_id, th))
+    return goodput.recovery(conn, run_id, th, int(run.since_ts), int(run.until_ts),
+                            {t["team"]: t["useful_share"] for t in teams})
 
 
 def services(store: Store, cfg: Config, run_id: int, user: str | None, *, page: int = 1) -> dict[str, Any]:
     """The run's inference services, dearest per million generated tokens first: the report's section
     (:func:`auditor.report.inference.inference_section` over the run summary auditor/audit/inference.py wrote,
-    so the figures are the report's), uncut and paged by ``web.page_rows``. A scoped viewer sees the
+    so the figures are the report's), uncut and paged by ``PAGE_ROWS``. A scoped viewer sees the
     services with a pod of theirs: the run's pods with inference figures (summary ``inference_tokens``) that are
-    the viewer's, grouped into services by the audit's own rule."""
-    from auditor.audit.inference import service_of
+    the viewer's, grouped into services by the audit's own key (cluster, namespace, workload:
+    :func:`auditor.audit.inference.service_key`), so a same-named workload of another namespace never shows."""
+    from auditor.audit.inference import LOW_CACHE_HIT_RATE, service_key, service_of
 
-    n = cfg.web.page_rows
+    n = PAGE_ROWS
     with store.engine.connect() as conn:
         info, run = run_info(conn, run_id, cfg)
         summary = run["summary"] or {}
         every = list(summary.get("inference") or [])
         if user is not None and every:
             ids = sorted(uint_or_none(k) or 0 for k in summary.get("inference_tokens") or {})
-            mine = {(r.cluster, service_of(r.owner_workload, r.name)) for r in conn.execute(text(
-                "SELECT cluster, owner_workload, name FROM allocations WHERE user_name = :viewer AND id IN :ids"
-            ).bindparams(bindparam("ids", expanding=True)), {"viewer": user, "ids": ids or [0]})}
-            every = [s for s in every if (s["cluster"], s["service"]) in mine]
+            mine = {service_key(r.cluster, r.account, service_of(r.owner_workload, r.name)) for r in conn.execute(
+                text("SELECT cluster, account, owner_workload, name FROM allocations WHERE user_name = :viewer AND "
+                     "id IN :ids").bindparams(bindparam("ids", expanding=True)), {"viewer": user, "ids": ids or [0]})}
+            every = [s for s in every if service_key(s["cluster"], s.get("namespace"), s["service"]) in mine]
     sec = inference_section({"inference": every}, full=True, top_n=0) or {
         "rows": [], "total": 0, "totals": {"tokens": 0.0, "tokens_text": "0", "cost": 0.0, "gpu_hours": 0.0,
-                                           "cost_per_million": None, "headroom": 0}}
+                                           "cost_per_million": None, "headroom": 0, "low_cache": 0,
+                                           "left_of_knee": 0}}
     off = max(0, page - 1) * n
     return {"schema": "gpu-audit.web.services/1", "run": info, "scope": user, "currency": cfg.prices.currency,
             "rows": sec["rows"][off:off + n], "total": sec["total"], "page": page, "page_rows": n,
-            "totals": sec["totals"]}
+            "totals": sec["totals"], "low_cache_hit_rate": LOW_CACHE_HIT_RATE}
 
 
 def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dict[str, str]) -> dict[str, Any]:
@@ -270,7 +296,7 @@ def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dic
         chosen["q"] = q
     sort = args.get("sort") if args.get("sort") in SORTS else "cost"
     order = "ASC" if args.get("order") == "asc" else "DESC"
-    n = cfg.web.page_rows
+    n = PAGE_ROWS
     page = max(1, uint_or_none(args.get("page") or "1", hi=INT32_MAX) or 1)
     kinds_in = ", ".join(f"'{k}'" for k in ALL_KINDS)
     join = " LEFT JOIN allocations a ON a.id = f.allocation_id" if (user is not None or q) else ""
@@ -297,6 +323,10 @@ def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dic
     options = {k: sorted({g[i] or "" for g in grouped})[:200] for i, k in enumerate(("kind", "cluster", "team"))}
     for r in rows:
         r.pop("sparkline", None)
+        # each money column holds one thing: idle cost, or another kind of money named for what it is
+        idle = r["kind"] in kinds.ADDS_TO_IDLE
+        r["idle_cost"], r["other_cost"] = (r["cost"], None) if idle else (None, r["cost"])
+        r["money_is"] = kinds.money_of(r["kind"])
     return {"schema": "gpu-audit.web.findings/1", "run": info, "scope": user, "currency": cfg.prices.currency,
             "filters": chosen, "sort": sort, "order": order.lower(), "page": page, "page_rows": n,
             "total": t["findings"], "totals": {k: v for k, v in t.items() if k != "by_allocation"},
@@ -306,7 +336,7 @@ def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dic
 def chargeback_rows(store: Store, cfg: Config, run_id: int, user: str | None, by: str, *, page: int | None = None
                     ) -> dict[str, Any]:
     """Chargeback of the run's window (no new audit); a scoped viewer gets their own user row only.
-    ``page`` cuts the rows to one page of ``web.page_rows`` (totals still cover all; the CSV takes all)."""
+    ``page`` cuts the rows to one page of ``PAGE_ROWS`` (totals still cover all; the CSV takes all)."""
     from datetime import UTC, datetime
 
     with store.engine.connect() as conn:
@@ -318,7 +348,7 @@ def chargeback_rows(store: Store, cfg: Config, run_id: int, user: str | None, by
     rows = chargeback(store, cfg, since, until, by, run_id=run_id)
     if user is not None:
         rows = [r for r in rows if r["owner"] == user]
-    n = cfg.web.page_rows
+    n = PAGE_ROWS
     shown = rows if page is None else rows[(page - 1) * n:page * n]
     return {"schema": "gpu-audit.web.chargeback/1", "run": info, "scope": user, "by": by,
             "currency": cfg.prices.currency, "rows": shown, "total": len(rows), "page": page or 1,

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from markupsafe import Markup, escape
 
 VERDICT_COLOURS = {"working": "#2563eb", "low": "#93c5fd", "idle": "#dc2626", "mirage": "#f97316",
-                   "idle_by_util": "#fca5a5", "unknown": "#cbd5e1", None: "#f1f5f9"}
+                   "idle_by_util": "#fca5a5", "unknown": "#cbd5e1", None: "#f1f5f9",
+                   # the stock-counter tier (no SM activity): busy, idle, an engine spin
+                   "busy_by_counters": "#a5b4fc", "idle_by_counters": "#f87171", "engine_spin": "#fdba74"}
 
 
 SM_FILL, UTIL_STROKE = "#2563eb", "#c2410c"  # the report's sparkline colours: SM bars blue, GPU-Util orange

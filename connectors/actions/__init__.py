@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 
 @dataclass
@@ -33,12 +33,6 @@ class LiveState:
     chain: list[dict[str, Any]] = field(default_factory=list)
     #: the pods the action would stop (uid, name, annotations), read live; empty = only this allocation
     members: list[dict[str, Any]] = field(default_factory=list)
-
-
-class Actions(Protocol):
-    def inspect(self, alloc: dict[str, Any], policy: Any) -> LiveState: ...
-
-    def execute(self, alloc: dict[str, Any], live: LiveState) -> str: ...
 
 
 def from_config(cfg: Any, base_dir: Path) -> Callable[[str, str], Any]:

@@ -6,7 +6,7 @@ from those facts. Every write names exactly one object; a pod delete carries a U
 replacement pod of the same name is never hit; a write's outcome is its HTTP status.
 
 Uses the connector's client configuration (kubeconfig, in-cluster service account or host + token) and
-needs the separate role in deploy/kubernetes/rbac-actions.yaml; the collector's role stays read-only."""
+needs the separate role in deploy/kubernetes/enforcement (rbac-actions.yaml); the collector's role stays read-only."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class KubernetesActions:
             msg = str(json.loads(exc.body or "{}").get("message") or exc.reason)
         except (ValueError, AttributeError):
             msg = str(exc.reason)
-        hint = "; apply deploy/kubernetes/rbac-actions.yaml" if exc.status == 403 else ""
+        hint = "; apply deploy/kubernetes/enforcement (the rbac-actions.yaml role)" if exc.status == 403 else ""
         return SourceError("kubernetes", f"cluster {self.cluster}: HTTP {exc.status} on {verb} {what}: "
                            f"{' '.join(msg.split())[:200]}{hint}", transient=exc.status in (429, 500, 502, 503))
 

@@ -17,7 +17,17 @@ from auditor.intparse import UINT
 from connectors.actions import LiveState
 from connectors.base import Context
 from connectors.slurm import SlurmAllocations, SlurmOptions
-from connectors.slurm.parse import expand_hostlist, kv_pairs, parse_time, scontrol_records
+from connectors.slurm.parse import expand_hostlist, kv_pairs, parse_time, scontrol_records, sluid
+
+#: Slurm node states that mark infrastructure trouble: an allocation on such a node is never acted on (Slurm's
+#: own state names; an `[enforce]` setting until issue 45)
+INFRA_NODE_STATES = ("DOWN", "DRAIN", "DRAINING", "DRAINED", "FAIL", "FAILING", "MAINT", "NOT_RESPONDING", "REBOOT",
+                     "POWER_DOWN", "POWERING_DOWN")
+
+#: the first release whose squeue prints a job's SLUID (``%s``) and whose slurmrestd job objects carry it
+#: (``step_id.sluid``, OpenAPI v0.0.44): SchedMD/slurm doc/man/man1/squeue.1 of slurm-25-11-0-1
+SLUID_SINCE = (25, 11)
+SLUID_REST = ("v0.0.44", "v0.0.45", "v0.0.46")
 
 _JOB_ID = re.compile(rf"{UINT}(_{UINT})?(\+{UINT})?")  # ASCII only, whole string (fullmatch)
 
@@ -41,16 +51,20 @@ class SlurmActions:
 
     # -- live state ---------------------------------------------------------------------------------
     def inspect(self, alloc: dict[str, Any], policy: Policy) -> LiveState:
-        """The job now: state, nodes, start time and user (its identity, compared with the judged job by
-        the enforcement's proof: a requeued or moved job is not the one judged), and node trouble."""
+        """The job now: state, nodes, start time, user and, where Slurm shows one (25.11+), its SLUID (its
+        identity, compared with the judged job by the enforcement's proof: a requeued or moved job is not the
+        one judged), and node trouble. ``identity["sluid"]`` is present only when this Slurm can show a SLUID
+        (None then means it showed none)."""
         job = str(alloc["external_id"])
         if not _JOB_ID.fullmatch(job):
             return LiveState(False, blocked=f"not a Slurm job id: {job[:40]!r}")
-        state, nodes, start, user = self._rest_job(job) if self.o.backend == "rest" else self._cli_job(job)
+        state, nodes, start, user, run = self._rest_job(job) if self.o.backend == "rest" else self._cli_job(job)
         action = "requeue" if policy.slurm_action == "requeue" else "cancel"
+        identity: dict[str, Any] = {"job_id": job, "start_ts": start, "nodes": sorted(nodes), "user": user}
+        if run is not False:
+            identity["sluid"] = run
         live = LiveState(state == "RUNNING", state=state or "gone", target=f"slurm job {job}", action=action,
-                         detail={"nodes": nodes},
-                         identity={"job_id": job, "start_ts": start, "nodes": sorted(nodes), "user": user})
+                         detail={"nodes": nodes}, identity=identity)
         if live.running and self.o.backend == "rest" and action == "requeue":
             live.blocked = "requeue needs the cli backend (slurmrestd has no requeue call)"
         if live.running:
@@ -65,31 +79,37 @@ class SlurmActions:
             return None
         return int(t.timestamp()) if t is not None else None
 
-    def _cli_job(self, job: str) -> tuple[str, list[str], int | None, str]:
-        out = self.backend.run(self.o.squeue, *self._m(), "-h", "-j", job, "-o", "%T|%N|%S|%u")
+    def _cli_job(self, job: str) -> tuple[str, list[str], int | None, str, str | None | bool]:
+        """(state, nodes, start, user, SLUID: False when this squeue cannot print one)."""
+        version = self.backend.version(self.o.squeue)
+        shows = version is not None and version >= SLUID_SINCE  # before 25.11 %s is another field or invalid
+        fmt = "%T|%N|%S|%u" + ("|%s" if shows else "")
+        out = self.backend.run(self.o.squeue, *self._m(), "-h", "-j", job, "-o", fmt)
         line = next((ln for ln in out.splitlines() if ln.strip()), "")
         if not line:
-            return "", [], None, ""
-        state, nodelist, start, user = ([*line.split("|"), "", "", ""])[:4]
+            return "", [], None, "", False
+        state, nodelist, start, user, run = ([*line.split("|"), "", "", "", ""])[:5]
         nodelist = nodelist.strip()
         return (state.strip().upper(), expand_hostlist(nodelist) if nodelist else [], self._epoch(start.strip()),
-                user.strip())
+                user.strip(), sluid(run) if shows else False)
 
-    def _rest_job(self, job: str) -> tuple[str, list[str], int | None, str]:
+    def _rest_job(self, job: str) -> tuple[str, list[str], int | None, str, str | None | bool]:
         with self.backend._client() as client:
             v = self.backend._negotiate(client)
             data = self.backend.get(client, f"/slurm/{v}/job/{job}", missing_ok=True) or {}
         jobs = data.get("jobs") or []
         if not jobs:
-            return "", [], None, ""
+            return "", [], None, "", False
         j = jobs[0]
         st = j.get("job_state")
         state = (st[0] if isinstance(st, list) and st else st or "")
         nodes = expand_hostlist(j.get("nodes") or "") if j.get("nodes") else []
-        return str(state).upper(), nodes, self._epoch(j.get("start_time")), str(j.get("user_name") or "")
+        step = j.get("step_id") if isinstance(j.get("step_id"), dict) else {}
+        run = sluid(step.get("sluid")) if v in SLUID_REST else False  # v0.0.44+: step_id.sluid
+        return str(state).upper(), nodes, self._epoch(j.get("start_time")), str(j.get("user_name") or ""), run
 
     def _node_trouble(self, nodes: list[str]) -> str:
-        bad_states = {s.upper() for s in self.enforce.infra_node_states}
+        bad_states = set(INFRA_NODE_STATES)
         trouble = []
         for node in nodes:
             states = self._rest_node(node) if self.o.backend == "rest" else self._cli_node(node)

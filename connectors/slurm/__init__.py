@@ -60,6 +60,11 @@ class SlurmOptions(Options):
                                      "highest known version the server answers.")
     verify_tls: bool = Field(True, description="Verify slurmrestd's TLS certificate.")
     ca_file: Path | None = Field(None, description="CA bundle for slurmrestd's certificate.")
+    metrics_url: str | None = Field(None, description="slurmctld's metrics base URL, e.g. "
+                                    "`http://slurmctld:6817` (Slurm 25.11+ with `MetricsType=metrics/openmetrics`; "
+                                    "GPU gauges from 26.05): after each read, `/metrics/nodes`' "
+                                    "`slurm_node_gpus_alloc` is compared per node with the GPUs of the running jobs "
+                                    "read, and a difference is said in the collect output. Unset = no cross-check.")
 
 
 class SlurmAllocations:
@@ -87,6 +92,15 @@ class SlurmAllocations:
     def collect(self, window: Window, problems: Problems) -> Iterator[AllocationRecord]:
         reading = self.backend.read(window, problems)
         self.notes: list[str] = list(getattr(self.backend, "notes", ()))
+        if self.options.metrics_url and reading.running_complete:
+            from connectors.slurm.ctld_metrics import cross_check
+
+            verify = str(self.options.ca_file) if self.options.ca_file and self.options.verify_tls else \
+                self.options.verify_tls
+            note = cross_check(self.options.metrics_url, reading.running, self.options.timeout_s, verify)
+            if note:
+                log.warning("%s: %s", self.context.cluster, note)
+                self.notes.append(note)
         yield from assemble(reading, window, self.context.cluster, notes=self.notes)
 
 

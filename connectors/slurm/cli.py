@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -36,6 +37,15 @@ def accounting_has_gpu(config_text: str) -> bool | None:
     return None
 
 
+_VERSION = re.compile(r"^slurm(?:-wlm)?\s+(\d+)\.(\d+)", re.MULTILINE)
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """``slurm 25.11.0`` / ``slurm-wlm 22.05.8`` (what ``sacct --version`` prints) -> (25, 11); None else."""
+    m = _VERSION.search(text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def _ts(dt: datetime) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
@@ -48,6 +58,18 @@ class CliBackend:
         self.cluster = owner.context.cluster
         self.name = owner.name
         self.live = Reading()  # where the slurmctld listing goes (the read's Reading)
+        self._versions: dict[str, tuple[int, int] | None] = {}
+
+    def version(self, binary: str) -> tuple[int, int] | None:
+        """The Slurm release of ``binary --version`` (cached); None when it cannot be run or read (then
+        only what every release prints is asked for)."""
+        if binary not in self._versions:
+            try:
+                self._versions[binary] = parse_version(self.run(binary, "--version"))
+            except SourceError as exc:
+                log.info("%s: %s --version: %s", self.name, binary, exc.reason)
+                self._versions[binary] = None
+        return self._versions[binary]
 
     # --- running commands -------------------------------------------------------------------------------
     def run(self, binary: str, *args: str) -> str:
@@ -244,9 +266,10 @@ class CliBackend:
                     raise SourceError(self.name, f"sacct --json: invalid JSON ({exc.msg})",
                                       transient=True) from None
                 log.info("%s: sacct --json unusable (%s); using sacct -P", self.name, exc)
+        fields = jobs.sacct_fields(self.version(self.o.sacct))
         text = self.run(self.o.sacct, *self._m(), "-a", "-X", "-P", "-n", "--noconvert", "-S", since,
-                        "-E", until, "-o", ",".join(jobs.SACCT_FIELDS))
-        return list(self.history_text(text, problems, resv_names, jobs.SACCT_FIELDS))
+                        "-E", until, "-o", ",".join(fields))
+        return list(self.history_text(text, problems, resv_names, fields))
 
     def history_text(self, text: str, problems: Problems, resv_names: dict[str, str],
                      fields: tuple[str, ...] | None):

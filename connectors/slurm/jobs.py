@@ -25,6 +25,7 @@ from connectors.slurm.parse import (
     parse_state,
     parse_time,
     parse_tres,
+    sluid,
     tres_gpus,
     tres_mig,
     tres_shards,
@@ -41,6 +42,26 @@ PENDING = "PENDING"
 SACCT_FIELDS = ("JobID", "JobIDRaw", "User", "Account", "Partition", "QOS", "State", "Submit", "Start",
                 "End", "ElapsedRaw", "TimelimitRaw", "NodeList", "AllocTRES", "ReservationId",
                 "Reservation", "Eligible", "ReqTRES", "ExitCode", "TotalCPU", "JobName")
+#: sacct columns that name a run of a job, by the Slurm release that added them (SchedMD/slurm
+#: doc/man/man1/sacct.1; commits 60a7fbdefb "sacct - Add support for printing the SLUID field", in 24.11,
+#: and b474f56f5a "sacct - Add OriginalSLUID format field", in 26.05). An older sacct refuses them, so the
+#: cli backend asks for them only when ``sacct --version`` is that recent (:func:`sacct_fields`).
+SLUID_FIELDS = (((24, 11), "SLUID"), ((26, 5), "OriginalSLUID"))
+
+
+def sacct_fields(version: tuple[int, int] | None) -> tuple[str, ...]:
+    """SACCT_FIELDS plus the SLUID columns this sacct version prints, before JobName (which stays last)."""
+    extra = tuple(name for since, name in SLUID_FIELDS if version is not None and version >= since)
+    return SACCT_FIELDS[:-1] + extra + SACCT_FIELDS[-1:]
+
+
+def run_sluid(original: Any, record: Any) -> str | None:
+    """The SLUID of the run from an accounting record. sacct's ``SLUID`` (``sluid`` in --json) is the
+    record's own id (slurmdbd db_index), new on a requeue and also on a resize; ``OriginalSLUID``
+    (``original_sluid``, 26.05+) is the job's SLUID that slurmctld and squeue show, new only on a requeue
+    (src/common/job_record.c ``job_record_set_sluid``): preferred; where it is absent (24.11-25.11) the
+    record's SLUID is the run's unless the job was resized."""
+    return sluid(original) or sluid(record)
 
 
 def exit_code(value: Any) -> str | None:
@@ -240,6 +261,7 @@ def from_sacct_row(row: dict[str, str], cluster: str, resv_names: dict[str, str]
         exit_code=None if state in HOLDING else exit_code(row.get("ExitCode")),
         cpus=_cpus(parse_tres(row.get("AllocTRES"))),
         cpu_time_s=None if state in HOLDING else cpu_seconds(row.get("TotalCPU")),
+        sluid=run_sluid(row.get("OriginalSLUID"), row.get("SLUID")),
     )
 
 
@@ -290,6 +312,7 @@ def from_scontrol_job(record: str, cluster: str) -> Allocation:
         time_limit_s=parse_duration(d.get("TimeLimit")),
         labels=_labels(nodes_text, placement, job_id_raw=d["JobId"]),
         gpus=gpus, restarts=restart_count(d.get("Restarts")),
+        sluid=sluid(d.get("SLUID")),  # 25.11+ ``scontrol -d show job`` (src/scontrol/info_job.c, 41163083af)
     )
 
 
@@ -307,7 +330,9 @@ def _tres_per(per_job: Any, per_node: Any, per_task: Any, n_nodes: int, n_tasks:
 # --- JSON: squeue --json, REST /slurm/vX/jobs, scontrol show job --json -----------------------------------
 
 def from_json_job(job: dict[str, Any], cluster: str) -> Allocation:
-    """A slurmctld job object (v0.0.38 … v0.0.44)."""
+    """A slurmctld job object (v0.0.38 … v0.0.46). From v0.0.44 (25.11) ``step_id`` is a
+    ``slurm_step_id`` object whose ``sluid`` is the job's SLUID (data_parser v0.0.44-46 parsers.c,
+    ``PARSER_ARRAY(JOB_INFO)`` -> ``SLURM_STEP_ID``)."""
     nodes_text = job.get("nodes") or ""
     nodes = expand_hostlist(nodes_text)
     state = parse_state(job.get("job_state"))
@@ -338,6 +363,7 @@ def from_json_job(job: dict[str, Any], cluster: str) -> Allocation:
         time_limit_s=parse_duration(job.get("time_limit")),
         labels=_labels(nodes_text, placement, job_id_raw=number(job.get("job_id"))),
         gpus=gpus, restarts=restart_count(job.get("restart_cnt")),
+        sluid=sluid((job.get("step_id") or {}).get("sluid") if isinstance(job.get("step_id"), dict) else None),
     )
 
 
@@ -379,6 +405,9 @@ def from_json_db_job(job: dict[str, Any], cluster: str,
         cpus=next((int(c["count"]) for c in (job.get("tres") or {}).get("allocated") or []
                    if c.get("type") == "cpu" and isinstance(c.get("count"), int) and c["count"] > 0), None),
         cpu_time_s=None if state in HOLDING else _json_cpu_seconds(t),
+        # v0.0.45+ (26.05): ``original_sluid`` (the job's) and ``sluid`` (the record's); data_parser
+        # v0.0.45/v0.0.46 parsers.c PARSER_ARRAY(JOB); v0.0.44 and older give neither
+        sluid=run_sluid(job.get("original_sluid"), job.get("sluid")),
     )
 
 
@@ -393,6 +422,7 @@ def merge(history: Allocation, running: Allocation) -> Allocation:
     running.time_limit_s = running.time_limit_s or history.time_limit_s
     running.cpus = running.cpus or history.cpus
     running.restarts = running.restarts if running.restarts is not None else history.restarts
+    running.sluid = running.sluid or history.sluid  # slurmctld's is the job's own (a resize keeps it)
     if not running.gpus or running.labels.get("gpu_placement") not in ("idx", "per-node"):
         running.gpus = history.gpus or running.gpus
         running.labels["gpu_placement"] = history.labels.get("gpu_placement", "")

@@ -19,9 +19,15 @@ GPU and job (more samples) wins when both are stored.
 
 The fallback, for jobs without a summary: Slurm's ``TRESUsageInAve`` of the job's steps (``gres/gpuutil``,
 percent; ``gres/gpumem``, bytes with ``--noconvert``) when the site gathers it (``AcctGatherGpu``-style
-NVML accounting). Slurm does not say which GPU index a step used, so the rows are placed on slots 0..n-1
-of each node of the job, labelled with the job: the audit ties them to the job's count-only GPUs by label
-(exact GPU indices recorded while the job ran do not match and stay unknown, never guessed idle).
+NVML accounting). Since Slurm 24.05.1 both are the SUM over the GPUs of a task (SchedMD/slurm
+CHANGELOG/slurm-24.05.md, 24.05.1: "gpu/nvml - Fix gpuutil/gpumem only tracking last GPU in step. Now,
+gpuutil/gpumem will record sums of all GPUS in the step"; before, the last GPU's alone), so a value is one
+GPU's reading only for a one-GPU job, and a sum of 0 says every GPU read 0. A multi-GPU job with a non-zero
+sum gets no per-GPU rows from it (which GPU did what is unknown: its GPU time stays unknown, never idle, and
+never a copy of the sum on each GPU); the source's notes say which jobs had only the sum. Slurm does not say
+which GPU index a step used, so the rows are placed on slots 0..n-1 of each node of the job, labelled with
+the job: the audit ties them to the job's count-only GPUs by label (exact GPU indices recorded while the job
+ran do not match and stay unknown, never guessed idle).
 """
 
 from __future__ import annotations
@@ -151,7 +157,7 @@ def tres_usage(tres_text: str | None) -> tuple[float | None, float | None]:
     t = parse_tres(tres_text)
     util = t.get("gres/gpuutil")
     mem = t.get("gres/gpumem")
-    u = min(float(util), 100.0) / 100.0 if util not in (None, "") else None
+    u = float(util) / 100.0 if util not in (None, "") else None  # a sum over GPUs may pass 100 %
     m = _int(mem) / 1048576.0 if mem not in (None, "") else None
     return u, m
 
@@ -186,10 +192,12 @@ def job_buckets(job: dict[str, Any], cluster: str, window: Window, bucket_s: int
     start, end = parse_time(row.get("Start")), parse_time(row.get("End"))
     if start is None or end is None or parse_state(row.get("State")) in ("RUNNING", "PENDING"):
         return
+    stored = job.get("summary")  # from jobstats' external database (connectors.slurm.jobstats_db), if read
+    text = stored if isinstance(stored, str) else row.get("AdminComment")
     try:
-        summary = decode_js1(row.get("AdminComment"))
+        summary = stored if isinstance(stored, dict) else decode_js1(text)
     except Js1Error as exc:
-        problems.skip(source, where, str(exc), (row.get("AdminComment") or "")[:80])
+        problems.skip(source, where, str(exc), (text or "")[:80])
         summary = None
     if summary is not None:
         try:
@@ -208,6 +216,24 @@ def job_buckets(job: dict[str, Any], cluster: str, window: Window, bucket_s: int
     if total <= 0 or not nodes:
         return
     each = max(1, total // len(nodes))
+    util, mem = (per_gpu_of_sum(job["util"], total, 1.0), per_gpu_of_sum(job["mem"], total, None))
+    if util is None and mem is None:
+        counts["tres_sum_only"] += 1
+        sums = counts.setdefault("sum_examples", [])  # type: ignore[arg-type]
+        if len(sums) < 3:
+            sums.append(f"job {job_id}: {job['util'] * 100:g} % over {total} GPUs" if job["util"] is not None
+                        else f"job {job_id}: {job['mem']:g} MiB over {total} GPUs")
+        return
     counts["tres_fallback"] += 1
     yield from spread(cluster, job_id, start, end, window, bucket_s,
-                      [(n, k, job["util"], job["mem"]) for n in nodes for k in range(each)])
+                      [(n, k, util, mem) for n in nodes for k in range(each)])
+
+
+def per_gpu_of_sum(value: float | None, gpus: int, cap: float | None) -> float | None:
+    """One GPU's reading from Slurm's sum over a task's GPUs: the value itself on a one-GPU job (capped at
+    ``cap``: GPU-Util is at most 100 %), 0 when the sum is 0 (no GPU read more), else None (unknown)."""
+    if value is None:
+        return None
+    if gpus == 1:
+        return min(value, cap) if cap is not None else value
+    return 0.0 if value == 0 else None

@@ -324,6 +324,19 @@ def scontrol_records(text: str) -> list[str]:
     return records
 
 
+_SLUID = re.compile(r"[sS][0-9A-Za-z]{13}")
+
+
+def sluid(value: Any) -> str | None:
+    """A SLUID as Slurm prints it (``s`` + 13 characters of Crockford's base 32, src/common/sluid.c
+    ``print_sluid``) -> ``s`` + upper case; None for empty, 0, ``N/A`` or anything else (older Slurm prints
+    no SLUID: the caller keeps the proof without it)."""
+    text = str(value).strip() if isinstance(value, str) else ""
+    if not _SLUID.fullmatch(text) or set(text[1:].upper()) - set("0123456789ABCDEFGHJKMNPQRSTVWXYZ"):
+        return None
+    return "s" + text[1:].upper()
+
+
 def user_name(value: str) -> str:
     """``alice(1001)`` -> ``alice``."""
     return value.split("(", 1)[0] if value else ""

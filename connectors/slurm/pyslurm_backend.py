@@ -65,6 +65,20 @@ def _ext_id(job: Any) -> str:
                             getattr(job, "heterogeneous_offset", None))
 
 
+def _allocation(job: Any, cluster: str, state: str, nodes_text: str, gpus: list[Any], placement: str) -> Allocation:
+    """The Allocation of a pyslurm job of either view (the fields both name alike)."""
+    return Allocation(
+        cluster=cluster, source=jobs.SOURCE, external_id=_ext_id(job), name=job.name or "",
+        user=job.user_name or "", account=job.account or "", partition=job.partition or "",
+        qos=job.qos or "", state=state, submit=parse_time(job.submit_time), start=parse_time(job.start_time),
+        end=None if state in jobs.HOLDING else parse_time(job.end_time),
+        reservation=getattr(job, "reservation", None) or "",
+        time_limit_s=parse_duration(job.time_limit),
+        labels={"nodes": nodes_text, "gpu_placement": placement, "job_id_raw": str(job.id)},
+        gpus=gpus,
+    )
+
+
 def from_core_job(job: Any, cluster: str) -> Allocation:
     """A ``pyslurm.Job`` (slurmctld view)."""
     nodes_text = getattr(job, "allocated_nodes", None) or ""
@@ -75,16 +89,7 @@ def from_core_job(job: Any, cluster: str) -> Allocation:
     total, model = _total(gres_dict_items(getattr(job, "gres_per_node", None) or {}))
     total *= max(len(nodes), 1)
     gpus, placement = jobs.place_gpus(nodes, per_node, total, model)
-    return Allocation(
-        cluster=cluster, source=jobs.SOURCE, external_id=_ext_id(job), name=job.name or "",
-        user=job.user_name or "", account=job.account or "", partition=job.partition or "",
-        qos=job.qos or "", state=state, submit=parse_time(job.submit_time), start=parse_time(job.start_time),
-        end=None if state in jobs.HOLDING else parse_time(job.end_time),
-        reservation=getattr(job, "reservation", None) or "",
-        time_limit_s=parse_duration(job.time_limit),
-        labels={"nodes": nodes_text, "gpu_placement": placement, "job_id_raw": str(job.id)},
-        gpus=gpus,
-    )
+    return _allocation(job, cluster, state, nodes_text, gpus, placement)
 
 
 def from_db_job(job: Any, cluster: str) -> Allocation:
@@ -93,17 +98,7 @@ def from_db_job(job: Any, cluster: str) -> Allocation:
     nodes = expand_hostlist(nodes_text)
     total, model = _total(gres_dict_items(getattr(job, "gres", None)))
     gpus, placement = jobs.place_gpus(nodes, None, total, model)
-    state = parse_state(job.state)
-    return Allocation(
-        cluster=cluster, source=jobs.SOURCE, external_id=_ext_id(job), name=job.name or "",
-        user=job.user_name or "", account=job.account or "", partition=job.partition or "",
-        qos=job.qos or "", state=state, submit=parse_time(job.submit_time), start=parse_time(job.start_time),
-        end=None if state in jobs.HOLDING else parse_time(job.end_time),
-        reservation=getattr(job, "reservation", None) or "",
-        time_limit_s=parse_duration(job.time_limit),
-        labels={"nodes": nodes_text, "gpu_placement": placement, "job_id_raw": str(job.id)},
-        gpus=gpus,
-    )
+    return _allocation(job, cluster, parse_state(job.state), nodes_text, gpus, placement)
 
 
 def from_node(node: Any, cluster: str, seen_at: datetime) -> list[GpuInventory]:

@@ -1,6 +1,7 @@
 """The ``rest`` backend: slurmrestd with a JWT (``X-SLURM-USER-NAME`` / ``X-SLURM-USER-TOKEN``).
 
-Versions do not overlap across releases (22.05 serves v0.0.36-38, 24.11 v0.0.40-42, 25.11 v0.0.44), so
+Versions do not overlap across releases (22.05 serves v0.0.36-38, 24.11 v0.0.40-42, 25.11 v0.0.44, 26.05
+v0.0.45, 26.11 v0.0.46: SchedMD/slurm src/plugins/data_parser), so
 unless ``rest_version`` is set the backend asks ``/slurm/vX/ping`` from the newest version it knows down
 and keeps the first that answers. Job objects are the same shapes as ``squeue --json`` / ``sacct --json``,
 parsed by :mod:`connectors.slurm.jobs`."""
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpu_audit.slurm")
 
-KNOWN_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
+KNOWN_VERSIONS = ("v0.0.46", "v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39",
+                  "v0.0.38")
 #: slurmrestd parses query times in the server's local zone; read this much wider, then filter in UTC.
 TZ_MARGIN = timedelta(hours=14)
 

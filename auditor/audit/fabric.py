@@ -1,0 +1,88 @@
+"""Fabric fit (issue 48 §1; docs/definitions.md "Fabric fit"): GPU-hours on fabric-attached nodes spent by work
+that never used the fabric, and what moving it would free.
+
+A node is fabric-attached when its host telemetry in the window reported an InfiniBand port (node_exporter's
+infiniband collector: ``node_infiniband_port_data_received_bytes_total`` / ``..._transmitted_bytes_total``,
+stored as ``node_buckets.ib_rx_bps`` / ``ib_tx_bps``; a port seen, whatever its traffic). Per allocation of the
+run holding GPUs on such nodes: a single-node allocation never needed the fabric; a multi-node one whose nodes'
+InfiniBand traffic (received + transmitted bytes/s, the mean over its nodes' buckets in its interval, weighted
+by their seconds) stayed below :data:`FABRIC_QUIET_BPS` did not use it. Their GPU-hours on fabric nodes (and
+that share of their reserved cost) are what moving them to nodes without the fabric would free. The reverse: a
+multi-node allocation with a node that has no fabric port (placed where the fabric is thin).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from auditor.timeutil import H
+
+#: a multi-node allocation whose nodes moved fewer InfiniBand bytes/s than this (received + transmitted, per
+#: node) did not use the fabric: a lockstep all-reduce moves gigabytes a second (100 MB/s)
+FABRIC_QUIET_BPS = 1e8
+
+FABRIC_NODES = """SELECT DISTINCT cluster, node FROM node_buckets WHERE start_ts >= :since AND start_ts < :until
+AND (ib_rx_bps IS NOT NULL OR ib_tx_bps IS NOT NULL)"""
+ALLOCS = """SELECT a.id, a.cluster, a.partition, a.external_id, a.name, a.user_name, a.start_ts, a.end_ts, u.team,
+u.reserved_s, u.reserved_cost, g.node, g.share FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id
+JOIN allocated_gpus g ON g.allocation_id = a.id WHERE u.run_id = :run AND u.reserved_s > 0 ORDER BY a.id"""
+TRAFFIC = """SELECT SUM(seconds * (COALESCE(ib_rx_bps, 0) + COALESCE(ib_tx_bps, 0))) AS b, SUM(seconds) AS s
+FROM node_buckets WHERE cluster = :cluster AND node IN :nodes AND start_ts >= :lo AND start_ts < :hi
+AND (ib_rx_bps IS NOT NULL OR ib_tx_bps IS NOT NULL)"""
+
+
+def section(conn: Connection, run_id: int, *, full: bool, top_n: int) -> dict[str, Any]:
+    """Per (cluster, partition) and per allocation: the fabric GPU-hours and cost of single-node work and of
+    multi-node work with a quiet fabric; the multi-node allocations with a node off the fabric."""
+    from sqlalchemy import bindparam
+
+    since, until = conn.execute(text("SELECT since_ts, until_ts FROM audit_runs WHERE id = :run"),
+                                {"run": run_id}).one()
+    fab = {(r.cluster, r.node) for r in conn.execute(text(FABRIC_NODES), {"since": since, "until": until})}
+    allocs: dict[int, dict[str, Any]] = {}
+    for r in conn.execute(text(ALLOCS), {"run": run_id}):
+        a = allocs.setdefault(r.id, {"r": r, "nodes": defaultdict(float)})
+        a["nodes"][r.node] += float(r.share or 0.0)
+    traffic = text(TRAFFIC).bindparams(bindparam("nodes", expanding=True))
+    rows, off = [], []
+    for aid, a in allocs.items():
+        r, nodes = a["r"], a["nodes"]
+        on = [n for n in nodes if (r.cluster, n) in fab]
+        if len(nodes) >= 2 and len(on) < len(nodes):
+            off.append({"allocation_id": aid, "cluster": r.cluster, "job": r.external_id, "name": r.name,
+                        "user": r.user_name, "nodes_off_fabric": sorted(set(nodes) - set(on))})
+        if not on:
+            continue
+        part = sum(nodes[n] for n in on) / sum(nodes.values()) if sum(nodes.values()) > 0 else 0.0
+        if len(nodes) == 1:
+            why, bps = "single node", None
+        else:
+            lo, hi = max(int(r.start_ts or since), since), min(int(r.end_ts or until), until)
+            t = conn.execute(traffic, {"cluster": r.cluster, "nodes": on, "lo": lo, "hi": hi}).one()
+            bps = float(t.b) / float(t.s) if t.s else None
+            if bps is None or bps >= FABRIC_QUIET_BPS - 1e-9:
+                continue  # used the fabric (or its traffic not measured in its interval: never guessed)
+            why = "multi-node, fabric quiet"
+        rows.append({"allocation_id": aid, "cluster": r.cluster, "partition": r.partition or "",
+                     "job": r.external_id, "name": r.name, "user": r.user_name, "team": r.team,
+                     "why": why, "ib_bps": bps, "fabric_gpu_hours": float(r.reserved_s) * part / H,
+                     "cost": float(r.reserved_cost or 0.0) * part})
+    rows.sort(key=lambda x: (-x["fabric_gpu_hours"], x["allocation_id"]))
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for x in rows:
+        g = groups.setdefault((x["cluster"], x["partition"]), {
+            "cluster": x["cluster"], "partition": x["partition"], "allocations": 0, "single_node_gpu_hours": 0.0,
+            "quiet_gpu_hours": 0.0, "gpu_hours": 0.0, "cost": 0.0})
+        g["allocations"] += 1
+        g["single_node_gpu_hours" if x["why"] == "single node" else "quiet_gpu_hours"] += x["fabric_gpu_hours"]
+        g["gpu_hours"] += x["fabric_gpu_hours"]
+        g["cost"] += x["cost"]
+    by = sorted(groups.values(), key=lambda g: (-g["gpu_hours"], g["cluster"], g["partition"]))
+    return {"fabric_nodes": len(fab), "quiet_bps": FABRIC_QUIET_BPS,
+            "totals": {"allocations": len(rows), "gpu_hours": sum(x["fabric_gpu_hours"] for x in rows),
+                       "cost": sum(x["cost"] for x in rows)},
+            "groups": by if full else by[:top_n], "allocations": rows if full else rows[:top_n],
+            "allocations_total": len(rows), "off_fabric": off if full else off[:top_n], "off_fabric_total": len(off)}
