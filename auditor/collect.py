@@ -301,7 +301,7 @@ def _clip(text: object, n: int = QUARANTINE_TEXT) -> str:
 def _nothing_stored(conn: Any, stats: IngestStats, problems: Problems) -> str:
     """Why a source that had input stored no record ("" when it stored some, or had nothing to read)."""
     if any(getattr(stats, k, 0) for k in ("allocations", "buckets", "reservations", "inventory", "closed", "events",
-                                          "inference", "nodes", "jobs")):
+                                          "inference", "nodes", "ports", "jobs")):
         return ""
     why = getattr(conn, "empty_reason", "") or ""
     if problems.total:

@@ -36,6 +36,9 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
   that node then: GPUs, DRAM and PCIe quiet, GPU-Util pulsing at ~35 %, while node_exporter shows a fifth of
   the node's cores in I/O wait and 240 MB/s of NFS reads (input/storage wait in "Where the waiting goes";
   low_efficiency). Every node writes host telemetry all week (node_exporter's figures, `*-nodes.csv`).
+- gpu-node-03's InfiniBand port mlx5_2/1 waits to send 30 % of the time while job 1060 runs (hours 110-120;
+  1 % otherwise, as every other port): the straggler finding names it, and "Congested ports" ranks it first
+  with 8 GPUs x 10 h x 0.30 = 24 GPU-hours held up (`hpc-ports.csv`).
 
 Kubernetes site of 2026 "k8s-2026" (issue 42; GPU Operator + kube-prometheus-stack): node h100-node-1, 4 x H100,
 its telemetry as that site's Prometheus stores it, read from a saved `/federate` answer (`k8s-2026-federate.prom`,
@@ -530,6 +533,31 @@ def write_nodes(out: Path, t0: int, days: int) -> list[Path]:
     return paths
 
 
+# -- InfiniBand ports (issue 48 §2, the congested link) ---------------------------------------------------------
+#: Every hpc node's port mlx5_0/1 waits 1 % of the time all week; gpu-node-03 also has mlx5_2/1, which waits 1 %
+#: too but 30 % (with 3 link errors a bucket) while job 1060 runs across gpu-node-02 and gpu-node-03 (hours
+#: 110-120): the port under its straggler.
+PORT_WAIT = 0.01
+CONGESTED_PORT = ("hpc", "gpu-node-03", "mlx5_2", "1", 110.0, 120.0, 0.30, 3.0)
+
+
+def write_ports(out: Path, t0: int, days: int) -> Path:
+    """The hpc nodes' InfiniBand ports per bucket, in the node_exporter connector's per-port file form."""
+    cluster, node3, dev3, port3, h0, h1, share, errors = CONGESTED_PORT
+    p = out / f"{cluster}-ports.csv"
+    with p.open("w", newline="", encoding="utf-8") as f:
+        wr = csv.writer(f)
+        wr.writerow(["start", "node", "device", "port", "wait_share", "link_errors"])
+        for b in range(days * DAY // BUCKET):
+            hour = b * BUCKET / 3600
+            for node in NODES[cluster]:
+                for dev, port in (("mlx5_0", "1"), *(((dev3, port3),) if node == node3 else ())):
+                    hot = (node, dev, port) == (node3, dev3, port3) and h0 <= hour < h1
+                    wr.writerow([_iso(t0 + b * BUCKET), node, dev, port, f"{share if hot else PORT_WAIT:g}",
+                                 f"{errors if hot else 0:g}"])
+    return p
+
+
 def write_telemetry(out: Path, t0: int, days: int, seed: int, telemetry: str = "dcgm") -> list[Path]:
     rng = random.Random(seed)
     paths = []
@@ -624,6 +652,7 @@ paths = ["hpc-telemetry.csv"]
 [[clusters.telemetry]]
 kind = "node_exporter"
 paths = ["hpc-nodes.csv"]
+port_paths = ["hpc-ports.csv"]
 
 [[clusters]]
 name = "k8s"
@@ -773,7 +802,7 @@ def generate(out: Path, *, now: datetime | None = None, days: int = 7, seed: int
     t0 = int(start.timestamp())
     paths = [*write_allocations(out, t0), *write_telemetry(out, t0, days, seed, telemetry),
              write_site26_telemetry(out, t0, days, seed, telemetry), write_inference(out, t0),
-             *write_nodes(out, t0, days)]
+             *write_nodes(out, t0, days), write_ports(out, t0, days)]
     url = store_url or f"sqlite:///{(out / DB_FILE).resolve()}"
     cfg = write_config(out, url)
     owned.record(out, [*paths, cfg])
@@ -786,4 +815,4 @@ def written_names() -> list[str]:
     """The names of every file :func:`generate` writes into its directory (besides the store)."""
     return ["hpc-allocations.csv", "hpc-reservations.json", "k8s-allocations.json", "k8s-inference.csv",
             f"{SITE26}-allocations.json", f"{SITE26}-federate.prom",
-            "demo.toml", *(f"{c}-{kind}.csv" for c in NODES for kind in ("telemetry", "nodes"))]
+            "demo.toml", "hpc-ports.csv", *(f"{c}-{kind}.csv" for c in NODES for kind in ("telemetry", "nodes"))]

@@ -334,3 +334,21 @@ class NodeBucket:
     nfs_ops: float | None = None  # NFS client requests/s (node_nfs_requests_total)
     lustre_read_bps: float | None = None  # Lustre client (llite) bytes/s
     lustre_write_bps: float | None = None
+
+
+@dataclass(slots=True)
+class PortBucket:
+    """One InfiniBand port of one node in one bucket (node_exporter's infiniband collector, issue 48 §2): the
+    share of the bucket the port had data to send and sent none (its transmit wait, 0-1, see
+    :func:`connectors.node_exporter.wait_share`) and the link errors counted in the bucket
+    (docs/node-telemetry.md "Per port"). None: not measured. ``device``/``port``: the HCA and port number as the
+    exporter labels them (``mlx5_2``, ``1``)."""
+
+    cluster: str
+    node: str
+    device: str
+    port: str
+    start: datetime
+    seconds: int
+    wait_share: float | None = None
+    link_errors: float | None = None

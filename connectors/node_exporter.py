@@ -19,6 +19,10 @@ series per device, and the audit needs the node's total, so the answer is 100-1,
 - ``ib_*``, ``nfs_*``, ``lustre_*``: InfiniBand port, NFS client (mountstats bytes; all-procedure requests)
   and Lustre client (llite) bytes/s, summed over devices, ports and mounts.
 
+Per InfiniBand port (:data:`PORT_QUERIES`, one more query per field and chunk, ``by`` the host label, ``device``
+and ``port``): its transmit wait as a share of the bucket (:func:`wait_share`) and its link errors, as
+:class:`auditor.records.PortBucket` (issue 48 §2, the congested link).
+
 The node name is the host label's value (``instance`` without its port by default), as GPU telemetry and the
 schedulers name the node: that ties a node bucket to the allocations on it. Records only; the store is never
 touched.
@@ -35,7 +39,7 @@ from typing import Any
 from pydantic import Field
 
 from auditor.errors import SourceError
-from auditor.records import NODE_FIELDS, NodeBucket
+from auditor.records import NODE_FIELDS, NodeBucket, PortBucket
 from connectors._api_or_files import ApiOrFiles, ApiOrFilesSource, cell, csv_records
 from connectors.aliases import host_from_instance
 from connectors.base import Problems, Window
@@ -71,6 +75,39 @@ QUERIES: dict[str, tuple[str, str, str, str]] = {
 #: shares that cannot exceed 1 (a rate's extrapolation may overshoot by a little: clipped)
 SHARES = ("disk_busy",)
 
+# -- per InfiniBand port (issue 48 §2) ----------------------------------------------------------------------------
+# Names from prometheus/node_exporter collector/infiniband_linux.go at commit
+# a7dcc3a01545180d4f2087db70994cbc3abfed13 (2026-08-08): the metric table and the pushCounter/pushMetric lines of
+# Update, every family labelled ``device`` and ``port``; the values from prometheus/procfs sysfs/class_infiniband.go
+# at cff69b9d9aa77a0793276da74310e38422864e28 (PortXmitWait is the raw counters/port_xmit_wait, not scaled; Rate
+# is the port's rate file in bytes/s). Provenance and a written exposition: tests/fixtures/node_exporter.
+#: "Number of ticks during which the port had data to transmit but no data was sent during the entire tick"
+TRANSMIT_WAIT = "node_infiniband_port_transmit_wait_total"
+#: the port's signalling rate, bytes/s (a gauge: "Maximum signal transfer rate")
+PORT_RATE = "node_infiniband_rate_bytes_per_second"
+#: the link error counters summed into ``link_errors`` (their increase over the bucket)
+LINK_ERRORS = ("node_infiniband_symbol_error_total", "node_infiniband_link_error_recovery_total",
+               "node_infiniband_link_downed_total", "node_infiniband_port_errors_received_total")
+#: Bytes the port could have sent in one tick of the transmit-wait counter. The tick is hardware-defined (the
+#: IBA spec: a multiple of the symbol time, per device); NVIDIA's ibdiagnet manual ("Congestion Assessment on
+#: InfiniBand Links") gives its Quantum-class hardware as one tick per 8 bytes of the port ("lost bytes per port =
+#: counter x (tick + 1)", tick 7). gpu-audit uses that ratio for every port: the wait share is the bytes not sent
+#: (ticks x 8) over what the port's rate sends in the bucket. On hardware with another tick the share is off by
+#: that factor, the ranking of ports on one fabric is not.
+BYTES_PER_TICK = 8
+#: field -> (function over the bucket, metric name): per port
+PORT_QUERIES: dict[str, tuple[str, str]] = {
+    "xmit_wait": ("rate", TRANSMIT_WAIT), "rate_bps": ("max_over_time", PORT_RATE),
+    **{f"errors:{n}": ("increase", n) for n in LINK_ERRORS}}
+
+
+def wait_share(ticks_per_s: float | None, rate_bps: float | None) -> float | None:
+    """The share of a bucket an InfiniBand port waited to send: ticks/s x :data:`BYTES_PER_TICK` / its rate in
+    bytes/s, at most 1; None when either is not measured (or the rate is 0: a port down)."""
+    if ticks_per_s is None or not rate_bps:
+        return None
+    return min(1.0, ticks_per_s * BYTES_PER_TICK / rate_bps)
+
 
 class NodeTelemetry(ApiOrFilesSource):
     """Per node and bucket: CPU cores busy, in I/O wait and pegged; disk, InfiniBand, NFS, Lustre bytes/s."""
@@ -87,6 +124,10 @@ class NodeTelemetry(ApiOrFilesSource):
         strip_domain: bool = Field(False, description="Keep the node name up to its first dot (`gpu-01.example."
                                    "org` -> `gpu-01`) where the scrape targets are FQDNs and the schedulers use "
                                    "short names; IP addresses are kept whole.")
+        port_paths: list[str] | None = Field(None, description="With `paths`: CSV files (or glob patterns) of "
+                                             "per-port rows, `start,node,device,port,wait_share,link_errors` "
+                                             "(docs/node-telemetry.md \"Per port\"); with `url` the ports are "
+                                             "read from the API.")
         sample_interval_s: float | None = Field(None, gt=0, description="Scrape interval of node_exporter, "
                                                 "seconds: a bucket's observed seconds are its samples times this. "
                                                 "Unset = estimated per node (median seconds per sample of its "
@@ -114,10 +155,18 @@ class NodeTelemetry(ApiOrFilesSource):
             return f"count by ({by}) (sum by ({by}, cpu) ({inner}) >= {PEGGED_CORE_BUSY:g})"
         return f"{agg} by ({by}) ({inner})"
 
+    def port_promql(self, fname: str, bucket_s: int) -> str:
+        """The query of one per-port field: per series over exactly the bucket, then per node, device and port."""
+        fn, name = PORT_QUERIES[fname]
+        by = self.options.host_label
+        inner = without_scrape(f"{fn}({self.selector(name, '')}[{bucket_s}s] offset 1ms)",
+                               self.options.scrape_labels, by)
+        return f"sum by ({by}, device, port) ({inner})"
+
     def present(self, window: Window, problems: Problems) -> set[str]:
-        """The metric names of :data:`QUERIES` the server has in the window (one listing), so an absent
-        collector costs no query; all of them when the server cannot list names."""
-        names = sorted({q[2] for q in QUERIES.values()})
+        """The metric names of :data:`QUERIES` and :data:`PORT_QUERIES` the server has in the window (one
+        listing), so an absent collector costs no query; all of them when the server cannot list names."""
+        names = sorted({q[2] for q in QUERIES.values()} | {q[1] for q in PORT_QUERIES.values()})
         assert self.http is not None
         data: dict[str, Any] = {"start": f"{window.since.timestamp():.3f}", "end": f"{window.until.timestamp():.3f}",
                                 "match[]": self.selector("", f'__name__=~"{"|".join(names)}"')}
@@ -142,7 +191,7 @@ class NodeTelemetry(ApiOrFilesSource):
                 value = value.split(".", 1)[0]
         return value or None
 
-    def collect(self, window: Window, problems: Problems) -> Iterable[NodeBucket]:
+    def collect(self, window: Window, problems: Problems) -> Iterable[NodeBucket | PortBucket]:
         if self.http is None:
             yield from self.read_files(window, problems)
             return
@@ -150,7 +199,8 @@ class NodeTelemetry(ApiOrFilesSource):
         try:
             have = self.present(window, problems)
             fields = [f for f, q in QUERIES.items() if q[2] in have]
-            if not fields:
+            pfields = [f for f, q in PORT_QUERIES.items() if q[1] in have] if TRANSMIT_WAIT in have else []
+            if not fields and not pfields:
                 self.notes = ["no node_exporter metric in the window (node_cpu_seconds_total, node_disk_*, "
                               "node_infiniband_*, node_mountstats_nfs_*, node_nfs_requests_total, lustre_*)"]
                 return
@@ -163,6 +213,7 @@ class NodeTelemetry(ApiOrFilesSource):
                                                                  "step": str(b)}, problems)
                     unnamed += self.fold(rows, fname, data, b, problems)
                 yield from self.buckets(rows, window)
+                yield from self.port_buckets(first, last, pfields, window, problems)
             self.notes = [f"node telemetry without the label {self.options.host_label!r} (in {unnamed} of "
                           f"{len(fields)} fields): not tied to a node"] if unnamed else []
         finally:
@@ -209,9 +260,46 @@ class NodeTelemetry(ApiOrFilesSource):
                                  seconds=b, samples=samples, observed_s=observed.get((start, "")) if samples else None,
                                  **{f: v.get(f) for f in NODE_FIELDS})
 
+    def port_buckets(self, first: int, last: int, pfields: list[str], window: Window,
+                     problems: Problems) -> Iterator[PortBucket]:
+        """The per-port fields of one chunk, as port buckets (a series without its node, device or port is
+        left out: a port is named by all three)."""
+        assert self.http is not None
+        b = window.bucket_seconds
+        ports: dict[tuple[str, str, str], dict[int, dict[str, float]]] = {}
+        for fname in pfields:
+            data = self.http.api("/api/v1/query_range", {"query": self.port_promql(fname, b), "start": str(first + b),
+                                                         "end": str(last + b), "step": str(b)}, problems)
+            if not isinstance(data, dict) or data.get("resultType") != "matrix":
+                raise SourceError(self.source, f"query_range answered {str(data)[:60]!r}, not a matrix")
+            for series in data.get("result") or ():
+                metric = series.get("metric") or {}
+                node, dev, port = self.node_name(metric), metric.get("device"), metric.get("port")
+                if node is None or not dev or not port:
+                    continue
+                per = ports.setdefault((node, dev, port), {})
+                for point in series.get("values") or ():
+                    try:
+                        end, value = int(float(point[0])), float(point[1])
+                    except (TypeError, ValueError, IndexError):
+                        problems.skip(self.source, "query_range", f"{fname}: not a point", str(point)[:80])
+                        continue
+                    if math.isfinite(value) and value >= 0:
+                        per.setdefault(end - b, {})[fname] = value
+        since, until = window.since.timestamp(), window.until.timestamp()
+        for (node, dev, port), per in sorted(ports.items()):
+            for start, v in sorted(per.items()):
+                if not since <= start < until:
+                    continue
+                errs = [v[f] for f in v if f.startswith("errors:")]
+                yield PortBucket(cluster=self.context.cluster, node=node, device=dev, port=port,
+                                 start=datetime.fromtimestamp(start, UTC), seconds=b,
+                                 wait_share=wait_share(v.get("xmit_wait"), v.get("rate_bps")),
+                                 link_errors=sum(errs) if errs else None)
+
     # -- the file form ----------------------------------------------------------------------------
 
-    def read_files(self, window: Window, problems: Problems) -> Iterator[NodeBucket]:
+    def read_files(self, window: Window, problems: Problems) -> Iterator[NodeBucket | PortBucket]:
         """Per-bucket rows of CSV files (a bucket of ``window.bucket_seconds`` starting at ``start``); a bad
         row is skipped with one line naming the file and line, the rest read."""
         since, until = window.since.timestamp(), window.until.timestamp()
@@ -219,6 +307,24 @@ class NodeTelemetry(ApiOrFilesSource):
                               lambda rec: self.file_row(rec, window.bucket_seconds)):
             if since <= nb.start.timestamp() < until:
                 yield nb
+        for pb in csv_records(self.context, self.options.port_paths or [], self.source, problems,
+                              lambda rec: self.port_row(rec, window.bucket_seconds)):
+            if since <= pb.start.timestamp() < until:
+                yield pb
+
+    def port_row(self, rec: dict[str, str], bucket_s: int) -> PortBucket:
+        """One per-port CSV row (``start,node,device,port,wait_share,link_errors``)."""
+        from auditor.timeutil import parse_time
+
+        node, dev, port = ((rec.get(k) or "").strip() for k in ("node", "device", "port"))
+        if not node or not dev or not port:
+            raise ValueError("node, device, port: a row must name all three")
+        share = cell(rec, "wait_share", "share")
+        if share is not None and share > 1:
+            raise ValueError(f"wait_share: {share:g} is not a share (0-1)")
+        return PortBucket(cluster=self.context.cluster, node=node, device=dev, port=port,
+                          start=parse_time(rec["start"]).astimezone(UTC), seconds=bucket_s, wait_share=share,
+                          link_errors=cell(rec, "link_errors", "count"))
 
     def file_row(self, rec: dict[str, str], bucket_s: int) -> NodeBucket:
         from auditor.timeutil import parse_time

@@ -9,6 +9,12 @@ InfiniBand traffic (received + transmitted bytes/s, the mean over its nodes' buc
 by their seconds) stayed below :data:`FABRIC_QUIET_BPS` did not use it. Their GPU-hours on fabric nodes (and
 that share of their reserved cost) are what moving them to nodes without the fabric would free. The reverse: a
 multi-node allocation with a node that has no fabric port (placed where the fabric is thin).
+
+The congested link (issue 48 §2; docs/definitions.md "Congested ports"): per InfiniBand port (node, device,
+port) the share of the time it had data to send and sent none (``ib_port_buckets.wait_share``, from
+node_exporter's transmit-wait counter: :func:`connectors.node_exporter.wait_share`) and its link errors.
+:func:`port_waits` is the one reading of a port's wait over an interval: the straggler finding quotes it for
+its node's ports, and :func:`ports_section` ranks the ports by the multi-node GPU-hours they held up.
 """
 
 from __future__ import annotations
@@ -32,6 +38,66 @@ JOIN allocated_gpus g ON g.allocation_id = a.id WHERE u.run_id = :run AND u.rese
 TRAFFIC = """SELECT SUM(seconds * (COALESCE(ib_rx_bps, 0) + COALESCE(ib_tx_bps, 0))) AS b, SUM(seconds) AS s
 FROM node_buckets WHERE cluster = :cluster AND node IN :nodes AND start_ts >= :lo AND start_ts < :hi
 AND (ib_rx_bps IS NOT NULL OR ib_tx_bps IS NOT NULL)"""
+
+
+PORT_WAITS = """SELECT node, device, port, SUM(CASE WHEN wait_share IS NOT NULL THEN seconds * wait_share END) AS w,
+SUM(CASE WHEN wait_share IS NOT NULL THEN seconds END) AS s, SUM(link_errors) AS e FROM ib_port_buckets
+WHERE cluster = :cluster AND node IN :nodes AND start_ts >= :lo AND start_ts < :hi
+GROUP BY node, device, port"""
+
+
+def port_waits(conn: Connection, cluster: str, nodes: list[str], lo: int, hi: int) -> list[dict[str, Any]]:
+    """Per InfiniBand port of ``nodes`` with a bucket starting in [lo, hi): its waited seconds (wait share x
+    bucket seconds, summed), the seconds measured, its wait share (waited / measured; None when no bucket had
+    it) and its link errors; the most waiting first."""
+    from sqlalchemy import bindparam
+
+    if not nodes or hi <= lo:
+        return []
+    stmt = text(PORT_WAITS).bindparams(bindparam("nodes", expanding=True))
+    out = [{"node": r.node, "port": f"{r.device}/{r.port}", "waited_s": float(r.w or 0.0),
+            "measured_s": float(r.s or 0.0), "wait_share": float(r.w or 0.0) / float(r.s) if r.s else None,
+            "link_errors": None if r.e is None else float(r.e)}
+           for r in conn.execute(stmt, {"cluster": cluster, "nodes": list(nodes), "lo": lo, "hi": hi})]
+    out.sort(key=lambda x: (-(x["wait_share"] or 0.0), x["node"], x["port"]))
+    return out
+
+
+def ports_section(conn: Connection, run_id: int, *, full: bool, top_n: int) -> dict[str, Any]:
+    """The ports that held up the most multi-node GPU-hours: per port, over the multi-node allocations (GPUs on
+    2+ nodes) of the run with GPUs on its node, the allocation's GPUs x the seconds the port waited in the
+    allocation's interval (in the window); with the port's wait share and link errors over the window."""
+    since, until = conn.execute(text("SELECT since_ts, until_ts FROM audit_runs WHERE id = :run"),
+                                {"run": run_id}).one()
+    allocs: dict[int, dict[str, Any]] = {}
+    for r in conn.execute(text(ALLOCS), {"run": run_id}):
+        a = allocs.setdefault(r.id, {"r": r, "nodes": defaultdict(float)})
+        a["nodes"][r.node] += float(r.share or 0.0)
+    ports: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for a in allocs.values():
+        r, nodes = a["r"], a["nodes"]
+        if len(nodes) < 2:
+            continue
+        lo, hi = max(int(r.start_ts or since), since), min(int(r.end_ts or until), until)
+        gpus = sum(nodes.values())
+        for w in port_waits(conn, r.cluster, sorted(nodes), lo, hi):
+            if not w["waited_s"]:
+                continue
+            x = ports.setdefault((r.cluster, w["node"], w["port"]), {
+                "cluster": r.cluster, "node": w["node"], "port": w["port"], "held_gpu_hours": 0.0, "jobs": []})
+            x["held_gpu_hours"] += gpus * w["waited_s"] / H
+            x["jobs"].append(r.external_id)
+    for (cluster, node, port), x in ports.items():
+        whole = [w for w in port_waits(conn, cluster, [node], since, until) if w["port"] == port]
+        x["wait_share"] = whole[0]["wait_share"] if whole else None
+        x["link_errors"] = whole[0]["link_errors"] if whole else None
+        x["jobs"] = sorted(set(x["jobs"]))
+    rows = sorted(ports.values(), key=lambda x: (-x["held_gpu_hours"], x["cluster"], x["node"], x["port"]))
+    measured = conn.execute(text("SELECT COUNT(*) FROM (SELECT DISTINCT cluster, node, device, port FROM "
+                                 "ib_port_buckets WHERE start_ts >= :since AND start_ts < :until) p"),
+                            {"since": since, "until": until}).scalar() or 0
+    return {"ports_measured": int(measured), "held_gpu_hours": sum(x["held_gpu_hours"] for x in rows),
+            "ports": rows if full else rows[:top_n], "ports_total": len(rows)}
 
 
 def section(conn: Connection, run_id: int, *, full: bool, top_n: int) -> dict[str, Any]:

@@ -60,7 +60,8 @@ KINDS: tuple[Kind, ...] = (
          "An inference server at about one request at a time on a memory-bound or low chip: more tokens per "
          "GPU-hour from batching; never idle time (0 idle hours)."),
     Kind("straggler", "efficiency", "operations", "stragglers", False, False, "Straggler (holds a lockstep job up)",
-         "A node or GPU of a multi-GPU job that computed while its peers waited: the job's hours, never idle."),
+         "A node or GPU of a multi-GPU job that computed while its peers waited: the job's hours, never idle; a "
+         "node's finding names its InfiniBand port that waited most."),
 )
 
 BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from auditor.audit import infra, judging, verdict
+from auditor.audit import fabric, infra, judging, verdict
 from auditor.audit.waiting import busy, waits
 from auditor.config import Thresholds
 from auditor.store.sqlfuncs import greatest_least
@@ -134,9 +134,16 @@ def stragglers(conn: Connection, run_id: int, rows_of: Callable[[Iterable[int]],
                      f"computed or ran its link saturated (SM {lead_sm:.0%}; link saturated {link / lead:.0%} "
                      "of that time)")
             held = ", ".join(_name(g) for g in peers[:8]) + (f" and {len(peers) - 8} more" if len(peers) > 8 else "")
+            ports = [] if gpu else fabric.port_waits(
+                conn, r["cluster"], [node], max(int(r["start_ts"] or p["since"]), p["since"]),
+                min(int(r["end_ts"] or p["horizon"]), p["horizon"]))
+            port = next((w for w in ports if w["wait_share"] is not None), None)
             ev = {"rule": (f"{what} {doing} while its {len(peers)} peer GPUs ({held}) waited (SM "
                            f"{held_sm:.0%}) for {lead / unit_obs:.0%} of its observed time: {held_h:.1f} GPU-hours "
-                           "held up"),
+                           "held up" + (f"; {what}, port {port['port']} waited {port['wait_share']:.0%} of the time"
+                                        + (f" ({port['link_errors']:,.0f} link errors)" if port["link_errors"] else "")
+                                        if port else "")),
+                  "ports": [{k: w[k] for k in ("port", "wait_share", "waited_s", "link_errors")} for w in ports],
                   "straggler_node": node, "straggler_gpus": [_name(g) for g in mine],
                   "held_up_gpus": [_name(g) for g in peers], "lead_share": lead / unit_obs,
                   "lead_gpu_hours": lead / H, "held_up_gpu_hours": held_h, "straggler_mean_sm": lead_sm,

@@ -659,6 +659,7 @@ def summary_sections(conn: Connection, run_id: int, summary: dict[str, Any], th:
     from auditor.audit import fabric
 
     return {"fabric": fabric.section(conn, run_id, full=full, top_n=top_n),
+            "congested_ports": fabric.ports_section(conn, run_id, full=full, top_n=top_n),
             "right_sizing": sizing.right_sizing(summary, full=full, top_n=top_n),
             "request_hygiene": sizing.request_hygiene(conn, run_id, full=full, top_n=top_n,
                                                       teams=summary.get("request_hygiene_by_team")),

@@ -30,6 +30,7 @@ from auditor.records import (
     KubeJob,
     NodeBucket,
     NodeEvent,
+    PortBucket,
     Reservation,
 )
 from auditor.store.reservations import money_problem
@@ -200,6 +201,13 @@ def clean(rec: Any) -> Any:
         _float(rec.observed_s, "observed_s", optional=True)
         for f in NODE_FIELDS:
             _float(getattr(rec, f), f, optional=True)
+    elif isinstance(rec, PortBucket):
+        rec.node = _text(rec.node, "node", key=True)
+        rec.device, rec.port = _text(rec.device, "device", key=True), _text(rec.port, "port", key=True)
+        _time(rec.start, "bucket start", optional=False)
+        _int(rec.seconds, "bucket seconds")
+        _float(rec.wait_share, "wait_share", optional=True)
+        _float(rec.link_errors, "link_errors", optional=True)
     elif isinstance(rec, KubeJob):
         rec.uid = _text(rec.uid, "uid", key=True)
         if not rec.uid or len(rec.uid) > 64:
@@ -245,4 +253,8 @@ def describe(rec: Any) -> tuple[str, str]:
     if isinstance(rec, NodeBucket):
         start = rec.start.isoformat() if isinstance(rec.start, datetime) else str(rec.start)
         return f"node {str(rec.node)[:80]} at {start}", f"iowait={rec.cpu_iowait!r} busy={rec.cpu_busy!r}"
+    if isinstance(rec, PortBucket):
+        start = rec.start.isoformat() if isinstance(rec.start, datetime) else str(rec.start)
+        return (f"port {str(rec.node)[:80]} {str(rec.device)[:40]}/{str(rec.port)[:8]} at {start}",
+                f"wait_share={rec.wait_share!r} link_errors={rec.link_errors!r}")
     return type(rec).__name__, ""

@@ -26,6 +26,7 @@ from auditor.records import (
     KubeJob,
     NodeBucket,
     NodeEvent,
+    PortBucket,
     Record,
     Reservation,
     RunningSnapshot,
@@ -324,6 +325,7 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
     snapshots: list[RunningSnapshot] = []
     inference: list[InferenceBucket] = []  # vLLM/TGI/SGLang/Triton buckets (auditor.store.inference)
     nodes: list[NodeBucket] = []  # host telemetry (auditor.store.node)
+    ports: list[PortBucket] = []  # InfiniBand ports (auditor.store.node)
     jobs: list[KubeJob] = []  # Kubernetes Jobs (auditor.store.kube_jobs)
     bad: list[tuple[Any, str]] = []
     cache: dict[tuple, int] = {}
@@ -338,6 +340,11 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             from auditor.store.node import ingest_nodes
 
             stats.nodes += _flush_side(store, nodes, stats, seen_at_ts, on_bad, lambda conn, recs, bad_: ingest_nodes(
+                conn, recs, bad_, meta.rolled_up_before(conn)))
+        if ports:  # likewise
+            from auditor.store.node import ingest_ports
+
+            stats.ports += _flush_side(store, ports, stats, seen_at_ts, on_bad, lambda conn, recs, bad_: ingest_ports(
                 conn, recs, bad_, meta.rolled_up_before(conn)))
         if jobs:  # their own upsert: a Job's counts stand apart from its pods' rows
             from auditor.store.kube_jobs import ingest_kube_jobs
@@ -415,6 +422,11 @@ def ingest(store: Store, records: Iterable[Record], *, seen_at_ts: int, on_bad: 
             nodes.append(rec)
             clusters.add(rec.cluster)
             if len(nodes) >= store.batch_rows:
+                flush()
+        elif isinstance(rec, PortBucket):
+            ports.append(rec)
+            clusters.add(rec.cluster)
+            if len(ports) >= store.batch_rows:
                 flush()
         else:
             raise TypeError(f"not a record: {type(rec).__name__}")

@@ -1,6 +1,7 @@
 """Node buckets (host telemetry: node_exporter, the Lustre client exporter): their table ``node_buckets`` (read
 by "Where the waiting goes", auditor/audit/waiting.py), the idempotent upsert of one batch, and their hourly
-roll-up with the GPU buckets (``gpu-audit db prune``).
+roll-up with the GPU buckets (``gpu-audit db prune``). Beside them, per InfiniBand port, ``ib_port_buckets``
+(transmit wait and link errors, issue 48 §2; read by auditor/audit/fabric.py), stored and rolled up alike.
 
 A value that is not a finite, non-negative number (or a share above 1) is refused with one line and the rest
 of the batch goes in. A bucket for an hour already rolled up (``store_meta.rolled_up_before``) is dropped, as
@@ -14,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Column, Connection, Float, Index, Integer, PrimaryKeyConstraint, String, Table, text
 
-from auditor.records import NODE_FIELDS, NodeBucket
+from auditor.records import NODE_FIELDS, NodeBucket, PortBucket
 from auditor.store.metadata import _ts, metadata
 from auditor.store.sqlfuncs import upsert, upsert_checked
 
@@ -53,6 +54,26 @@ node_buckets = Table(
     Index(None, "start_ts"),
     comment="Per node and bucket: the host's CPU, I/O wait, disk, InfiniBand, NFS and Lustre client activity "
             "(node_exporter), per-second means; NULL = the exporter did not report it.",
+)
+
+ib_port_buckets = Table(
+    "ib_port_buckets", metadata,
+    Column("cluster", String(128), nullable=False, comment="Cluster name."),
+    Column("node", String(255), nullable=False, comment="Node (host) name, as in node_buckets."),
+    Column("device", String(64), nullable=False, comment="InfiniBand device (HCA) as node_exporter labels it, "
+           "e.g. mlx5_2."),
+    Column("port", String(16), nullable=False, comment="Port number of the device, e.g. 1."),
+    _ts("start_ts", "Bucket start", nullable=False),
+    Column("seconds", Integer, nullable=False, comment="Bucket length, seconds (3600 once rolled up)."),
+    Column("wait_share", Float, comment="0-1: share of the bucket the port had data to send and sent none "
+           "(node_infiniband_port_transmit_wait_total ticks x 8 bytes / node_infiniband_rate_bytes_per_second; "
+           "docs/node-telemetry.md \"Per port\")."),
+    Column("link_errors", Float, comment="Link errors counted in the bucket: the increase of symbol errors, link "
+           "error recoveries, links downed and received packets with errors."),
+    PrimaryKeyConstraint("cluster", "node", "device", "port", "start_ts"),
+    Index(None, "start_ts"),
+    comment="Per InfiniBand port and bucket: its transmit wait share and link errors (node_exporter); NULL = not "
+            "measured.",
 )
 
 HOUR = 3600
@@ -100,6 +121,65 @@ def ingest_nodes(conn: Connection, buckets: list[NodeBucket], on_bad: Callable[[
     return upsert_checked(conn, node_buckets, buckets, ("cluster", "node", "start_ts"), problem, row, on_bad, keep)
 
 
+def port_problem(b: PortBucket) -> str:
+    """Why a port bucket cannot be stored ("" when it can)."""
+    if not isinstance(b.node, str) or not b.node or len(b.node) > 255 or "\x00" in b.node:
+        return "node: not a host name"
+    for f, n in (("device", 64), ("port", 16)):
+        v = getattr(b, f)
+        if not isinstance(v, str) or not v or len(v) > n or "\x00" in v:
+            return f"{f}: {str(v)[:70]!r} is not an InfiniBand {f} name"
+    if not isinstance(b.seconds, int) or b.seconds <= 0:
+        return f"seconds: {b.seconds!r} is not a bucket length"
+    for f, hi in (("wait_share", 1.0), ("link_errors", 1e15)):
+        v = getattr(b, f)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+                              or not 0 <= v <= hi):
+            return f"{f}: {v!r} is not a {'share' if hi == 1.0 else 'count'}"
+    return ""
+
+
+def port_row(b: PortBucket) -> dict[str, Any]:
+    return {"cluster": b.cluster, "node": b.node, "device": b.device, "port": b.port,
+            "start_ts": int(b.start.timestamp()), "seconds": b.seconds,
+            "wait_share": None if b.wait_share is None else float(b.wait_share),
+            "link_errors": None if b.link_errors is None else float(b.link_errors)}
+
+
+PORT_KEY = ("cluster", "node", "device", "port", "start_ts")
+
+
+def ingest_ports(conn: Connection, buckets: list[PortBucket], on_bad: Callable[[PortBucket, str], None],
+                 rolled_up_before: int | None = None) -> int:
+    """Upsert port ``buckets`` as :func:`ingest_nodes` does node buckets."""
+    def keep(r: dict[str, Any]) -> bool:
+        return rolled_up_before is None or r["seconds"] >= HOUR or r["start_ts"] >= rolled_up_before
+
+    return upsert_checked(conn, ib_port_buckets, buckets, PORT_KEY, port_problem, port_row, on_bad, keep)
+
+
+#: one hourly row per port and hour: the wait share the seconds-weighted mean of the rows that had it, the link
+#: errors summed
+PORT_ROLLUP = ("SELECT cluster, node, device, port, (start_ts / 3600) * 3600 AS h, "
+               "SUM(CASE WHEN wait_share IS NOT NULL THEN seconds * wait_share END) / NULLIF(SUM(CASE WHEN "
+               "wait_share IS NOT NULL THEN seconds END), 0) AS wait_share, SUM(link_errors) AS link_errors "
+               "FROM ib_port_buckets WHERE start_ts >= :lo AND start_ts < :hi "
+               "GROUP BY cluster, node, device, port, (start_ts / 3600) * 3600 HAVING MIN(seconds) < 3600")
+
+
+def roll_up_ports(conn: Connection, lo: int, hi: int) -> int:
+    """Port buckets of [lo, hi) to one hourly row per port and hour (with the node buckets); rows written."""
+    p = {"lo": lo, "hi": hi}
+    rows = [{"cluster": r.cluster, "node": r.node, "device": r.device, "port": r.port, "start_ts": int(r.h),
+             "seconds": HOUR, "wait_share": r.wait_share, "link_errors": r.link_errors}
+            for r in conn.execute(text(PORT_ROLLUP), p)]
+    if rows:
+        conn.execute(text("DELETE FROM ib_port_buckets WHERE start_ts >= :lo AND start_ts < :hi AND seconds < 3600"),
+                     p)
+        upsert(conn, ib_port_buckets, rows, PORT_KEY)
+    return len(rows)
+
+
 _W = "observed_s"
 #: one hourly row per node and hour: samples and observed seconds summed (observed at most 3600, NULL when no
 #: row knew them), every field the observed-seconds-weighted mean of the rows that had it (a row that does not
@@ -119,6 +199,7 @@ def roll_up(conn: Connection, lo: int, hi: int) -> tuple[int, int]:
     Returns (fine rows replaced, hourly rows written)."""
     least = "LEAST" if conn.dialect.name == "postgresql" else "min"
     p = {"lo": lo, "hi": hi}
+    roll_up_ports(conn, lo, hi)
     hourly = [dict(r._mapping) for r in conn.execute(text(ROLLUP.format(least=least)), p)]
     if not hourly:
         return 0, 0

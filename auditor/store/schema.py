@@ -504,7 +504,8 @@ enforcement_log = Table(
 # the goodput rules read (issue 36)
 from auditor.store.inference import inference_buckets  # noqa: E402, I001
 from auditor.store.kube_jobs import kube_jobs  # noqa: E402
-from auditor.store.node import node_buckets  # noqa: E402
+from auditor.store.node import ib_port_buckets, node_buckets  # noqa: E402
 from auditor.store.queue import gpu_quotas, gpu_waits  # noqa: E402
 
-__all__ = ["gpu_quotas", "gpu_waits", "inference_buckets", "kube_jobs", "metadata", "node_buckets"]
+__all__ = ["gpu_quotas", "gpu_waits", "ib_port_buckets", "inference_buckets", "kube_jobs", "metadata",
+           "node_buckets"]

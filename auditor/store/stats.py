@@ -18,6 +18,7 @@ class IngestStats:
     events: int = 0  # node events (infrastructure: faults, drained/down/NotReady/cordoned nodes)
     inference: int = 0  # inference-server buckets (inference_buckets rows)
     nodes: int = 0  # host telemetry buckets (node_buckets rows)
+    ports: int = 0  # InfiniBand port buckets (ib_port_buckets rows)
     jobs: int = 0  # Kubernetes Jobs with GPU pods (kube_jobs rows)
     quarantined: int = 0  # records refused at ingest (non-finite or absurd shares/GPU counts)
 

@@ -1,0 +1,153 @@
+"""The congested link (issue 48 §2; auditor/audit/fabric.py, docs/definitions.md "Congested ports"): per
+InfiniBand port its transmit-wait share and link errors, read from node_exporter (connectors/node_exporter.py,
+names and provenance in tests/fixtures/node_exporter), stored in ib_port_buckets, quoted by the straggler finding
+and ranked by the multi-node GPU-hours each port held up, on SQLite and PostgreSQL, in every report format.
+
+By hand (window T0 - 1 d .. T0 + 1 d; buckets of 5 minutes):
+- job "lock" holds 2 GPUs on each of a1 and a2 for hours 0-2 (4 GPUs); a2 computes (SM 0.9) while a1 waits (SM
+  0.1) for the first 1.5 h: a2 is the straggler (tests/test_waiting.py's case).
+- a2 port mlx5_2/1 waits 0.4 of each bucket in hour 0 (2 link errors a bucket) and 0.1 in hour 1, 0.5 in hours
+  2-4 (after the job). Over lock's interval: 12 x 300 x 0.4 + 12 x 300 x 0.1 = 1,440 + 360 = 1,800 s waited of
+  7,200 s measured: 25 %, 24 link errors. Held up: 4 GPUs x 1,800 s = 2.0 GPU-h. Over the window: (1,800 + 24 x
+  300 x 0.5 = 3,600) / (48 x 300 = 14,400) = 0.375.
+- a2 port mlx5_0/1 waits 0 (never listed: nothing held up); a1 port mlx5_0/1 waits 0.05 in hours 0-2: 360 s,
+  4 x 360 s = 0.4 GPU-h held up.
+- job "solo" holds 1 GPU of a3 for 2 h, its port a3 mlx5_0/1 waits 0.9: a single node, no lockstep peers across
+  the fabric: not in the fleet view.
+So the straggler finding on a2 says "node a2, port mlx5_2/1 waited 25% of the time (24 link errors)"; the fleet
+view lists a2 mlx5_2/1 (2.0 GPU-h) then a1 mlx5_0/1 (0.4), 2.4 GPU-h in all, 4 ports measured.
+
+The wait share from the counters (connectors.node_exporter.wait_share): a 400 Gb/s port (5e10 bytes/s, as
+procfs parses "400 Gb/sec") whose transmit-wait counter rises 1.875e9 ticks/s: 1.875e9 x 8 bytes / 5e10 = 0.3.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_waiting import T0, W0, W1, findings, job, series
+
+from auditor.audit.run import run_audit
+from auditor.config import Config
+from auditor.records import AllocatedGpu, PortBucket
+from auditor.report import render
+from auditor.report.context import build_context
+from connectors.base import Context, Problems, Window
+from connectors.node_exporter import BYTES_PER_TICK, PORT_QUERIES, TRANSMIT_WAIT, NodeTelemetry, wait_share
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "node_exporter"
+
+
+def ports(node: str, dev: str, shares: list[tuple[float, float, float, float]]) -> list[PortBucket]:
+    """Port buckets of ``node`` ``dev``/1: per (from hour, to hour, wait share, link errors a bucket)."""
+    out = []
+    for h0, h1, share, errors in shares:
+        for i in range(int(h0 * 12), int(h1 * 12)):
+            out.append(PortBucket("c", node, dev, "1", T0 + timedelta(minutes=5 * i), 300, share, errors))
+    return out
+
+
+def fleet() -> list[Any]:
+    quiet = {"dram_active": 0.02, "pcie_tx_bps": 1e5}
+    recs: list[Any] = [job("lock", [AllocatedGpu(n, g) for n in ("a1", "a2") for g in (0, 1)])]
+    for g in (0, 1):
+        recs += series("a1", g, hours=1.5, sm_active=0.1, **quiet)
+        recs += series("a1", g, hours=0.5, start_h=1.5, sm_active=0.8, **quiet)
+        recs += series("a2", g, hours=2, sm_active=0.9, **quiet)
+    recs += [job("solo", [AllocatedGpu("a3", 0)]), *series("a3", 0, sm_active=0.8)]
+    recs += ports("a2", "mlx5_2", [(0, 1, 0.4, 2.0), (1, 2, 0.1, 0.0), (2, 4, 0.5, 0.0)])
+    recs += ports("a2", "mlx5_0", [(0, 4, 0.0, 0.0)])
+    recs += ports("a1", "mlx5_0", [(0, 2, 0.05, 0.0)])
+    recs += ports("a3", "mlx5_0", [(0, 2, 0.9, 0.0)])
+    return recs
+
+
+def test_congested_ports_by_hand(store: Any) -> None:
+    stats = store.ingest(fleet())
+    assert stats.ports == 48 + 48 + 24 + 24
+    c = Config()
+    rid = run_audit(store, c, W0, W1).run_id
+    (f,) = findings(store, rid, "straggler")
+    assert f["straggler_node"] == "a2"
+    assert f["rule"].endswith("; node a2, port mlx5_2/1 waited 25% of the time (24 link errors)"), f["rule"]
+    assert f["ports"] == [
+        {"port": "mlx5_2/1", "wait_share": pytest.approx(0.25), "waited_s": pytest.approx(1800.0),
+         "link_errors": pytest.approx(24.0)},
+        {"port": "mlx5_0/1", "wait_share": 0.0, "waited_s": 0.0, "link_errors": 0.0}]
+    ctx = build_context(store, c, rid)
+    cp = ctx["congested_ports"]
+    assert (cp["ports_measured"], cp["ports_total"]) == (4, 2)
+    assert cp["held_gpu_hours"] == pytest.approx(2.4)
+    assert [(x["node"], x["port"], x["jobs"]) for x in cp["ports"]] == [("a2", "mlx5_2/1", ["lock"]),
+                                                                        ("a1", "mlx5_0/1", ["lock"])]
+    a2, a1 = cp["ports"]
+    assert a2["held_gpu_hours"] == pytest.approx(2.0) and a2["wait_share"] == pytest.approx(0.375)
+    assert a2["link_errors"] == pytest.approx(24.0)
+    assert a1["held_gpu_hours"] == pytest.approx(0.4) and a1["wait_share"] == pytest.approx(0.05)
+    txt = render.render_text(ctx)
+    assert "c node a2 port mlx5_2/1: 2.0 GPU-h held up (jobs lock); waited 38% of the window, 24 link errors" in txt
+    assert "| c | a2 | mlx5\\_2/1 | 2.0 | lock | 38% | 24 |" in render.render_md(ctx)
+    assert 'id="congested-ports"' in render.render_html(ctx)[0]
+
+
+def test_wait_share_from_the_counters() -> None:
+    assert BYTES_PER_TICK == 8
+    assert wait_share(1.875e9, 5e10) == pytest.approx(0.3)
+    assert wait_share(1e10, 5e10) == 1.0  # more ticks than the port's time: clipped
+    assert wait_share(None, 5e10) is None and wait_share(1e6, 0.0) is None and wait_share(1e6, None) is None
+
+
+def test_fixture_carries_every_port_name_the_connector_reads() -> None:
+    """Every per-port family the connector queries is in the written exposition (PROVENANCE.md), labelled
+    device and port, a counter but for the port rate (a gauge)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = list(text_string_to_metric_families((FIX / "node-exporter-ib-ports.prom").read_text()))
+    types = {f.name: f.type for f in fams}
+    for _fn, name in PORT_QUERIES.values():
+        base = name.removesuffix("_total")
+        assert types.get(base) == ("gauge" if name.endswith("_per_second") else "counter"), name
+    assert TRANSMIT_WAIT == "node_infiniband_port_transmit_wait_total"
+    assert all(set(s.labels) == {"device", "port"} for f in fams for s in f.samples)
+
+
+def test_port_queries_per_node_device_and_port() -> None:
+    src = NodeTelemetry(Context("c"), NodeTelemetry.Options(url="http://prometheus:9090"))
+    assert src.port_promql("xmit_wait", 300) == (
+        "sum by (instance, device, port) (max without (job) "
+        "(rate(node_infiniband_port_transmit_wait_total{}[300s] offset 1ms)))")
+    assert src.port_promql("errors:node_infiniband_symbol_error_total", 300).startswith(
+        "sum by (instance, device, port) (max without (job) (increase(node_infiniband_symbol_error_total{}[300s]")
+
+
+def test_port_rows_from_files(tmp_path: Path) -> None:
+    (tmp_path / "nodes.csv").write_text("start,node,cpus\n2026-11-20T00:00:00Z,a2,64\n")
+    (tmp_path / "ports.csv").write_text(
+        "start,node,device,port,wait_share,link_errors\n"
+        "2026-11-20T00:00:00Z,a2,mlx5_2,1,0.3,3\n"
+        "2026-11-20T00:05:00Z,a2,mlx5_2,1,1.5,0\n"  # not a share: skipped with one line
+        "2026-11-20T00:10:00Z,a2,,1,0.1,0\n"  # no device: skipped
+        "2026-11-20T00:15:00Z,a2,mlx5_2,1,,\n")  # not measured
+    src = NodeTelemetry(Context("c", base_dir=tmp_path), NodeTelemetry.Options(
+        paths=["nodes.csv"], port_paths=["ports.csv"]))
+    problems = Problems()
+    w = Window(datetime(2026, 11, 20, tzinfo=UTC), datetime(2026, 11, 21, tzinfo=UTC), 300)
+    got = [r for r in src.collect(w, problems) if isinstance(r, PortBucket)]
+    assert [(r.node, r.device, r.port, r.start.minute, r.wait_share, r.link_errors) for r in got] == [
+        ("a2", "mlx5_2", "1", 0, 0.3, 3.0), ("a2", "mlx5_2", "1", 15, None, None)]
+    assert problems.total == 2
+
+
+def test_bad_port_buckets_are_refused_and_the_rest_stored(store: Any) -> None:
+    from sqlalchemy import text
+
+    t = T0
+    stats = store.ingest([PortBucket("c", "a2", "mlx5_2", "1", t, 300, 0.3, 1.0),
+                          PortBucket("c", "a2", "mlx5_2", "1", t + timedelta(minutes=5), 300, 1.7, 0.0),
+                          PortBucket("c", "a2", "mlx5_2", "1", t + timedelta(minutes=10), 300, 0.2, -1.0)])
+    assert (stats.ports, stats.quarantined) == (1, 2)
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT wait_share, link_errors FROM ib_port_buckets")).all() == [(0.3, 1.0)]
