@@ -191,3 +191,50 @@ def test_demo_congested_port_under_the_two_node_job(store_url: str, tmp_path: Pa
         ("gpu-node-03", "mlx5_0/1", pytest.approx(0.8), ["1060"])]
     assert cp["ports"][0]["wait_share"] == pytest.approx((36 + 18.96) / 2016)
     assert cp["ports"][0]["link_errors"] == pytest.approx(360.0)
+
+
+# -- the API path: node_exporter's per-port series in a private Prometheus ---------------------------------------
+#: two hours of samples every 30 s from two days ago (a whole hour), as tests/test_node_telemetry.py does
+NOW_TS = int(datetime.now(UTC).timestamp())
+P0 = (NOW_TS - 2 * 86400) // 3600 * 3600
+PSTEP, PSTEPS = 30, 2 * 3600 // 30
+
+
+def port_openmetrics() -> str:
+    """The written exposition (node-exporter-ib-ports.prom) on n1:9100, each counter rising from its value:
+    mlx5_2/1's transmit wait at 1.875e9 ticks/s and its symbol errors at 0.01/s; mlx5_0/1's held (0/s); the
+    rate gauge held at 5e10. By hand per 300 s bucket: mlx5_2/1 wait share 1.875e9 x 8 / 5e10 = 0.3, link
+    errors 0.01 x 300 = 3; mlx5_0/1 0.0 and 0."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams: dict[str, list[str]] = {}
+    for fam in text_string_to_metric_families((FIX / "node-exporter-ib-ports.prom").read_text()):
+        for smp in fam.samples:
+            hot = smp.labels["device"] == "mlx5_2"
+            r = {"node_infiniband_port_transmit_wait_total": 1.875e9,
+                 "node_infiniband_symbol_error_total": 0.01}.get(smp.name, 0.0) if hot else 0.0
+            lab = ",".join(f'{k}="{v}"' for k, v in sorted({**smp.labels, "instance": "n1:9100"}.items()))
+            fams.setdefault(smp.name, []).extend(f"{smp.name}{{{lab}}} {smp.value + r * PSTEP * i!r} {P0 + i * PSTEP}"
+                                                 for i in range(PSTEPS))
+    return "".join(f"# TYPE {n} gauge\n" + "\n".join(lines) + "\n" for n, lines in fams.items()) + "# EOF\n"
+
+
+@pytest.mark.service
+def test_connector_reads_each_port_per_bucket(tmp_path: Path) -> None:
+    from test_infra_prometheus import private_prometheus
+
+    with private_prometheus(tmp_path, port_openmetrics()) as url:
+        src = NodeTelemetry(Context("c"), NodeTelemetry.Options(url=url, retries=0))
+        problems = Problems()
+        start = datetime.fromtimestamp(P0, UTC)
+        got = list(src.collect(Window(start, start + timedelta(hours=2), 300), problems))
+    assert problems.total == 0, problems.items
+    assert all(isinstance(r, PortBucket) for r in got)  # no node field's series: only ports
+    by: dict[tuple[str, str], list[PortBucket]] = {}
+    for r in got:
+        by.setdefault((r.node, f"{r.device}/{r.port}"), []).append(r)
+    assert sorted(by) == [("n1", "mlx5_0/1"), ("n1", "mlx5_2/1")]
+    hot, quiet = by[("n1", "mlx5_2/1")], by[("n1", "mlx5_0/1")]
+    assert len(hot) == len(quiet) == 24 and hot[0].start == start
+    assert all(r.wait_share == pytest.approx(0.3) and r.link_errors == pytest.approx(3.0) for r in hot)
+    assert all(r.wait_share == 0.0 and r.link_errors == 0.0 for r in quiet)
