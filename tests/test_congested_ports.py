@@ -238,3 +238,31 @@ def test_connector_reads_each_port_per_bucket(tmp_path: Path) -> None:
     assert len(hot) == len(quiet) == 24 and hot[0].start == start
     assert all(r.wait_share == pytest.approx(0.3) and r.link_errors == pytest.approx(3.0) for r in hot)
     assert all(r.wait_share == 0.0 and r.link_errors == 0.0 for r in quiet)
+
+
+def test_prune_rolls_port_buckets_up_with_the_node_buckets(store: Any) -> None:
+    """Two hours of 5-minute rows of one port, 10 weeks old, beside its node's rows: pruned at 8 weeks they
+    become 2 hourly rows. Hour 1: 6 buckets waiting 0.2 and 6 waiting 0.4, 1 link error each: mean (6 x 0.2 +
+    6 x 0.4) / 12 = 0.3, 12 errors. Hour 2: the wait share in half its buckets (0.1), errors not measured:
+    0.1, NULL. The waited seconds of the hours stay: 0.3 x 3,600 = 1,080 s as 12 x 300 x 0.3."""
+    from sqlalchemy import text
+
+    from auditor.records import NodeBucket
+    from auditor.store.retention import prune
+
+    now = NOW_TS
+    h0 = (now - 10 * 7 * 86400) // 86400 * 86400
+    t0 = datetime.fromtimestamp(h0, UTC)
+    recs: list[Any] = [NodeBucket("c", "n1", t0 + timedelta(minutes=5 * i), 300, 10, 300.0, cpus=8.0)
+                       for i in range(24)]
+    recs += [PortBucket("c", "n1", "mlx5_2", "1", t0 + timedelta(minutes=5 * i), 300, 0.2 if i < 6 else 0.4, 1.0)
+             for i in range(12)]
+    recs += [PortBucket("c", "n1", "mlx5_2", "1", t0 + timedelta(hours=1, minutes=5 * i), 300,
+                        0.1 if i % 2 else None, None) for i in range(12)]
+    store.ingest(recs, seen_at_ts=now)
+    prune(store, now=now, keep_weeks=8)
+    with store.engine.connect() as conn:
+        got = conn.execute(text("SELECT start_ts, seconds, wait_share, link_errors FROM ib_port_buckets "
+                                "ORDER BY start_ts")).all()
+    assert [tuple(r) for r in got] == [(h0, 3600, pytest.approx(0.3), 12.0),
+                                       (h0 + 3600, 3600, pytest.approx(0.1), None)]
