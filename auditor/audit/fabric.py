@@ -34,7 +34,18 @@ FABRIC_NODES = """SELECT DISTINCT cluster, node FROM node_buckets WHERE start_ts
 AND (ib_rx_bps IS NOT NULL OR ib_tx_bps IS NOT NULL)"""
 ALLOCS = """SELECT a.id, a.cluster, a.partition, a.external_id, a.name, a.user_name, a.start_ts, a.end_ts, u.team,
 u.reserved_s, u.reserved_cost, g.node, g.share FROM usage_allocation u JOIN allocations a ON a.id = u.allocation_id
-JOIN allocated_gpus g ON g.allocation_id = a.id WHERE u.run_id = :run AND u.reserved_s > 0 ORDER BY a.id"""
+JOIN allocated_gpus g ON g.allocation_id = a.id WHERE u.run_id = :run AND u.reserved_s > 0{mine} ORDER BY a.id"""
+
+
+def _allocs(conn: Connection, run_id: int, user: str | None) -> dict[int, dict[str, Any]]:
+    """The run's allocations with reserved time (a viewer's own only, when ``user``), each with its GPU shares
+    per node."""
+    mine = " AND a.user_name = :viewer" if user is not None else ""
+    allocs: dict[int, dict[str, Any]] = {}
+    for r in conn.execute(text(ALLOCS.format(mine=mine)), {"run": run_id, "viewer": user}):
+        a = allocs.setdefault(r.id, {"r": r, "nodes": defaultdict(float)})
+        a["nodes"][r.node] += float(r.share or 0.0)
+    return allocs
 TRAFFIC = """SELECT SUM(seconds * (COALESCE(ib_rx_bps, 0) + COALESCE(ib_tx_bps, 0))) AS b, SUM(seconds) AS s
 FROM node_buckets WHERE cluster = :cluster AND node IN :nodes AND start_ts >= :lo AND start_ts < :hi
 AND (ib_rx_bps IS NOT NULL OR ib_tx_bps IS NOT NULL)"""
@@ -63,16 +74,15 @@ def port_waits(conn: Connection, cluster: str, nodes: list[str], lo: int, hi: in
     return out
 
 
-def ports_section(conn: Connection, run_id: int, *, full: bool, top_n: int) -> dict[str, Any]:
+def ports_section(conn: Connection, run_id: int, *, full: bool, top_n: int,
+                  user: str | None = None) -> dict[str, Any]:
     """The ports that held up the most multi-node GPU-hours: per port, over the multi-node allocations (GPUs on
     2+ nodes) of the run with GPUs on its node, the allocation's GPUs x the seconds the port waited in the
-    allocation's interval (in the window); with the port's wait share and link errors over the window."""
+    allocation's interval (in the window); with the port's wait share and link errors over the window. With
+    ``user`` (a scoped web viewer) only that user's allocations count."""
     since, until = conn.execute(text("SELECT since_ts, until_ts FROM audit_runs WHERE id = :run"),
                                 {"run": run_id}).one()
-    allocs: dict[int, dict[str, Any]] = {}
-    for r in conn.execute(text(ALLOCS), {"run": run_id}):
-        a = allocs.setdefault(r.id, {"r": r, "nodes": defaultdict(float)})
-        a["nodes"][r.node] += float(r.share or 0.0)
+    allocs = _allocs(conn, run_id, user)
     ports: dict[tuple[str, str, str], dict[str, Any]] = {}
     for a in allocs.values():
         r, nodes = a["r"], a["nodes"]
@@ -100,18 +110,16 @@ def ports_section(conn: Connection, run_id: int, *, full: bool, top_n: int) -> d
             "ports": rows if full else rows[:top_n], "ports_total": len(rows)}
 
 
-def section(conn: Connection, run_id: int, *, full: bool, top_n: int) -> dict[str, Any]:
+def section(conn: Connection, run_id: int, *, full: bool, top_n: int, user: str | None = None) -> dict[str, Any]:
     """Per (cluster, partition) and per allocation: the fabric GPU-hours and cost of single-node work and of
-    multi-node work with a quiet fabric; the multi-node allocations with a node off the fabric."""
+    multi-node work with a quiet fabric; the multi-node allocations with a node off the fabric. With ``user`` (a
+    scoped web viewer) only that user's allocations."""
     from sqlalchemy import bindparam
 
     since, until = conn.execute(text("SELECT since_ts, until_ts FROM audit_runs WHERE id = :run"),
                                 {"run": run_id}).one()
     fab = {(r.cluster, r.node) for r in conn.execute(text(FABRIC_NODES), {"since": since, "until": until})}
-    allocs: dict[int, dict[str, Any]] = {}
-    for r in conn.execute(text(ALLOCS), {"run": run_id}):
-        a = allocs.setdefault(r.id, {"r": r, "nodes": defaultdict(float)})
-        a["nodes"][r.node] += float(r.share or 0.0)
+    allocs = _allocs(conn, run_id, user)
     traffic = text(TRAFFIC).bindparams(bindparam("nodes", expanding=True))
     rows, off = [], []
     for aid, a in allocs.items():

@@ -1,4 +1,4 @@
-"""The read-only web UI (Starlette + uvicorn): overview, teams, users, clusters, findings, inference services,
+"""The read-only web UI (Starlette + uvicorn): overview, teams, users, clusters, findings, inference services, fabric,
 one allocation, chargeback (with CSV), and ``/api/...`` returning exactly the data each page renders.
 
 Read-only by construction: every route is GET (HEAD) only, so POST/PUT/DELETE get 405, and the handlers
@@ -42,7 +42,7 @@ from auditor.web import svg
 log = logging.getLogger("gpu_audit.web")
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; "
        "base-uri 'none'")
-PAGES = ("overview", "teams", "users", "clusters", "findings", "services", "chargeback")
+PAGES = ("overview", "teams", "users", "clusters", "findings", "services", "fabric", "chargeback")
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,8 @@ def create_app(store: Store, cfg: Config) -> Any:
             data = webdata.findings(store, cfg, run_id, v.scope, dict(q))
         elif page == "services":
             data = webdata.services(store, cfg, run_id, v.scope, page=_page_no(request))
+        elif page == "fabric":
+            data = webdata.fabric(store, cfg, run_id, v.scope)
         elif page == "chargeback":
             by = q.get("by") or "team"
             if by not in BY:

@@ -276,6 +276,20 @@ def services(store: Store, cfg: Config, run_id: int, user: str | None, *, page: 
             "totals": sec["totals"], "low_cache_hit_rate": LOW_CACHE_HIT_RATE}
 
 
+def fabric(store: Store, cfg: Config, run_id: int, user: str | None) -> dict[str, Any]:
+    """Fabric fit and the congested ports of the run: the report's two sections (auditor/audit/fabric.py, one
+    computation), uncut. A scoped viewer sees them over their own allocations only (the fabric nodes and the
+    ports measured are counts of the fleet's)."""
+    from auditor.audit import fabric as fab
+
+    with store.engine.connect() as conn:
+        info, _run = run_info(conn, run_id, cfg)
+        fit = fab.section(conn, run_id, full=True, top_n=0, user=user)
+        ports = fab.ports_section(conn, run_id, full=True, top_n=0, user=user)
+    return {"schema": "gpu-audit.web.fabric/1", "run": info, "scope": user, "currency": cfg.prices.currency,
+            "fit": fit, "ports": ports}
+
+
 def findings(store: Store, cfg: Config, run_id: int, user: str | None, args: dict[str, str]) -> dict[str, Any]:
     """Findings with filters (kind, cluster, team, user, account, q = name contains) and sorting."""
     tz = report._tz(cfg)
