@@ -37,8 +37,11 @@ A100 each, and gpu-node-c, 4 x L40S). Planted problems, and nothing else:
   the node's cores in I/O wait and 240 MB/s of NFS reads (input/storage wait in "Where the waiting goes";
   low_efficiency). Every node writes host telemetry all week (node_exporter's figures, `*-nodes.csv`).
 - gpu-node-03's InfiniBand port mlx5_2/1 waits to send 30 % of the time while job 1060 runs (hours 110-120;
-  1 % otherwise, as every other port): the straggler finding names it, and "Congested ports" ranks it first
-  with 8 GPUs x 10 h x 0.30 = 24 GPU-hours held up (`hpc-ports.csv`).
+  1 % otherwise, as every other port), the node moving 1 GB/s each way: the straggler finding names the port,
+  and "Congested ports" ranks it first with 8 GPUs x 10 h x 0.30 = 24 GPU-hours held up (`hpc-ports.csv`).
+- Fabric fit: every hpc node and the k8s node gpu-node-b report an InfiniBand port (quiet, 10 MB/s each way):
+  the inference servers triton-0 (2 GPUs, all week: 336 GPU-hours) and chat-vllm on gpu-node-b are single-node
+  work on the fabric, as are the hpc single-node jobs; job 1060 used the fabric and is not listed.
 
 Kubernetes site of 2026 "k8s-2026" (issue 42; GPU Operator + kube-prometheus-stack): node h100-node-1, 4 x H100,
 its telemetry as that site's Prometheus stores it, read from a saved `/federate` answer (`k8s-2026-federate.prom`,
@@ -498,14 +501,25 @@ NODE_COLUMNS = ("cpus", "cpu_busy", "cpu_iowait", "cpu_pegged", "disk_read_bps",
                 "ib_rx_bps", "ib_tx_bps", "nfs_read_bps", "nfs_ops")
 
 
-def _host(cluster: str, node: str, hour: float, running: int, storage: bool) -> dict[str, float | None]:
+#: The k8s node with an InfiniBand port (a fabric node, its port quiet): its inference servers (triton-0,
+#: chat-vllm) are single-node work on the fabric (fabric fit)
+FABRIC_K8S_NODE = ("k8s", "gpu-node-b")
+#: The two-node job's straggler node moves 1 GB/s each way over InfiniBand while the job runs: the job uses the
+#: fabric (never "fabric quiet"); its GPUs compute, so its host's traffic classifies nothing
+LOCKSTEP_IB = ("hpc", "1060", "gpu-node-03", 1e9)
+
+
+def _host(cluster: str, node: str, hour: float, running: int, storage: bool,
+          lockstep: bool = False) -> dict[str, float | None]:
     """One node's host in one bucket: quiet but for ~1.5 cores per GPU at work, and the storage job's wait.
-    Only the hpc nodes have InfiniBand (the k8s nodes' IB columns are empty: not measured)."""
+    The hpc nodes and FABRIC_K8S_NODE have InfiniBand (the other k8s nodes' IB columns are empty: not
+    measured); ``lockstep``: LOCKSTEP_IB's node while its job runs."""
+    fabric = cluster == "hpc" or (cluster, node) == FABRIC_K8S_NODE
+    ib = LOCKSTEP_IB[3] if lockstep else 1e7 if fabric else None
     v: dict[str, float | None] = {
         "cpus": 32.0 if (cluster, node) == SMALL_NODE[:2] else 64.0, "cpu_busy": 1.0 + 1.5 * running,
         "cpu_iowait": 0.2, "cpu_pegged": 0.0, "disk_read_bps": 2e6, "disk_write_bps": 5e6, "disk_busy": 0.02,
-        "ib_rx_bps": 1e7 if cluster == "hpc" else None, "ib_tx_bps": 1e7 if cluster == "hpc" else None,
-        "nfs_read_bps": 1e6, "nfs_ops": 50.0}
+        "ib_rx_bps": ib, "ib_tx_bps": ib, "nfs_read_bps": 1e6, "nfs_ops": 50.0}
     if storage:
         v.update(STORAGE_HOST)
     return v
@@ -526,7 +540,8 @@ def write_nodes(out: Path, t0: int, days: int) -> list[Path]:
                     here = [w for w in work if node in w.placement() and w.start_h <= hour < w.start_h + w.hours]
                     running = sum(len(w.placement()[node]) for w in here)
                     storage = any((cluster, w.id) == STORAGE_WAIT for w in here)
-                    v = _host(cluster, node, hour, running, storage)
+                    lockstep = any((cluster, w.id, node) == LOCKSTEP_IB[:3] for w in here)
+                    v = _host(cluster, node, hour, running, storage, lockstep)
                     wr.writerow([_iso(t0 + b * BUCKET), node, *("" if v[c] is None else f"{v[c]:g}"
                                                                 for c in NODE_COLUMNS), BUCKET])
         paths.append(p)

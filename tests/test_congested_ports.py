@@ -153,46 +153,6 @@ def test_bad_port_buckets_are_refused_and_the_rest_stored(store: Any) -> None:
         assert conn.execute(text("SELECT wait_share, link_errors FROM ib_port_buckets")).all() == [(0.3, 1.0)]
 
 
-def test_demo_congested_port_under_the_two_node_job(store_url: str, tmp_path: Path) -> None:
-    """The demo (auditor/demo.py CONGESTED_PORT), on both engines. By hand: job 1060 holds 4 GPUs on each of
-    gpu-node-02 and gpu-node-03 for hours 110-120 (8 GPUs, 120 buckets of 300 s); gpu-node-03's port mlx5_2/1
-    waits 0.30 of each bucket then, with 3 link errors a bucket: 120 x 300 x 0.30 = 10,800 s waited of 36,000 s:
-    30 %, 360 link errors; held up 8 x 10,800 / 3,600 = 24.0 GPU-h. Every other port (mlx5_0/1 of the three hpc
-    nodes, and mlx5_2/1 outside those hours) waits 0.01: mlx5_0/1 of gpu-node-02 and of gpu-node-03 each hold
-    1060 up 8 x 120 x 300 x 0.01 / 3,600 = 0.8 GPU-h; gpu-node-01 has no multi-node job. In all 25.6 GPU-h, 4
-    ports measured. Over the week (2,016 buckets) mlx5_2/1 waited (120 x 0.30 + 1,896 x 0.01) / 2,016 =
-    (36 + 18.96) / 2,016 = 0.027262. The straggler finding on gpu-node-03 ends "node gpu-node-03, port mlx5_2/1
-    waited 30% of the time (360 link errors)"."""
-    from sqlalchemy import text
-
-    from auditor.demo_run import run_demo
-    from auditor.report.context import build_context as ctx_of
-    from auditor.store.engine import Store
-
-    got = run_demo(tmp_path / "demo", now=datetime(2026, 11, 29, tzinfo=UTC), store_url=store_url)
-    s = Store.open(store_url)
-    with s.engine.connect() as conn:
-        ev = conn.execute(text("SELECT f.evidence FROM findings f WHERE f.run_id = :r AND f.kind = 'straggler'"),
-                          {"r": got.run_id}).scalar()
-    import json
-
-    import connectors
-
-    ev = json.loads(ev) if isinstance(ev, str) else ev
-    assert ev["straggler_node"] == "gpu-node-03"
-    assert ev["rule"].endswith("; node gpu-node-03, port mlx5_2/1 waited 30% of the time (360 link errors)")
-    assert ev["ports"][0] == {"port": "mlx5_2/1", "wait_share": pytest.approx(0.30),
-                              "waited_s": pytest.approx(10800.0), "link_errors": pytest.approx(360.0)}
-    cp = ctx_of(s, connectors.load_config(got.config), got.run_id)["congested_ports"]
-    assert (cp["ports_measured"], cp["held_gpu_hours"]) == (4, pytest.approx(25.6))
-    assert [(x["node"], x["port"], x["held_gpu_hours"], x["jobs"]) for x in cp["ports"]] == [
-        ("gpu-node-03", "mlx5_2/1", pytest.approx(24.0), ["1060"]),
-        ("gpu-node-02", "mlx5_0/1", pytest.approx(0.8), ["1060"]),
-        ("gpu-node-03", "mlx5_0/1", pytest.approx(0.8), ["1060"])]
-    assert cp["ports"][0]["wait_share"] == pytest.approx((36 + 18.96) / 2016)
-    assert cp["ports"][0]["link_errors"] == pytest.approx(360.0)
-
-
 # -- the API path: node_exporter's per-port series in a private Prometheus ---------------------------------------
 #: two hours of samples every 30 s from two days ago (a whole hour), as tests/test_node_telemetry.py does
 NOW_TS = int(datetime.now(UTC).timestamp())
