@@ -1,6 +1,7 @@
 """Where the shipped resources are: templates (the report, the e-mails, the web UI), migrations and the deploy
-files. The wheel puts them under ``auditor/<name>`` (pyproject.toml ``package-dir``); a source checkout has
-them at the top level (templates/, migrations/, deploy/), where a reader looks for them."""
+files, all inside the package (``auditor/templates``, ``auditor/migrations``, ``auditor/deploy``), so a wheel
+and a source checkout find them in the same place. The checkout's top-level ``templates/``, ``migrations/`` and
+``deploy/`` are links to them, where a reader looks first."""
 
 from __future__ import annotations
 
@@ -10,10 +11,8 @@ from auditor.errors import GpuAuditError
 
 
 def resource_dir(name: str) -> Path:
-    """Directory of a shipped resource (``templates``, ``migrations``, ``deploy``): ``auditor/<name>`` in a
-    wheel, ``<checkout>/<name>`` in a source checkout."""
-    here = Path(__file__).resolve().parent  # auditor/
-    for candidate in (here / name, here.parent / name):
-        if candidate.is_dir():
-            return candidate
-    raise GpuAuditError(f"resource directory {name!r} not found next to {here}")
+    """Directory of a shipped resource (``templates``, ``migrations``, ``deploy``): ``auditor/<name>``."""
+    path = Path(__file__).resolve().parent / name
+    if not path.is_dir():
+        raise GpuAuditError(f"resource directory {name!r} not found in {path.parent} (a broken install?)")
+    return path

@@ -11,6 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "architecture.md"
 START, END = "<!-- modules -->", "<!-- /modules -->"
+#: the shipped resources (Alembic's env.py and revisions are not modules of the code; docs/schema.md has them)
+RESOURCES = ("auditor/migrations/", "auditor/templates/", "auditor/deploy/")
 
 
 def _summary(path: Path) -> str:
@@ -23,7 +25,8 @@ def _summary(path: Path) -> str:
 def index() -> str:
     """The generated section: one line per module, in path order."""
     rows = [f"- `{p.relative_to(ROOT).as_posix()}`: {_summary(p)}"
-            for pkg in ("auditor", "connectors") for p in sorted((ROOT / pkg).rglob("*.py"))]
+            for pkg in ("auditor", "connectors") for p in sorted((ROOT / pkg).rglob("*.py"))
+            if not p.relative_to(ROOT).as_posix().startswith(RESOURCES)]
     return "\n".join([START, *rows, END])
 
 

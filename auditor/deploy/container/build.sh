@@ -18,7 +18,9 @@
 # resource limits (no CAP_SYS_RESOURCE), e.g. "--ulimit nofile=20000:20000 --ulimit nproc=1000:1000".
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/../.." && pwd)
+# the checkout: the first folder above this script with pyproject.toml (run as deploy/container/build.sh or
+# auditor/deploy/container/build.sh: deploy/ is a link to auditor/deploy)
+root=$(cd "$(dirname "$0")" && while [ ! -f pyproject.toml ] && [ "$PWD" != / ]; do cd ..; done; pwd)
 version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$root/auditor/__init__.py" | head -1)  # its one place
 tag="localhost/gpu-audit:$version" base="" suite=bookworm mirror=""
 while [ $# -gt 0 ]; do
