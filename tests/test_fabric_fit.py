@@ -73,20 +73,20 @@ def test_fabric_fit_by_hand(store: Any) -> None:
 
 
 def test_fabric_nodes_named_in_the_config(store: Any) -> None:
-    """``clusters[].fabric_nodes = ["n[34]"]``: n3 and n4 are fabric nodes too (named, no port seen: 2 of 4).
-    Job E (n4, 1 GPU x 2 h, single node) is now single-node work on the fabric: 2 GPU-h, USD 4; job D (n2 + n3)
-    has no node off the fabric any more, and used it (n2's 2 GB/s; n3's traffic is not measured). Totals: 3
-    allocations, 6 + 4 + 2 = 12 GPU-h, USD 24. Another cluster's patterns name nothing here."""
+    """Cluster c's ``fabric_nodes = ["n[4-9]"]``: n4 is a fabric node too (named, no port seen: 1 of 3). Job E
+    (n4, 1 GPU x 2 h, single node) is now single-node work on the fabric: 2 GPU-h, USD 4. Totals: 3
+    allocations, 6 + 4 + 2 = 12 GPU-h, USD 24. Cluster d's pattern ``n3`` names no node of cluster c: job D
+    (n2 + n3) still has n3 off the fabric."""
     from auditor.config import ClusterConfig
 
     store.ingest(fleet())
     c = Config(prices=PriceCard(default=2.0),
-               clusters=[ClusterConfig(name="c", fabric_nodes=["n[34]"]), ClusterConfig(name="d", fabric_nodes=["*"])])
+               clusters=[ClusterConfig(name="c", fabric_nodes=["n[4-9]"]), ClusterConfig(name="d", fabric_nodes=["n3"])])
     rid = run_audit(store, c, W0, W1).run_id
     f = build_context(store, c, rid)["fabric"]
-    assert (f["fabric_nodes"], f["named_nodes"]) == (4, 2)
+    assert (f["fabric_nodes"], f["named_nodes"]) == (3, 1)
     assert f["totals"] == pytest.approx({"allocations": 3, "gpu_hours": 12.0, "cost": 24.0})
     assert [(a["job"], a["why"], a["fabric_gpu_hours"]) for a in f["allocations"]][-1] == (
         "E", "single node", pytest.approx(2.0))
-    assert f["off_fabric"] == []
-    assert "on 4 fabric nodes (2 named in the config)" in render.render_text(build_context(store, c, rid))
+    assert [(a["job"], a["nodes_off_fabric"]) for a in f["off_fabric"]] == [("D", ["n3"])]
+    assert "on 3 fabric nodes (1 named in the config)" in render.render_text(build_context(store, c, rid))
