@@ -81,7 +81,8 @@ def test_fabric_nodes_named_in_the_config(store: Any) -> None:
 
     store.ingest(fleet())
     c = Config(prices=PriceCard(default=2.0),
-               clusters=[ClusterConfig(name="c", fabric_nodes=["n[4-9]"]), ClusterConfig(name="d", fabric_nodes=["n3"])])
+               clusters=[ClusterConfig(name="c", fabric_nodes=["n[4-9]"]),
+                         ClusterConfig(name="d", fabric_nodes=["n3"])])
     rid = run_audit(store, c, W0, W1).run_id
     f = build_context(store, c, rid)["fabric"]
     assert (f["fabric_nodes"], f["named_nodes"]) == (3, 1)
