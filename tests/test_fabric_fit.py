@@ -70,3 +70,24 @@ def test_fabric_fit_by_hand(store: Any) -> None:
     assert "c job D (" in txt and "multi-node with n3 off the fabric" in txt
     assert "| c | gpu | 2 | 6.0 | 4.0 | 10.0 |" in render.render_md(ctx)
     assert 'id="fabric"' in render.render_html(ctx)[0]
+
+
+def test_fabric_nodes_named_in_the_config(store: Any) -> None:
+    """Cluster c's ``fabric_nodes = ["n[4-9]"]``: n4 is a fabric node too (named, no port seen: 1 of 3). Job E
+    (n4, 1 GPU x 2 h, single node) is now single-node work on the fabric: 2 GPU-h, USD 4. Totals: 3
+    allocations, 6 + 4 + 2 = 12 GPU-h, USD 24. Cluster d's pattern ``n3`` names no node of cluster c: job D
+    (n2 + n3) still has n3 off the fabric."""
+    from auditor.config import ClusterConfig
+
+    store.ingest(fleet())
+    c = Config(prices=PriceCard(default=2.0),
+               clusters=[ClusterConfig(name="c", fabric_nodes=["n[4-9]"]),
+                         ClusterConfig(name="d", fabric_nodes=["n3"])])
+    rid = run_audit(store, c, W0, W1).run_id
+    f = build_context(store, c, rid)["fabric"]
+    assert (f["fabric_nodes"], f["named_nodes"]) == (3, 1)
+    assert f["totals"] == pytest.approx({"allocations": 3, "gpu_hours": 12.0, "cost": 24.0})
+    assert [(a["job"], a["why"], a["fabric_gpu_hours"]) for a in f["allocations"]][-1] == (
+        "E", "single node", pytest.approx(2.0))
+    assert [(a["job"], a["nodes_off_fabric"]) for a in f["off_fabric"]] == [("D", ["n3"])]
+    assert "on 3 fabric nodes (1 named in the config)" in render.render_text(build_context(store, c, rid))

@@ -110,16 +110,30 @@ def ports_section(conn: Connection, run_id: int, *, full: bool, top_n: int,
             "ports": rows if full else rows[:top_n], "ports_total": len(rows)}
 
 
-def section(conn: Connection, run_id: int, *, full: bool, top_n: int, user: str | None = None) -> dict[str, Any]:
+def named(cluster: str, node: str, patterns: dict[str, list[str]] | None) -> bool:
+    """Whether the config names ``node`` of ``cluster`` a fabric node (``clusters[].fabric_nodes``: shell-style
+    patterns, matched case-sensitively)."""
+    from fnmatch import fnmatchcase
+
+    return any(fnmatchcase(node, p) for p in (patterns or {}).get(cluster, ()))
+
+
+def section(conn: Connection, run_id: int, *, full: bool, top_n: int, user: str | None = None,
+            fabric_nodes: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Per (cluster, partition) and per allocation: the fabric GPU-hours and cost of single-node work and of
     multi-node work with a quiet fabric; the multi-node allocations with a node off the fabric. With ``user`` (a
-    scoped web viewer) only that user's allocations."""
+    scoped web viewer) only that user's allocations. ``fabric_nodes``: per cluster, the patterns of the nodes
+    the config names fabric nodes (``clusters[].fabric_nodes``), beside those with an InfiniBand port seen."""
     from sqlalchemy import bindparam
 
     since, until = conn.execute(text("SELECT since_ts, until_ts FROM audit_runs WHERE id = :run"),
                                 {"run": run_id}).one()
     fab = {(r.cluster, r.node) for r in conn.execute(text(FABRIC_NODES), {"since": since, "until": until})}
-    allocs = _allocs(conn, run_id, user)
+    allocs = _allocs(conn, run_id, None)
+    seen = len(fab)
+    fab |= {(a["r"].cluster, n) for a in allocs.values() for n in a["nodes"] if named(a["r"].cluster, n, fabric_nodes)}
+    if user is not None:
+        allocs = {k: a for k, a in allocs.items() if a["r"].user_name == user}
     traffic = text(TRAFFIC).bindparams(bindparam("nodes", expanding=True))
     rows, off = [], []
     for aid, a in allocs.items():
@@ -155,7 +169,7 @@ def section(conn: Connection, run_id: int, *, full: bool, top_n: int, user: str 
         g["gpu_hours"] += x["fabric_gpu_hours"]
         g["cost"] += x["cost"]
     by = sorted(groups.values(), key=lambda g: (-g["gpu_hours"], g["cluster"], g["partition"]))
-    return {"fabric_nodes": len(fab), "quiet_bps": FABRIC_QUIET_BPS,
+    return {"fabric_nodes": len(fab), "named_nodes": len(fab) - seen, "quiet_bps": FABRIC_QUIET_BPS,
             "totals": {"allocations": len(rows), "gpu_hours": sum(x["fabric_gpu_hours"] for x in rows),
                        "cost": sum(x["cost"] for x in rows)},
             "groups": by if full else by[:top_n], "allocations": rows if full else rows[:top_n],

@@ -103,6 +103,10 @@ class ClusterConfig(Strict):
     telemetry: list[SourceConfig] = Field(default_factory=list,
                                           description="Telemetry sources (Prometheus, files).")
     initial_days: float = Field(7, gt=0, le=MAX_DAYS, description="How far back the first collection reads.")
+    fabric_nodes: list[Annotated[str, Field(min_length=1, max_length=255)]] = Field(
+        default_factory=list, description="Nodes on the back-end fabric (InfiniBand or RoCE), as shell-style "
+        "patterns of node names (`gpu-node-*`), beside those whose host telemetry reports an InfiniBand port: "
+        "fabric fit (docs/definitions.md \"Fabric fit\").")
 
 
 class CollectConfig(Strict):

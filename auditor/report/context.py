@@ -629,7 +629,7 @@ def build_context(store: Store, cfg: Config, run_id: int, *, full: bool = False,
             "verification": verification_section(summary),
             "definitions": {k: v.format(**{**cfg.thresholds.model_dump(), **th}) for k, v in DEFINITIONS.items()},
             "files": {"json": f"report-{run_id}.json", "csv": f"findings-{run_id}.csv"},
-            **summary_sections(conn, run_id, summary, th, tz, full=full, top_n=n),
+            **summary_sections(conn, run_id, summary, th, tz, full=full, top_n=n, fabric_nodes=fabric_named(cfg)),
         }
         for key, names in SECTION_KINDS.items():
             ctx[key] = findings_table(conn, run_id, names, tz, full=full, top_n=n)
@@ -652,13 +652,18 @@ def goodput_section(conn: Connection, cfg: Config, run_id: int, th: dict[str, An
     return out
 
 
+def fabric_named(cfg: Config) -> dict[str, list[str]]:
+    """Per cluster, the node patterns its config names fabric nodes (``clusters[].fabric_nodes``)."""
+    return {c.name: list(c.fabric_nodes) for c in cfg.clusters if c.fabric_nodes}
+
+
 def summary_sections(conn: Connection, run_id: int, summary: dict[str, Any], th: dict[str, Any], tz: Any, *,
-                     full: bool, top_n: int) -> dict[str, Any]:
+                     full: bool, top_n: int, fabric_nodes: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The sections made from the run summary (and small per-user reads), cut at top_n unless ``full``: the
     streamed JSON export (:mod:`auditor.report.export`) rebuilds exactly these uncut."""
     from auditor.audit import fabric
 
-    return {"fabric": fabric.section(conn, run_id, full=full, top_n=top_n),
+    return {"fabric": fabric.section(conn, run_id, full=full, top_n=top_n, fabric_nodes=fabric_nodes),
             "congested_ports": fabric.ports_section(conn, run_id, full=full, top_n=top_n),
             "right_sizing": sizing.right_sizing(summary, full=full, top_n=top_n),
             "request_hygiene": sizing.request_hygiene(conn, run_id, full=full, top_n=top_n,

@@ -199,7 +199,7 @@ def write_exports(store: Store, cfg: Config, run_id: int, ctx: dict[str, Any], *
         run = report.load_run(conn, run_id)
         doc.update(report.summary_sections(conn, run_id, dict(run["summary"] or {}),
                                            dict(run["thresholds"] or cfg.thresholds.model_dump()), tz,
-                                           full=True, top_n=0))
+                                           full=True, top_n=0, fabric_nodes=report.fabric_named(cfg)))
         doc["goodput"] = report.goodput_section(conn, cfg, run_id, dict(run["thresholds"] or {}), tz, full=True,
                                                 top_n=0, tensor_rows=False)
         tensor = _Spool(files)  # every allocation's Tensor-pipe proxy: spooled, not held

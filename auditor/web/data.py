@@ -284,7 +284,7 @@ def fabric(store: Store, cfg: Config, run_id: int, user: str | None) -> dict[str
 
     with store.engine.connect() as conn:
         info, _run = run_info(conn, run_id, cfg)
-        fit = fab.section(conn, run_id, full=True, top_n=0, user=user)
+        fit = fab.section(conn, run_id, full=True, top_n=0, user=user, fabric_nodes=report.fabric_named(cfg))
         ports = fab.ports_section(conn, run_id, full=True, top_n=0, user=user)
     return {"schema": "gpu-audit.web.fabric/1", "run": info, "scope": user, "currency": cfg.prices.currency,
             "fit": fit, "ports": ports}
