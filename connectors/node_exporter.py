@@ -223,26 +223,37 @@ class NodeTelemetry(ApiOrFilesSource):
              problems: Problems) -> int:
         """One field's answer into ``rows`` (node -> bucket start -> field); returns 1 when some series had no
         node label (the answer is per node: they fold into one), else 0."""
-        if not isinstance(data, dict) or data.get("resultType") != "matrix":
-            raise SourceError(self.source, f"query_range answered {str(data)[:60]!r}, not a matrix")
         unnamed = 0
-        for series in data.get("result") or ():
+        for series in self._matrix(data):
             node = self.node_name(series.get("metric") or {})
             if node is None:
                 unnamed = 1
                 continue
             per = rows.setdefault(node, {})
-            for point in series.get("values") or ():
-                try:
-                    end, value = int(float(point[0])), float(point[1])
-                except (TypeError, ValueError, IndexError):
-                    problems.skip(self.source, "query_range", f"{fname}: not a point", str(point)[:80])
-                    continue
-                if not math.isfinite(value) or value < 0:
-                    problems.skip(self.source, f"{node} @ {end - b}", f"{fname}: {value!r} is not a rate")
-                    continue
+            for end, value in self._rates(series, fname, node, b, problems):
                 per.setdefault(end - b, {})[fname] = min(value, 1.0) if fname in SHARES else value
         return unnamed
+
+    def _matrix(self, data: Any) -> list[dict[str, Any]]:
+        """The series of a query_range answer; anything but a matrix fails the source in one line."""
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            raise SourceError(self.source, f"query_range answered {str(data)[:60]!r}, not a matrix")
+        return data.get("result") or []
+
+    def _rates(self, series: dict[str, Any], fname: str, where: str, b: int,
+               problems: Problems) -> Iterator[tuple[int, float]]:
+        """A series' points as (end, value); a point that is no point or no rate (negative, not finite) is
+        quarantined with where and why, never dropped silently."""
+        for point in series.get("values") or ():
+            try:
+                end, value = int(float(point[0])), float(point[1])
+            except (TypeError, ValueError, IndexError):
+                problems.skip(self.source, "query_range", f"{fname}: not a point", str(point)[:80])
+                continue
+            if not math.isfinite(value) or value < 0:
+                problems.skip(self.source, f"{where} @ {end - b}", f"{fname}: {value!r} is not a rate")
+                continue
+            yield end, value
 
     def buckets(self, rows: dict[str, dict[int, dict[str, float]]], window: Window) -> Iterator[NodeBucket]:
         b = window.bucket_seconds
@@ -270,22 +281,14 @@ class NodeTelemetry(ApiOrFilesSource):
         for fname in pfields:
             data = self.http.api("/api/v1/query_range", {"query": self.port_promql(fname, b), "start": str(first + b),
                                                          "end": str(last + b), "step": str(b)}, problems)
-            if not isinstance(data, dict) or data.get("resultType") != "matrix":
-                raise SourceError(self.source, f"query_range answered {str(data)[:60]!r}, not a matrix")
-            for series in data.get("result") or ():
+            for series in self._matrix(data):
                 metric = series.get("metric") or {}
                 node, dev, port = self.node_name(metric), metric.get("device"), metric.get("port")
                 if node is None or not dev or not port:
                     continue
                 per = ports.setdefault((node, dev, port), {})
-                for point in series.get("values") or ():
-                    try:
-                        end, value = int(float(point[0])), float(point[1])
-                    except (TypeError, ValueError, IndexError):
-                        problems.skip(self.source, "query_range", f"{fname}: not a point", str(point)[:80])
-                        continue
-                    if math.isfinite(value) and value >= 0:
-                        per.setdefault(end - b, {})[fname] = value
+                for end, value in self._rates(series, fname, f"{node} {dev}/{port}", b, problems):
+                    per.setdefault(end - b, {})[fname] = value
         since, until = window.since.timestamp(), window.until.timestamp()
         for (node, dev, port), per in sorted(ports.items()):
             for start, v in sorted(per.items()):

@@ -23,7 +23,7 @@ def test_architecture_names_every_module() -> None:
         "python scripts/module_index.py --write"
     for p in list((ROOT / "auditor").rglob("*.py")) + list((ROOT / "connectors").rglob("*.py")):
         rel = p.relative_to(ROOT).as_posix()
-        if rel.startswith(("auditor/migrations/", "auditor/templates/", "auditor/deploy/")):
+        if rel.startswith(gen.RESOURCES):
             continue  # shipped resources (Alembic's revisions), not code: "Where the files are" names them
         assert f"`{rel}`" in page, p
     assert "## Where the files are" in page and "`auditor/migrations/`" in page
