@@ -338,9 +338,10 @@ class NodeBucket:
 
 @dataclass(slots=True)
 class PortBucket:
-    """One InfiniBand port of one node in one bucket (node_exporter's infiniband collector, issue 48 §2): the
-    share of the bucket the port had data to send and sent none (its transmit wait, 0-1, see
-    :func:`connectors.node_exporter.wait_share`) and the link errors counted in the bucket
+    """One InfiniBand or RoCE port of one node in one bucket (node_exporter's infiniband collector, issue 48 §2):
+    the share of the bucket the port had data to send and sent none (its transmit wait, 0-1, see
+    :func:`connectors.node_exporter.wait_share`), the link errors counted in the bucket, and on a RoCE port the
+    share of its received packets a switch marked congested (ECN, 0-1: :func:`connectors.node_exporter.ecn_share`)
     (docs/node-telemetry.md "Per port"). None: not measured. ``device``/``port``: the HCA and port number as the
     exporter labels them (``mlx5_2``, ``1``)."""
 
@@ -352,3 +353,4 @@ class PortBucket:
     seconds: int
     wait_share: float | None = None
     link_errors: float | None = None
+    ecn_share: float | None = None

@@ -19,8 +19,9 @@ series per device, and the audit needs the node's total, so the answer is 100-1,
 - ``ib_*``, ``nfs_*``, ``lustre_*``: InfiniBand port, NFS client (mountstats bytes; all-procedure requests)
   and Lustre client (llite) bytes/s, summed over devices, ports and mounts.
 
-Per InfiniBand port (:data:`PORT_QUERIES`, one more query per field and chunk, ``by`` the host label, ``device``
-and ``port``): its transmit wait as a share of the bucket (:func:`wait_share`) and its link errors, as
+Per InfiniBand or RoCE port (:data:`PORT_QUERIES`, one more query per field and chunk, ``by`` the host label,
+``device`` and ``port``): its transmit wait as a share of the bucket (:func:`wait_share`), its link errors and, on
+RoCE, the share of its received packets marked congested (:func:`ecn_share`), as
 :class:`auditor.records.PortBucket` (issue 48 §2, the congested link).
 
 The node name is the host label's value (``instance`` without its port by default), as GPU telemetry and the
@@ -95,9 +96,19 @@ LINK_ERRORS = ("node_infiniband_symbol_error_total", "node_infiniband_link_error
 #: (ticks x 8) over what the port's rate sends in the bucket. On hardware with another tick the share is off by
 #: that factor, the ranking of ports on one fabric is not.
 BYTES_PER_TICK = 8
+#: RoCE (RDMA over Converged Ethernet): node_exporter lists a RoCE HCA's ports with the InfiniBand ones (its
+#: collector reads /sys/class/infiniband, where the RDMA driver puts both link layers; a RoCE port's data and
+#: packet counters count its RDMA traffic). On Ethernet a congested switch queue marks packets (ECN) instead of
+#: holding the sender back in ticks, so a RoCE port's congestion is the share of the packets it received that
+#: were marked: the mlx5 hardware counter np_ecn_marked_roce_packets (Update's HwCounters lines, the same commit)
+#: over its received packets
+ECN_MARKED = "node_infiniband_np_ecn_marked_roce_packets_received_total"
+#: "Number of packets received on all VLs by this port (including errors)"
+RX_PACKETS = "node_infiniband_port_packets_received_total"
 #: field -> (function over the bucket, metric name): per port
 PORT_QUERIES: dict[str, tuple[str, str]] = {
     "xmit_wait": ("rate", TRANSMIT_WAIT), "rate_bps": ("max_over_time", PORT_RATE),
+    "ecn_marked": ("rate", ECN_MARKED), "rx_packets": ("rate", RX_PACKETS),
     **{f"errors:{n}": ("increase", n) for n in LINK_ERRORS}}
 
 
@@ -107,6 +118,14 @@ def wait_share(ticks_per_s: float | None, rate_bps: float | None) -> float | Non
     if ticks_per_s is None or not rate_bps:
         return None
     return min(1.0, ticks_per_s * BYTES_PER_TICK / rate_bps)
+
+
+def ecn_share(marked_per_s: float | None, packets_per_s: float | None) -> float | None:
+    """The share of the packets a RoCE port received that a switch marked congested (ECN): marked/s over
+    received/s, at most 1; None when either is not measured or nothing was received (no share of nothing)."""
+    if marked_per_s is None or not packets_per_s:
+        return None
+    return min(1.0, marked_per_s / packets_per_s)
 
 
 class NodeTelemetry(ApiOrFilesSource):
@@ -126,6 +145,7 @@ class NodeTelemetry(ApiOrFilesSource):
                                    "short names; IP addresses are kept whole.")
         port_paths: list[str] | None = Field(None, description="With `paths`: CSV files (or glob patterns) of "
                                              "per-port rows, `start,node,device,port,wait_share,link_errors` "
+                                             "(and `ecn_share` for a RoCE port) "
                                              "(docs/node-telemetry.md \"Per port\"); with `url` the ports are "
                                              "read from the API.")
         sample_interval_s: float | None = Field(None, gt=0, description="Scrape interval of node_exporter, "
@@ -199,7 +219,8 @@ class NodeTelemetry(ApiOrFilesSource):
         try:
             have = self.present(window, problems)
             fields = [f for f, q in QUERIES.items() if q[2] in have]
-            pfields = [f for f, q in PORT_QUERIES.items() if q[1] in have] if TRANSMIT_WAIT in have else []
+            pfields = [f for f, q in PORT_QUERIES.items() if q[1] in have and (f != "rx_packets" or ECN_MARKED in have)
+                       ] if TRANSMIT_WAIT in have or ECN_MARKED in have else []
             if not fields and not pfields:
                 self.notes = ["no node_exporter metric in the window (node_cpu_seconds_total, node_disk_*, "
                               "node_infiniband_*, node_mountstats_nfs_*, node_nfs_requests_total, lustre_*)"]
@@ -298,7 +319,8 @@ class NodeTelemetry(ApiOrFilesSource):
                 yield PortBucket(cluster=self.context.cluster, node=node, device=dev, port=port,
                                  start=datetime.fromtimestamp(start, UTC), seconds=b,
                                  wait_share=wait_share(v.get("xmit_wait"), v.get("rate_bps")),
-                                 link_errors=sum(errs) if errs else None)
+                                 link_errors=sum(errs) if errs else None,
+                                 ecn_share=ecn_share(v.get("ecn_marked"), v.get("rx_packets")))
 
     # -- the file form ----------------------------------------------------------------------------
 
@@ -316,18 +338,20 @@ class NodeTelemetry(ApiOrFilesSource):
                 yield pb
 
     def port_row(self, rec: dict[str, str], bucket_s: int) -> PortBucket:
-        """One per-port CSV row (``start,node,device,port,wait_share,link_errors``)."""
+        """One per-port CSV row (``start,node,device,port,wait_share,link_errors``, and ``ecn_share`` for a RoCE
+        port)."""
         from auditor.timeutil import parse_time
 
         node, dev, port = ((rec.get(k) or "").strip() for k in ("node", "device", "port"))
         if not node or not dev or not port:
             raise ValueError("node, device, port: a row must name all three")
-        share = cell(rec, "wait_share", "share")
-        if share is not None and share > 1:
-            raise ValueError(f"wait_share: {share:g} is not a share (0-1)")
+        shares = {f: cell(rec, f, "share") for f in ("wait_share", "ecn_share")}
+        for f, share in shares.items():
+            if share is not None and share > 1:
+                raise ValueError(f"{f}: {share:g} is not a share (0-1)")
         return PortBucket(cluster=self.context.cluster, node=node, device=dev, port=port,
-                          start=parse_time(rec["start"]).astimezone(UTC), seconds=bucket_s, wait_share=share,
-                          link_errors=cell(rec, "link_errors", "count"))
+                          start=parse_time(rec["start"]).astimezone(UTC), seconds=bucket_s,
+                          link_errors=cell(rec, "link_errors", "count"), **shares)
 
     def file_row(self, rec: dict[str, str], bucket_s: int) -> NodeBucket:
         from auditor.timeutil import parse_time

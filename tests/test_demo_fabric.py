@@ -44,7 +44,7 @@ def test_demo_fabric_cases_by_hand(store_url: str, tmp_path: Path) -> None:
     ev = json.loads(ev) if isinstance(ev, str) else ev
     assert ev["straggler_node"] == "gpu-node-03"
     assert ev["rule"].endswith("; node gpu-node-03, port mlx5_2/1 waited 30% of the time (360 link errors)")
-    assert ev["ports"][0] == {"port": "mlx5_2/1", "wait_share": pytest.approx(0.30),
+    assert ev["ports"][0] == {"port": "mlx5_2/1", "wait_share": pytest.approx(0.30), "signal": "transmit_wait",
                               "waited_s": pytest.approx(10800.0), "link_errors": pytest.approx(360.0)}
     cp = ctx_of(s, connectors.load_config(got.config), got.run_id)["congested_ports"]
     assert (cp["ports_measured"], cp["held_gpu_hours"]) == (4, pytest.approx(25.6))

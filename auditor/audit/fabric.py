@@ -1,9 +1,10 @@
 """Fabric fit (issue 48 §1; docs/definitions.md "Fabric fit"): GPU-hours on fabric-attached nodes spent by work
 that never used the fabric, and what moving it would free.
 
-A node is fabric-attached when its host telemetry in the window reported an InfiniBand port (node_exporter's
-infiniband collector: ``node_infiniband_port_data_received_bytes_total`` / ``..._transmitted_bytes_total``,
-stored as ``node_buckets.ib_rx_bps`` / ``ib_tx_bps``; a port seen, whatever its traffic). Per allocation of the
+A node is fabric-attached when its host telemetry in the window reported an InfiniBand or RoCE port
+(node_exporter's infiniband collector, which lists both: ``node_infiniband_port_data_received_bytes_total`` /
+``..._transmitted_bytes_total``, stored as ``node_buckets.ib_rx_bps`` / ``ib_tx_bps``; a port seen, whatever its
+traffic). Per allocation of the
 run holding GPUs on such nodes: a single-node allocation never needed the fabric; a multi-node one whose nodes'
 InfiniBand traffic (received + transmitted bytes/s, the mean over its nodes' buckets in its interval, weighted
 by their seconds) stayed below :data:`FABRIC_QUIET_BPS` did not use it. Their GPU-hours on fabric nodes (and
@@ -12,7 +13,9 @@ multi-node allocation with a node that has no fabric port (placed where the fabr
 
 The congested link (issue 48 §2; docs/definitions.md "Congested ports"): per InfiniBand port (node, device,
 port) the share of the time it had data to send and sent none (``ib_port_buckets.wait_share``, from
-node_exporter's transmit-wait counter: :func:`connectors.node_exporter.wait_share`) and its link errors.
+node_exporter's transmit-wait counter: :func:`connectors.node_exporter.wait_share`) and its link errors; per
+RoCE port the share of its received packets a switch marked congested (``ecn_share``:
+:func:`connectors.node_exporter.ecn_share`), read as the share of the time its link was congested.
 :func:`port_waits` is the one reading of a port's wait over an interval: the straggler finding quotes it for
 its node's ports, and :func:`ports_section` ranks the ports by the multi-node GPU-hours they held up.
 """
@@ -51,16 +54,25 @@ FROM node_buckets WHERE cluster = :cluster AND node IN :nodes AND start_ts >= :l
 AND (ib_rx_bps IS NOT NULL OR ib_tx_bps IS NOT NULL)"""
 
 
-PORT_WAITS = """SELECT node, device, port, SUM(CASE WHEN wait_share IS NOT NULL THEN seconds * wait_share END) AS w,
-SUM(CASE WHEN wait_share IS NOT NULL THEN seconds END) AS s, SUM(link_errors) AS e FROM ib_port_buckets
+#: A bucket's congested share: its transmit-wait share, or on a RoCE port its ECN-marked share (the share of its
+#: received packets a switch marked congested, taken as the share of the time its link was congested), the
+#: greater where a port reports both
+CONGESTED = ("(CASE WHEN ecn_share IS NULL OR wait_share >= ecn_share THEN wait_share ELSE ecn_share END)")
+PORT_WAITS = f"""SELECT node, device, port, SUM(seconds * {CONGESTED}) AS w,
+SUM(CASE WHEN {CONGESTED} IS NOT NULL THEN seconds END) AS s,
+SUM(CASE WHEN ecn_share IS NOT NULL AND (wait_share IS NULL OR ecn_share > wait_share) THEN seconds END) AS es,
+SUM(link_errors) AS e FROM ib_port_buckets
 WHERE cluster = :cluster AND node IN :nodes AND start_ts >= :lo AND start_ts < :hi
 GROUP BY node, device, port"""
+#: how a port's congested share was measured (:data:`CONGESTED`): InfiniBand's transmit wait, RoCE's ECN marks
+SIGNALS = ("transmit_wait", "ecn_marked")
 
 
 def port_waits(conn: Connection, cluster: str, nodes: list[str], lo: int, hi: int) -> list[dict[str, Any]]:
-    """Per InfiniBand port of ``nodes`` with a bucket starting in [lo, hi): its waited seconds (wait share x
-    bucket seconds, summed), the seconds measured, its wait share (waited / measured; None when no bucket had
-    it) and its link errors; the most waiting first."""
+    """Per InfiniBand or RoCE port of ``nodes`` with a bucket starting in [lo, hi): its waited seconds (congested
+    share x bucket seconds, summed: :data:`CONGESTED`), the seconds measured, its wait share (waited / measured;
+    None when no bucket had it), its signal (``ecn_marked`` where most measured seconds were RoCE's ECN share,
+    else ``transmit_wait``) and its link errors; the most waiting first."""
     from sqlalchemy import bindparam
 
     if not nodes or hi <= lo:
@@ -68,10 +80,19 @@ def port_waits(conn: Connection, cluster: str, nodes: list[str], lo: int, hi: in
     stmt = text(PORT_WAITS).bindparams(bindparam("nodes", expanding=True))
     out = [{"node": r.node, "port": f"{r.device}/{r.port}", "waited_s": float(r.w or 0.0),
             "measured_s": float(r.s or 0.0), "wait_share": float(r.w or 0.0) / float(r.s) if r.s else None,
+            "signal": SIGNALS[1] if r.es and 2 * float(r.es) > float(r.s or 0) else SIGNALS[0],
             "link_errors": None if r.e is None else float(r.e)}
            for r in conn.execute(stmt, {"cluster": cluster, "nodes": list(nodes), "lo": lo, "hi": hi})]
     out.sort(key=lambda x: (-(x["wait_share"] or 0.0), x["node"], x["port"]))
     return out
+
+
+def congestion_words(share: float, signal: str) -> str:
+    """A port's congested share in words, one phrasing for the straggler finding and every report surface:
+    "waited 25% of the time" (InfiniBand), "had 12% of its received packets ECN-marked" (RoCE)."""
+    if signal == SIGNALS[1]:
+        return f"had {share:.0%} of its received packets ECN-marked"
+    return f"waited {share:.0%} of the time"
 
 
 def ports_section(conn: Connection, run_id: int, *, full: bool, top_n: int,
@@ -100,6 +121,8 @@ def ports_section(conn: Connection, run_id: int, *, full: bool, top_n: int,
     for (cluster, node, port), x in ports.items():
         whole = [w for w in port_waits(conn, cluster, [node], since, until) if w["port"] == port]
         x["wait_share"] = whole[0]["wait_share"] if whole else None
+        x["signal"] = whole[0]["signal"] if whole else SIGNALS[0]
+        x["congestion"] = congestion_words(x["wait_share"], x["signal"]) if x["wait_share"] is not None else None
         x["link_errors"] = whole[0]["link_errors"] if whole else None
         x["jobs"] = sorted(set(x["jobs"]))
     rows = sorted(ports.values(), key=lambda x: (-x["held_gpu_hours"], x["cluster"], x["node"], x["port"]))

@@ -140,10 +140,12 @@ def stragglers(conn: Connection, run_id: int, rows_of: Callable[[Iterable[int]],
             port = next((w for w in ports if w["wait_share"] is not None), None)
             ev = {"rule": (f"{what} {doing} while its {len(peers)} peer GPUs ({held}) waited (SM "
                            f"{held_sm:.0%}) for {lead / unit_obs:.0%} of its observed time: {held_h:.1f} GPU-hours "
-                           "held up" + (f"; {what}, port {port['port']} waited {port['wait_share']:.0%} of the time"
+                           "held up" + (f"; {what}, port {port['port']} "
+                                        + fabric.congestion_words(port["wait_share"], port["signal"])
                                         + (f" ({port['link_errors']:,.0f} link errors)" if port["link_errors"] else "")
                                         if port else "")),
-                  "ports": [{k: w[k] for k in ("port", "wait_share", "waited_s", "link_errors")} for w in ports],
+                  "ports": [{k: w[k] for k in ("port", "wait_share", "signal", "waited_s", "link_errors")}
+                            for w in ports],
                   "straggler_node": node, "straggler_gpus": [_name(g) for g in mine],
                   "held_up_gpus": [_name(g) for g in peers], "lead_share": lead / unit_obs,
                   "lead_gpu_hours": lead / H, "held_up_gpu_hours": held_h, "straggler_mean_sm": lead_sm,

@@ -208,6 +208,7 @@ def clean(rec: Any) -> Any:
         _int(rec.seconds, "bucket seconds")
         _float(rec.wait_share, "wait_share", optional=True)
         _float(rec.link_errors, "link_errors", optional=True)
+        _float(rec.ecn_share, "ecn_share", optional=True)
     elif isinstance(rec, KubeJob):
         rec.uid = _text(rec.uid, "uid", key=True)
         if not rec.uid or len(rec.uid) > 64:
@@ -256,5 +257,5 @@ def describe(rec: Any) -> tuple[str, str]:
     if isinstance(rec, PortBucket):
         start = rec.start.isoformat() if isinstance(rec.start, datetime) else str(rec.start)
         return (f"port {str(rec.node)[:80]} {str(rec.device)[:40]}/{str(rec.port)[:8]} at {start}",
-                f"wait_share={rec.wait_share!r} link_errors={rec.link_errors!r}")
+                f"wait_share={rec.wait_share!r} link_errors={rec.link_errors!r} ecn_share={rec.ecn_share!r}")
     return type(rec).__name__, ""

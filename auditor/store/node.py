@@ -1,7 +1,8 @@
 """Node buckets (host telemetry: node_exporter, the Lustre client exporter): their table ``node_buckets`` (read
 by "Where the waiting goes", auditor/audit/waiting.py), the idempotent upsert of one batch, and their hourly
-roll-up with the GPU buckets (``gpu-audit db prune``). Beside them, per InfiniBand port, ``ib_port_buckets``
-(transmit wait and link errors, issue 48 §2; read by auditor/audit/fabric.py), stored and rolled up alike.
+roll-up with the GPU buckets (``gpu-audit db prune``). Beside them, per InfiniBand or RoCE port, ``ib_port_buckets``
+(transmit wait, link errors, ECN-marked share; issue 48 §2; read by auditor/audit/fabric.py), stored and rolled up
+alike.
 
 A value that is not a finite, non-negative number (or a share above 1) is refused with one line and the rest
 of the batch goes in. A bucket for an hour already rolled up (``store_meta.rolled_up_before``) is dropped, as
@@ -70,10 +71,13 @@ ib_port_buckets = Table(
            "docs/node-telemetry.md \"Per port\")."),
     Column("link_errors", Float, comment="Link errors counted in the bucket: the increase of symbol errors, link "
            "error recoveries, links downed and received packets with errors."),
+    Column("ecn_share", Float, comment="0-1, RoCE: share of the packets the port received that a switch marked "
+           "congested (node_infiniband_np_ecn_marked_roce_packets_received_total / "
+           "node_infiniband_port_packets_received_total; docs/node-telemetry.md \"Per port\")."),
     PrimaryKeyConstraint("cluster", "node", "device", "port", "start_ts"),
     Index(None, "start_ts"),
-    comment="Per InfiniBand port and bucket: its transmit wait share and link errors (node_exporter); NULL = not "
-            "measured.",
+    comment="Per InfiniBand or RoCE port and bucket: its transmit wait share, link errors and ECN-marked share "
+            "(node_exporter); NULL = not measured.",
 )
 
 HOUR = 3600
@@ -131,7 +135,7 @@ def port_problem(b: PortBucket) -> str:
             return f"{f}: {str(v)[:70]!r} is not an InfiniBand {f} name"
     if not isinstance(b.seconds, int) or b.seconds <= 0:
         return f"seconds: {b.seconds!r} is not a bucket length"
-    for f, hi in (("wait_share", 1.0), ("link_errors", 1e15)):
+    for f, hi in (("wait_share", 1.0), ("link_errors", 1e15), ("ecn_share", 1.0)):
         v = getattr(b, f)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
                               or not 0 <= v <= hi):
@@ -143,7 +147,8 @@ def port_row(b: PortBucket) -> dict[str, Any]:
     return {"cluster": b.cluster, "node": b.node, "device": b.device, "port": b.port,
             "start_ts": int(b.start.timestamp()), "seconds": b.seconds,
             "wait_share": None if b.wait_share is None else float(b.wait_share),
-            "link_errors": None if b.link_errors is None else float(b.link_errors)}
+            "link_errors": None if b.link_errors is None else float(b.link_errors),
+            "ecn_share": None if b.ecn_share is None else float(b.ecn_share)}
 
 
 PORT_KEY = ("cluster", "node", "device", "port", "start_ts")
@@ -158,11 +163,12 @@ def ingest_ports(conn: Connection, buckets: list[PortBucket], on_bad: Callable[[
     return upsert_checked(conn, ib_port_buckets, buckets, PORT_KEY, port_problem, port_row, on_bad, keep)
 
 
-#: one hourly row per port and hour: the wait share the seconds-weighted mean of the rows that had it, the link
+#: one hourly row per port and hour: each share the seconds-weighted mean of the rows that had it, the link
 #: errors summed
 PORT_ROLLUP = ("SELECT cluster, node, device, port, (start_ts / 3600) * 3600 AS h, "
-               "SUM(CASE WHEN wait_share IS NOT NULL THEN seconds * wait_share END) / NULLIF(SUM(CASE WHEN "
-               "wait_share IS NOT NULL THEN seconds END), 0) AS wait_share, SUM(link_errors) AS link_errors "
+               + "".join(f"SUM(CASE WHEN {f} IS NOT NULL THEN seconds * {f} END) / NULLIF(SUM(CASE WHEN {f} IS NOT "
+                         f"NULL THEN seconds END), 0) AS {f}, " for f in ("wait_share", "ecn_share"))
+               + "SUM(link_errors) AS link_errors "
                "FROM ib_port_buckets WHERE start_ts >= :lo AND start_ts < :hi "
                "GROUP BY cluster, node, device, port, (start_ts / 3600) * 3600 HAVING MIN(seconds) < 3600")
 
@@ -171,7 +177,7 @@ def roll_up_ports(conn: Connection, lo: int, hi: int) -> int:
     """Port buckets of [lo, hi) to one hourly row per port and hour (with the node buckets); rows written."""
     p = {"lo": lo, "hi": hi}
     rows = [{"cluster": r.cluster, "node": r.node, "device": r.device, "port": r.port, "start_ts": int(r.h),
-             "seconds": HOUR, "wait_share": r.wait_share, "link_errors": r.link_errors}
+             "seconds": HOUR, "wait_share": r.wait_share, "link_errors": r.link_errors, "ecn_share": r.ecn_share}
             for r in conn.execute(text(PORT_ROLLUP), p)]
     if rows:
         conn.execute(text("DELETE FROM ib_port_buckets WHERE start_ts >= :lo AND start_ts < :hi AND seconds < 3600"),
