@@ -38,8 +38,27 @@ def walk(model: type[BaseModel] = Config, prefix: str = "") -> Iterator[tuple[st
             yield f"{path}.kind", SourceConfig.model_fields["kind"]
 
 
+#: option sets several connectors take, each documented once under the connector that owns it (the others' docs
+#: point there): the Prometheus API connection of ``node_exporter`` and ``inference`` is ``prometheus``'s
+SHARED_OPTIONS = {"connectors.prometheus:ApiOptions": "prometheus"}
+
+
+def shared_option(kind: str, options: type[BaseModel], name: str) -> str | None:
+    """The connector under which ``kind``'s option ``name`` is documented when it belongs to a shared option set
+    (:data:`SHARED_OPTIONS`) of another connector, else None."""
+    from importlib import import_module
+
+    for ref, owner in SHARED_OPTIONS.items():
+        mod, _, cls_name = ref.partition(":")
+        base = getattr(import_module(mod), cls_name)
+        if owner != kind and issubclass(options, base) and name in base.model_fields:
+            return owner
+    return None
+
+
 def connector_keys() -> Iterator[tuple[str, Any]]:
-    """``<kind>.<option>`` for every built-in connector's options."""
+    """``<kind>.<option>`` for every built-in connector's options, a shared option (:data:`SHARED_OPTIONS`) once,
+    under the connector that owns it."""
     from connectors import ROLES, builtin_kinds, connector_class
 
     for kind in builtin_kinds():
@@ -49,7 +68,8 @@ def connector_keys() -> Iterator[tuple[str, Any]]:
             except (KeyError, ImportError):
                 continue
             for name, info in cls.Options.model_fields.items():
-                yield f"{kind}.{name}", info
+                if shared_option(kind, cls.Options, name) is None:
+                    yield f"{kind}.{name}", info
 
 
 def _default(info: Any) -> str:

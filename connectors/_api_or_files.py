@@ -7,60 +7,30 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TypeVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from auditor.config import SecretRef
-from connectors.base import Context, Options, Problems
-from connectors.prometheus import (
-    SCRAPE_LABELS,
-    SCRAPE_LABELS_HELP,
-    PrometheusTelemetry,
-    check_label_names,
-    check_matchers,
-    safe_url,
-)
+from connectors.base import Context, Problems
+from connectors.prometheus import ApiOptions, PrometheusTelemetry, safe_url
 
 T = TypeVar("T")
 
 
-class ApiOrFiles(Options):
-    """The options of a source read from a Prometheus API (``url``) or from CSV files (``paths``)."""
+class ApiOrFiles(ApiOptions):
+    """The options of a source read from a Prometheus API (``url``, with the connection options every such source
+    takes: :class:`connectors.prometheus.ApiOptions`) or from CSV files (``paths``)."""
 
     url: str | None = Field(None, description="Base URL of the Prometheus-compatible API, e.g. "
                             "`https://prometheus:9090` (or `paths`).")
     paths: list[str] | None = Field(None, description="Instead of `url`: CSV files (or glob patterns, relative "
                                     "to the config file) of per-bucket rows.")
-    bearer_token: SecretRef | None = Field(None, description="Bearer token: `{env = \"VAR\"}` or "
-                                           "`{file = \"/path\"}`.")
-    username: str | None = Field(None, description="Basic-auth user (password from `password`).")
-    password: SecretRef | None = Field(None, description="Basic-auth password: `{env}` or `{file}`.")
-    verify_tls: bool = Field(True, description="Verify the server certificate.")
-    ca_file: Path | None = Field(None, description="CA bundle to verify the server with.")
-    matchers: str = Field("", description="Extra label matchers added to every selector, PromQL syntax "
-                          "without braces, e.g. `cluster=\"a\"`.")
-    timeout_s: float = Field(60.0, gt=0, description="Timeout of one HTTP request, in seconds.")
-    retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed transiently.")
-    chunk_hours: float = Field(24.0, gt=0, description="Longest span of one query.")
-    scrape_labels: list[str] = Field(list(SCRAPE_LABELS), description=SCRAPE_LABELS_HELP)
 
     @model_validator(mode="after")
     def _one_source(self) -> ApiOrFiles:
         if (self.url is None) == (self.paths is None):
             raise ValueError("give either url (a Prometheus API) or paths (CSV files)")
         return self
-
-    @field_validator("matchers")
-    @classmethod
-    def _matchers(cls, v: str) -> str:
-        return check_matchers(v)
-
-    @field_validator("scrape_labels")
-    @classmethod
-    def _scrape(cls, v: list[str]) -> list[str]:
-        return check_label_names(v)
 
 
 class ApiOrFilesSource:
@@ -101,10 +71,7 @@ def http_side(context: Context, o: ApiOrFiles, source: str) -> PrometheusTelemet
     its messages naming ``source``."""
     assert o.url is not None
     http = PrometheusTelemetry(context, PrometheusTelemetry.Options(
-        url=o.url, bearer_token=o.bearer_token, username=o.username, password=o.password,
-        verify_tls=o.verify_tls, ca_file=o.ca_file, matchers=o.matchers, timeout_s=o.timeout_s,
-        retries=o.retries, chunk_hours=o.chunk_hours, scrape_labels=o.scrape_labels,
-        recording_rules="off"))
+        url=o.url, recording_rules="off", **{k: getattr(o, k) for k in ApiOptions.model_fields}))
     http.source = source
     return http
 

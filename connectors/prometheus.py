@@ -69,7 +69,7 @@ from connectors.aliases import (
     normalise,
     pick_label,
 )
-from connectors.base import Context, Problems, Window
+from connectors.base import Context, Options, Problems, Window
 from connectors.workload import Workload, WorkloadOptions, shared_copy
 
 #: Queries in flight at once: answers are decoded while the next ones are computed; more only loads the server
@@ -142,30 +142,48 @@ def safe_url(url: str) -> str:
         if parts.username or parts.password else url
 
 
+class ApiOptions(Options):
+    """How to reach a Prometheus-compatible API: the options every source that reads one takes (``prometheus``,
+    and ``node_exporter`` and ``inference`` through this connector's HTTP side), defined and documented once,
+    under ``prometheus`` (docs/telemetry.md)."""
+
+    bearer_token: SecretRef | None = Field(None, description="Bearer token: `{env = \"VAR\"}` or "
+                                           "`{file = \"/path\"}`.")
+    username: str | None = Field(None, description="Basic-auth user (password from `password`).")
+    password: SecretRef | None = Field(None, description="Basic-auth password: `{env}` or `{file}`.")
+    verify_tls: bool = Field(True, description="Verify the server certificate (turning it off is "
+                             "logged as a warning).")
+    ca_file: Path | None = Field(None, description="CA bundle to verify the server with.")
+    matchers: str = Field("", description="Extra label matchers added to every selector, PromQL "
+                          "syntax without braces, e.g. `cluster=\"a\",env=~\"prod.*\"`.")
+    timeout_s: float = Field(60.0, gt=0, description="Timeout of one HTTP request, in seconds.")
+    retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed with a "
+                         "connection error, timeout, 429 or 5xx.")
+    chunk_hours: float = Field(24.0, gt=0, description="Longest span of one query (bounds memory "
+                               "and response size; 1,024 GPUs x 24 h x 5 min is ~300k points).")
+    scrape_labels: list[str] = Field(list(SCRAPE_LABELS), description=SCRAPE_LABELS_HELP)
+
+    @field_validator("matchers")
+    @classmethod
+    def _matchers(cls, v: str) -> str:
+        return check_matchers(v)
+
+    @field_validator("scrape_labels")
+    @classmethod
+    def _scrape(cls, v: list[str]) -> list[str]:
+        return check_label_names(v)
+
+
 class PrometheusTelemetry:
     """Pulls per-GPU buckets from a Prometheus HTTP API (see module docstring for the queries)."""
 
-    class Options(WorkloadOptions):
+    class Options(WorkloadOptions, ApiOptions):
         url: str = Field(description="Base URL of the Prometheus-compatible API, e.g. "
                          "`https://prometheus:9090` (Thanos/Mimir: the querier's prefix).")
-        bearer_token: SecretRef | None = Field(None, description="Bearer token: `{env = \"VAR\"}` or "
-                                               "`{file = \"/path\"}`.")
-        username: str | None = Field(None, description="Basic-auth user (password from `password`).")
-        password: SecretRef | None = Field(None, description="Basic-auth password: `{env}` or `{file}`.")
-        verify_tls: bool = Field(True, description="Verify the server certificate (turning it off is "
-                                 "logged as a warning).")
-        ca_file: Path | None = Field(None, description="CA bundle to verify the server with.")
-        matchers: str = Field("", description="Extra label matchers added to every selector, PromQL "
-                              "syntax without braces, e.g. `cluster=\"a\",env=~\"prod.*\"`.")
-        timeout_s: float = Field(60.0, gt=0, description="Timeout of one HTTP request, in seconds.")
         max_points_per_query: int = Field(11000, ge=2, le=11000, description="Most points per series in "
                                           "one query_range; longer windows are chunked.")
-        chunk_hours: float = Field(24.0, gt=0, description="Longest span of one query (bounds memory "
-                                   "and response size; 1,024 GPUs x 24 h x 5 min is ~300k points).")
         compression: bool = Field(True, description="Ask for gzip answers (about 5x smaller); turn off "
                                   "on loopback or fast links, where compressing costs more than it saves.")
-        retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed with a "
-                             "connection error, timeout, 429 or 5xx.")
         sample_interval_s: float | None = Field(None, gt=0, description="Scrape interval of the exporter, in "
                                                 "seconds: a bucket's observed seconds are its samples times this, "
                                                 "what overruns a bucket carried into the next (a job that ran 1 "
@@ -177,7 +195,6 @@ class PrometheusTelemetry:
         host_label: str | None = Field(None, description="Take the node name from this label only (e.g. "
                                        "`instance` when Hostname is the exporter pod); unset = Hostname/"
                                        "hostname, node, then instance.")
-        scrape_labels: list[str] = Field(list(SCRAPE_LABELS), description=SCRAPE_LABELS_HELP)
         recording_rules: Literal["auto", "on", "off"] = Field(
             "auto", description="Read the series recorded by deploy/prometheus-recording-rules.yml for the "
             "buckets the rules evaluated (raw series for the rest): auto = when they exist (one name listing "
@@ -190,16 +207,6 @@ class PrometheusTelemetry:
             if bad:
                 raise ValueError(f"unknown field {bad[0]!r} (one of {', '.join(METRIC_FIELDS)})")
             return v
-
-        @field_validator("matchers")
-        @classmethod
-        def _matchers(cls, v: str) -> str:
-            return check_matchers(v)
-
-        @field_validator("scrape_labels")
-        @classmethod
-        def _scrape(cls, v: list[str]) -> list[str]:
-            return check_label_names(v)
 
     name = "prometheus"
 

@@ -114,6 +114,26 @@ def test_every_connector_option_is_documented() -> None:
     assert not missing, f"undocumented connector options: {missing}"
 
 
+def test_shared_connection_options_are_one_definition_documented_once() -> None:
+    """node_exporter and inference read their API through the prometheus connector: its connection options are
+    theirs (one class, so one default and one check), listed once under prometheus, and their pages name each."""
+    from connectors.inference import InferenceTelemetry
+    from connectors.node_exporter import NodeTelemetry
+    from connectors.prometheus import ApiOptions, PrometheusTelemetry
+
+    keys = {k for k, _ in connector_keys()}
+    shared = list(ApiOptions.model_fields)
+    assert len(shared) == 10 and {f"prometheus.{n}" for n in shared} <= keys
+    for cls, kind, page in ((NodeTelemetry, "node_exporter", "node-telemetry.md"),
+                            (InferenceTelemetry, "inference", "inference.md")):
+        assert issubclass(cls.Options, ApiOptions) and issubclass(PrometheusTelemetry.Options, ApiOptions)
+        assert not [n for n in shared if f"{kind}.{n}" in keys]
+        text = (ROOT / "docs" / page).read_text()
+        assert not [n for n in shared if f"`{n}`" not in text], page
+        with pytest.raises(ValueError, match="without braces"):  # the prometheus connector's check, here too
+            cls.Options(url="http://p:9090", matchers='{cluster="a"}')
+
+
 def test_every_setting_has_a_description() -> None:
     assert [p for p, info in walk() if not info.description] == []
     assert [k for k, info in connector_keys() if not info.description] == []
