@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_waiting import T0, W0, W1, findings, job, series
+from test_waiting import T0, W0, W1, findings, job, lock_job, series
 
 from auditor.audit.run import run_audit
 from auditor.config import Config
@@ -59,12 +59,7 @@ def ports(node: str, dev: str, shares: list[tuple[float, float, float, float]]) 
 
 
 def fleet() -> list[Any]:
-    quiet = {"dram_active": 0.02, "pcie_tx_bps": 1e5}
-    recs: list[Any] = [job("lock", [AllocatedGpu(n, g) for n in ("a1", "a2") for g in (0, 1)])]
-    for g in (0, 1):
-        recs += series("a1", g, hours=1.5, sm_active=0.1, **quiet)
-        recs += series("a1", g, hours=0.5, start_h=1.5, sm_active=0.8, **quiet)
-        recs += series("a2", g, hours=2, sm_active=0.9, **quiet)
+    recs = lock_job()
     recs += [job("solo", [AllocatedGpu("a3", 0)]), *series("a3", 0, sm_active=0.8)]
     recs += ports("a2", "mlx5_2", [(0, 1, 0.4, 2.0), (1, 2, 0.1, 0.0), (2, 4, 0.5, 0.0)])
     recs += ports("a2", "mlx5_0", [(0, 4, 0.0, 0.0)])
@@ -112,12 +107,7 @@ def roce_fleet() -> list[Any]:
       7,200 measured seconds, not most of them: its signal is the transmit wait.
     The straggler finding on a2 says "port mlx5_1/1 had 20% of its received packets ECN-marked"; the fleet view
     lists a2 mlx5_1/1 (1.6) then a1 mlx5_0/1 (0.6), 2.2 GPU-h."""
-    quiet = {"dram_active": 0.02, "pcie_tx_bps": 1e5}
-    recs: list[Any] = [job("lock", [AllocatedGpu(n, g) for n in ("a1", "a2") for g in (0, 1)])]
-    for g in (0, 1):
-        recs += series("a1", g, hours=1.5, sm_active=0.1, **quiet)
-        recs += series("a1", g, hours=0.5, start_h=1.5, sm_active=0.8, **quiet)
-        recs += series("a2", g, hours=2, sm_active=0.9, **quiet)
+    recs = lock_job()
     for i in range(24):
         t = T0 + timedelta(minutes=5 * i)
         recs.append(PortBucket("c", "a2", "mlx5_1", "1", t, 300, ecn_share=0.2))

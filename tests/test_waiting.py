@@ -29,6 +29,18 @@ def series(host: str, gpu: int, hours: float = 2, start_h: float = 0.0, **metric
             for i in range(int(hours * 12))]
 
 
+def lock_job() -> list[Any]:
+    """Job "lock" (test_two_node_straggler_by_hand): 2 GPUs on each of a1 and a2 for 2 h; for the first 1.5 h
+    a2's GPUs compute (SM 0.9) while a1's wait (SM 0.1), the last 0.5 h all four compute at 0.8."""
+    quiet = {"dram_active": 0.02, "pcie_tx_bps": 1e5}
+    recs: list[Any] = [job("lock", [AllocatedGpu(n, g) for n in ("a1", "a2") for g in (0, 1)])]
+    for g in (0, 1):
+        recs += series("a1", g, hours=1.5, sm_active=0.1, **quiet)
+        recs += series("a1", g, hours=0.5, start_h=1.5, sm_active=0.8, **quiet)
+        recs += series("a2", g, hours=2, sm_active=0.9, **quiet)
+    return recs
+
+
 def waiting(store: Store, run_id: int) -> dict[str, Any]:
     with store.engine.connect() as conn:
         s = conn.execute(text("SELECT summary FROM audit_runs WHERE id = :r"), {"r": run_id}).scalar()
@@ -94,12 +106,7 @@ def test_two_node_straggler_by_hand(store: Store) -> None:
     mean SM over those buckets 0.1, the straggler's 0.9. a1 never leads (never busy while a2 waits).
     Job "even" (2 GPUs of one node, both 0.8) has no straggler. Classes of "lock": a2 2 GPUs x 2 h + a1 2 x
     0.5 h = 5 GPU-hours compute, a1 2 x 1.5 h = 3 GPU-hours host/input wait (SM 0.1, DRAM and PCIe quiet)."""
-    quiet = {"dram_active": 0.02, "pcie_tx_bps": 1e5}
-    recs: list[Any] = [job("lock", [AllocatedGpu(n, g) for n in ("a1", "a2") for g in (0, 1)], account="acct")]
-    for g in (0, 1):
-        recs += series("a1", g, hours=1.5, sm_active=0.1, **quiet)
-        recs += series("a1", g, hours=0.5, start_h=1.5, sm_active=0.8, **quiet)
-        recs += series("a2", g, hours=2, sm_active=0.9, **quiet)
+    recs = lock_job()
     recs += [job("even", [AllocatedGpu("b1", 0), AllocatedGpu("b1", 1)]),
              *series("b1", 0, sm_active=0.8), *series("b1", 1, sm_active=0.8)]
     store.ingest(recs)
@@ -149,13 +156,7 @@ def test_every_report_format_says_the_same_breakdown(store: Store) -> None:
     from auditor.report import context as report
     from auditor.report.render import render_html, render_json, render_md, render_text
 
-    quiet = {"dram_active": 0.02, "pcie_tx_bps": 1e5}
-    recs: list[Any] = [job("lock", [AllocatedGpu(n, g) for n in ("a1", "a2") for g in (0, 1)])]
-    for g in (0, 1):
-        recs += series("a1", g, hours=1.5, sm_active=0.1, **quiet)
-        recs += series("a1", g, hours=0.5, start_h=1.5, sm_active=0.8, **quiet)
-        recs += series("a2", g, hours=2, sm_active=0.9, **quiet)
-    store.ingest(recs)
+    store.ingest(lock_job())
     cfg = Config()
     rid = run_audit(store, cfg, W0, W1).run_id
     ctx = report.build_context(store, cfg, rid)
@@ -315,13 +316,8 @@ def test_the_candidates_hold_every_lead(store_url: str) -> None:
     every = ("SELECT allocation_id FROM usage_gpu WHERE run_id = :run AND gpu_id IS NOT NULL "
              "GROUP BY allocation_id HAVING COUNT(*) >= 2")
     quiet = {"dram_active": 0.02, "pcie_tx_bps": 1e5}
-    recs: list[Any] = [job("lock", [AllocatedGpu(n, g) for n in ("a1", "a2") for g in (0, 1)]),
-                       job("gpus", [AllocatedGpu("g1", g) for g in range(4)]),
+    recs: list[Any] = [*lock_job(), job("gpus", [AllocatedGpu("g1", g) for g in range(4)]),
                        job("link", [AllocatedGpu("l1", 0), AllocatedGpu("l2", 0)])]
-    for g in (0, 1):
-        recs += series("a1", g, hours=1.5, sm_active=0.1, **quiet)
-        recs += series("a1", g, hours=0.5, start_h=1.5, sm_active=0.8, **quiet)
-        recs += series("a2", g, hours=2, sm_active=0.9, **quiet)
     for g in range(4):
         recs += series("g1", g, sm_active=0.7 if g == 3 else 0.1, **quiet)
     recs += [*series("l1", 0, sm_active=0.1, dram_active=0.05, nvlink_tx_bps=1e9),
