@@ -65,3 +65,10 @@ def test_demo_fabric_cases_by_hand(store_url: str, tmp_path: Path) -> None:
          "gpu_hours": 464.0, "cost": 1160.0})]
     assert "1060" not in {a["job"] for a in fit["allocations"]}
 
+    from auditor.report import render
+
+    ctx = ctx_of(s, connectors.load_config(got.config), got.run_id)
+    txt, html = render.render_text(ctx), render.render_html(ctx)[0]
+    # a pod without a user: no empty place for the user ("(triton-0, )", "<br>... &middot; single node")
+    assert "k8s job 7e1f-triton (triton-0): single node, 336.0 GPU-h" in txt and ", )" not in txt
+    assert '12px;">single node</span>' in html
