@@ -15,10 +15,15 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from auditor.records import Allocation
+from connectors import build
+from connectors.base import Context, Problems, Window
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kubernetes"
 TOKEN = "test-token-not-a-secret"
@@ -66,6 +71,25 @@ FIELD_LABELS = {
 _NS_PATH = re.compile(r"^/(api/v1|apis/[a-z.-]+/v[0-9a-z]+)/namespaces/([a-z0-9-]+)/([a-z]+)$")
 _REQ = re.compile(r"^\s*(!?)([A-Za-z0-9_./-]+)\s*"
                   r"(?:(==|=|!=)\s*([A-Za-z0-9_.-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*$")
+
+
+#: the environment variable the tests put the replay server's token in
+TOKEN_ENV = "GPU_AUDIT_TEST_K8S_TOKEN"
+#: from the recorded objects' month on, far ahead: every pod the replay holds, running or not
+OPEN_WINDOW = Window(datetime(2026, 11, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
+
+
+def collect(srv: K8sServer, problems: Problems | None = None, **options: Any) -> list[Any]:
+    """The records of the real kubernetes connector reading ``srv`` over :data:`OPEN_WINDOW` (the token from
+    :data:`TOKEN_ENV`, which the test sets); ``options`` are the connector's."""
+    conn = build("kubernetes", "allocations", {"host": srv.url, "token": {"env": TOKEN_ENV}, **options},
+                 Context("k8s-test"))
+    return list(conn.collect(OPEN_WINDOW, problems or Problems()))
+
+
+def allocations(records: list[Any]) -> dict[str, Allocation]:
+    """The allocations among ``records``, by pod name."""
+    return {r.name: r for r in records if isinstance(r, Allocation)}
 
 
 def load(name: str) -> Any:

@@ -13,19 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_server import DRA, FIXTURES, TOKEN, K8sReplay, K8sServer, load
+from k8s_server import DRA, FIXTURES, OPEN_WINDOW, TOKEN, TOKEN_ENV, K8sReplay, K8sServer, allocations, collect, load
 from sqlalchemy import text
 
 from auditor.audit.run import run_audit
 from auditor.collect import collect as collect_all
 from auditor.config import Config
-from auditor.records import Allocation, GpuBucket, GpuInventory, GpuWait
+from auditor.records import GpuBucket, GpuInventory, GpuWait
 from auditor.store.engine import Store
 from connectors import build
 from connectors.base import Context, Problems, Window
 
-TOKEN_ENV = "GPU_AUDIT_TEST_K8S_TOKEN"
-WINDOW = Window(datetime(2026, 11, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
 DRA_CLUSTER = load("dra/cluster-v1.json")
 UUID = [f"GPU-5b8c2a1e-7d40-4f0b-9e6a-3c1d2e4f{i:04d}" for i in range(8)]
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -71,21 +69,11 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[K8sServer]:
         yield srv
 
 
-def read(srv: K8sServer, problems: Problems | None = None, **options: Any) -> list[Any]:
-    conn = build("kubernetes", "allocations", {"host": srv.url, "token": {"env": TOKEN_ENV}, **options},
-                 Context("k8s-test"))
-    return list(conn.collect(WINDOW, problems or Problems()))
-
-
-def allocs(records: list[Any]) -> dict[str, Allocation]:
-    return {r.name: r for r in records if isinstance(r, Allocation)}
-
-
 def test_dra_pods_hold_their_exact_gpus(server: K8sServer) -> None:
     """Template claims and standalone claims resolve to the device each result names, its UUID from the
     ResourceSlice; a pod without an nvidia.com/gpu limit is no longer invisible. Before: none of these pods
     was an allocation."""
-    got = allocs(read(server))
+    got = allocations(collect(server))
     train = got["train-dra-0"]
     assert [(g.node, g.index, g.uuid, g.share, g.model) for g in train.gpus] == [
         ("gpu-node-d", 0, UUID[0], 1.0, H100), ("gpu-node-d", 1, UUID[1], 1.0, H100)]
@@ -101,7 +89,7 @@ def test_dra_pods_hold_their_exact_gpus(server: K8sServer) -> None:
 def test_a_claim_shared_by_two_pods_is_split(server: K8sServer) -> None:
     """One GPU, two pods in reservedFor: each holds half (docs/definitions.md "Shared DRA claims"), so the
     GPU is charged once, not twice."""
-    got = allocs(read(server))
+    got = allocations(collect(server))
     a, b = got["infer-shared-a"].gpus, got["infer-shared-b"].gpus
     assert [(g.uuid, g.share) for g in a] == [(g.uuid, g.share) for g in b] == [(UUID[2], 0.5)]
 
@@ -109,8 +97,8 @@ def test_a_claim_shared_by_two_pods_is_split(server: K8sServer) -> None:
 def test_device_plugin_and_dra_pods_in_one_cluster(server: K8sServer) -> None:
     """The recorded device-plugin pods are read as before beside the DRA ones; the DRA node's GPUs come into
     the inventory from its ResourceSlices (no nvidia.com/gpu capacity there), the MIG one with its layout."""
-    records = read(server)
-    got = allocs(records)
+    records = collect(server)
+    got = allocations(records)
     assert {"llama-ft-x7k2p", "triton-mig-0", "embedder-shared-0", "train-dra-0", "notebook-mig"} <= set(got)
     assert len(got["llama-ft-x7k2p"].gpus) == 4 and all(g.uuid is None for g in got["llama-ft-x7k2p"].gpus)
     inv = sorted((g.gpu, g.uuid, g.mig_layout, g.model) for g in records
@@ -121,7 +109,7 @@ def test_device_plugin_and_dra_pods_in_one_cluster(server: K8sServer) -> None:
 
 def test_a_pending_dra_pod_waits_for_what_its_claim_asks(server: K8sServer) -> None:
     """An unscheduled pod whose claim (from a template, not yet allocated) asks for 4 GPUs waits for 4."""
-    waits = {w.name: w for w in read(server) if isinstance(w, GpuWait)}
+    waits = {w.name: w for w in collect(server) if isinstance(w, GpuWait)}
     assert waits["waiting-dra"].gpus == 4 and waits["waiting-dra"].end is None
     assert waits["waiting-for-gpus"].gpus == 8  # the recorded device-plugin one, unchanged
 
@@ -133,7 +121,7 @@ def test_older_api_versions(monkeypatch: pytest.MonkeyPatch, versions: list[str]
     (the newest), in that version's shape, with the same result."""
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     with K8sServer(replay(versions, convert)) as srv:
-        got = allocs(read(srv))
+        got = allocations(collect(srv))
         assert any(f"/apis/resource.k8s.io/{versions[-1]}/resourceclaims" in r for r in srv.replay.requests)
     assert [(g.index, g.uuid) for g in got["train-dra-0"].gpus] == [(0, UUID[0]), (1, UUID[1])]
     assert got["notebook-mig"].gpus[0].mig_profile == "1g.10gb"
@@ -148,8 +136,8 @@ def test_a_cluster_without_the_api_is_skipped_in_one_line(monkeypatch: pytest.Mo
     with K8sServer(replay(None)) as srv, caplog.at_level(logging.INFO, "gpu_audit.kubernetes"):
         conn = build("kubernetes", "allocations", {"host": srv.url, "token": {"env": TOKEN_ENV}},
                      Context("k8s-test"))
-        got = allocs(list(conn.collect(WINDOW, Problems())))
-        list(conn.collect(WINDOW, Problems()))
+        got = allocations(list(conn.collect(OPEN_WINDOW, Problems())))
+        list(conn.collect(OPEN_WINDOW, Problems()))
     assert "llama-ft-x7k2p" in got and "train-dra-0" not in got
     said = [r.getMessage() for r in caplog.records if "resource.k8s.io" in r.getMessage()]
     assert len(said) == 1 and "DRA skipped" in said[0]
@@ -161,7 +149,7 @@ def test_forbidden_claims_are_said_not_fatal(server: K8sServer) -> None:
     server.replay.faults.forbidden = {"resourceclaims"}
     conn = build("kubernetes", "allocations", {"host": server.url, "token": {"env": TOKEN_ENV}},
                  Context("k8s-test"))
-    got = allocs(list(conn.collect(WINDOW, Problems())))
+    got = allocations(list(conn.collect(OPEN_WINDOW, Problems())))
     assert "llama-ft-x7k2p" in got and "train-dra-0" not in got
     (note,) = conn.notes
     assert "missing permission 'list' on 'resourceclaims'" in note and "rbac.yaml" in note

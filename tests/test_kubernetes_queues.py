@@ -10,22 +10,19 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
-from k8s_server import FIXTURES, TOKEN, K8sReplay, K8sServer, load
+from k8s_server import FIXTURES, OPEN_WINDOW, TOKEN, TOKEN_ENV, K8sReplay, K8sServer, allocations, collect, load
 from sqlalchemy import text
 
 from auditor.audit.run import run_audit
 from auditor.collect import collect as collect_all
 from auditor.config import Config
-from auditor.records import Allocation, GpuBucket, GpuQuota, GpuWait
+from auditor.records import GpuBucket, GpuQuota, GpuWait
 from auditor.store.engine import Store
 from connectors import build
-from connectors.base import Context, Problems, Window
+from connectors.base import Context, Problems
 
-TOKEN_ENV = "GPU_AUDIT_TEST_K8S_TOKEN"
-WINDOW = Window(datetime(2026, 11, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
 QUEUES = load("queues/cluster.json")
 GROUPS = {"kueue.x-k8s.io": ["v1beta1"], "scheduling.run.ai": ["v2", "v2alpha2"], "scheduling.volcano.sh": ["v1beta1"]}
 H100_MIB = 81559  # gpu-node-a/b: GFD nvidia.com/gpu.memory
@@ -48,20 +45,10 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[K8sServer]:
         yield srv
 
 
-def read(srv: K8sServer, problems: Problems | None = None, **options: Any) -> list[Any]:
-    conn = build("kubernetes", "allocations", {"host": srv.url, "token": {"env": TOKEN_ENV}, **options},
-                 Context("k8s-test"))
-    return list(conn.collect(WINDOW, problems or Problems()))
-
-
-def allocs(records: list[Any]) -> dict[str, Allocation]:
-    return {r.name: r for r in records if isinstance(r, Allocation)}
-
-
 def test_queue_quotas_of_kueue_kai_and_volcano(server: K8sServer) -> None:
     """ClusterQueue nominal quota (GPU resources over the flavors), KAI deserved GPUs (a parent queue and an
     unlimited one, quota -1, are no quota), Volcano deserved over guarantee (its parent root left out)."""
-    quotas = sorted((q.kind, q.name, q.gpus, q.reserved) for q in read(server) if isinstance(q, GpuQuota))
+    quotas = sorted((q.kind, q.name, q.gpus, q.reserved) for q in collect(server) if isinstance(q, GpuQuota))
     # team-a-cq's status.flavorsUsage: 4 nvidia.com/gpu in flavor h100 (its cpu and memory are no GPUs);
     # KAI and Volcano queues say nothing reserved (None)
     assert quotas == [("queue", "team-a-cq", 8.0, 4.0), ("queue", "team-nlp", 4.0, None),
@@ -72,7 +59,7 @@ def test_each_pod_runs_in_its_queue(server: K8sServer) -> None:
     """The queue becomes the allocation's partition: Kueue through the pod's LocalQueue label or the admitted
     Workload of its Job (the recorded llama-ft pod carries no label), KAI through its queue label, Volcano
     through its PodGroup; a pod of no queue keeps "" (before: every pod's partition was "")."""
-    got = allocs(read(server))
+    got = allocations(collect(server))
     assert {n: got[n].partition for n in ("llama-ft-x7k2p", "kueue-direct", "kai-notebook-half", "kai-mem-pair",
                                           "volcano-train-0", "notebook-alice-6d5f8b7c9-tx2lq")} == {
         "llama-ft-x7k2p": "team-a-cq", "kueue-direct": "team-a-cq", "kai-notebook-half": "team-nlp",
@@ -83,7 +70,7 @@ def test_each_pod_runs_in_its_queue(server: K8sServer) -> None:
 def test_kueue_waits_for_admission(server: K8sServer) -> None:
     """A Workload waits from its creation until Admitted (its Job's pods do not exist before): the admitted one
     waited 20 min for 4 GPUs, the pending one waits on for 2 x 4 GPUs; a CPU-only Workload is no GPU wait."""
-    waits = {w.name: w for w in read(server) if isinstance(w, GpuWait)}
+    waits = {w.name: w for w in collect(server) if isinstance(w, GpuWait)}
     done, pending = waits["job-llama-ft-3b0f2"], waits["job-llama-ft-2-9c1d7"]
     assert (done.gpus, done.end - done.eligible, done.partition, done.state) == (
         4.0, timedelta(minutes=20), "team-a-cq", "Admitted")
@@ -97,7 +84,7 @@ def test_fractional_gpus_are_charged_their_share(server: K8sServer) -> None:
     its 2 vGPUs. None of them quarantined (before: HAMi's nvidia.com/gpumem* and gpucores were reported as
     unknown resources and KAI fractions, which request no nvidia.com/gpu, were not seen at all)."""
     problems = Problems()
-    got = allocs(read(server, problems))
+    got = allocations(collect(server, problems))
     shares = {n: [g.share for g in got[n].gpus] for n in ("kai-notebook-half", "kai-mem-pair", "hami-infer",
                                                           "hami-mem")}
     assert shares == {"kai-notebook-half": [0.5], "kai-mem-pair": [pytest.approx(20390 / H100_MIB)] * 2,
@@ -109,7 +96,7 @@ def test_an_odd_fraction_is_quarantined(server: K8sServer) -> None:
     pod = next(p for p in server.replay.data["pods"] if p["metadata"]["name"] == "kai-notebook-half")
     pod["metadata"]["annotations"]["gpu-fraction"] = "1.5"
     problems = Problems()
-    assert "kai-notebook-half" not in allocs(read(server, problems))
+    assert "kai-notebook-half" not in allocations(collect(server, problems))
     assert [(loc, "gpu-fraction" in reason) for _, loc, reason, _ in problems.items] == [
         ("pod research/kai-notebook-half", True)]
 
@@ -118,16 +105,16 @@ def test_clusters_without_the_queue_crds(monkeypatch: pytest.MonkeyPatch) -> Non
     """No Kueue, KAI or Volcano installed (their groups answer 404): no quota, no queue, no error."""
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     with K8sServer(replay({})) as srv:
-        records = read(srv)
+        records = collect(srv)
     assert not [r for r in records if isinstance(r, GpuQuota)]
-    assert {a.partition for a in allocs(records).values()} == {""}
+    assert {a.partition for a in allocations(records).values()} == {""}
 
 
 def test_forbidden_queues_are_said_not_fatal(server: K8sServer) -> None:
     server.replay.faults.forbidden = {"clusterqueues"}
     conn = build("kubernetes", "allocations", {"host": server.url, "token": {"env": TOKEN_ENV}},
                  Context("k8s-test"))
-    records = list(conn.collect(WINDOW, Problems()))
+    records = list(conn.collect(OPEN_WINDOW, Problems()))
     assert sorted(q.name for q in records if isinstance(q, GpuQuota)) == ["team-nlp", "vc-research"]
     (note,) = conn.notes
     assert note.startswith("kueue queues not read") and "'clusterqueues'" in note

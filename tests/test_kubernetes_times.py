@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import need
-from k8s_server import TOKEN, K8sServer
+from k8s_server import TOKEN, TOKEN_ENV, K8sServer, allocations, collect
 from sqlalchemy import text
 
 from auditor.collect import collect as collect_all
@@ -26,11 +26,6 @@ from auditor.config import Config
 from auditor.errors import SourceError
 from auditor.records import Allocation
 from auditor.store.engine import Store
-from connectors import build
-from connectors.base import Context, Problems, Window
-
-TOKEN_ENV = "GPU_AUDIT_TEST_K8S_TOKEN"
-WINDOW = Window(datetime(2026, 11, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
 
 
 @pytest.fixture
@@ -41,9 +36,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[K8sServer]:
 
 
 def read(srv: K8sServer, **options: Any) -> dict[str, Allocation]:
-    conn = build("kubernetes", "allocations", {"host": srv.url, "token": {"env": TOKEN_ENV}, **options},
-                 Context("k8s-test"))
-    return {r.name: r for r in conn.collect(WINDOW, Problems()) if isinstance(r, Allocation)}
+    return allocations(collect(srv, **options))
 
 
 def pod(srv: K8sServer, name: str) -> dict[str, Any]:
