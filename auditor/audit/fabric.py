@@ -57,7 +57,7 @@ AND (ib_rx_bps IS NOT NULL OR ib_tx_bps IS NOT NULL)"""
 #: A bucket's congested share: its transmit-wait share, or on a RoCE port its ECN-marked share (the share of its
 #: received packets a switch marked congested, taken as the share of the time its link was congested), the
 #: greater where a port reports both
-CONGESTED = ("(CASE WHEN ecn_share IS NULL OR wait_share >= ecn_share THEN wait_share ELSE ecn_share END)")
+CONGESTED = "(CASE WHEN ecn_share IS NULL OR wait_share >= ecn_share THEN wait_share ELSE ecn_share END)"
 PORT_WAITS = f"""SELECT node, device, port, SUM(seconds * {CONGESTED}) AS w,
 SUM(CASE WHEN {CONGESTED} IS NOT NULL THEN seconds END) AS s,
 SUM(CASE WHEN ecn_share IS NOT NULL AND (wait_share IS NULL OR ecn_share > wait_share) THEN seconds END) AS es,
